@@ -1,0 +1,161 @@
+# zps — the only build entry point.  See README.md and docs/build.md.
+#
+#   make            deps check + build build/bin/zps-*
+#   make test       deps + build + every test (Criterion), ends with the synthesis line
+#   make test-unit  the tests that start no extra processes (used for sanitizer runs)
+#   make bench      benchmarks; JSON under build/bench/
+#   make demo       the main job (see README.md)
+#   make fuzz       libFuzzer targets under tests/fuzz (clang)
+#   make SAN=address|undefined ...   sanitizer build in build-SAN/
+#   make CUDA=0     never build the CUDA library (default CUDA=auto)
+#   make clean
+
+SHELL := /bin/bash
+CUDA ?= auto
+SAN ?=
+ifeq ($(SAN),)
+B := build
+else
+B := build-$(SAN)
+endif
+
+CC ?= gcc
+PKGS := libzmq libprotobuf-c lmdb dnnl libturbojpeg libpng libsodium
+CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -O2 -g -Wall -Wextra -Wstrict-prototypes -Werror -Wno-format-truncation \
+	-fno-omit-frame-pointer -pthread -I. -I$(B)/gen
+CFLAGS_GEN := -std=c11 -D_GNU_SOURCE -O2 -g -fPIC -pthread -I$(B)/gen
+ifneq ($(SAN),)
+CFLAGS_BASE += -fsanitize=$(SAN) -fno-sanitize-recover=all
+CFLAGS_GEN += -fsanitize=$(SAN)
+LDSAN := -fsanitize=$(SAN)
+endif
+CFLAGS_BASE += $(EXTRA_CFLAGS)
+LDLIBS := -lzmq -lprotobuf-c -llmdb -ldnnl -lturbojpeg -lpng -lsodium -lz -ldl -lrt -lm -pthread
+
+# ---- optional CUDA part: a shared library loaded at run time (kernels/device.c) ----
+NVCC := $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+CUDA_HOME := $(if $(NVCC),$(patsubst %/bin/nvcc,%,$(NVCC)),)
+CUDNN_H := $(firstword $(wildcard $(CUDA_HOME)/include/cudnn.h /usr/include/cudnn.h /usr/local/include/cudnn.h))
+ifeq ($(CUDA),0)
+HAVE_CUDA := 0
+else ifneq ($(and $(NVCC),$(CUDNN_H)),)
+HAVE_CUDA := 1
+else
+HAVE_CUDA := 0
+endif
+NVCCFLAGS := -O2 -std=c++17 -Xcompiler -fPIC,-Wall -I. \
+	-gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
+CUDA_LIBS := -lcudnn -lcublas -lnccl
+CU_SRC := $(wildcard kernels/cuda/*.cu)
+CUDA_SO := $(B)/lib/libzps_cuda.so
+
+# ---- sources ----
+PROTOS := $(wildcard proto/*.proto)
+GEN_C := $(patsubst proto/%.proto,$(B)/gen/%.pb-c.c,$(PROTOS))
+GEN_H := $(GEN_C:.c=.h)
+LIB_DIRS := common kernels kernels/ref kernels/cpu ps trainer trainer/nn trainer/models datasets
+LIB_SRC := $(filter-out %_main.c,$(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c)))
+LIB_OBJ := $(patsubst %.c,$(B)/obj/%.o,$(LIB_SRC)) $(patsubst $(B)/gen/%.c,$(B)/obj/gen/%.o,$(GEN_C))
+LIB := $(B)/lib/libzps.a
+
+# binaries: <dir>/<name>_main.c -> build/bin/zps-<name>; bench/*.c -> zps-bench
+MAINS := $(wildcard ps/server_main.c trainer/trainer_main.c datasets/data_main.c)
+BIN_NAMES := $(patsubst %_main.c,zps-%,$(notdir $(MAINS)))
+BINS := $(addprefix $(B)/bin/,$(BIN_NAMES) zps-bench)
+BENCH_SRC := $(wildcard bench/*.c)
+BENCH_OBJ := $(patsubst %.c,$(B)/obj/%.o,$(BENCH_SRC))
+
+TEST_SRC := $(wildcard tests/test_*.c)
+TEST_OBJ := $(patsubst %.c,$(B)/obj/%.o,$(TEST_SRC))
+TEST_BIN := $(B)/tests/zps-tests
+# Criterion: each test in its own process; tests carry their own .timeout.
+TEST_JOBS ?= 2
+TEST_ARGS ?=
+
+.PHONY: all deps test test-unit bench demo fuzz clean parts
+.DEFAULT_GOAL := all
+.DELETE_ON_ERROR:
+
+all: $(B)/.deps-ok parts $(BINS) $(if $(filter 1,$(HAVE_CUDA)),$(CUDA_SO))
+
+parts:
+	@printf 'zps build (%s):\n' "$(B)"; \
+	 printf '  %s CUDA library (nvcc%s, cuDNN%s)%s\n' \
+	   "$(if $(filter 1,$(HAVE_CUDA)),✓,✗)" \
+	   "$(if $(NVCC),: $(NVCC), not found)" "$(if $(CUDNN_H),: $(CUDNN_H), not found)" \
+	   "$(if $(filter 0,$(CUDA)), — disabled by CUDA=0,)"; \
+	 printf '  %s sanitizer %s\n' "$(if $(SAN),✓,✗)" "$(if $(SAN),$(SAN),(none; make SAN=address|undefined))"; \
+	 printf '  %s python3-torch reference tests\n' "$$(/usr/bin/python3 -c 'import torch' 2>/dev/null && echo ✓ || echo ✗)"
+
+deps: $(B)/.deps-ok
+$(B)/.deps-ok: scripts/deps.sh
+	@bash scripts/deps.sh
+	@mkdir -p $(@D) && touch $@
+
+# ---- protobuf-c generation (never committed) ----
+$(B)/gen/%.pb-c.c $(B)/gen/%.pb-c.h: proto/%.proto | $(B)/.deps-ok
+	@mkdir -p $(@D)
+	protoc-c --proto_path=proto --c_out=$(B)/gen $<
+
+$(B)/obj/gen/%.o: $(B)/gen/%.c
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_GEN) -c $< -o $@
+
+$(B)/obj/%.o: %.c $(GEN_H) | $(B)/.deps-ok
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_BASE) -DZPS_HAVE_CUDA=$(HAVE_CUDA) -MMD -MP -c $< -o $@
+
+$(LIB): $(LIB_OBJ)
+	@mkdir -p $(@D)
+	rm -f $@ && ar rcs $@ $^
+
+define BIN_RULE
+$(B)/bin/$(patsubst %_main.c,zps-%,$(notdir $(1))): $(B)/obj/$(1:.c=.o) $(LIB)
+	@mkdir -p $$(@D)
+	$$(CC) $$(LDSAN) -o $$@ $$< $$(LIB) $$(LDLIBS)
+endef
+$(foreach m,$(MAINS),$(eval $(call BIN_RULE,$(m))))
+
+$(B)/bin/zps-bench: $(BENCH_OBJ) $(LIB)
+	@mkdir -p $(@D)
+	$(CC) $(LDSAN) -o $@ $(BENCH_OBJ) $(LIB) $(LDLIBS)
+
+$(CUDA_SO): $(CU_SRC) $(wildcard kernels/cuda/*.h kernels/*.h)
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCCFLAGS) -shared -o $@ $(CU_SRC) -L$(CUDA_HOME)/lib64 $(CUDA_LIBS)
+
+$(TEST_BIN): $(TEST_OBJ) $(LIB)
+	@mkdir -p $(@D)
+	$(CC) $(LDSAN) -o $@ $(TEST_OBJ) $(LIB) $(LDLIBS) -lcriterion
+
+# ---- running ----
+# ZPS_BIN tells multi-process tests where the binaries are.
+test: all $(TEST_BIN)
+	@echo "running $(TEST_BIN) ($(TEST_JOBS) jobs)"
+	ZPS_BIN=$(abspath $(B)/bin) ZPS_ROOT=$(CURDIR) $(TEST_BIN) -j$(TEST_JOBS) $(TEST_ARGS)
+
+# unit tests: suites whose name does not start with it_ (integration, multi-process)
+test-unit: all $(TEST_BIN)
+	ZPS_BIN=$(abspath $(B)/bin) ZPS_ROOT=$(CURDIR) $(TEST_BIN) -j$(TEST_JOBS) --filter='!(it_*)/*' $(TEST_ARGS)
+
+bench: all
+	@mkdir -p $(B)/bench
+	ZPS_BIN=$(abspath $(B)/bin) ZPS_ROOT=$(CURDIR) bash scripts/bench.sh $(B)
+
+demo: all
+	ZPS_BIN=$(abspath $(B)/bin) ZPS_ROOT=$(CURDIR) bash scripts/demo.sh $(B)
+
+FUZZ_SRC := $(wildcard tests/fuzz/fuzz_*.c)
+fuzz: $(B)/.deps-ok $(GEN_H)
+	@mkdir -p build-fuzz
+	@for f in $(FUZZ_SRC); do n=$$(basename $$f .c); \
+	  echo "building build-fuzz/$$n"; \
+	  clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -I. -I$(B)/gen \
+	    -DZPS_HAVE_CUDA=0 $$f $(filter-out %_main.c,$(LIB_SRC)) $(GEN_C) -o build-fuzz/$$n $(LDLIBS) || exit 1; \
+	done
+	@bash scripts/fuzz.sh build-fuzz
+
+clean:
+	rm -rf build build-address build-undefined build-thread build-fuzz
+
+-include $(shell find $(B)/obj -name '*.d' 2>/dev/null)

@@ -1,0 +1,33 @@
+/* bench.h — how benchmark programs plug into zps-bench.
+ *
+ * Each bench/<name>.c registers its subcommands with ZPS_BENCH(name, help) and needs no
+ * change anywhere else: `zps-bench NAME [args]` runs it, `zps-bench --help` lists them all.
+ * A benchmark prints its figures and writes JSON under the directory from bench_out_dir()
+ * ($ZPS_BENCH_DIR, default build/bench). Compare against a peer in the same run, quote
+ * medians.
+ */
+#ifndef ZPS_BENCH_BENCH_H
+#define ZPS_BENCH_BENCH_H
+
+#include <stddef.h>
+
+typedef int (*bench_fn)(int argc, char **argv);
+
+void bench_register(const char *name, bench_fn fn, const char *help);
+
+#define ZPS_BENCH(name, help)                                                          \
+    static int s_bench_##name(int argc, char **argv);                                 \
+    __attribute__((constructor)) static void s_bench_reg_##name(void)                 \
+    {                                                                                  \
+        bench_register(#name, s_bench_##name, help);                                   \
+    }                                                                                  \
+    static int s_bench_##name(int argc, char **argv)
+
+/* Output directory for JSON (created when missing). */
+const char *bench_out_dir(void);
+/* Median of n doubles (sorts v in place). n > 0. */
+double bench_median(double *v, size_t n);
+/* p-th percentile (0..100) of n doubles, nearest rank (sorts v in place). n > 0. */
+double bench_percentile(double *v, size_t n, double p);
+
+#endif

@@ -1,0 +1,46 @@
+/* cluster.h — the cluster file: which servers and trainers make up a job.
+ *
+ * Format (docs/cluster.md): one `key = value` per line; `#` starts a comment; blank lines are
+ * ignored. Keys:
+ *     job = NAME          optional, at most once ([A-Za-z0-9_.-]+)
+ *     server = HOST:PORT  one line per server, in server-index order; no duplicates
+ *     trainer = HOST      one line per trainer, in trainer-index order; a host may repeat
+ * HOST is a name or IPv4 address ([A-Za-z0-9.-]+) or a bracketed IPv6 address ([::1]).
+ * At least one server and one trainer. Anything else is rejected with its line number.
+ */
+#ifndef ZPS_COMMON_CLUSTER_H
+#define ZPS_COMMON_CLUSTER_H
+
+#include "common/status.h"
+
+#define ZPS_HOST_MAX 256
+
+typedef struct zps_endpoint {
+    char host[ZPS_HOST_MAX]; // without brackets for IPv6
+    int port;                // 1..65535; 0 for trainers
+} zps_endpoint;
+
+typedef struct zps_cluster {
+    char job[64];           // "" when not given
+    int n_servers;          // >= 1
+    zps_endpoint *servers;  // (n_servers)
+    int n_trainers;         // >= 1
+    zps_endpoint *trainers; // (n_trainers), port 0
+} zps_cluster;
+
+/* Where parsing failed: line is 1-based (0 when the whole file is at fault). */
+typedef struct zps_parse_error {
+    int line;
+    char msg[256];
+} zps_parse_error;
+
+/* Parses the text of a cluster file. On success *out is the caller's (zps_cluster_destroy).
+ * On failure returns ZPS_ERR_PARSE and fills err (when not NULL). */
+zps_status zps_cluster_parse(const char *text, zps_cluster **out, zps_parse_error *err);
+/* Reads and parses path; ZPS_ERR_NOT_FOUND / ZPS_ERR_IO when it cannot be read. */
+zps_status zps_cluster_load(const char *path, zps_cluster **out, zps_parse_error *err);
+void zps_cluster_destroy(zps_cluster **pc);
+/* "tcp://HOST:PORT" (IPv6 bracketed) into buf; returns buf. */
+char *zps_endpoint_uri(const zps_endpoint *e, char *buf, unsigned len);
+
+#endif

@@ -1,0 +1,53 @@
+/* test_device.c — device selection: auto falls back to the CPU with a reason; cuda without a
+ * device is an error; the CUDA library, when built, loads here and is probed. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "kernels/device.h"
+
+Test(device, auto_never_fails_and_says_why)
+{
+    zps_log_set_level(ZPS_LOG_OFF);
+    k_device_info info;
+    cr_assert_eq(k_device_select("auto", &info), ZPS_OK);
+    cr_assert(strlen(info.reason) > 0);
+    if (info.kind == K_DEVICE_CPU) {
+        cr_assert_eq(info.cuda_devices, 0);
+        cr_assert_str_eq(info.name, "cpu");
+        /* the same question with --device cuda is an error, not a silent CPU run */
+        cr_assert_eq(k_device_select("cuda", &info), ZPS_ERR_NO_DEVICE);
+    } else {
+        cr_assert(info.cuda_devices > 0);
+    }
+}
+
+Test(device, cpu_and_bad_names)
+{
+    zps_log_set_level(ZPS_LOG_OFF);
+    k_device_info info;
+    cr_assert_eq(k_device_select("cpu", &info), ZPS_OK);
+    cr_assert_eq(info.kind, K_DEVICE_CPU);
+    cr_assert_eq(k_device_select("tpu", &info), ZPS_ERR_INVALID);
+}
+
+Test(device, cuda_library_loads_when_built)
+{
+    zps_log_set_level(ZPS_LOG_OFF);
+#if ZPS_HAVE_CUDA
+    const char *bin = getenv("ZPS_BIN");
+    cr_assert_not_null(bin, "ZPS_BIN unset: run through make test");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/../lib/libzps_cuda.so", bin);
+    cr_assert_eq(access(path, R_OK), 0, "%s missing though nvcc was found", path);
+    setenv("ZPS_CUDA_LIB", path, 1);
+    k_device_info info;
+    cr_assert_eq(k_device_select("auto", &info), ZPS_OK);
+    cr_assert_not_null(k_device_cuda_lib(), "libzps_cuda.so did not load: %s", info.reason);
+    cr_log_info("CUDA library loaded; %s", info.reason);
+#else
+    cr_log_warn("SKIP: zps built without CUDA (CUDA=0 or no nvcc/cuDNN)");
+#endif
+}
