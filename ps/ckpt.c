@@ -1,0 +1,263 @@
+/* ckpt.c — see ckpt.h. Writes with a small buffered writer over write(2) so a failure at
+ * any point is reported with the file name; reads the whole file, then parses. */
+#include "ps/ckpt.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include "common/check.h"
+#include "common/mem.h"
+
+#define S_MAGIC "ZPSCKPT1"
+#define S_FORMAT 1u
+
+void ps_ckpt_path(const char *dir, int index, char *buf, size_t len)
+{
+    snprintf(buf, len, "%s/server-%d.ckpt", dir, index);
+}
+
+typedef struct s_writer {
+    int fd;
+    const char *path;
+    uLong crc;
+    uint64_t len;
+} s_writer;
+
+static zps_status s_put(s_writer *w, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    size_t left = n;
+    while (left) {
+        size_t part = left > (1u << 30) ? (1u << 30) : left;
+        ssize_t k = write(w->fd, b, part);
+        if (k < 0 && errno == EINTR)
+            continue;
+        ZPS_CHECK_FILE(k, w->path);
+        b += k;
+        left -= (size_t)k;
+    }
+    /* crc32's length argument is uInt; feed it in pieces. */
+    const unsigned char *c = p;
+    for (size_t off = 0; off < n;) {
+        size_t part = n - off > (1u << 30) ? (1u << 30) : n - off;
+        w->crc = crc32(w->crc, c + off, (uInt)part);
+        off += part;
+    }
+    w->len += n;
+    return ZPS_OK;
+}
+
+#define S_PUT(w, v) ZPS_TRY(s_put((w), &(v), sizeof(v)))
+
+static zps_status s_write_body(s_writer *w, const ps_ckpt *c)
+{
+    ZPS_TRY(s_put(w, S_MAGIC, 8));
+    uint32_t fmt = S_FORMAT, pad = 0;
+    S_PUT(w, fmt);
+    S_PUT(w, c->server_index);
+    S_PUT(w, c->plan_hash);
+    S_PUT(w, c->n_vars);
+    S_PUT(w, c->total);
+    S_PUT(w, c->n_servers);
+    S_PUT(w, c->chunk_bytes);
+    S_PUT(w, c->num_chunks);
+    S_PUT(w, c->mode);
+    S_PUT(w, c->n_local);
+    S_PUT(w, c->n_slots);
+    S_PUT(w, c->opt_len);
+    if (c->opt_len)
+        ZPS_TRY(s_put(w, c->opt, c->opt_len));
+    for (uint32_t i = 0; i < c->n_local; i++) {
+        S_PUT(w, c->chunks[i].key);
+        S_PUT(w, pad);
+        S_PUT(w, c->chunks[i].count);
+        S_PUT(w, c->chunks[i].version);
+    }
+    ZPS_TRY(s_put(w, c->values, c->local_total * sizeof(float)));
+    if (c->n_slots)
+        ZPS_TRY(s_put(w, c->slots, (size_t)c->n_slots * c->local_total * sizeof(float)));
+    uint64_t total_len = w->len + 8 + 4;
+    S_PUT(w, total_len);
+    uint32_t crc = (uint32_t)w->crc;
+    ZPS_TRY(s_put(w, &crc, 4));
+    return ZPS_OK;
+}
+
+zps_status ps_ckpt_write(const char *dir, int index, const ps_ckpt *c)
+{
+    char path[1100], tmp[1100];
+    ps_ckpt_path(dir, index, path, sizeof path);
+    snprintf(tmp, sizeof tmp, "%s/.server-%d.ckpt.tmp", dir, index);
+    if (mkdir(dir, 0755) == -1 && errno != EEXIST)
+        ZPS_CHECK_FILE(-1, dir);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    ZPS_CHECK_FILE(fd, tmp);
+    s_writer w = {fd, tmp, crc32(0, Z_NULL, 0), 0};
+    zps_status st = s_write_body(&w, c);
+    if (st == ZPS_OK && fsync(fd) == -1) {
+        zps_log(ZPS_ERROR, "ckpt", "%s: fsync: %s", tmp, strerror(errno));
+        st = ZPS_ERR_IO;
+    }
+    if (close(fd) == -1 && st == ZPS_OK) {
+        zps_log(ZPS_ERROR, "ckpt", "%s: close: %s", tmp, strerror(errno));
+        st = ZPS_ERR_IO;
+    }
+    if (st != ZPS_OK) {
+        unlink(tmp);
+        return st;
+    }
+    if (rename(tmp, path) == -1) {
+        zps_log(ZPS_ERROR, "ckpt", "rename %s -> %s: %s", tmp, path, strerror(errno));
+        unlink(tmp);
+        return ZPS_ERR_IO;
+    }
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    ZPS_CHECK_FILE(dfd, dir);
+    if (fsync(dfd) == -1)
+        zps_log(ZPS_WARN, "ckpt", "%s: fsync of the directory: %s", dir, strerror(errno));
+    close(dfd);
+    return ZPS_OK;
+}
+
+void ps_ckpt_free(ps_ckpt *c)
+{
+    free(c->chunks);
+    zps_aligned_free(c->values);
+    zps_aligned_free(c->slots);
+    free(c->opt);
+    memset(c, 0, sizeof *c);
+}
+
+typedef struct s_reader {
+    const unsigned char *p;
+    size_t left;
+} s_reader;
+
+static int s_get(s_reader *r, void *dst, size_t n)
+{
+    if (r->left < n)
+        return 0;
+    memcpy(dst, r->p, n);
+    r->p += n;
+    r->left -= n;
+    return 1;
+}
+
+#define S_CORRUPT(...)                                                                 \
+    do {                                                                               \
+        snprintf(why, why_len, __VA_ARGS__);                                           \
+        zps_log(ZPS_ERROR, "ckpt", "%s: corrupt checkpoint: %s", path, why);           \
+        st = ZPS_ERR_CORRUPT;                                                          \
+        goto out;                                                                      \
+    } while (0)
+
+zps_status ps_ckpt_read(const char *path, ps_ckpt *out, char *why, size_t why_len)
+{
+    char dummy[8];
+    if (!why) {
+        why = dummy;
+        why_len = sizeof dummy;
+    }
+    memset(out, 0, sizeof *out);
+    why[0] = 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd == -1) {
+        snprintf(why, why_len, "%s", strerror(errno));
+        return errno == ENOENT ? ZPS_ERR_NOT_FOUND : ZPS_ERR_IO;
+    }
+    struct stat stt;
+    if (fstat(fd, &stt) == -1) {
+        close(fd);
+        ZPS_CHECK_FILE(-1, path);
+    }
+    size_t size = (size_t)stt.st_size;
+    unsigned char *buf = zps_xmalloc(size ? size : 1);
+    size_t got = 0;
+    while (got < size) {
+        ssize_t k = read(fd, buf + got, size - got);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            break;
+        got += (size_t)k;
+    }
+    close(fd);
+    zps_status st = ZPS_OK;
+    ps_ckpt c = {0};
+    if (got != size)
+        S_CORRUPT("short read (%zu of %zu bytes)", got, size);
+    if (size < 8 + 12 + 8)
+        S_CORRUPT("file of %zu bytes is too short to be a checkpoint", size);
+    if (memcmp(buf, S_MAGIC, 8))
+        S_CORRUPT("bad magic (not a zps checkpoint)");
+    uint64_t flen;
+    uint32_t fcrc;
+    memcpy(&flen, buf + size - 12, 8);
+    memcpy(&fcrc, buf + size - 4, 4);
+    if (flen != size)
+        S_CORRUPT("length field says %llu bytes but the file has %zu (truncated?)",
+                  (unsigned long long)flen, size);
+    uLong crc = crc32(0, Z_NULL, 0);
+    for (size_t off = 0; off < size - 4;) {
+        size_t part = size - 4 - off > (1u << 30) ? (1u << 30) : size - 4 - off;
+        crc = crc32(crc, buf + off, (uInt)part);
+        off += part;
+    }
+    if ((uint32_t)crc != fcrc)
+        S_CORRUPT("CRC mismatch (stored %08x, computed %08x)", fcrc, (uint32_t)crc);
+    s_reader r = {buf + 8, size - 8 - 12};
+    uint32_t fmt;
+    if (!s_get(&r, &fmt, 4) || fmt != S_FORMAT)
+        S_CORRUPT("unknown format %u", fmt);
+    if (!s_get(&r, &c.server_index, 4) || !s_get(&r, &c.plan_hash, 8) ||
+        !s_get(&r, &c.n_vars, 4) || !s_get(&r, &c.total, 8) || !s_get(&r, &c.n_servers, 4) ||
+        !s_get(&r, &c.chunk_bytes, 8) || !s_get(&r, &c.num_chunks, 4) ||
+        !s_get(&r, &c.mode, 4) || !s_get(&r, &c.n_local, 4) || !s_get(&r, &c.n_slots, 4) ||
+        !s_get(&r, &c.opt_len, 4))
+        S_CORRUPT("header truncated");
+    if (c.n_slots > 2 || c.n_local > c.num_chunks || c.opt_len > r.left)
+        S_CORRUPT("implausible header (%u slots, %u of %u chunks)", c.n_slots, c.n_local,
+                  c.num_chunks);
+    c.opt = zps_xmalloc(c.opt_len ? c.opt_len : 1);
+    s_get(&r, c.opt, c.opt_len);
+    if ((uint64_t)c.n_local * 24 > r.left)
+        S_CORRUPT("chunk table truncated");
+    c.chunks = zps_xcalloc(c.n_local ? c.n_local : 1, sizeof *c.chunks);
+    for (uint32_t i = 0; i < c.n_local; i++) {
+        uint32_t pad;
+        s_get(&r, &c.chunks[i].key, 4);
+        s_get(&r, &pad, 4);
+        s_get(&r, &c.chunks[i].count, 8);
+        s_get(&r, &c.chunks[i].version, 8);
+        if (c.chunks[i].key >= c.num_chunks || c.chunks[i].count == 0 ||
+            c.chunks[i].count > c.total)
+            S_CORRUPT("bad chunk %u (key %u, count %llu)", i, c.chunks[i].key,
+                      (unsigned long long)c.chunks[i].count);
+        c.local_total += c.chunks[i].count;
+    }
+    uint64_t need = c.local_total * 4ull * (1ull + c.n_slots);
+    if (need != r.left)
+        S_CORRUPT("payload is %zu bytes, the chunk table needs %llu", r.left,
+                  (unsigned long long)need);
+    c.values = zps_xaligned(64, c.local_total * 4 + 64);
+    s_get(&r, c.values, c.local_total * 4);
+    c.slots = NULL;
+    if (c.n_slots) {
+        c.slots = zps_xaligned(64, c.local_total * 4 * c.n_slots + 64);
+        s_get(&r, c.slots, c.local_total * 4 * c.n_slots);
+    }
+out:
+    free(buf);
+    if (st != ZPS_OK) {
+        ps_ckpt_free(&c);
+        return st;
+    }
+    *out = c;
+    return ZPS_OK;
+}

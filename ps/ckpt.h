@@ -1,0 +1,61 @@
+/* ckpt.h — server checkpoint files: values, optimizer slots, versions and the plan hash.
+ *
+ * One file per server, DIR/server-INDEX.ckpt, written atomically: the bytes go to
+ * DIR/.server-INDEX.ckpt.tmp, which is fsync'ed and renamed over the old file, then the
+ * directory is fsync'ed. Readers therefore see the old checkpoint or the new one, never a
+ * mix. The file ends with a CRC-32 (zlib) of everything before it and the total length, so
+ * a truncated or corrupt file is refused with ZPS_ERR_CORRUPT and a reason, never loaded.
+ *
+ * Layout (little-endian, as the machine writes it; x86-64 only):
+ *   "ZPSCKPT1" | u32 format(1) | u32 server_index | u64 plan_hash | u32 n_vars | u64 total
+ *   | u32 n_servers | u64 chunk_bytes | u32 num_chunks | u32 mode | u32 n_local
+ *   | u32 n_slots | u32 opt_len | opt_len bytes (OptimizerConfig protobuf)
+ *   | n_local x {u32 key, u32 pad, u64 count, u64 version} | values (f32 x local_total)
+ *   | slots (n_slots x local_total f32) | u64 file_length | u32 crc32
+ */
+#ifndef ZPS_PS_CKPT_H
+#define ZPS_PS_CKPT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+
+typedef struct ps_ckpt_chunk {
+    uint32_t key;
+    uint64_t count;
+    uint64_t version;
+} ps_ckpt_chunk;
+
+/* What a checkpoint holds. Pointers are borrowed for write and owned (free()) after
+ * read: chunks, values, slots (one block: n_slots x local_total floats), opt. */
+typedef struct ps_ckpt {
+    uint32_t server_index;
+    uint64_t plan_hash;
+    uint32_t n_vars;
+    uint64_t total;
+    uint32_t n_servers;
+    uint64_t chunk_bytes;
+    uint32_t num_chunks;
+    uint32_t mode;
+    uint32_t n_local;
+    ps_ckpt_chunk *chunks; // (n_local)
+    uint64_t local_total;  // sum of chunk counts
+    uint32_t n_slots;
+    float *values;         // (local_total)
+    float *slots;          // (n_slots * local_total), slot-major
+    uint8_t *opt;          // packed OptimizerConfig
+    uint32_t opt_len;
+} ps_ckpt;
+
+/* "DIR/server-INDEX.ckpt" into buf. */
+void ps_ckpt_path(const char *dir, int index, char *buf, size_t len);
+/* Atomic write (see above). */
+zps_status ps_ckpt_write(const char *dir, int index, const ps_ckpt *c);
+/* Reads and verifies path. ZPS_ERR_NOT_FOUND when absent, ZPS_ERR_CORRUPT with a logged
+ * reason (and in why) when anything is off. On success the caller frees with
+ * ps_ckpt_free. */
+zps_status ps_ckpt_read(const char *path, ps_ckpt *out, char *why, size_t why_len);
+void ps_ckpt_free(ps_ckpt *c);
+
+#endif

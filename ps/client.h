@@ -1,0 +1,120 @@
+/* client.h — the library trainers link to talk to the parameter servers.
+ *
+ * The trainer keeps ONE flat float buffer of values and one of gradients, laid out as the
+ * plan says (variable i at plan->var_offset[i]). Push and pull work on a range of variables
+ * [first_var, first_var + n_vars): the client cuts it into per-server requests along the
+ * plan's chunks and sends them at once; the call returns a ticket without waiting. That is
+ * what lets a trainer push the last layers' gradients while backward still runs and pull
+ * the first layers first while the next forward starts. ps_client_wait(ticket) blocks until
+ * every server answered (or failed); many tickets may be in flight at once.
+ *
+ * Buffers: a push reads the gradient buffer zero-copy, so the pushed range must not change
+ * until its ticket is waited for. A pull writes the value range when its replies arrive,
+ * inside ps_client_wait*(); do not read the range before its ticket completes.
+ *
+ * Steps (the `step` argument):
+ *   sync   push: the step the gradient belongs to (= the version it was computed from);
+ *          pull: wait until every chunk has at least this version (after pushing step s,
+ *          pull s + 1). -1 = no wait.
+ *   async  push: the version the gradient was computed from (staleness statistics);
+ *          pull: ignored (never waits).
+ *   ssp    push and pull: the trainer's clock (steps completed); a pull at clock c waits
+ *          until the slowest live trainer has pushed step c - s - 1.
+ * A push for a step the server has moved past (a backup worker's late push, or a trainer
+ * behind a restored server) fails with ZPS_ERR_STALE; ps_client_wait_version() then gives
+ * the server's version so the trainer can pull and continue from there.
+ *
+ * Failures: a server's error reply comes back as its zps_status and readable message
+ * (ps_client_last_error). A request without a reply is resent after timeout_ms, with
+ * back-off, up to max_retries times (the server drops a duplicate push by request id),
+ * then fails with ZPS_ERR_TIMEOUT. A server that lost the trainer's registration (it was
+ * restarted) is re-registered automatically and the request resent.
+ *
+ * Not thread-safe: one client per thread.
+ */
+#ifndef ZPS_PS_CLIENT_H
+#define ZPS_PS_CLIENT_H
+
+#include <stdint.h>
+
+#include "common/status.h"
+#include "ps/optim.h"
+#include "ps/plan.h"
+#include "ps/server.h"
+
+typedef uint64_t ps_ticket;
+
+typedef struct ps_client_opts {
+    int timeout_ms;   // wait for a reply this long before resending (default 30000)
+    int max_retries;  // resends before ZPS_ERR_TIMEOUT (default 4)
+    int backoff_ms;   // first pause before a resend, doubled each time (default 50)
+    int heartbeat_ms; // while waiting, heartbeat a server silent this long (default 1000, 0 off)
+} ps_client_opts;
+
+/* What the trainer asks for at REGISTER; zeros mean "whatever the server has". */
+typedef struct ps_job {
+    ps_mode mode;
+    uint32_t num_trainers;
+    uint32_t replicas_to_aggregate;
+    uint32_t staleness;
+} ps_job;
+
+typedef struct ps_client ps_client;
+
+void ps_client_opts_default(ps_client_opts *o);
+
+/* Connects a DEALER to each server (server_uris[i] is server i of the plan). opts may be
+ * NULL (defaults). *out is the caller's (ps_client_destroy). */
+zps_status ps_client_new(const char *const *server_uris, int n_servers, uint32_t trainer_id,
+                         const ps_client_opts *opts, ps_client **out);
+/* Waits for nothing; drops whatever is in flight. */
+void ps_client_destroy(ps_client **pc);
+
+/* REGISTER with every server (blocking). plan is borrowed and must outlive the client; its
+ * n_servers must equal the client's. job may be NULL. On success *effective (may be NULL)
+ * holds the job the servers run (their flags win). Errors: ZPS_ERR_PLAN (with the message
+ * saying which side differs), ZPS_ERR_CONFIG, ZPS_ERR_VERSION, ... */
+zps_status ps_client_register(ps_client *c, const ps_plan *plan, const ps_job *job,
+                              ps_job *effective);
+/* INIT every server with the flat value buffer and the optimizer (blocking). First writer
+ * wins: *first (may be NULL) is 1 when this call initialised every server, 0 when they were
+ * already initialised (ZPS_ERR_ALREADY_INIT is then not an error). A server holding a
+ * different optimizer answers ZPS_ERR_CONFIG. */
+zps_status ps_client_init(ps_client *c, const float *values, const ps_optim_config *opt,
+                          int *first);
+
+zps_status ps_client_push(ps_client *c, int first_var, int n_vars, const float *grads,
+                          int64_t step, ps_ticket *t);
+zps_status ps_client_pull(ps_client *c, int first_var, int n_vars, float *values, int64_t step,
+                          ps_ticket *t);
+/* Push the gradients, then receive the values after they were applied (sync: after step
+ * `step` was aggregated). */
+zps_status ps_client_pushpull(ps_client *c, int first_var, int n_vars, const float *grads,
+                              float *values, int64_t step, ps_ticket *t);
+
+/* Drives the sockets for up to timeout_ms (0: once) and sets *done when ticket t has
+ * completed (then call ps_client_wait for its status). */
+zps_status ps_client_poll(ps_client *c, ps_ticket t, int timeout_ms, int *done);
+/* Blocks until ticket t completed; returns its first error. */
+zps_status ps_client_wait(ps_client *c, ps_ticket t);
+/* Same; *version is the smallest model version the servers reported for it. */
+zps_status ps_client_wait_version(ps_client *c, ps_ticket t, uint64_t *version);
+/* Waits for every ticket in flight; returns the first error among tickets not yet waited. */
+zps_status ps_client_wait_all(ps_client *c);
+
+/* Returns when every live trainer reached the barrier (held by server 0). */
+zps_status ps_client_barrier(ps_client *c);
+/* HEARTBEAT to every server; *version (may be NULL) = smallest server version. */
+zps_status ps_client_heartbeat(ps_client *c, uint64_t *version);
+/* STATS JSON of server i; *json is the caller's (free). */
+zps_status ps_client_stats(ps_client *c, int server, char **json);
+/* CHECKPOINT on every server. */
+zps_status ps_client_checkpoint(ps_client *c);
+/* SHUTDOWN every server (each checkpoints first when configured). */
+zps_status ps_client_shutdown(ps_client *c);
+
+/* Message of the last failure ("" when none); borrowed, valid until the next call. */
+const char *ps_client_last_error(const ps_client *c);
+int ps_client_num_servers(const ps_client *c);
+
+#endif

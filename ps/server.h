@@ -1,0 +1,73 @@
+/* server.h — the parameter server (zps-server's engine), one per process.
+ *
+ * One ROUTER socket. The server owns the chunks the plan gives it: their values and the
+ * optimizer slots live in one flat buffer each (in key order), allocated once at INIT (or
+ * restore) and never freed until destroy. Every request is validated completely before it
+ * touches state; a rejected request gets an error reply, bumps a counter and changes
+ * nothing. The loop is single-threaded: requests are handled in arrival order, which is
+ * what makes async mode's "applied in arrival order" and sync mode's determinism easy to
+ * state. Pull replies are copied into pooled reply buffers (warm, reused) and sent
+ * zero-copy; receive memory is zmq's, kept warm by ps_server_tune_malloc().
+ *
+ * The wire protocol, modes, flags and STATS fields are documented in docs/ps.md.
+ */
+#ifndef ZPS_PS_SERVER_H
+#define ZPS_PS_SERVER_H
+
+#include <stdint.h>
+
+#include "common/status.h"
+
+typedef enum ps_mode {
+    PS_MODE_UNSET = 0, // learn it from the first REGISTER
+    PS_MODE_SYNC = 1,  // values match Zps__Mode
+    PS_MODE_ASYNC = 2,
+    PS_MODE_SSP = 3,
+} ps_mode;
+
+/* Most ranges one request may carry. */
+#define PS_MAX_RANGES 16384
+/* Most trainers one job may have. */
+#define PS_MAX_TRAINERS 4096
+
+typedef struct ps_server_config {
+    char bind[512];               // tcp://HOST:PORT, port 0 or * = ephemeral
+    int index;                    // server index in the job (checkpoint file name)
+    int check_index;              // index was given (--index/--cluster): REGISTER must match
+    ps_mode mode;                 // PS_MODE_UNSET: from REGISTER
+    uint32_t num_trainers;        // 0: from REGISTER
+    uint32_t replicas_to_aggregate; // 0: num_trainers (or from REGISTER)
+    int staleness;                // -1: from REGISTER (ssp)
+    double trainer_timeout_s;     // 0: never drop a trainer
+    char checkpoint_dir[512];     // "" = no checkpoints
+    uint64_t checkpoint_every_versions; // 0 = off
+    double checkpoint_every_seconds;    // 0 = off
+    int restore;                  // load the checkpoint at start when present
+    int allow_reinit;             // accept a second INIT (replaces values, resets versions)
+    uint64_t max_message_bytes;   // payload bytes per request
+    double stats_every_s;         // periodic one-line log; 0 = off
+} ps_server_config;
+
+typedef struct ps_server ps_server;
+
+void ps_server_config_default(ps_server_config *c);
+
+/* Binds, and restores when asked. On success *out is the caller's. Errors: ZPS_ERR_ZMQ
+ * (bind), ZPS_ERR_CORRUPT / ZPS_ERR_IO (checkpoint), ZPS_ERR_INVALID (config). */
+zps_status ps_server_new(const ps_server_config *cfg, ps_server **out);
+/* The endpoint actually bound (ephemeral port resolved), e.g. tcp://127.0.0.1:40123. */
+const char *ps_server_endpoint(const ps_server *s);
+/* Serves until SHUTDOWN or ps_server_stop(); returns ZPS_OK then. */
+zps_status ps_server_run(ps_server *s);
+/* Asks the loop to return (async-signal-safe: sets a flag). */
+void ps_server_stop(ps_server *s);
+/* Writes a checkpoint now (no-op without --checkpoint-dir). */
+zps_status ps_server_checkpoint(ps_server *s);
+void ps_server_destroy(ps_server **ps);
+
+/* Keeps large allocations on the heap and never trims it, so memory freed after a message
+ * is reused warm for the next one (mmap + munmap per message faults every page again). Call
+ * once at process start, before any thread exists. */
+void ps_server_tune_malloc(void);
+
+#endif

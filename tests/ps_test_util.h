@@ -1,0 +1,30 @@
+/* ps_test_util.h — helpers for the ps test suites: spawn zps-server processes on ephemeral
+ * loopback ports, kill and reap them by PID, random data with a printed seed. */
+#ifndef ZPS_TESTS_PS_TEST_UTIL_H
+#define ZPS_TESTS_PS_TEST_UTIL_H
+
+#include <stdint.h>
+#include <sys/types.h>
+
+typedef struct pst_server {
+    pid_t pid;      // 0 when not running
+    char uri[256];  // the bound endpoint, from the "listening on" line
+} pst_server;
+
+/* Starts $ZPS_BIN/zps-server with --bind BIND (NULL: tcp://127.0.0.1:0) and the extra
+ * arguments (NULL-terminated), waits (<= 10 s) for its "listening on" line. 0 on success. */
+int pst_spawn(pst_server *s, const char *bind, const char *const *args);
+/* Sends sig and reaps the process (<= 10 s, then SIGKILL). Returns the wait status. */
+int pst_kill(pst_server *s, int sig);
+/* Waits up to timeout_s for the process to exit by itself; returns the wait status or -1. */
+int pst_wait(pst_server *s, double timeout_s);
+/* A fresh seed (time and pid) — tests print it on failure. */
+uint64_t pst_seed(void);
+/* xorshift64* uniform in [-1, 1). */
+float pst_uniform(uint64_t *state);
+/* A temporary directory path (mkdtemp) into buf. */
+void pst_tmpdir(char *buf, size_t len);
+/* rm -r of a directory holding only files. */
+void pst_rmdir(const char *dir);
+
+#endif

@@ -1,0 +1,237 @@
+/* test_ps_sync.c — sync mode end to end: 3 trainer threads, 2 zps-server processes. After
+ * every step the values each trainer pulls equal, bit for bit, a single-process reference
+ * that applies the averaged gradient (summed in trainer-id order), for every optimizer.
+ * Trainers push variable by variable, last first, so chunks fill from partial ranges.
+ * Also: backup workers (replicas_to_aggregate 2 of 3) and a mode conflict at REGISTER. */
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/mem.h"
+#include "ps/client.h"
+#include "ps/optim.h"
+#include "ps/plan.h"
+#include "tests/ps_test_util.h"
+
+#define NT 3
+#define NS 2
+#define STEPS 4
+
+static const ps_var s_vars[] = {{"a", 1000}, {"b", 3}, {"c", 5000}, {"d", 17}, {"e", 2500}};
+#define NV ((int)(sizeof s_vars / sizeof s_vars[0]))
+
+typedef struct job {
+    uint64_t seed;
+    ps_optim_config opt;
+    ps_plan *plan;
+    const char *uris[NS];
+    float **ref;      // (STEPS + 1) x total reference values
+    int mismatch[NT]; // first step whose pulled values differed (+1), 0 = none
+    int fail[NT];     // zps_status of a failed call
+    char err[NT][256];
+} job;
+
+/* Deterministic noise in [-1, 1) from (seed, trainer, step, i). */
+static float s_noise(uint64_t seed, int t, int s, uint64_t i)
+{
+    uint64_t x = seed ^ (0x9E3779B97F4A7C15ull * (uint64_t)(t + 1)) ^ ((uint64_t)s << 40) ^ (i * 0xD6E8FEB86659FD93ull);
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ull;
+    x ^= x >> 33;
+    return (float)((double)(x >> 40) / (double)(1ull << 23)) - 1.0f;
+}
+
+static void s_grad(const job *j, int t, int s, const float *v, float *g)
+{
+    for (uint64_t i = 0; i < j->plan->total; i++)
+        g[i] = 0.1f * v[i] + s_noise(j->seed, t, s, i);
+}
+
+static void s_reference(job *j)
+{
+    uint64_t n = j->plan->total;
+    float *v = zps_xmalloc(n * 4), *g = zps_xmalloc(n * 4), *acc = zps_xmalloc(n * 4);
+    float *slots[2] = {zps_xmalloc(n * 4), zps_xmalloc(n * 4)};
+    for (int k = 0; k < 2; k++)
+        for (uint64_t i = 0; i < n; i++)
+            slots[k][i] = ps_optim_slot_init(&j->opt, k);
+    memcpy(v, j->ref[0], n * 4);
+    for (int s = 0; s < STEPS; s++) {
+        for (int t = 0; t < NT; t++) {
+            s_grad(j, t, s, v, g);
+            for (uint64_t i = 0; i < n; i++)
+                acc[i] = t ? acc[i] + g[i] : g[i];
+        }
+        for (uint64_t i = 0; i < n; i++)
+            acc[i] = acc[i] / (float)NT;
+        ps_optim_apply(&j->opt, (uint64_t)s, v, slots, acc, n);
+        memcpy(j->ref[s + 1], v, n * 4);
+    }
+    free(v);
+    free(g);
+    free(acc);
+    free(slots[0]);
+    free(slots[1]);
+}
+
+typedef struct targ {
+    job *j;
+    int t;
+} targ;
+
+#define T_FAIL(st_)                                                                   \
+    do {                                                                              \
+        j->fail[t] = (st_);                                                           \
+        snprintf(j->err[t], sizeof j->err[t], "%s:%d %s: %s", __FILE__, __LINE__,     \
+                 zps_status_name(st_), ps_client_last_error(c));                       \
+        goto out;                                                                     \
+    } while (0)
+
+static void *s_trainer(void *arg)
+{
+    targ *a = arg;
+    job *j = a->j;
+    int t = a->t;
+    uint64_t n = j->plan->total;
+    float *v = zps_xmalloc(n * 4), *g = zps_xmalloc(n * 4);
+    ps_client *c = NULL;
+    ps_client_opts o;
+    ps_client_opts_default(&o);
+    o.timeout_ms = 20000;
+    zps_status st = ps_client_new(j->uris, NS, (uint32_t)t, &o, &c);
+    if (st != ZPS_OK) {
+        j->fail[t] = st;
+        free(v);
+        free(g);
+        return NULL;
+    }
+    ps_job jb = {PS_MODE_SYNC, NT, 0, 0};
+    if ((st = ps_client_register(c, j->plan, &jb, NULL)) != ZPS_OK)
+        T_FAIL(st);
+    if (t == 0 && (st = ps_client_init(c, j->ref[0], &j->opt, NULL)) != ZPS_OK)
+        T_FAIL(st);
+    if ((st = ps_client_barrier(c)) != ZPS_OK)
+        T_FAIL(st);
+    ps_ticket tk;
+    if ((st = ps_client_pull(c, 0, NV, v, 0, &tk)) != ZPS_OK || (st = ps_client_wait(c, tk)) != ZPS_OK)
+        T_FAIL(st);
+    for (int s = 0; s < STEPS; s++) {
+        if (memcmp(v, j->ref[s], n * 4)) {
+            j->mismatch[t] = s + 1;
+            goto out;
+        }
+        s_grad(j, t, s, v, g);
+        for (int var = NV - 1; var >= 0; var--)
+            if ((st = ps_client_push(c, var, 1, g, s, &tk)) != ZPS_OK)
+                T_FAIL(st);
+        if ((st = ps_client_wait_all(c)) != ZPS_OK)
+            T_FAIL(st);
+        /* First layers first, as a trainer overlapping forward would. */
+        ps_ticket p1, p2;
+        if ((st = ps_client_pull(c, 0, 2, v, s + 1, &p1)) != ZPS_OK ||
+            (st = ps_client_pull(c, 2, NV - 2, v, s + 1, &p2)) != ZPS_OK)
+            T_FAIL(st);
+        uint64_t ver = 0;
+        if ((st = ps_client_wait_version(c, p1, &ver)) != ZPS_OK || (st = ps_client_wait(c, p2)) != ZPS_OK)
+            T_FAIL(st);
+        if (ver < (uint64_t)s + 1)
+            T_FAIL(ZPS_ERR_INTERNAL);
+    }
+    if (memcmp(v, j->ref[STEPS], n * 4))
+        j->mismatch[t] = STEPS + 1;
+out:
+    ps_client_destroy(&c);
+    free(v);
+    free(g);
+    return NULL;
+}
+
+static void s_run(const ps_optim_config *opt, const char *name)
+{
+    job j;
+    memset(&j, 0, sizeof j);
+    j.seed = pst_seed();
+    j.opt = *opt;
+    cr_assert_eq(ps_plan_new(s_vars, NV, NS, 4096, &j.plan), ZPS_OK);
+    uint64_t n = j.plan->total;
+    j.ref = zps_xcalloc(STEPS + 1, sizeof *j.ref);
+    for (int s = 0; s <= STEPS; s++)
+        j.ref[s] = zps_xmalloc(n * 4);
+    uint64_t r = j.seed;
+    for (uint64_t i = 0; i < n; i++)
+        j.ref[0][i] = pst_uniform(&r);
+    s_reference(&j);
+    pst_server srv[NS];
+    const char *args[] = {"--mode", "sync", "--num-trainers", "3", NULL};
+    for (int i = 0; i < NS; i++) {
+        cr_assert_eq(pst_spawn(&srv[i], NULL, args), 0, "zps-server did not start");
+        j.uris[i] = srv[i].uri;
+    }
+    pthread_t th[NT];
+    targ ta[NT];
+    for (int t = 0; t < NT; t++) {
+        ta[t] = (targ){&j, t};
+        pthread_create(&th[t], NULL, s_trainer, &ta[t]);
+    }
+    for (int t = 0; t < NT; t++)
+        pthread_join(th[t], NULL);
+    for (int i = 0; i < NS; i++)
+        pst_kill(&srv[i], SIGTERM);
+    for (int t = 0; t < NT; t++) {
+        cr_expect_eq(j.fail[t], 0, "%s: trainer %d failed: %s (seed %llu)", name, t, j.err[t],
+                     (unsigned long long)j.seed);
+        cr_expect_eq(j.mismatch[t], 0, "%s: trainer %d: values differ from the reference at step %d (seed %llu)",
+                     name, t, j.mismatch[t] - 1, (unsigned long long)j.seed);
+    }
+    for (int s = 0; s <= STEPS; s++)
+        free(j.ref[s]);
+    free(j.ref);
+    ps_plan_destroy(&j.plan);
+}
+
+Test(it_ps_sync, bitwise_equal_to_reference_for_every_optimizer, .timeout = 60)
+{
+    ps_optim_config o;
+    ps_optim_default(&o);
+    o.kind = PS_OPT_SGD;
+    o.lr = 0.05;
+    o.weight_decay = 1e-3;
+    s_run(&o, "sgd");
+    ps_optim_default(&o);
+    o.kind = PS_OPT_MOMENTUM;
+    o.lr = 0.02;
+    o.momentum = 0.9;
+    s_run(&o, "momentum");
+    o.nesterov = 1;
+    o.sched = PS_SCHED_EXPONENTIAL;
+    o.decay_rate = 0.5;
+    o.decay_steps = 2;
+    o.staircase = 1;
+    s_run(&o, "nesterov+exponential");
+    ps_optim_default(&o);
+    o.kind = PS_OPT_RMSPROP;
+    o.lr = 0.045;
+    o.decay = 0.9;
+    o.momentum = 0.9;
+    o.epsilon = 1.0;
+    s_run(&o, "rmsprop");
+    ps_optim_default(&o);
+    o.kind = PS_OPT_ADAM;
+    o.lr = 1e-3;
+    o.warmup_steps = 2;
+    o.sched = PS_SCHED_COSINE;
+    o.total_steps = 3;
+    o.min_lr = 1e-5;
+    s_run(&o, "adam+warmup+cosine");
+    ps_optim_default(&o);
+    o.kind = PS_OPT_ADAGRAD;
+    o.lr = 0.1;
+    o.epsilon = 1e-7;
+    o.weight_decay = 1e-4;
+    s_run(&o, "adagrad");
+}

@@ -1,0 +1,145 @@
+/* test_ps_util.c — see ps_test_util.h (helpers; no tests here). */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/clock.h"
+#include "tests/ps_test_util.h"
+
+int pst_spawn(pst_server *s, const char *bind, const char *const *args)
+{
+    memset(s, 0, sizeof *s);
+    const char *bin = getenv("ZPS_BIN");
+    char path[1024];
+    snprintf(path, sizeof path, "%s/zps-server", bin ? bin : "build/bin");
+    int fds[2];
+    if (pipe(fds) == -1)
+        return -1;
+    const char *argv[64];
+    int n = 0;
+    argv[n++] = path;
+    argv[n++] = "--bind";
+    argv[n++] = bind ? bind : "tcp://127.0.0.1:0";
+    argv[n++] = "--log-level";
+    argv[n++] = getenv("PST_LOG") ? getenv("PST_LOG") : "warn";
+    for (int i = 0; args && args[i] && n < 62; i++)
+        argv[n++] = args[i];
+    argv[n] = NULL;
+    pid_t pid = fork();
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        dup2(fds[1], 1);
+        close(fds[0]);
+        close(fds[1]);
+        execv(path, (char *const *)argv);
+        _exit(127);
+    }
+    close(fds[1]);
+    s->pid = pid;
+    char buf[512];
+    size_t got = 0;
+    double end = zps_now_s() + 10;
+    const char *tag = "zps-server listening on ";
+    while (zps_now_s() < end && got < sizeof buf - 1) {
+        struct pollfd p = {fds[0], POLLIN, 0};
+        if (poll(&p, 1, 100) <= 0)
+            continue;
+        ssize_t k = read(fds[0], buf + got, sizeof buf - 1 - got);
+        if (k <= 0)
+            break;
+        got += (size_t)k;
+        buf[got] = 0;
+        char *nl = strchr(buf, '\n');
+        char *at = strstr(buf, tag);
+        if (at && nl) {
+            *nl = 0;
+            snprintf(s->uri, sizeof s->uri, "%s", at + strlen(tag));
+            close(fds[0]);
+            return 0;
+        }
+    }
+    close(fds[0]);
+    pst_kill(s, SIGKILL);
+    return -1;
+}
+
+int pst_wait(pst_server *s, double timeout_s)
+{
+    if (!s->pid)
+        return -1;
+    double end = zps_now_s() + timeout_s;
+    int st;
+    for (;;) {
+        pid_t r = waitpid(s->pid, &st, WNOHANG);
+        if (r == s->pid) {
+            s->pid = 0;
+            return st;
+        }
+        if (zps_now_s() > end)
+            return -1;
+        zps_sleep_ns(2000000);
+    }
+}
+
+int pst_kill(pst_server *s, int sig)
+{
+    if (!s->pid)
+        return -1;
+    kill(s->pid, sig);
+    int st = pst_wait(s, 10);
+    if (st == -1 && s->pid) {
+        kill(s->pid, SIGKILL);
+        st = pst_wait(s, 10);
+    }
+    return st;
+}
+
+uint64_t pst_seed(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t x = (uint64_t)ts.tv_nsec * 2654435761u ^ (uint64_t)ts.tv_sec ^ ((uint64_t)getpid() << 32);
+    return x ? x : 1;
+}
+
+float pst_uniform(uint64_t *st)
+{
+    uint64_t x = *st;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    *st = x;
+    return (float)((double)((x * 0x2545F4914F6CDD1Dull) >> 40) / (double)(1ull << 23)) - 1.0f;
+}
+
+void pst_tmpdir(char *buf, size_t len)
+{
+    snprintf(buf, len, "/tmp/zps-test-XXXXXX");
+    if (!mkdtemp(buf))
+        buf[0] = 0;
+}
+
+void pst_rmdir(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    struct dirent *e;
+    char p[1024];
+    while ((e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
+            snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+            unlink(p);
+        }
+    closedir(d);
+    rmdir(dir);
+}
