@@ -15,6 +15,12 @@ typedef int (*k_cuda_probe_fn)(int *count, char *name, size_t name_len, char *ms
                                size_t msg_len);
 int k_cuda_probe(int *count, char *name, size_t name_len, char *msg, size_t msg_len);
 
+/* The CUDA op table (kernels.h), initialised on device 0 (cuDNN and cuBLAS handles); NULL
+ * when initialisation fails. Defined in kernels/cuda/backend.cu. */
+struct k_backend;
+typedef const struct k_backend *(*k_cuda_backend_fn)(void);
+const struct k_backend *k_cuda_backend(void);
+
 #ifdef __cplusplus
 }
 #endif

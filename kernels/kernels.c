@@ -1,0 +1,306 @@
+/* kernels.c — back-end selection, the ref table, shape helpers and the k_* dispatchers.
+ *
+ * Dispatch rule: a back-end's entry when present; otherwise ref's when the back-end works on
+ * host memory (ref then runs on the same pointers); otherwise ZPS_ERR_UNSUPPORTED.
+ */
+#include "kernels/kernels.h"
+
+#include <assert.h>
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/mem.h"
+#include "kernels/cuda/cuda_api.h"
+#include "kernels/device.h"
+#include "kernels/ref/ref.h"
+
+static int s_ref_supports(k_op_kind op) { return op >= 0 && op < K_OP_COUNT; }
+static void *s_host_alloc(size_t n) { return zps_xaligned(64, n ? n : 64); }
+static void s_host_free(void *p) { zps_aligned_free(p); }
+static zps_status s_host_copy(void *dst, const void *src, size_t n)
+{
+    memmove(dst, src, n);
+    return ZPS_OK;
+}
+static void s_ref_release(void **impl) { *impl = NULL; }
+
+static const k_backend s_ref = {
+    .name = "ref",
+    .host_memory = 1,
+    .supports_op = s_ref_supports,
+    .alloc = s_host_alloc,
+    .free = s_host_free,
+    .copy_in = s_host_copy,
+    .copy_out = s_host_copy,
+    .release = s_ref_release,
+    .conv2d_fwd = k_ref_conv2d_fwd,
+    .conv2d_bwd = k_ref_conv2d_bwd,
+    .bn_fwd_train = k_ref_bn_fwd_train,
+    .bn_fwd_infer = k_ref_bn_fwd_infer,
+    .bn_bwd = k_ref_bn_bwd,
+    .pool_fwd = k_ref_pool_fwd,
+    .pool_bwd = k_ref_pool_bwd,
+    .dense_fwd = k_ref_dense_fwd,
+    .dense_bwd = k_ref_dense_bwd,
+    .relu_fwd = k_ref_relu_fwd,
+    .relu_bwd = k_ref_relu_bwd,
+    .concat_fwd = k_ref_concat_fwd,
+    .concat_bwd = k_ref_concat_bwd,
+    .dropout_fwd = k_ref_dropout_fwd,
+    .dropout_bwd = k_ref_dropout_bwd,
+    .softmax_xent = k_ref_softmax_xent,
+    .smooth_l1 = k_ref_smooth_l1,
+    .fill = k_ref_fill,
+    .add = k_ref_add,
+    .scale = k_ref_scale,
+    .axpy = k_ref_axpy,
+    .sum = k_ref_sum,
+    .sumsq = k_ref_sumsq,
+    .sgd = k_ref_sgd,
+    .momentum = k_ref_momentum,
+};
+
+const k_backend *k_backend_ref(void) { return &s_ref; }
+
+const k_backend *k_backend_cuda(char *reason, size_t reason_len)
+{
+    static const k_backend *cached;
+    static int tried;
+    static char why[256];
+    if (!tried) {
+        tried = 1;
+        k_device_info info;
+        if (k_device_select("auto", &info) != ZPS_OK || info.kind != K_DEVICE_CUDA) {
+            snprintf(why, sizeof why, "%s", info.reason);
+        } else {
+            k_cuda_backend_fn get =
+                (k_cuda_backend_fn)dlsym(k_device_cuda_lib(), "k_cuda_backend");
+            if (!get)
+                snprintf(why, sizeof why, "CUDA library lacks k_cuda_backend");
+            else if (!(cached = get()))
+                snprintf(why, sizeof why, "CUDA back-end failed to initialise");
+        }
+    }
+    if (!cached && reason && reason_len)
+        snprintf(reason, reason_len, "%s", why);
+    return cached;
+}
+
+const k_backend *k_backend_by_name(const char *name)
+{
+    if (!name || strcmp(name, "auto") == 0) {
+        const k_backend *c = k_backend_cuda(NULL, 0);
+        return c ? c : k_backend_cpu();
+    }
+    if (strcmp(name, "ref") == 0)
+        return k_backend_ref();
+    if (strcmp(name, "cpu") == 0)
+        return k_backend_cpu();
+    if (strcmp(name, "cuda") == 0)
+        return k_backend_cuda(NULL, 0);
+    return NULL;
+}
+
+zps_status k_conv2d_init(k_conv2d *d, int n, int c, int h, int w, int k, int r, int s,
+                         int stride_h, int stride_w, int pad_h, int pad_w)
+{
+    memset(d, 0, sizeof *d);
+    d->n = n, d->c = c, d->h = h, d->w = w, d->k = k, d->r = r, d->s = s;
+    d->stride_h = stride_h, d->stride_w = stride_w, d->pad_h = pad_h, d->pad_w = pad_w;
+    if (n <= 0 || c <= 0 || k <= 0 || r <= 0 || s <= 0 || stride_h <= 0 || stride_w <= 0 ||
+        pad_h < 0 || pad_w < 0)
+        return ZPS_ERR_INVALID;
+    d->oh = (h + 2 * pad_h - r) / stride_h + 1;
+    d->ow = (w + 2 * pad_w - s) / stride_w + 1;
+    if (h + 2 * pad_h < r || w + 2 * pad_w < s || d->oh <= 0 || d->ow <= 0)
+        return ZPS_ERR_INVALID;
+    return ZPS_OK;
+}
+
+zps_status k_pool_init(k_pool *d, k_pool_kind kind, int n, int c, int h, int w, int r, int s,
+                       int stride_h, int stride_w, int pad_h, int pad_w)
+{
+    memset(d, 0, sizeof *d);
+    d->kind = kind;
+    d->n = n, d->c = c, d->h = h, d->w = w, d->r = r, d->s = s;
+    d->stride_h = stride_h, d->stride_w = stride_w, d->pad_h = pad_h, d->pad_w = pad_w;
+    if (n <= 0 || c <= 0 || r <= 0 || s <= 0 || stride_h <= 0 || stride_w <= 0 || pad_h < 0 ||
+        pad_w < 0 || pad_h >= r || pad_w >= s || h + 2 * pad_h < r || w + 2 * pad_w < s)
+        return ZPS_ERR_INVALID;
+    d->oh = (h + 2 * pad_h - r) / stride_h + 1;
+    d->ow = (w + 2 * pad_w - s) / stride_w + 1;
+    return ZPS_OK;
+}
+
+void k_op_release(const k_backend *be, void **impl)
+{
+    if (be && impl && *impl)
+        be->release(impl);
+    if (impl)
+        *impl = NULL;
+}
+
+double k_conv2d_flops(const k_conv2d *d)
+{
+    return 2.0 * d->n * d->k * d->oh * d->ow * (double)d->c * d->r * d->s;
+}
+
+uint32_t k_hash_u32(uint64_t seed, uint64_t index)
+{
+    /* splitmix64 finaliser over a seed-keyed counter */
+    uint64_t z = seed * 0x9E3779B97F4A7C15ull + index + 0x632BE59BD9B4E019ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (uint32_t)(z >> 32);
+}
+
+/* The table whose entry `fn` serves back-end be, or NULL (unsupported). */
+#define S_PICK(be, fn) ((be)->fn ? (be) : (be)->host_memory ? &s_ref : NULL)
+#define S_CALL(be, fn, ...)                                                            \
+    do {                                                                               \
+        const k_backend *b_ = S_PICK(be, fn);                                          \
+        if (!b_) {                                                                     \
+            zps_log(ZPS_ERROR, "kernels", "back-end %s has no " #fn, (be)->name);       \
+            return ZPS_ERR_UNSUPPORTED;                                                \
+        }                                                                              \
+        return b_->fn(__VA_ARGS__);                                                    \
+    } while (0)
+
+zps_status k_conv2d_fwd(const k_backend *be, k_conv2d *d, const float *x, const float *w,
+                        const float *b, float *y)
+{
+    S_CALL(be, conv2d_fwd, d, x, w, b, y);
+}
+zps_status k_conv2d_bwd(const k_backend *be, k_conv2d *d, const float *x, const float *w,
+                        const float *dy, float *dx, float *dw, float *db)
+{
+    S_CALL(be, conv2d_bwd, d, x, w, dy, dx, dw, db);
+}
+zps_status k_bn_fwd_train(const k_backend *be, k_bn *d, const float *x, const float *gamma,
+                          const float *beta, float *y, float *mean, float *var,
+                          float *run_mean, float *run_var)
+{
+    S_CALL(be, bn_fwd_train, d, x, gamma, beta, y, mean, var, run_mean, run_var);
+}
+zps_status k_bn_fwd_infer(const k_backend *be, k_bn *d, const float *x, const float *gamma,
+                          const float *beta, const float *run_mean, const float *run_var,
+                          float *y)
+{
+    S_CALL(be, bn_fwd_infer, d, x, gamma, beta, run_mean, run_var, y);
+}
+zps_status k_bn_bwd(const k_backend *be, k_bn *d, const float *x, const float *y,
+                    const float *dy, const float *gamma, const float *mean, const float *var,
+                    float *dx, float *dgamma, float *dbeta)
+{
+    S_CALL(be, bn_bwd, d, x, y, dy, gamma, mean, var, dx, dgamma, dbeta);
+}
+zps_status k_pool_fwd(const k_backend *be, k_pool *d, const float *x, float *y)
+{
+    S_CALL(be, pool_fwd, d, x, y);
+}
+zps_status k_pool_bwd(const k_backend *be, k_pool *d, const float *x, const float *y,
+                      const float *dy, float *dx)
+{
+    S_CALL(be, pool_bwd, d, x, y, dy, dx);
+}
+zps_status k_gap_fwd(const k_backend *be, k_pool *d, const float *x, float *y)
+{
+    assert(d->kind == K_POOL_AVG && d->r == d->h && d->s == d->w && d->oh == 1 && d->ow == 1);
+    return k_pool_fwd(be, d, x, y);
+}
+zps_status k_gap_bwd(const k_backend *be, k_pool *d, const float *dy, float *dx)
+{
+    assert(d->kind == K_POOL_AVG && d->r == d->h && d->s == d->w && d->oh == 1 && d->ow == 1);
+    /* average pooling backward never reads x or y */
+    return k_pool_bwd(be, d, dx, NULL, dy, dx);
+}
+zps_status k_dense_fwd(const k_backend *be, k_dense *d, const float *x, const float *w,
+                       const float *b, float *y)
+{
+    S_CALL(be, dense_fwd, d, x, w, b, y);
+}
+zps_status k_dense_bwd(const k_backend *be, k_dense *d, const float *x, const float *w,
+                       const float *dy, float *dx, float *dw, float *db)
+{
+    S_CALL(be, dense_bwd, d, x, w, dy, dx, dw, db);
+}
+zps_status k_relu_fwd(const k_backend *be, size_t n, const float *x, float *y)
+{
+    S_CALL(be, relu_fwd, n, x, y);
+}
+zps_status k_relu_bwd(const k_backend *be, size_t n, const float *y, const float *dy,
+                      float *dx)
+{
+    S_CALL(be, relu_bwd, n, y, dy, dx);
+}
+zps_status k_concat_fwd(const k_backend *be, int n, int hw, int nin, const int *c,
+                        const float *const *xs, float *y)
+{
+    S_CALL(be, concat_fwd, n, hw, nin, c, xs, y);
+}
+zps_status k_concat_bwd(const k_backend *be, int n, int hw, int nin, const int *c,
+                        const float *dy, float *const *dxs)
+{
+    S_CALL(be, concat_bwd, n, hw, nin, c, dy, dxs);
+}
+zps_status k_dropout_fwd(const k_backend *be, size_t n, float p, uint64_t seed,
+                         const float *x, float *y)
+{
+    if (!(p >= 0.0f && p < 1.0f))
+        return ZPS_ERR_INVALID;
+    S_CALL(be, dropout_fwd, n, p, seed, x, y);
+}
+zps_status k_dropout_bwd(const k_backend *be, size_t n, float p, uint64_t seed,
+                         const float *dy, float *dx)
+{
+    if (!(p >= 0.0f && p < 1.0f))
+        return ZPS_ERR_INVALID;
+    S_CALL(be, dropout_bwd, n, p, seed, dy, dx);
+}
+zps_status k_softmax_xent(const k_backend *be, int n, int classes, const float *logits,
+                          const int32_t *labels, float smoothing, float grad_scale,
+                          float *loss, int *correct, float *dlogits)
+{
+    S_CALL(be, softmax_xent, n, classes, logits, labels, smoothing, grad_scale, loss, correct,
+           dlogits);
+}
+zps_status k_smooth_l1(const k_backend *be, size_t n, const float *x, const float *target,
+                       float beta, float grad_scale, float *loss, float *dx)
+{
+    S_CALL(be, smooth_l1, n, x, target, beta, grad_scale, loss, dx);
+}
+zps_status k_fill(const k_backend *be, size_t n, float v, float *y) { S_CALL(be, fill, n, v, y); }
+zps_status k_add(const k_backend *be, size_t n, const float *a, const float *b, float *y)
+{
+    S_CALL(be, add, n, a, b, y);
+}
+zps_status k_scale(const k_backend *be, size_t n, float alpha, float *x)
+{
+    S_CALL(be, scale, n, alpha, x);
+}
+zps_status k_axpy(const k_backend *be, size_t n, float alpha, const float *x, float *y)
+{
+    S_CALL(be, axpy, n, alpha, x, y);
+}
+zps_status k_sum(const k_backend *be, size_t n, const float *x, double *out)
+{
+    S_CALL(be, sum, n, x, out);
+}
+zps_status k_sumsq(const k_backend *be, size_t n, const float *x, double *out)
+{
+    S_CALL(be, sumsq, n, x, out);
+}
+zps_status k_sgd(const k_backend *be, size_t n, float lr, float weight_decay, float *w,
+                 const float *g)
+{
+    S_CALL(be, sgd, n, lr, weight_decay, w, g);
+}
+zps_status k_momentum(const k_backend *be, size_t n, float lr, float mu, float weight_decay,
+                      int nesterov, float *w, const float *g, float *v)
+{
+    S_CALL(be, momentum, n, lr, mu, weight_decay, nesterov, w, g, v);
+}

@@ -1,0 +1,239 @@
+/* kernels.h — the one op API of zps: forward and backward tensor ops behind a back-end table.
+ *
+ * Back-ends (k_backend): "ref" (plain C loops, the oracle), "cpu" (oneDNN 2.6 for
+ * convolution, batchnorm, pooling and inner product; the rest shared with ref) and "cuda"
+ * (cuDNN/cuBLAS in build/lib/libzps_cuda.so, present only where a GPU answers). Callers use the
+ * k_* dispatch functions below; an op a back-end lacks (NULL entry, supports_op() false) falls
+ * back to ref when the back-end works on host memory, and is ZPS_ERR_UNSUPPORTED otherwise.
+ *
+ * Conventions, for every op and every back-end:
+ *   - Tensors are dense float32, NCHW (activations), KCRS (conv weights), (out, in) (dense
+ *     weights). Pointers are in the back-end's memory (host for ref/cpu, device for cuda).
+ *   - Backward ops ACCUMULATE (+=) into parameter gradients (dw, db, dgamma, dbeta) and
+ *     OVERWRITE input gradients (dx). A NULL dx skips the input gradient.
+ *   - Shape descriptors (k_conv2d, k_bn, k_pool, k_dense) are owned by the caller. Their `impl`
+ *     slot caches back-end state (oneDNN primitives, workspaces) created on first use for that
+ *     shape; release it with k_op_release() before changing the shape or freeing the
+ *     descriptor. A descriptor with cached state must be used with one back-end only and from
+ *     one thread at a time. Max pooling and fused batchnorm+ReLU keep a workspace in impl
+ *     between forward and backward, so run backward on the same descriptor as its forward.
+ *   - Average pooling counts padding in the divisor (PyTorch count_include_pad=True, which
+ *     torchvision's Inception uses); output sizes round down (ceil_mode=False).
+ *   - Batchnorm normalises with the biased batch variance and updates running_var with the
+ *     unbiased one (PyTorch semantics): run = (1 - momentum) * run + momentum * batch.
+ *   - Dropout is seeded and counter-based: element i of a call with seed s is dropped when
+ *     hash(s, i) < p * 2^32, identically on every back-end; kept elements scale by 1/(1-p).
+ */
+#ifndef ZPS_KERNELS_KERNELS_H
+#define ZPS_KERNELS_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum k_op_kind {
+    K_OP_CONV2D = 0,
+    K_OP_BATCHNORM,
+    K_OP_RELU,
+    K_OP_POOL,
+    K_OP_CONCAT,
+    K_OP_DENSE,
+    K_OP_DROPOUT,
+    K_OP_SOFTMAX_XENT,
+    K_OP_SMOOTH_L1,
+    K_OP_ELEMENTWISE, /* fill, add, scale, axpy, reductions */
+    K_OP_OPTIMIZER,   /* sgd, momentum */
+    K_OP_COUNT
+} k_op_kind;
+
+/* Convolution: x (n, c, h, w) * w (k, c, r, s) [+ b (k)] -> y (n, k, oh, ow). */
+typedef struct k_conv2d {
+    int n, c, h, w;            // input shape
+    int k, r, s;               // output channels, kernel height, kernel width
+    int stride_h, stride_w;    // strides
+    int pad_h, pad_w;          // zero padding on each side
+    int oh, ow;                // output size, filled by k_conv2d_init
+    void *impl;                // back-end state (k_op_release)
+} k_conv2d;
+
+/* Batchnorm over (n, h, w) per channel c, optionally followed by a fused ReLU. */
+typedef struct k_bn {
+    int n, c, h, w;  // data shape
+    float eps;       // added to the variance (Inception: 0.001)
+    float momentum;  // running-average factor (PyTorch's convention, default 0.1)
+    int relu;        // 1: y = relu(bn(x)) and backward masks by y > 0
+    void *impl;      // back-end state (k_op_release)
+} k_bn;
+
+typedef enum k_pool_kind { K_POOL_MAX = 0, K_POOL_AVG = 1 } k_pool_kind;
+
+/* Max or average pooling, x (n, c, h, w) -> y (n, c, oh, ow). */
+typedef struct k_pool {
+    k_pool_kind kind;       // max or average (padding counted in the divisor)
+    int n, c, h, w;         // input shape
+    int r, s;               // window height, width
+    int stride_h, stride_w; // strides
+    int pad_h, pad_w;       // padding on each side (ignored by max, counted by avg)
+    int oh, ow;             // output size, filled by k_pool_init
+    void *impl;             // back-end state (k_op_release)
+} k_pool;
+
+/* Fully connected: x (n, in) . w (out, in)^T + b (out) -> y (n, out). */
+typedef struct k_dense {
+    int n, in, out; // batch, input and output features
+    void *impl;     // back-end state (k_op_release)
+} k_dense;
+
+typedef struct k_backend k_backend;
+
+/* The back-end table. Entries may be NULL (op not provided: see supports_op). */
+struct k_backend {
+    const char *name;  // "ref", "cpu", "cuda"
+    int host_memory;   // 1 when tensors are ordinary host pointers
+    int (*supports_op)(k_op_kind op);
+    void *(*alloc)(size_t bytes);                       // NULL on failure
+    void (*free)(void *p);                              // NULL is a no-op
+    zps_status (*copy_in)(void *dst, const void *host_src, size_t bytes);
+    zps_status (*copy_out)(void *host_dst, const void *src, size_t bytes);
+    void (*release)(void **impl);                       // frees an op's cached state
+
+    zps_status (*conv2d_fwd)(k_conv2d *d, const float *x, const float *w, const float *b,
+                             float *y);
+    zps_status (*conv2d_bwd)(k_conv2d *d, const float *x, const float *w, const float *dy,
+                             float *dx, float *dw, float *db);
+    zps_status (*bn_fwd_train)(k_bn *d, const float *x, const float *gamma,
+                               const float *beta, float *y, float *mean, float *var,
+                               float *run_mean, float *run_var);
+    zps_status (*bn_fwd_infer)(k_bn *d, const float *x, const float *gamma,
+                               const float *beta, const float *run_mean,
+                               const float *run_var, float *y);
+    zps_status (*bn_bwd)(k_bn *d, const float *x, const float *y, const float *dy,
+                         const float *gamma, const float *mean, const float *var, float *dx,
+                         float *dgamma, float *dbeta);
+    zps_status (*pool_fwd)(k_pool *d, const float *x, float *y);
+    zps_status (*pool_bwd)(k_pool *d, const float *x, const float *y, const float *dy,
+                           float *dx);
+    zps_status (*dense_fwd)(k_dense *d, const float *x, const float *w, const float *b,
+                            float *y);
+    zps_status (*dense_bwd)(k_dense *d, const float *x, const float *w, const float *dy,
+                            float *dx, float *dw, float *db);
+    zps_status (*relu_fwd)(size_t n, const float *x, float *y);
+    zps_status (*relu_bwd)(size_t n, const float *y, const float *dy, float *dx);
+    zps_status (*concat_fwd)(int n, int hw, int nin, const int *c, const float *const *xs,
+                             float *y);
+    zps_status (*concat_bwd)(int n, int hw, int nin, const int *c, const float *dy,
+                             float *const *dxs);
+    zps_status (*dropout_fwd)(size_t n, float p, uint64_t seed, const float *x, float *y);
+    zps_status (*dropout_bwd)(size_t n, float p, uint64_t seed, const float *dy, float *dx);
+    zps_status (*softmax_xent)(int n, int classes, const float *logits, const int32_t *labels,
+                               float smoothing, float grad_scale, float *loss, int *correct,
+                               float *dlogits);
+    zps_status (*smooth_l1)(size_t n, const float *x, const float *target, float beta,
+                            float grad_scale, float *loss, float *dx);
+    zps_status (*fill)(size_t n, float v, float *y);
+    zps_status (*add)(size_t n, const float *a, const float *b, float *y);
+    zps_status (*scale)(size_t n, float alpha, float *x);
+    zps_status (*axpy)(size_t n, float alpha, const float *x, float *y);
+    zps_status (*sum)(size_t n, const float *x, double *out);
+    zps_status (*sumsq)(size_t n, const float *x, double *out);
+    zps_status (*sgd)(size_t n, float lr, float weight_decay, float *w, const float *g);
+    zps_status (*momentum)(size_t n, float lr, float mu, float weight_decay, int nesterov,
+                           float *w, const float *g, float *v);
+};
+
+/* Back-ends. ref and cpu always exist; cuda is NULL when the library or a device is absent
+ * (reason, when non-NULL, receives why). */
+const k_backend *k_backend_ref(void);
+const k_backend *k_backend_cpu(void);
+const k_backend *k_backend_cuda(char *reason, size_t reason_len);
+/* "ref", "cpu", "cuda", or "auto" (cuda when present, else cpu). NULL when unavailable. */
+const k_backend *k_backend_by_name(const char *name);
+
+/* Shape helpers: fill the derived output size; ZPS_ERR_INVALID when the shape is empty. */
+zps_status k_conv2d_init(k_conv2d *d, int n, int c, int h, int w, int k, int r, int s,
+                         int stride_h, int stride_w, int pad_h, int pad_w);
+zps_status k_pool_init(k_pool *d, k_pool_kind kind, int n, int c, int h, int w, int r, int s,
+                       int stride_h, int stride_w, int pad_h, int pad_w);
+/* Frees cached back-end state; *impl becomes NULL. Safe when already NULL. */
+void k_op_release(const k_backend *be, void **impl);
+
+/* Floating-point operations of one forward convolution (2 per multiply-add). */
+double k_conv2d_flops(const k_conv2d *d);
+
+/* ---- dispatch: the same signatures as the table, with the back-end first ---- */
+zps_status k_conv2d_fwd(const k_backend *be, k_conv2d *d, const float *x, const float *w,
+                        const float *b, float *y);
+zps_status k_conv2d_bwd(const k_backend *be, k_conv2d *d, const float *x, const float *w,
+                        const float *dy, float *dx, float *dw, float *db);
+/* Training forward: y, batch mean and biased variance (c each), running stats updated. */
+zps_status k_bn_fwd_train(const k_backend *be, k_bn *d, const float *x, const float *gamma,
+                          const float *beta, float *y, float *mean, float *var,
+                          float *run_mean, float *run_var);
+zps_status k_bn_fwd_infer(const k_backend *be, k_bn *d, const float *x, const float *gamma,
+                          const float *beta, const float *run_mean, const float *run_var,
+                          float *y);
+/* mean/var: those of the training forward; y: its output (for the fused ReLU mask). */
+zps_status k_bn_bwd(const k_backend *be, k_bn *d, const float *x, const float *y,
+                    const float *dy, const float *gamma, const float *mean, const float *var,
+                    float *dx, float *dgamma, float *dbeta);
+zps_status k_pool_fwd(const k_backend *be, k_pool *d, const float *x, float *y);
+zps_status k_pool_bwd(const k_backend *be, k_pool *d, const float *x, const float *y,
+                      const float *dy, float *dx);
+/* Global average pool (n, c, h, w) -> (n, c): an average pool with the whole map as window. */
+zps_status k_gap_fwd(const k_backend *be, k_pool *d, const float *x, float *y);
+zps_status k_gap_bwd(const k_backend *be, k_pool *d, const float *dy, float *dx);
+zps_status k_dense_fwd(const k_backend *be, k_dense *d, const float *x, const float *w,
+                       const float *b, float *y);
+zps_status k_dense_bwd(const k_backend *be, k_dense *d, const float *x, const float *w,
+                       const float *dy, float *dx, float *dw, float *db);
+/* y may equal x. Backward uses the output y: dx = dy * (y > 0); dx may equal dy. */
+zps_status k_relu_fwd(const k_backend *be, size_t n, const float *x, float *y);
+zps_status k_relu_bwd(const k_backend *be, size_t n, const float *y, const float *dy,
+                      float *dx);
+/* Channel concat of nin tensors (n, c[i], hw) into y (n, sum c, hw); backward splits dy. */
+zps_status k_concat_fwd(const k_backend *be, int n, int hw, int nin, const int *c,
+                        const float *const *xs, float *y);
+zps_status k_concat_bwd(const k_backend *be, int n, int hw, int nin, const int *c,
+                        const float *dy, float *const *dxs);
+/* Seeded dropout with rate p in [0, 1); the mask is recomputed from (seed, index). */
+zps_status k_dropout_fwd(const k_backend *be, size_t n, float p, uint64_t seed,
+                         const float *x, float *y);
+zps_status k_dropout_bwd(const k_backend *be, size_t n, float p, uint64_t seed,
+                         const float *dy, float *dx);
+/* Mean softmax cross-entropy over n rows with label smoothing eps (target 1-eps+eps/K on the
+ * label, eps/K elsewhere). loss (host) receives the mean, correct (host, may be NULL) the
+ * number of rows whose argmax equals the label, and dlogits (may be NULL) the gradient of
+ * grad_scale * loss. Labels outside [0, classes) are ZPS_ERR_INVALID. */
+zps_status k_softmax_xent(const k_backend *be, int n, int classes, const float *logits,
+                          const int32_t *labels, float smoothing, float grad_scale,
+                          float *loss, int *correct, float *dlogits);
+/* Sum of smooth-L1 (Huber with threshold beta) of x - target; dx = grad_scale * d loss/dx. */
+zps_status k_smooth_l1(const k_backend *be, size_t n, const float *x, const float *target,
+                       float beta, float grad_scale, float *loss, float *dx);
+zps_status k_fill(const k_backend *be, size_t n, float v, float *y);
+zps_status k_add(const k_backend *be, size_t n, const float *a, const float *b, float *y);
+zps_status k_scale(const k_backend *be, size_t n, float alpha, float *x);
+zps_status k_axpy(const k_backend *be, size_t n, float alpha, const float *x, float *y);
+/* Reductions into a host double. */
+zps_status k_sum(const k_backend *be, size_t n, const float *x, double *out);
+zps_status k_sumsq(const k_backend *be, size_t n, const float *x, double *out);
+/* w -= lr * (g + wd * w). */
+zps_status k_sgd(const k_backend *be, size_t n, float lr, float weight_decay, float *w,
+                 const float *g);
+/* PyTorch's SGD momentum: d = g + wd*w; v = mu*v + d; w -= lr * (nesterov ? d + mu*v : v). */
+zps_status k_momentum(const k_backend *be, size_t n, float lr, float mu, float weight_decay,
+                      int nesterov, float *w, const float *g, float *v);
+
+/* Deterministic uniform u32 of (seed, index): the dropout hash, exposed for tests. */
+uint32_t k_hash_u32(uint64_t seed, uint64_t index);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
