@@ -179,11 +179,12 @@ zps_status ds_record_parse(const uint8_t *bytes, size_t len, zps_arena *a, int n
                        .n_boxes = (int)ex->n_boxes,
                        .crc = ex->crc};
     zps__example__free_unpacked(ex, &al);
-    if (out->crc != 0) {
-        uint32_t c = ds_record_crc(out);
-        if (c != out->crc)
-            S_FAIL("checksum mismatch (stored %08x, computed %08x)", out->crc, c);
-    }
+    /* Required: a damaged tag could otherwise turn the checksum into an ignored field. */
+    if (out->crc == 0)
+        S_FAIL("no checksum (Example.crc is required)");
+    uint32_t c = ds_record_crc(out);
+    if (c != out->crc)
+        S_FAIL("checksum mismatch (stored %08x, computed %08x)", out->crc, c);
     return ds_record_validate(out, num_classes, why, why_len);
 }
 

@@ -3,7 +3,7 @@
  *
  * A ds_record never owns its memory: `image` and `boxes` point into the caller's buffers
  * (when writing) or into a zps_arena (when parsed with ds_record_parse). Packing computes the
- * record checksum (Example.crc); parsing verifies it when it is non-zero. Validation checks
+ * record checksum (Example.crc); parsing requires and verifies it. Validation checks
  * everything a decoder or the pipeline relies on, so a record that passed it can only fail
  * later inside the image codec (a truncated or damaged JPEG/PNG payload).
  */
@@ -59,9 +59,10 @@ zps_status ds_record_validate(const ds_record *r, int num_classes, char *why, si
  * and free with free()). *len receives the packed size. */
 zps_status ds_record_pack(const ds_record *r, uint8_t **buf, size_t *cap, size_t *len);
 
-/* Unpacks bytes into *out, allocating from arena a (valid until zps_arena_reset), verifies
- * the checksum and validates with num_classes. ZPS_ERR_CORRUPT with a reason in why when the
- * bytes are not an Example, the checksum differs or validation fails. */
+/* Unpacks bytes into *out, allocating from arena a (valid until zps_arena_reset), requires
+ * and verifies the checksum and validates with num_classes. ZPS_ERR_CORRUPT with a reason
+ * in why when the bytes are not an Example, the checksum is absent or differs, or
+ * validation fails. */
 zps_status ds_record_parse(const uint8_t *bytes, size_t len, zps_arena *a, int num_classes,
                            ds_record *out, char *why, size_t why_len);
 
