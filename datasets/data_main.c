@@ -6,7 +6,8 @@
  *   zps-data inspect PATH [--split S] [--dump N --dump-out FILE.png]
  *   zps-data verify PATH [--split S]
  *
- * Exit status: 0 success, 1 failure (including corrupt records found by verify), 2 usage.
+ * Exit status: 0 success, 1 failure (including corrupt records found by inspect or verify),
+ * 2 usage.
  */
 #include <getopt.h>
 #include <inttypes.h>
@@ -176,6 +177,7 @@ static int s_print_stats(const char *path, const args *a)
         printf("boxes        %" PRIu64 " (%d..%d per record, mean %.2f), mean size %.3f x %.3f\n",
                s.boxes, s.min_boxes, s.max_boxes, (double)s.boxes / (double)s.records,
                s.box_w_sum / (double)s.boxes, s.box_h_sum / (double)s.boxes);
+    uint64_t corrupt = s.corrupt;
     ds_stats_free(&s);
     if (a->dump >= 0) {
         const char *out = a->dump_out ? a->dump_out : "record.png";
@@ -185,7 +187,7 @@ static int s_print_stats(const char *path, const args *a)
         }
         printf("record %" PRId64 " written to %s\n", a->dump, out);
     }
-    return st == ZPS_OK ? 0 : 1;
+    return st == ZPS_OK && corrupt == 0 ? 0 : 1;
 }
 
 int main(int argc, char **argv)
@@ -267,7 +269,7 @@ int main(int argc, char **argv)
         }
         uint64_t n = 0, bad = 0;
         st = ds_verify(a.pos[0], a.split, &n, &bad);
-        if (st == ZPS_OK || st == ZPS_ERR_CORRUPT)
+        if (st == ZPS_OK || (st == ZPS_ERR_CORRUPT && n > 0))
             printf("verify %s: %" PRIu64 " records, %" PRIu64 " corrupt\n", a.pos[0], n, bad);
     } else {
         fprintf(stderr, "zps-data: unknown command '%s'\n", cmd);
