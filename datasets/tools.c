@@ -1,0 +1,253 @@
+/* tools.c — see tools.h. */
+#include "datasets/tools.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/check.h"
+#include "common/log.h"
+#include "common/mem.h"
+#include "datasets/image.h"
+#include "datasets/record.h"
+#include "datasets/shard.h"
+
+static void s_hist_grow(ds_stats *s, int need)
+{
+    if (need <= s->hist_len)
+        return;
+    int n = need > 2 * s->hist_len ? need : 2 * s->hist_len;
+    s->class_hist = zps_xrealloc(s->class_hist, (size_t)n * sizeof *s->class_hist);
+    s->box_hist = zps_xrealloc(s->box_hist, (size_t)n * sizeof *s->box_hist);
+    memset(s->class_hist + s->hist_len, 0, (size_t)(n - s->hist_len) * sizeof *s->class_hist);
+    memset(s->box_hist + s->hist_len, 0, (size_t)(n - s->hist_len) * sizeof *s->box_hist);
+    s->hist_len = n;
+}
+
+zps_status ds_inspect(const char *path, const char *split, ds_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    ds_dataset *d;
+    ZPS_TRY(ds_dataset_open(path, split, &d));
+    out->n_shards = d->n_shards;
+    out->num_classes = d->num_classes;
+    if (d->num_classes) {
+        out->classes = zps_xcalloc((size_t)d->num_classes, sizeof *out->classes);
+        for (int c = 0; c < d->num_classes; c++)
+            out->classes[c] = zps_xstrdup(d->classes[c]);
+    }
+    out->min_h = out->min_w = UINT32_MAX;
+    out->min_boxes = INT32_MAX;
+    s_hist_grow(out, d->num_classes > 0 ? d->num_classes : 1);
+    zps_arena *a = zps_arena_new(1u << 20);
+    zps_status st = ZPS_OK;
+    for (int s = 0; s < d->n_shards && st == ZPS_OK; s++) {
+        ds_reader *r;
+        st = ds_reader_new(d->shards[s], &r);
+        if (st != ZPS_OK)
+            break;
+        char key[DS_KEY_LEN + 1];
+        const uint8_t *v;
+        size_t len;
+        zps_status rs;
+        while ((rs = ds_reader_next(r, key, &v, &len)) == ZPS_OK) {
+            ds_record rec;
+            char why[256];
+            out->bytes += len;
+            zps_arena_reset(a);
+            if (ds_record_parse(v, len, a, d->num_classes, &rec, why, sizeof why) != ZPS_OK) {
+                zps_log(ZPS_ERROR, "ds", "corrupt record: shard %s key %s: %s",
+                        ds_shard_name(d->shards[s]), key, why);
+                out->corrupt++;
+                continue;
+            }
+            out->records++;
+            if (rec.label >= 0) {
+                s_hist_grow(out, rec.label + 1);
+                out->class_hist[rec.label]++;
+            } else {
+                out->no_label++;
+            }
+            out->min_h = rec.height < out->min_h ? rec.height : out->min_h;
+            out->max_h = rec.height > out->max_h ? rec.height : out->max_h;
+            out->min_w = rec.width < out->min_w ? rec.width : out->min_w;
+            out->max_w = rec.width > out->max_w ? rec.width : out->max_w;
+            out->by_channels[rec.channels]++;
+            out->by_encoding[rec.encoding]++;
+            out->boxes += (uint64_t)rec.n_boxes;
+            out->min_boxes = rec.n_boxes < out->min_boxes ? rec.n_boxes : out->min_boxes;
+            out->max_boxes = rec.n_boxes > out->max_boxes ? rec.n_boxes : out->max_boxes;
+            for (int i = 0; i < rec.n_boxes; i++) {
+                s_hist_grow(out, rec.boxes[i].label + 1);
+                out->box_hist[rec.boxes[i].label]++;
+                out->box_w_sum += rec.boxes[i].xmax - rec.boxes[i].xmin;
+                out->box_h_sum += rec.boxes[i].ymax - rec.boxes[i].ymin;
+            }
+        }
+        if (rs != ZPS_ERR_EOF)
+            st = rs;
+        ds_reader_destroy(&r);
+    }
+    if (out->records == 0) {
+        out->min_h = out->min_w = 0;
+        out->min_boxes = 0;
+    }
+    zps_arena_destroy(&a);
+    ds_dataset_close(&d);
+    return st;
+}
+
+void ds_stats_free(ds_stats *s)
+{
+    for (int c = 0; c < s->num_classes && s->classes; c++)
+        free(s->classes[c]);
+    free(s->classes);
+    s->classes = NULL;
+    free(s->class_hist);
+    free(s->box_hist);
+    s->class_hist = s->box_hist = NULL;
+    s->hist_len = 0;
+}
+
+zps_status ds_verify(const char *path, const char *split, uint64_t *checked, uint64_t *corrupt)
+{
+    ds_dataset *d;
+    ZPS_TRY(ds_dataset_open(path, split, &d));
+    ds_codec *c = ds_codec_new();
+    zps_arena *a = zps_arena_new(1u << 20);
+    uint64_t n = 0, bad = 0;
+    zps_status st = c ? ZPS_OK : ZPS_ERR_INTERNAL;
+    for (int s = 0; s < d->n_shards && st == ZPS_OK; s++) {
+        ds_reader *r;
+        st = ds_reader_new(d->shards[s], &r);
+        if (st != ZPS_OK)
+            break;
+        const char *sn = ds_shard_name(d->shards[s]);
+        char key[DS_KEY_LEN + 1], want[DS_KEY_LEN + 1];
+        const uint8_t *v;
+        size_t len;
+        zps_status rs;
+        uint64_t idx = 0;
+        while ((rs = ds_reader_next(r, key, &v, &len)) == ZPS_OK) {
+            ds_key_format(idx++, want);
+            if (strcmp(key, want) != 0) {
+                zps_log(ZPS_ERROR, "ds", "corrupt shard: shard %s key %s: expected key %s "
+                        "(keys must be dense)", sn, key, want);
+                bad++;
+            }
+            n++;
+            ds_record rec;
+            ds_pixels px;
+            char why[256];
+            zps_arena_reset(a);
+            if (ds_record_parse(v, len, a, d->num_classes, &rec, why, sizeof why) != ZPS_OK ||
+                ds_image_decode(c, &rec, &px, why, sizeof why) != ZPS_OK) {
+                zps_log(ZPS_ERROR, "ds", "corrupt record: shard %s key %s: %s", sn, key, why);
+                bad++;
+            }
+        }
+        if (rs != ZPS_ERR_EOF)
+            st = rs;
+        ds_reader_destroy(&r);
+    }
+    if (st == ZPS_OK)
+        zps_log(bad ? ZPS_WARN : ZPS_INFO, "ds", "verify %s: %llu records in %d shards, %llu "
+                "corrupt", d->dir, (unsigned long long)n, d->n_shards, (unsigned long long)bad);
+    if (checked)
+        *checked = n;
+    if (corrupt)
+        *corrupt = bad;
+    ds_codec_destroy(&c);
+    zps_arena_destroy(&a);
+    ds_dataset_close(&d);
+    if (st == ZPS_OK && bad)
+        st = ZPS_ERR_CORRUPT;
+    return st;
+}
+
+static void s_rect(uint8_t *rgb, int h, int w, int x0, int y0, int x1, int y1)
+{
+    x0 = x0 < 0 ? 0 : x0;
+    y0 = y0 < 0 ? 0 : y0;
+    x1 = x1 >= w ? w - 1 : x1;
+    y1 = y1 >= h ? h - 1 : y1;
+    for (int x = x0; x <= x1; x++)
+        for (int e = 0; e < 2; e++) {
+            uint8_t *p = rgb + ((size_t)(e ? y1 : y0) * w + x) * 3;
+            p[0] = 255, p[1] = 0, p[2] = 0;
+        }
+    for (int y = y0; y <= y1; y++)
+        for (int e = 0; e < 2; e++) {
+            uint8_t *p = rgb + ((size_t)y * w + (e ? x1 : x0)) * 3;
+            p[0] = 255, p[1] = 0, p[2] = 0;
+        }
+}
+
+zps_status ds_dump_png(const char *path, const char *split, uint64_t index, const char *png_path)
+{
+    ds_dataset *d;
+    ZPS_TRY(ds_dataset_open(path, split, &d));
+    if (index >= d->total) {
+        zps_log(ZPS_ERROR, "ds", "record %llu: the dataset has %llu", (unsigned long long)index,
+                (unsigned long long)d->total);
+        ds_dataset_close(&d);
+        return ZPS_ERR_INVALID;
+    }
+    int s;
+    uint64_t local;
+    ds_dataset_locate(d, index, &s, &local);
+    ds_reader *r = NULL;
+    ds_codec *c = ds_codec_new();
+    zps_arena *a = zps_arena_new(0);
+    uint8_t *rgb = NULL;
+    const uint8_t *v;
+    size_t len;
+    ds_record rec;
+    ds_pixels px;
+    char why[256] = "";
+    zps_status st = c ? ds_reader_new(d->shards[s], &r) : ZPS_ERR_INTERNAL;
+    if (st == ZPS_OK)
+        st = ds_reader_get(r, local, &v, &len);
+    if (st == ZPS_OK)
+        st = ds_record_parse(v, len, a, d->num_classes, &rec, why, sizeof why);
+    if (st == ZPS_OK)
+        st = ds_image_decode(c, &rec, &px, why, sizeof why);
+    if (st != ZPS_OK && why[0]) {
+        char key[DS_KEY_LEN + 1];
+        ds_key_format(local, key);
+        zps_log(ZPS_ERROR, "ds", "corrupt record: shard %s key %s: %s", ds_shard_name(d->shards[s]),
+                key, why);
+    }
+    if (st == ZPS_OK) {
+        rgb = zps_xmalloc((size_t)px.h * px.w * 3);
+        for (size_t i = 0; i < (size_t)px.h * px.w; i++)
+            for (int k = 0; k < 3; k++)
+                rgb[i * 3 + k] = px.px[i * px.c + (px.c == 3 ? k : 0)];
+        for (int b = 0; b < rec.n_boxes; b++)
+            s_rect(rgb, px.h, px.w, (int)(rec.boxes[b].xmin * px.w), (int)(rec.boxes[b].ymin * px.h),
+                   (int)(rec.boxes[b].xmax * px.w) - 1, (int)(rec.boxes[b].ymax * px.h) - 1);
+        const uint8_t *png;
+        size_t plen;
+        st = ds_image_encode(c, rgb, px.h, px.w, 3, DS_ENC_PNG, 0, &png, &plen);
+        if (st == ZPS_OK) {
+            FILE *f = fopen(png_path, "wb");
+            if (!f) {
+                zps_log(ZPS_ERROR, "ds", "%s: cannot write: %s", png_path, strerror(errno));
+                st = ZPS_ERR_IO;
+            } else {
+                if (fwrite(png, 1, plen, f) != plen)
+                    st = ZPS_ERR_IO;
+                if (fclose(f) != 0)
+                    st = ZPS_ERR_IO;
+                if (st != ZPS_OK)
+                    zps_log(ZPS_ERROR, "ds", "%s: write failed", png_path);
+            }
+        }
+    }
+    free(rgb);
+    zps_arena_destroy(&a);
+    ds_codec_destroy(&c);
+    ds_reader_destroy(&r);
+    ds_dataset_close(&d);
+    return st;
+}

@@ -1,0 +1,259 @@
+/* test_ds_cli.c — zps-data end to end (suite it_ds: runs the binary from $ZPS_BIN):
+ * the full Fashion-MNIST conversion (60,000 + 10,000 records, 6,000 and 1,000 per class,
+ * pixels equal to the IDX files), verify naming corrupt records and truncated shards,
+ * folder conversion with classes.txt and exact PNG bytes, and detection canvases that are
+ * deterministic from the seed. */
+#include <criterion/criterion.h>
+#include <fcntl.h>
+#include <lmdb.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/mem.h"
+#include "datasets/convert.h"
+#include "datasets/image.h"
+#include "datasets/shard.h"
+
+static char s_dir[64];
+static void s_mktmp(void)
+{
+    snprintf(s_dir, sizeof s_dir, "/tmp/zps-dc-XXXXXX");
+    cr_assert_not_null(mkdtemp(s_dir));
+}
+static void s_rmtmp(void)
+{
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", s_dir);
+    cr_assert_eq(system(cmd), 0);
+}
+
+static uint64_t s_seed(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_nsec ^ ((uint64_t)getpid() << 32);
+}
+
+/* Runs zps-data with args (NULL-terminated); stdout+stderr into *out (caller frees).
+ * Returns the exit status. */
+static int s_run(char **out, const char *const *args)
+{
+    const char *bin = getenv("ZPS_BIN");
+    char exe[512], logp[128];
+    snprintf(exe, sizeof exe, "%s/zps-data", bin ? bin : "build/bin");
+    snprintf(logp, sizeof logp, "%s/out.txt", s_dir);
+    const char *argv[32] = {exe};
+    int n = 1;
+    for (; args[n - 1]; n++)
+        argv[n] = args[n - 1];
+    argv[n] = NULL;
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0) {
+        int fd = open(logp, O_CREAT | O_TRUNC | O_WRONLY, 0644);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        execv(exe, (char *const *)argv);
+        _exit(127);
+    }
+    int status;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    FILE *f = fopen(logp, "r");
+    *out = calloc(1, 1 << 20);
+    size_t got = fread(*out, 1, (1 << 20) - 1, f);
+    (*out)[got] = 0;
+    fclose(f);
+    fprintf(stderr, "%s", *out);
+    cr_assert(WIFEXITED(status), "zps-data did not exit normally");
+    return WEXITSTATUS(status);
+}
+
+TestSuite(it_ds, .init = s_mktmp, .fini = s_rmtmp, .timeout = 60);
+
+Test(it_ds, fashion_mnist_full_conversion_matches_idx)
+{
+    char out[128];
+    snprintf(out, sizeof out, "%s/fm", s_dir);
+    char *log;
+    cr_assert_eq(s_run(&log, (const char *const[]){"convert", "fashion-mnist", "--out", out, "--shards",
+                                                   "3", NULL}), 0, "%s", log);
+    free(log);
+    static const char *const split[2] = {"train", "test"}, *const idx[2] = {"train", "t10k"};
+    const uint64_t want[2] = {60000, 10000};
+    zps_arena *a = zps_arena_new(0);
+    for (int sp = 0; sp < 2; sp++) {
+        uint8_t *im, *lb;
+        size_t n;
+        cr_assert_eq(ds_fmnist_load(DS_FMNIST_DIR, idx[sp], &im, &lb, &n), ZPS_OK);
+        ds_dataset *d;
+        cr_assert_eq(ds_dataset_open(out, split[sp], &d), ZPS_OK);
+        cr_assert_eq(d->total, want[sp]);
+        cr_assert_eq(d->n_shards, 3);
+        uint64_t per_class[10] = {0};
+        for (int s = 0; s < 3; s++) {
+            ds_reader *r;
+            cr_assert_eq(ds_reader_new(d->shards[s], &r), ZPS_OK);
+            char key[DS_KEY_LEN + 1];
+            const uint8_t *v;
+            size_t len;
+            uint64_t k = 0;
+            while (ds_reader_next(r, key, &v, &len) == ZPS_OK) {
+                ds_record rec;
+                cr_assert_eq(ds_record_parse(v, len, a, 10, &rec, NULL, 0), ZPS_OK);
+                uint64_t g = k * 3 + (uint64_t)s;
+                cr_assert_eq(rec.label, lb[g], "%s item %llu", split[sp], (unsigned long long)g);
+                cr_assert_eq(memcmp(rec.image, im + g * 784, 784), 0, "%s item %llu pixels", split[sp],
+                             (unsigned long long)g);
+                per_class[rec.label]++;
+                zps_arena_reset(a);
+                k++;
+            }
+            ds_reader_destroy(&r);
+        }
+        for (int c = 0; c < 10; c++)
+            cr_assert_eq(per_class[c], want[sp] / 10, "%s class %d", split[sp], c);
+        ds_dataset_close(&d);
+        free(im);
+        free(lb);
+    }
+    zps_arena_destroy(&a);
+}
+
+static void s_flip(const char *shard_dir, uint64_t idx)
+{
+    MDB_env *env;
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    cr_assert_eq(mdb_env_create(&env), 0);
+    cr_assert_eq(mdb_env_open(env, shard_dir, 0, 0644), 0);
+    cr_assert_eq(mdb_txn_begin(env, NULL, 0, &txn), 0);
+    cr_assert_eq(mdb_dbi_open(txn, NULL, 0, &dbi), 0);
+    char key[DS_KEY_LEN + 1];
+    ds_key_format(idx, key);
+    MDB_val k = {.mv_size = DS_KEY_LEN, .mv_data = key}, v;
+    cr_assert_eq(mdb_get(txn, dbi, &k, &v), 0);
+    uint8_t *copy = malloc(v.mv_size);
+    memcpy(copy, v.mv_data, v.mv_size);
+    copy[v.mv_size / 2] ^= 0x10;
+    MDB_val nv = {.mv_size = v.mv_size, .mv_data = copy};
+    cr_assert_eq(mdb_put(txn, dbi, &k, &nv, 0), 0);
+    cr_assert_eq(mdb_txn_commit(txn), 0);
+    mdb_env_close(env);
+    free(copy);
+}
+
+Test(it_ds, verify_names_corrupt_records_and_truncated_shards)
+{
+    char out[128], shard[192];
+    snprintf(out, sizeof out, "%s/fm", s_dir);
+    char *log;
+    cr_assert_eq(s_run(&log, (const char *const[]){"convert", "fashion-mnist", "--out", out, "--limit",
+                                                   "2000", "--encoding", "png", NULL}), 0, "%s", log);
+    free(log);
+    cr_assert_eq(s_run(&log, (const char *const[]){"verify", out, "--split", "test", NULL}), 0, "%s", log);
+    cr_assert(strstr(log, "2000 records, 0 corrupt"), "%s", log);
+    free(log);
+    snprintf(shard, sizeof shard, "%s/test/test-00001-of-00004", out);
+    s_flip(shard, 7);
+    s_flip(shard, 300);
+    cr_assert_eq(s_run(&log, (const char *const[]){"verify", out, "--split", "test", NULL}), 1, "%s", log);
+    cr_assert(strstr(log, "shard test-00001-of-00004 key 0000000007"), "%s", log);
+    cr_assert(strstr(log, "shard test-00001-of-00004 key 0000000300"), "%s", log);
+    cr_assert(strstr(log, "2000 records, 2 corrupt"), "%s", log);
+    free(log);
+    cr_assert_eq(s_run(&log, (const char *const[]){"inspect", out, "--split", "test", NULL}), 1, "%s", log);
+    cr_assert(strstr(log, "1998 in 4 shards (2 corrupt)"), "%s", log);
+    free(log);
+    /* truncated shard */
+    char data[256];
+    snprintf(data, sizeof data, "%s/train/train-00003-of-00004/data.mdb", out);
+    struct stat sb;
+    cr_assert_eq(stat(data, &sb), 0);
+    cr_assert_eq(truncate(data, sb.st_size - 4096), 0);
+    cr_assert_eq(s_run(&log, (const char *const[]){"verify", out, "--split", "train", NULL}), 1, "%s", log);
+    cr_assert(strstr(log, "train-00003-of-00004 is truncated"), "%s", log);
+    free(log);
+}
+
+Test(it_ds, folder_conversion_keeps_bytes_and_writes_classes)
+{
+    uint64_t seed = s_seed(), rs = seed;
+    static const char *const cls[3] = {"cat", "dog", "zebra"};
+    ds_codec *c = ds_codec_new();
+    char path[256];
+    int made = 0;
+    uint8_t px[20 * 24 * 3];
+    for (int k = 0; k < 3; k++) {
+        snprintf(path, sizeof path, "%s/src/%s", s_dir, cls[k]);
+        char cmd[300];
+        snprintf(cmd, sizeof cmd, "mkdir -p '%s'", path);
+        cr_assert_eq(system(cmd), 0);
+        for (int i = 0; i < 4 + k; i++, made++) {
+            for (size_t j = 0; j < sizeof px; j++)
+                px[j] = (uint8_t)(ds_rand(&rs) >> 56) | 1;
+            const uint8_t *b;
+            size_t len;
+            ds_encoding e = i % 2 ? DS_ENC_JPEG : DS_ENC_PNG;
+            cr_assert_eq(ds_image_encode(c, px, 20, 24, 3, e, 90, &b, &len), ZPS_OK);
+            snprintf(path, sizeof path, "%s/src/%s/%d.%s", s_dir, cls[k], i, e == DS_ENC_PNG ? "png" : "jpg");
+            FILE *f = fopen(path, "wb");
+            cr_assert_eq(fwrite(b, 1, len, f), len);
+            fclose(f);
+        }
+    }
+    snprintf(path, sizeof path, "%s/src/dog/broken.png", s_dir);
+    FILE *f = fopen(path, "wb");
+    fputs("not a png", f);
+    fclose(f);
+    ds_codec_destroy(&c);
+    char src[128], out[128];
+    snprintf(src, sizeof src, "%s/src", s_dir);
+    snprintf(out, sizeof out, "%s/out", s_dir);
+    char *log;
+    cr_assert_eq(s_run(&log, (const char *const[]){"convert", "folder", src, "--out", out, "--shards", "2",
+                                                   NULL}), 0, "%s", log);
+    cr_assert(strstr(log, "15 records (1 files skipped)"), "%s", log);
+    free(log);
+    ds_dataset *d;
+    cr_assert_eq(ds_dataset_open(out, NULL, &d), ZPS_OK);
+    cr_assert_eq(d->total, (uint64_t)made);
+    cr_assert_eq(d->num_classes, 3);
+    cr_assert_str_eq(d->classes[2], "zebra");
+    ds_dataset_close(&d);
+    cr_assert_eq(s_run(&log, (const char *const[]){"verify", out, NULL}), 0, "%s", log);
+    free(log);
+    /* resized copy: every record is 16x16 */
+    snprintf(out, sizeof out, "%s/out16", s_dir);
+    cr_assert_eq(s_run(&log, (const char *const[]){"convert", "folder", src, "--out", out, "--resize", "16x16",
+                                                   "--encoding", "png", NULL}), 0, "%s", log);
+    free(log);
+    cr_assert_eq(s_run(&log, (const char *const[]){"inspect", out, NULL}), 0, "%s", log);
+    cr_assert(strstr(log, "h 16..16, w 16..16"), "%s", log);
+    free(log);
+}
+
+Test(it_ds, detection_is_deterministic_from_the_seed)
+{
+    char a[128], b[128];
+    snprintf(a, sizeof a, "%s/a", s_dir);
+    snprintf(b, sizeof b, "%s/b", s_dir);
+    char *log;
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(s_run(&log, (const char *const[]){"make-detection", "--out", i ? b : a, "--train", "60",
+                                                       "--test", "10", "--canvas", "96", "--seed", "7",
+                                                       "--shards", "2", NULL}), 0, "%s", log);
+        free(log);
+    }
+    cr_assert_eq(s_run(&log, (const char *const[]){"inspect", a, "--split", "train", "--dump", "5",
+                                                   "--dump-out", "/dev/null", NULL}), 0, "%s", log);
+    cr_assert(strstr(log, "60 in 2 shards (0 corrupt)") && strstr(log, "per record"), "%s", log);
+    free(log);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "cmp -s '%s/train/train-00001-of-00002/data.mdb' '%s/train/train-00001-of-00002/data.mdb'", a, b);
+    cr_assert_eq(system(cmd), 0, "same seed, different canvases");
+}
