@@ -1,0 +1,288 @@
+/* bench_pipeline.c — `zps-bench pipeline`: images per second the input pipeline delivers
+ * (read + decode + random crop/flip + resize + normalise + batch) for 299x299 JPEG records
+ * with 1 and 2 decode threads, and raw LMDB read MB/s. Writes pipeline.json.
+ *
+ * Reference: the CPU Inception-v3 training step at 299x299. When train_step.json (from
+ * `zps-bench train-step`) is in bench_out_dir(), its first field named img_per_s,
+ * images_per_s or img_s is used; else PyTorch's measured 4.5 img/s (batch 8) is the stated
+ * reference. Target: one decode thread >= 3x the reference. The output says which was used.
+ */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "bench/bench.h"
+#include "common/check.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/mem.h"
+#include "datasets/convert.h"
+#include "datasets/image.h"
+#include "datasets/pipeline.h"
+#include "datasets/shard.h"
+
+#define S_SIDE 299
+#define S_ROUNDS 5
+
+/* A photo-like 299x299 RGB image: smooth gradients, a few shapes and mild noise, so JPEG
+ * sizes (~25-40 KB at quality 90) resemble natural images rather than noise or flat fill. */
+static void s_picture(uint8_t *px, uint64_t seed)
+{
+    uint64_t s = seed;
+    float cx[4], cy[4], rr[4], col[4][3];
+    for (int i = 0; i < 4; i++) {
+        cx[i] = ds_randf(&s) * S_SIDE;
+        cy[i] = ds_randf(&s) * S_SIDE;
+        rr[i] = 20 + ds_randf(&s) * 80;
+        for (int k = 0; k < 3; k++)
+            col[i][k] = ds_randf(&s) * 255;
+    }
+    float g0 = ds_randf(&s), g1 = ds_randf(&s);
+    for (int y = 0; y < S_SIDE; y++)
+        for (int x = 0; x < S_SIDE; x++) {
+            float v[3] = {g0 * 200 * x / S_SIDE + 20, g1 * 200 * y / S_SIDE + 20, 120};
+            for (int i = 0; i < 4; i++) {
+                float dx = x - cx[i], dy = y - cy[i];
+                if (dx * dx + dy * dy < rr[i] * rr[i])
+                    for (int k = 0; k < 3; k++)
+                        v[k] = 0.3f * v[k] + 0.7f * col[i][k];
+            }
+            for (int k = 0; k < 3; k++) {
+                float n = v[k] + (float)(ds_rand(&s) % 16) - 8.f;
+                px[((size_t)y * S_SIDE + x) * 3 + k] = (uint8_t)(n < 0 ? 0 : n > 255 ? 255 : n);
+            }
+        }
+}
+
+static zps_status s_make_dataset(const char *dir, int records, size_t *bytes)
+{
+    ds_writer *w;
+    ZPS_TRY(ds_writer_new(dir, "bench", 2, true, &w));
+    ds_codec *c = ds_codec_new();
+    uint8_t *px = zps_xmalloc((size_t)S_SIDE * S_SIDE * 3);
+    zps_status st = c ? ZPS_OK : ZPS_ERR_INTERNAL;
+    *bytes = 0;
+    for (int i = 0; i < records && st == ZPS_OK; i++) {
+        s_picture(px, ds_mix64((uint64_t)i + 99));
+        ds_record r = {.encoding = DS_ENC_JPEG, .height = S_SIDE, .width = S_SIDE, .channels = 3,
+                       .label = i % 1000};
+        st = ds_image_encode(c, px, S_SIDE, S_SIDE, 3, DS_ENC_JPEG, 90, &r.image, &r.image_len);
+        if (st == ZPS_OK)
+            st = ds_writer_put(w, &r);
+        *bytes += r.image_len;
+    }
+    free(px);
+    ds_codec_destroy(&c);
+    if (st != ZPS_OK) {
+        ds_writer_destroy(&w);
+        return st;
+    }
+    return ds_writer_close(&w);
+}
+
+/* Median img/s over S_ROUNDS rounds of at least `seconds` / S_ROUNDS each. */
+static zps_status s_pipeline_rate(const char *dir, int threads, int batch, double seconds,
+                                  double *median, double *rates)
+{
+    ds_pipeline_opts o;
+    ds_pipeline_opts_default(&o);
+    o.path = dir;
+    o.batch = batch;
+    o.height = o.width = S_SIDE;
+    o.channels = 3;
+    o.augment = true;
+    o.crop_min_area = 0.08f; /* the Inception recipe */
+    const float mean[3] = {0.485f, 0.456f, 0.406f}, std[3] = {0.229f, 0.224f, 0.225f};
+    memcpy(o.mean, mean, sizeof mean);
+    memcpy(o.std, std, sizeof std);
+    o.threads = threads;
+    o.prefetch = 4;
+    ds_pipeline *p;
+    ZPS_TRY(ds_pipeline_new(&o, &p));
+    float *img = zps_xaligned(64, (size_t)batch * 3 * S_SIDE * S_SIDE * sizeof(float));
+    int32_t *lab = zps_xmalloc((size_t)batch * sizeof *lab);
+    zps_prefault(img, (size_t)batch * 3 * S_SIDE * S_SIDE * sizeof(float));
+    zps_status st = ZPS_OK;
+    for (int i = 0; i < 2 && st == ZPS_OK; i++) /* warm-up: fills the ring, faults buffers */
+        st = ds_pipeline_next(p, img, lab, NULL);
+    for (int r = 0; r < S_ROUNDS && st == ZPS_OK; r++) {
+        double t0 = zps_now_s(), t;
+        long imgs = 0;
+        do {
+            st = ds_pipeline_next(p, img, lab, NULL);
+            imgs += batch;
+            t = zps_now_s() - t0;
+        } while (st == ZPS_OK && t < seconds / S_ROUNDS);
+        rates[r] = (double)imgs / t;
+    }
+    zps_aligned_free(img);
+    free(lab);
+    ds_pipeline_destroy(&p);
+    if (st != ZPS_OK)
+        return st;
+    double tmp[S_ROUNDS];
+    memcpy(tmp, rates, sizeof tmp);
+    *median = bench_median(tmp, S_ROUNDS);
+    return ZPS_OK;
+}
+
+/* Raw LMDB read: cursor over every shard, summing the value bytes (so they are touched). */
+static zps_status s_lmdb_rate(const char *dir, double seconds, double *median)
+{
+    ds_dataset *d;
+    ZPS_TRY(ds_dataset_open(dir, NULL, &d));
+    double rates[S_ROUNDS];
+    volatile uint64_t sink = 0;
+    zps_status st = ZPS_OK;
+    for (int r = 0; r < S_ROUNDS && st == ZPS_OK; r++) {
+        double t0 = zps_now_s(), t;
+        double bytes = 0;
+        do {
+            for (int s = 0; s < d->n_shards && st == ZPS_OK; s++) {
+                ds_reader *rd;
+                st = ds_reader_new(d->shards[s], &rd);
+                char key[DS_KEY_LEN + 1];
+                const uint8_t *v;
+                size_t len;
+                while (st == ZPS_OK && ds_reader_next(rd, key, &v, &len) == ZPS_OK) {
+                    uint64_t acc = 0;
+                    for (size_t i = 0; i < len; i += 8) {
+                        uint64_t x;
+                        memcpy(&x, v + i, len - i >= 8 ? 8 : 1);
+                        acc += x;
+                    }
+                    sink += acc;
+                    bytes += (double)len;
+                }
+                ds_reader_destroy(&rd);
+            }
+            t = zps_now_s() - t0;
+        } while (st == ZPS_OK && t < seconds / S_ROUNDS);
+        rates[r] = bytes / t / 1e6;
+    }
+    (void)sink;
+    ds_dataset_close(&d);
+    if (st == ZPS_OK)
+        *median = bench_median(rates, S_ROUNDS);
+    return st;
+}
+
+/* Reference img/s from train_step.json when present; else 0. */
+static double s_reference(char *src, size_t n)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/train_step.json", bench_out_dir());
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    static char buf[1 << 16];
+    size_t got = fread(buf, 1, sizeof buf - 1, f);
+    buf[got] = 0;
+    fclose(f);
+    static const char *const keys[] = {"\"img_per_s\"", "\"images_per_s\"", "\"img_s\""};
+    for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) {
+        char *p = strstr(buf, keys[k]);
+        if (!p)
+            continue;
+        p = strchr(p, ':');
+        if (!p)
+            continue;
+        double v = strtod(p + 1, NULL);
+        if (v > 0) {
+            snprintf(src, n, "%s (%s)", path, keys[k]);
+            return v;
+        }
+    }
+    return 0;
+}
+
+ZPS_BENCH(pipeline, "input pipeline img/s for 299x299 JPEG (1 and 2 threads), LMDB read MB/s")
+{
+    double seconds = 4;
+    int records = 160, batch = 8;
+    static const struct option opts[] = {{"seconds", required_argument, 0, 's'},
+                                         {"records", required_argument, 0, 'r'},
+                                         {"batch", required_argument, 0, 'b'},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (c) {
+        case 's': seconds = atof(optarg); break;
+        case 'r': records = atoi(optarg); break;
+        case 'b': batch = atoi(optarg); break;
+        case 'h':
+            printf("zps-bench pipeline [--seconds S (4, per measurement)] [--records N (160)] "
+                   "[--batch B (8)]\n");
+            return 0;
+        default: return 2;
+        }
+    }
+    if (seconds <= 0 || records < batch || batch < 1) {
+        fprintf(stderr, "pipeline: need seconds > 0 and records >= batch >= 1\n");
+        return 2;
+    }
+    char dir[] = "/tmp/zps-bench-pipeline-XXXXXX";
+    if (!mkdtemp(dir)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    size_t jpeg_bytes = 0;
+    double t0 = zps_now_s();
+    zps_status st = s_make_dataset(dir, records, &jpeg_bytes);
+    double make_s = zps_now_s() - t0;
+    double r1[S_ROUNDS], r2[S_ROUNDS], m1 = 0, m2 = 0, mbs = 0;
+    if (st == ZPS_OK)
+        st = s_pipeline_rate(dir, 1, batch, seconds, &m1, r1);
+    if (st == ZPS_OK)
+        st = s_pipeline_rate(dir, 2, batch, seconds, &m2, r2);
+    if (st == ZPS_OK)
+        st = s_lmdb_rate(dir, seconds / 2, &mbs);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "pipeline: could not remove %s\n", dir);
+    if (st != ZPS_OK) {
+        fprintf(stderr, "pipeline: %s\n", zps_strerror(st));
+        return 1;
+    }
+    char src[1200] = "PyTorch 1.13 CPU Inception-v3 training, 299x299 batch 8, measured 4.5 img/s "
+                     "(stated reference; no train_step.json)";
+    double ref = s_reference(src, sizeof src);
+    if (ref <= 0)
+        ref = 4.5;
+    double ratio = m1 / ref;
+    printf("dataset: %d JPEG records 299x299x3, mean %.1f KB, written in %.2f s\n", records,
+           (double)jpeg_bytes / records / 1024, make_s);
+    printf("pipeline 1 thread : %8.1f img/s (median of %d)\n", m1, S_ROUNDS);
+    printf("pipeline 2 threads: %8.1f img/s (median of %d), %.2fx one thread\n", m2, S_ROUNDS,
+           m2 / m1);
+    printf("LMDB raw read     : %8.1f MB/s\n", mbs);
+    printf("reference         : %8.2f img/s from %s\n", ref, src);
+    printf("ratio 1 thread / reference: %.1fx (target >= 3x: %s)\n", ratio,
+           ratio >= 3 ? "met" : "NOT met");
+    char path[1024];
+    snprintf(path, sizeof path, "%s/pipeline.json", bench_out_dir());
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        perror(path);
+        return 1;
+    }
+    fprintf(f, "{\"bench\": \"pipeline\", \"image\": \"299x299x3 jpeg q90\", \"batch\": %d, "
+               "\"records\": %d, \"mean_jpeg_bytes\": %.0f, \"augment\": true,\n"
+               " \"img_per_s_1_thread\": %.2f, \"img_per_s_2_threads\": %.2f,\n"
+               " \"rounds_1_thread\": [%.2f, %.2f, %.2f, %.2f, %.2f],\n"
+               " \"rounds_2_threads\": [%.2f, %.2f, %.2f, %.2f, %.2f],\n"
+               " \"lmdb_read_mb_per_s\": %.1f,\n"
+               " \"reference_img_per_s\": %.3f, \"reference_source\": \"%s\",\n"
+               " \"ratio_1_thread_vs_reference\": %.2f, \"target_ratio\": 3, \"target_met\": %s}\n",
+            batch, records, (double)jpeg_bytes / records, m1, m2, r1[0], r1[1], r1[2], r1[3],
+            r1[4], r2[0], r2[1], r2[2], r2[3], r2[4], mbs, ref, src, ratio,
+            ratio >= 3 ? "true" : "false");
+    fclose(f);
+    printf("wrote %s\n", path);
+    return 0;
+}
