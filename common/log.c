@@ -44,6 +44,13 @@ zps_status zps_log_set_level_str(const char *s)
     return st;
 }
 
+void zps_log_set_role(const char *role, int index)
+{
+    if (role)
+        snprintf(s_role, sizeof s_role, "%s", role);
+    s_index = index;
+}
+
 void zps_log_init(const char *role, int index)
 {
     if (role)

@@ -40,6 +40,8 @@ extern volatile int zps_log_threshold;
 /* Sets role ("server", "trainer", "data", "bench", ...) and index (-1: none) shown on every
  * line, and the level from ZPS_LOG when set. role is copied. */
 void zps_log_init(const char *role, int index);
+/* Changes role and index only (the level stays as set). */
+void zps_log_set_role(const char *role, int index);
 void zps_log_set_level(zps_log_level level);
 /* Parses "trace|debug|info|warn|error|off"; ZPS_ERR_INVALID on anything else. */
 zps_status zps_log_level_parse(const char *s, zps_log_level *out);

@@ -1,0 +1,88 @@
+/* config.h — zps-trainer's settings and their command-line parser.
+ *
+ * Every flag of zps-trainer lands in one tr_config; tr_config_parse() validates them all and
+ * says which flag is wrong, so a fleet with a typo stops at launch. docs/training.md lists
+ * the flags with their defaults.
+ */
+#ifndef ZPS_TRAINER_CONFIG_H
+#define ZPS_TRAINER_CONFIG_H
+
+#include <stdint.h>
+
+#include "common/status.h"
+#include "ps/optim.h"
+
+typedef enum tr_mode {
+    TR_MODE_LOCAL = 0, // one process, optimizer applied locally
+    TR_MODE_SYNC,      // PS, synchronous (SyncReplicas)
+    TR_MODE_ASYNC,     // PS, each push applied on arrival
+    TR_MODE_SSP,       // PS, bounded staleness
+    TR_MODE_ALLREDUCE, // in-node all-reduce (shared memory / NCCL), optimizer applied locally
+} tr_mode;
+
+/* How the trainers of a job divide the data. */
+typedef enum tr_shard_mode {
+    TR_SHARD_RECORDS = 0, // trainer i reads its own share of the records (datasets.md)
+    TR_SHARD_BATCH,       // every trainer reads the global batch stream of batch * n records
+                          // and trains on slice i: bit-for-bit the batches of one trainer
+                          // with batch * n (for equivalence checks; costs n times the I/O)
+} tr_shard_mode;
+
+typedef struct tr_config {
+    /* model */
+    char model[32];           // mlp | convnet | inception_v3
+    float width;              // inception_v3 width multiplier
+    int input_size;           // model input height = width (0: the model's default)
+    int in_channels;          // 0: the data's channels (1 for Fashion-MNIST)
+    int classes;              // 0: from the dataset's classes.txt, else 10
+    int aux;                  // inception aux head: -1 auto, 0 off, 1 on
+    float dropout;            // < 0: the model's default
+    int batchnorm;            // convnet: 1 batchnorm (default), 0 conv with bias
+    char init_weights[512];   // weights file to start from ("" = seeded init)
+    /* data */
+    char data[512];           // dataset directory with train/ and test/
+    int threads;              // decode threads
+    int augment;              // random crop + flip
+    tr_shard_mode shard;
+    /* where and how */
+    char device[16];          // auto | cpu | cuda
+    tr_mode mode;
+    char cluster[512];        // cluster file ("" = --servers)
+    char servers[2048];       // comma-separated tcp:// URIs
+    int trainer_id;
+    int num_trainers;         // 0: from the cluster file, else 1
+    uint32_t replicas_to_aggregate; // sync; 0: num_trainers
+    uint32_t staleness;       // ssp
+    uint64_t chunk_bytes;     // PS chunk size (0: default 4 MiB)
+    char job[64];             // job name (all-reduce shared-memory segment, metrics)
+    int timeout_ms;           // PS request timeout before a resend
+    /* schedule of work */
+    int batch;                // images per step per trainer
+    int64_t steps;            // steps to run (0: use epochs)
+    double epochs;            // epochs of this trainer's share (when steps == 0)
+    int accumulate;           // micro-batches per step (gradient accumulation)
+    double time_limit_s;      // stop after this many seconds (0: none)
+    double stop_accuracy;     // stop once test accuracy reaches this (0: never)
+    /* optimizer (PS: sent to the servers at INIT; local/allreduce: applied here) */
+    ps_optim_config opt;
+    /* evaluation and output */
+    int64_t eval_every;       // steps between evaluations on the test split (0: only at end)
+    int eval_batches;         // batches per evaluation (0: the whole test split)
+    int eval_all;             // every trainer evaluates (default: trainer 0 only)
+    char metrics[512];        // JSON Lines file ("" = none)
+    char export_path[512];    // weights file written at the end by trainer 0 ("" = none)
+    int resume;               // local/allreduce: start from export_path when it exists
+    int progress;             // 1 progress line on stderr, 0 off
+    uint64_t seed;
+    int shutdown_servers;     // trainer 0 sends SHUTDOWN at the end
+} tr_config;
+
+/* Defaults: convnet, batch 64, 1 epoch, sgd lr 0.05, mode local, device auto, seed 1. */
+void tr_config_default(tr_config *c);
+/* Parses argv into c (start from tr_config_default). *exit_code >= 0 means main should exit
+ * with that code (--help printed: 0; a bad flag: 2, with the reason on stderr). */
+zps_status tr_config_parse(tr_config *c, int argc, char **argv, int *exit_code);
+const char *tr_mode_name(tr_mode m);
+zps_status tr_mode_parse(const char *s, tr_mode *out);
+
+#endif

@@ -1,0 +1,28 @@
+/* train.h — the training loop of zps-trainer.
+ *
+ * One function runs a whole job for one trainer: it builds the model, opens the data, joins
+ * the job's synchronisation back-end and steps until the configured work is done:
+ *
+ *   local      forward, backward, optimizer here (ps/optim.h, the servers' own code)
+ *   sync/async/ssp  forward; backward pushes each layer's gradients to the servers as soon
+ *              as they exist (last layers first); then pulls of the fresh values are issued
+ *              in forward order and the next forward waits for each layer's values just
+ *              before it needs them, so computation and communication overlap
+ *   allreduce  forward, backward, gradient mean over the node's trainers (shared memory),
+ *              optimizer here; every trainer holds the same model bit for bit
+ *
+ * Because every mode applies the same optimizer code to the mean gradient, sync PS with N
+ * trainers of batch b, all-reduce with N trainers of batch b and one local trainer of batch
+ * N*b (with --shard batch and no batchnorm or dropout) compute the same model up to float
+ * rounding; tests/test_train.c checks it.
+ */
+#ifndef ZPS_TRAINER_TRAIN_H
+#define ZPS_TRAINER_TRAIN_H
+
+#include "common/status.h"
+#include "trainer/config.h"
+
+/* Runs the job described by cfg for this trainer. Everything it logs names what failed. */
+zps_status tr_run(const tr_config *cfg);
+
+#endif
