@@ -1,0 +1,253 @@
+/* test_train.c — zps-trainer end to end (suite it_train: real processes on 127.0.0.1).
+ *
+ * equivalence: sync PS with 2 trainers of batch b, all-reduce with 2 trainers of batch b and
+ * one local trainer of batch 2b end with the same weights after 20 steps (SGD and
+ * momentum). All read the same global batch stream (--shard batch) and use a model with no
+ * batchnorm or dropout, so the only difference is float summation order.
+ * Tolerance: |a - b| <= 1e-5 + 1e-3 * |local| per weight.
+ */
+#include <criterion/criterion.h>
+#include <fcntl.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "tests/ps_test_util.h"
+#include "trainer/nn/nn.h"
+
+static const char *s_bin(void)
+{
+    const char *b = getenv("ZPS_BIN");
+    cr_assert_not_null(b, "ZPS_BIN unset: run through make test");
+    return b;
+}
+
+/* Starts $ZPS_BIN/<prog> with args (NULL-terminated), stdout+stderr to log. */
+static void s_spawn(pst_server *p, const char *prog, const char *log, const char *const *args)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", s_bin(), prog);
+    const char *argv[64];
+    int n = 0;
+    argv[n++] = path;
+    for (; args[n - 1] && n < 63; n++)
+        argv[n] = args[n - 1];
+    argv[n] = NULL;
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0) {
+        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+        }
+        execv(path, (char *const *)argv);
+        _exit(127);
+    }
+    p->pid = pid;
+    p->uri[0] = 0;
+}
+
+static void s_dump(const char *log)
+{
+    FILE *f = fopen(log, "r");
+    if (!f)
+        return;
+    char line[1024];
+    fprintf(stderr, "---- %s\n", log);
+    while (fgets(line, sizeof line, f))
+        fputs(line, stderr);
+    fclose(f);
+}
+
+/* Waits for a trainer to exit 0 within timeout_s (else kills it and fails). */
+static void s_expect_ok(pst_server *p, const char *log, double timeout_s)
+{
+    int st = pst_wait(p, timeout_s);
+    if (st == -1) {
+        pst_kill(p, SIGKILL);
+        s_dump(log);
+        cr_assert_fail("%s did not finish in %.0f s", log, timeout_s);
+    }
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+        s_dump(log);
+        cr_assert_fail("%s failed (wait status %d)", log, st);
+    }
+    p->pid = 0;
+}
+
+static char s_tmp[512], s_data[600];
+
+/* A small Fashion-MNIST copy for the tests of this file. */
+static void s_make_data(void)
+{
+    pst_tmpdir(s_tmp, sizeof s_tmp);
+    snprintf(s_data, sizeof s_data, "%s/fm", s_tmp);
+    char log[700];
+    snprintf(log, sizeof log, "%s/data.log", s_tmp);
+    pst_server p;
+    const char *args[] = {"convert", "fashion-mnist", "--out", s_data, "--limit", "2048",
+                          "--shards", "2", NULL};
+    s_spawn(&p, "zps-data", log, args);
+    s_expect_ok(&p, log, 60);
+}
+
+static void s_cleanup(void)
+{
+    if (s_tmp[0]) {
+        char cmd[700];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", s_tmp);
+        int rc = system(cmd);
+        (void)rc;
+    }
+}
+
+/* Max violation of |a - b| <= atol + rtol * |ref| over every variable. */
+static double s_compare(const char *ref_path, const char *other_path, const char *what)
+{
+    nn_weights *a = NULL, *b = NULL;
+    cr_assert_eq(nn_weights_read(ref_path, &a), ZPS_OK, "cannot read %s", ref_path);
+    cr_assert_eq(nn_weights_read(other_path, &b), ZPS_OK, "cannot read %s", other_path);
+    cr_assert_eq(a->param_count, b->param_count);
+    double worst = 0, maxdiff = 0;
+    size_t at = 0;
+    for (size_t i = 0; i < a->param_count; i++) {
+        double d = fabs((double)a->params[i] - (double)b->params[i]);
+        double lim = 1e-5 + 1e-3 * fabs((double)a->params[i]);
+        if (d / lim > worst) {
+            worst = d / lim;
+            at = i;
+        }
+        if (d > maxdiff)
+            maxdiff = d;
+    }
+    cr_log_info("%s: max |diff| %.3g, worst ratio to tolerance %.3g at %zu", what, maxdiff,
+                worst, at);
+    cr_assert(worst <= 1.0, "%s differs from local at weight %zu: %g vs %g (max diff %.3g)",
+              what, at, (double)b->params[at], (double)a->params[at], maxdiff);
+    nn_weights_destroy(&a);
+    nn_weights_destroy(&b);
+    return maxdiff;
+}
+
+/* One equivalence run for an optimizer (extra: e.g. "--momentum", "0.9"). */
+static void s_equivalence(const char *opt)
+{
+    s_make_data();
+    const char *common[] = {"--data", s_data, "--model", "mlp", "--steps", "20", "--shard",
+                            "batch", "--optimizer", opt, "--lr", "0.05", "--eval-batches",
+                            "1", "--no-progress", "--seed", "7", "--threads", "0"};
+    const int nc = sizeof common / sizeof common[0];
+    char lw[700], aw[700], pw[700], log[700];
+    snprintf(lw, sizeof lw, "%s/local.w", s_tmp);
+    snprintf(aw, sizeof aw, "%s/ar.w", s_tmp);
+    snprintf(pw, sizeof pw, "%s/ps.w", s_tmp);
+
+    /* local, batch 2b */
+    {
+        const char *args[40];
+        int n = 0;
+        for (int i = 0; i < nc; i++)
+            args[n++] = common[i];
+        const char *more[] = {"--mode", "local", "--batch-size", "32", "--export", lw, NULL};
+        for (int i = 0; more[i]; i++)
+            args[n++] = more[i];
+        args[n] = NULL;
+        pst_server p;
+        snprintf(log, sizeof log, "%s/local.log", s_tmp);
+        s_spawn(&p, "zps-trainer", log, args);
+        s_expect_ok(&p, log, 120);
+    }
+    /* all-reduce, 2 x b */
+    {
+        pst_server t[2];
+        char logs[2][700], id[2][4], job[64];
+        snprintf(job, sizeof job, "eq%d", (int)getpid());
+        for (int r = 0; r < 2; r++) {
+            const char *args[40];
+            int n = 0;
+            for (int i = 0; i < nc; i++)
+                args[n++] = common[i];
+            snprintf(id[r], sizeof id[r], "%d", r);
+            const char *more[] = {"--mode", "allreduce", "--batch-size", "16", "--num-trainers",
+                                  "2", "--trainer-id", id[r], "--job", job, "--export", aw,
+                                  NULL};
+            for (int i = 0; more[i]; i++)
+                args[n++] = more[i];
+            args[n] = NULL;
+            snprintf(logs[r], sizeof logs[r], "%s/ar%d.log", s_tmp, r);
+            s_spawn(&t[r], "zps-trainer", logs[r], args);
+        }
+        for (int r = 0; r < 2; r++)
+            s_expect_ok(&t[r], logs[r], 120);
+    }
+    /* sync PS: 2 servers, 2 x b */
+    {
+        pst_server srv[2];
+        const char *sargs[] = {"--mode", "sync", "--num-trainers", "2", NULL};
+        for (int s = 0; s < 2; s++)
+            cr_assert_eq(pst_spawn(&srv[s], NULL, sargs), 0, "server %d did not start", s);
+        char servers[600];
+        snprintf(servers, sizeof servers, "%s,%s", srv[0].uri, srv[1].uri);
+        pst_server t[2];
+        char logs[2][700], id[2][4];
+        for (int r = 0; r < 2; r++) {
+            const char *args[40];
+            int n = 0;
+            for (int i = 0; i < nc; i++)
+                args[n++] = common[i];
+            snprintf(id[r], sizeof id[r], "%d", r);
+            const char *more[] = {"--mode", "sync", "--batch-size", "16", "--num-trainers",
+                                  "2", "--trainer-id", id[r], "--servers", servers,
+                                  "--export", pw, NULL};
+            for (int i = 0; more[i]; i++)
+                args[n++] = more[i];
+            args[n] = NULL;
+            snprintf(logs[r], sizeof logs[r], "%s/ps%d.log", s_tmp, r);
+            s_spawn(&t[r], "zps-trainer", logs[r], args);
+        }
+        for (int r = 0; r < 2; r++)
+            s_expect_ok(&t[r], logs[r], 120);
+        for (int s = 0; s < 2; s++)
+            pst_kill(&srv[s], SIGTERM);
+    }
+    /* The runs must have trained: the local weights moved away from the seeded start
+     * (an lr 0 run exports it) by far more than the tolerance. */
+    {
+        char iw[700];
+        snprintf(iw, sizeof iw, "%s/init.w", s_tmp);
+        const char *args[40];
+        int n = 0;
+        for (int i = 0; i < nc; i++)
+            args[n++] = strcmp(common[i], "0.05") == 0 ? "0" : common[i];
+        const char *more[] = {"--mode", "local", "--batch-size", "32", "--export", iw, NULL};
+        for (int i = 0; more[i]; i++)
+            args[n++] = more[i];
+        args[n] = NULL;
+        pst_server p;
+        snprintf(log, sizeof log, "%s/init.log", s_tmp);
+        s_spawn(&p, "zps-trainer", log, args);
+        s_expect_ok(&p, log, 120);
+        nn_weights *a = NULL, *b = NULL;
+        cr_assert_eq(nn_weights_read(lw, &a), ZPS_OK);
+        cr_assert_eq(nn_weights_read(iw, &b), ZPS_OK);
+        double moved = 0;
+        for (size_t i = 0; i < a->param_count; i++)
+            moved = fmax(moved, fabs((double)a->params[i] - (double)b->params[i]));
+        nn_weights_destroy(&a);
+        nn_weights_destroy(&b);
+        cr_assert(moved > 1e-3, "20 steps moved no weight by more than %g", moved);
+    }
+    s_compare(lw, aw, "all-reduce 2 x b");
+    s_compare(lw, pw, "sync PS 2 x b");
+}
+
+TestSuite(it_train, .fini = s_cleanup, .timeout = 300);
+
+Test(it_train, equivalence_sgd) { s_equivalence("sgd"); }
+Test(it_train, equivalence_momentum) { s_equivalence("momentum"); }
