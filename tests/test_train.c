@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -95,6 +96,19 @@ static void s_make_data(void)
                           "--shards", "2", NULL};
     s_spawn(&p, "zps-data", log, args);
     s_expect_ok(&p, log, 60);
+}
+
+/* The whole Fashion-MNIST (the accuracy targets are for the real test split). */
+static void s_make_data_full(void)
+{
+    pst_tmpdir(s_tmp, sizeof s_tmp);
+    snprintf(s_data, sizeof s_data, "%s/fm", s_tmp);
+    char log[700];
+    snprintf(log, sizeof log, "%s/data.log", s_tmp);
+    pst_server p;
+    const char *args[] = {"convert", "fashion-mnist", "--out", s_data, "--shards", "2", NULL};
+    s_spawn(&p, "zps-data", log, args);
+    s_expect_ok(&p, log, 120);
 }
 
 static void s_cleanup(void)
@@ -251,3 +265,157 @@ TestSuite(it_train, .fini = s_cleanup, .timeout = 300);
 
 Test(it_train, equivalence_sgd) { s_equivalence("sgd"); }
 Test(it_train, equivalence_momentum) { s_equivalence("momentum"); }
+
+/* ---- fleets: 2 servers and 2 trainers ---- */
+
+typedef struct s_fleet {
+    pst_server srv[2];
+    char servers[600];
+    pst_server tr[2];
+    char log[2][700], metrics[2][700];
+} s_fleet;
+
+static void s_fleet_servers(s_fleet *f, const char *const *sargs)
+{
+    for (int s = 0; s < 2; s++)
+        cr_assert_eq(pst_spawn(&f->srv[s], NULL, sargs), 0, "server %d did not start", s);
+    snprintf(f->servers, sizeof f->servers, "%s,%s", f->srv[0].uri, f->srv[1].uri);
+}
+
+/* Starts trainer r with the common flags plus extra (NULL-terminated). */
+static void s_fleet_trainer(s_fleet *f, int r, const char *const *extra)
+{
+    static char id[2][4];
+    snprintf(id[r], sizeof id[r], "%d", r);
+    snprintf(f->log[r], sizeof f->log[r], "%s/t%d.log", s_tmp, r);
+    if (!f->metrics[r][0])
+        snprintf(f->metrics[r], sizeof f->metrics[r], "%s/t%d.jsonl", s_tmp, r);
+    const char *args[64];
+    int n = 0;
+    const char *base[] = {"--data", s_data, "--servers", f->servers, "--num-trainers", "2",
+                          "--trainer-id", id[r], "--no-progress", "--metrics",
+                          f->metrics[r], "--threads", "0", NULL};
+    for (int i = 0; base[i]; i++)
+        args[n++] = base[i];
+    for (int i = 0; extra[i]; i++)
+        args[n++] = extra[i];
+    args[n] = NULL;
+    s_spawn(&f->tr[r], "zps-trainer", f->log[r], args);
+}
+
+static void s_fleet_stop(s_fleet *f)
+{
+    for (int r = 0; r < 2; r++)
+        if (f->tr[r].pid > 0)
+            pst_kill(&f->tr[r], SIGKILL);
+    for (int s = 0; s < 2; s++)
+        if (f->srv[s].pid > 0)
+            pst_kill(&f->srv[s], SIGTERM);
+}
+
+/* The value of "key": in the summary line of a metrics file (-1 when absent or null). */
+static double s_summary(const char *path, const char *key)
+{
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f, "no metrics file %s", path);
+    char line[4096], pat[64];
+    double v = -1;
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    while (fgets(line, sizeof line, f)) {
+        if (!strstr(line, "\"type\":\"summary\""))
+            continue;
+        char *p = strstr(line, pat);
+        if (p && strncmp(p + strlen(pat), "null", 4) != 0)
+            v = strtod(p + strlen(pat), NULL);
+    }
+    fclose(f);
+    return v;
+}
+
+/* Reads a metrics FIFO until the record of step `step` arrives (blocking reads: the writer
+ * is the synchronisation). */
+static void s_wait_step(const char *fifo, int step)
+{
+    FILE *f = fopen(fifo, "r");
+    cr_assert_not_null(f);
+    char line[4096], pat[32];
+    snprintf(pat, sizeof pat, "\"step\":%d,", step);
+    int seen = 0;
+    while (!seen && fgets(line, sizeof line, f))
+        seen = strstr(line, pat) != NULL;
+    fclose(f);
+    cr_assert(seen, "the trainer ended before step %d", step);
+}
+
+static void s_reach_85(const char *mode)
+{
+    s_make_data_full();
+    s_fleet f = {0};
+    const char *sargs[] = {"--mode", mode, "--num-trainers", "2", "--staleness", "2", NULL};
+    s_fleet_servers(&f, sargs);
+    const char *extra[] = {"--mode", mode, "--model", "convnet", "--batch-size", "32",
+                           "--optimizer", "momentum", "--lr", "0.02", "--epochs", "3",
+                           "--eval-every", "50", "--eval-batches", "8", "--stop-accuracy",
+                           "0.85", "--staleness", "2", NULL};
+    for (int r = 0; r < 2; r++)
+        s_fleet_trainer(&f, r, extra);
+    s_expect_ok(&f.tr[0], f.log[0], 400);
+    /* trainer 0 stopped at the target; trainer 1 is not needed any more */
+    pst_kill(&f.tr[1], SIGTERM);
+    f.tr[1].pid = 0;
+    s_fleet_stop(&f);
+    double acc = s_summary(f.metrics[0], "best_accuracy");
+    double t85 = s_summary(f.metrics[0], "time_to_target");
+    cr_log_info("%s: best accuracy %.4f, time to 85%% %.1f s", mode, acc, t85);
+    cr_assert(acc >= 0.85, "%s fleet reached only %.4f test accuracy", mode, acc);
+}
+
+Test(it_train, async_fleet_reaches_85_percent, .timeout = 450) { s_reach_85("async"); }
+Test(it_train, ssp_fleet_reaches_85_percent, .timeout = 450) { s_reach_85("ssp"); }
+
+/* async: kill -9 one trainer mid-run; the other finishes all its steps. */
+Test(it_train, async_survives_a_killed_trainer)
+{
+    s_make_data();
+    s_fleet f = {0};
+    const char *sargs[] = {"--mode", "async", "--num-trainers", "2", NULL};
+    s_fleet_servers(&f, sargs);
+    snprintf(f.metrics[1], sizeof f.metrics[1], "%s/t1.fifo", s_tmp);
+    cr_assert_eq(mkfifo(f.metrics[1], 0600), 0);
+    const char *e0[] = {"--mode", "async", "--model", "mlp", "--steps", "150",
+                        "--eval-batches", "1", NULL};
+    const char *e1[] = {"--mode", "async", "--model", "mlp", "--steps", "100000",
+                        "--eval-batches", "1", NULL};
+    s_fleet_trainer(&f, 1, e1);
+    s_wait_step(f.metrics[1], 5);
+    s_fleet_trainer(&f, 0, e0);
+    cr_assert(kill(f.tr[1].pid, SIGKILL) == 0);
+    pst_wait(&f.tr[1], 10);
+    f.tr[1].pid = 0;
+    s_expect_ok(&f.tr[0], f.log[0], 120);
+    cr_assert_eq(s_summary(f.metrics[0], "steps"), 150);
+    s_fleet_stop(&f);
+}
+
+/* sync with --trainer-timeout: kill one trainer; the other goes on after the timeout. */
+Test(it_train, sync_goes_on_after_trainer_timeout)
+{
+    s_make_data();
+    s_fleet f = {0};
+    const char *sargs[] = {"--mode", "sync", "--num-trainers", "2", "--trainer-timeout", "2",
+                           NULL};
+    s_fleet_servers(&f, sargs);
+    snprintf(f.metrics[1], sizeof f.metrics[1], "%s/t1.fifo", s_tmp);
+    cr_assert_eq(mkfifo(f.metrics[1], 0600), 0);
+    const char *e[] = {"--mode", "sync", "--model", "mlp", "--steps", "40", "--eval-batches",
+                       "1", NULL};
+    s_fleet_trainer(&f, 0, e);
+    s_fleet_trainer(&f, 1, e);
+    s_wait_step(f.metrics[1], 10);
+    cr_assert(kill(f.tr[1].pid, SIGKILL) == 0);
+    pst_wait(&f.tr[1], 10);
+    f.tr[1].pid = 0;
+    s_expect_ok(&f.tr[0], f.log[0], 120);
+    cr_assert_eq(s_summary(f.metrics[0], "steps"), 40);
+    s_fleet_stop(&f);
+}
