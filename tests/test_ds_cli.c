@@ -2,7 +2,7 @@
  * the full Fashion-MNIST conversion (60,000 + 10,000 records, 6,000 and 1,000 per class,
  * pixels equal to the IDX files), verify naming corrupt records and truncated shards,
  * folder conversion with classes.txt and exact PNG bytes, and detection canvases that are
- * deterministic from the seed. */
+ * deterministic from the seed; `read` fails on a corrupt record or skips and counts it. */
 #include <criterion/criterion.h>
 #include <fcntl.h>
 #include <lmdb.h>
@@ -168,6 +168,14 @@ Test(it_ds, verify_names_corrupt_records_and_truncated_shards)
     free(log);
     cr_assert_eq(s_run(&log, (const char *const[]){"inspect", out, "--split", "test", NULL}), 1, "%s", log);
     cr_assert(strstr(log, "1998 in 4 shards (2 corrupt)"), "%s", log);
+    free(log);
+    /* the pipeline: fails naming the record, or skips and counts with --skip-corrupt */
+    cr_assert_eq(s_run(&log, (const char *const[]){"read", out, "--split", "test", NULL}), 1, "%s", log);
+    cr_assert(strstr(log, "shard test-00001-of-00004 key 0000000007"), "%s", log);
+    free(log);
+    cr_assert_eq(s_run(&log, (const char *const[]){"read", out, "--split", "test", "--skip-corrupt",
+                                                   "--threads", "2", "--size", "32x32x3", NULL}), 0, "%s", log);
+    cr_assert(strstr(log, "1998 images in 63 batches, 2 corrupt skipped"), "%s", log);
     free(log);
     /* truncated shard */
     char data[256];
