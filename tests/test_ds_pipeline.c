@@ -455,6 +455,20 @@ Test(ds_pipeline, detection_boxes_follow_crop_and_flip)
             cr_assert_eq(lab[k], -1);
             int nb = info.box_start[k + 1] - info.box_start[k];
             cr_assert(nb >= 1 && nb <= 6, "%d boxes", nb);
+            /* no item hidden under another: overlap <= half of the smaller box */
+            for (int i = info.box_start[k]; i < info.box_start[k + 1]; i++)
+                for (int j = i + 1; j < info.box_start[k + 1]; j++) {
+                    const ds_box *p1 = &info.boxes[i], *p2 = &info.boxes[j];
+                    float ix = fminf(p1->xmax, p2->xmax) - fmaxf(p1->xmin, p2->xmin);
+                    float iy = fminf(p1->ymax, p2->ymax) - fmaxf(p1->ymin, p2->ymin);
+                    if (ix <= 0 || iy <= 0)
+                        continue;
+                    float a1 = (p1->xmax - p1->xmin) * (p1->ymax - p1->ymin);
+                    float a2 = (p2->xmax - p2->xmin) * (p2->ymax - p2->ymin);
+                    cr_assert(ix * iy <= DS_DETECTION_MAX_COVER * fminf(a1, a2) + 1e-6f,
+                              "boxes %d and %d overlap %.2f of the smaller, seed %llu", i, j,
+                              ix * iy / fminf(a1, a2), (unsigned long long)seed);
+                }
             for (int j = info.box_start[k]; j < info.box_start[k + 1]; j++) {
                 const ds_box *b = &info.boxes[j];
                 cr_assert(b->label >= 0 && b->label < 10);
