@@ -10,16 +10,20 @@
  * Exit status: 0 success, 1 failure (including corrupt records found by inspect or verify),
  * 2 usage.
  */
+#include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "common/clock.h"
 #include "common/log.h"
 #include "datasets/convert.h"
 #include "datasets/pipeline.h"
+#include "datasets/shard.h"
 #include "datasets/tools.h"
 
 static void s_usage(FILE *f)
@@ -218,6 +222,68 @@ static int s_print_stats(const char *path, const args *a)
     return st == ZPS_OK && corrupt == 0 ? 0 : 1;
 }
 
+/* verify, one child process per shard (see ds_verify_shard): a shard whose LMDB structure
+ * crashes the reader is reported by name and the others are still checked. */
+static int s_verify_all(const char *path, const char *split)
+{
+    ds_dataset *d;
+    zps_status st = ds_dataset_open(path, split, &d);
+    if (st != ZPS_OK) {
+        fprintf(stderr, "zps-data verify %s: %s\n", path, zps_strerror(st));
+        return 1;
+    }
+    uint64_t n = 0, bad = 0;
+    int failed = 0;
+    fflush(stdout);
+    fflush(stderr);
+    for (int s = 0; s < d->n_shards; s++) {
+        int fd[2];
+        if (pipe(fd) != 0) {
+            perror("pipe");
+            ds_dataset_close(&d);
+            return 1;
+        }
+        pid_t pid = fork();
+        if (pid < 0) {
+            perror("fork");
+            ds_dataset_close(&d);
+            return 1;
+        }
+        if (pid == 0) {
+            close(fd[0]);
+            uint64_t cn[2] = {0, 0};
+            zps_status cs = ds_verify_shard(path, split, s, &cn[0], &cn[1]);
+            int ok = write(fd[1], cn, sizeof cn) == (ssize_t)sizeof cn;
+            _exit(ok && (cs == ZPS_OK || cs == ZPS_ERR_CORRUPT) ? 0 : 3);
+        }
+        close(fd[1]);
+        uint64_t cn[2] = {0, 0};
+        ssize_t got = read(fd[0], cn, sizeof cn);
+        close(fd[0]);
+        int status = 0;
+        while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+            ;
+        if (WIFSIGNALED(status)) {
+            zps_log(ZPS_ERROR, "ds", "corrupt shard: shard %s: reading its LMDB B-tree crashed "
+                    "(signal %d): the file's page structure is damaged", ds_shard_name(d->shards[s]),
+                    WTERMSIG(status));
+            failed++;
+        } else if (got != (ssize_t)sizeof cn || WEXITSTATUS(status) != 0) {
+            zps_log(ZPS_ERROR, "ds", "shard %s could not be verified", ds_shard_name(d->shards[s]));
+            failed++;
+        } else {
+            n += cn[0];
+            bad += cn[1];
+        }
+    }
+    printf("verify %s: %" PRIu64 " records, %" PRIu64 " corrupt", path, n, bad);
+    if (failed)
+        printf(", %d of %d shards unreadable", failed, d->n_shards);
+    printf("\n");
+    ds_dataset_close(&d);
+    return bad || failed ? 1 : 0;
+}
+
 /* `read`: the pipeline as a trainer would run it; once (evaluation) unless --epochs. */
 static int s_read(const char *path, const args *a)
 {
@@ -359,10 +425,7 @@ int main(int argc, char **argv)
             fprintf(stderr, "zps-data verify: need one dataset PATH\n");
             return 2;
         }
-        uint64_t n = 0, bad = 0;
-        st = ds_verify(a.pos[0], a.split, &n, &bad);
-        if (st == ZPS_OK || (st == ZPS_ERR_CORRUPT && n > 0))
-            printf("verify %s: %" PRIu64 " records, %" PRIu64 " corrupt\n", a.pos[0], n, bad);
+        return s_verify_all(a.pos[0], a.split);
     } else {
         fprintf(stderr, "zps-data: unknown command '%s'\n", cmd);
         s_usage(stderr);

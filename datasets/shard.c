@@ -437,6 +437,9 @@ zps_status ds_reader_next(ds_reader *r, char *key, const uint8_t **val, size_t *
     size_t kl = k.mv_size < DS_KEY_LEN ? k.mv_size : DS_KEY_LEN;
     memcpy(key, k.mv_data, kl);
     key[kl] = 0;
+    for (size_t i = 0; i < kl; i++) /* a damaged key is still printable in messages */
+        if (key[i] < 0x20 || key[i] > 0x7e)
+            key[i] = '?';
     *val = v.mv_data;
     *len = v.mv_size;
     return ZPS_OK;

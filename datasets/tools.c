@@ -109,15 +109,23 @@ void ds_stats_free(ds_stats *s)
     s->hist_len = 0;
 }
 
-zps_status ds_verify(const char *path, const char *split, uint64_t *checked, uint64_t *corrupt)
+static zps_status s_verify(const char *path, const char *split, int only, uint64_t *checked,
+                           uint64_t *corrupt)
 {
     ds_dataset *d;
     ZPS_TRY(ds_dataset_open(path, split, &d));
+    if (only >= d->n_shards) {
+        zps_log(ZPS_ERROR, "ds", "%s has %d shards, no shard %d", d->dir, d->n_shards, only);
+        ds_dataset_close(&d);
+        return ZPS_ERR_INVALID;
+    }
     ds_codec *c = ds_codec_new();
     zps_arena *a = zps_arena_new(1u << 20);
     uint64_t n = 0, bad = 0;
     zps_status st = c ? ZPS_OK : ZPS_ERR_INTERNAL;
     for (int s = 0; s < d->n_shards && st == ZPS_OK; s++) {
+        if (only >= 0 && s != only)
+            continue;
         ds_reader *r;
         st = ds_reader_new(d->shards[s], &r);
         if (st != ZPS_OK)
@@ -150,7 +158,7 @@ zps_status ds_verify(const char *path, const char *split, uint64_t *checked, uin
             st = rs;
         ds_reader_destroy(&r);
     }
-    if (st == ZPS_OK)
+    if (st == ZPS_OK && only < 0)
         zps_log(bad ? ZPS_WARN : ZPS_INFO, "ds", "verify %s: %llu records in %d shards, %llu "
                 "corrupt", d->dir, (unsigned long long)n, d->n_shards, (unsigned long long)bad);
     if (checked)
@@ -163,6 +171,19 @@ zps_status ds_verify(const char *path, const char *split, uint64_t *checked, uin
     if (st == ZPS_OK && bad)
         st = ZPS_ERR_CORRUPT;
     return st;
+}
+
+zps_status ds_verify(const char *path, const char *split, uint64_t *checked, uint64_t *corrupt)
+{
+    return s_verify(path, split, -1, checked, corrupt);
+}
+
+zps_status ds_verify_shard(const char *path, const char *split, int shard, uint64_t *checked,
+                           uint64_t *corrupt)
+{
+    if (shard < 0)
+        return ZPS_ERR_INVALID;
+    return s_verify(path, split, shard, checked, corrupt);
 }
 
 static void s_rect(uint8_t *rgb, int h, int w, int x0, int y0, int x1, int y1)
