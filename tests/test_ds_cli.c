@@ -265,3 +265,40 @@ Test(it_ds, detection_is_deterministic_from_the_seed)
     snprintf(cmd, sizeof cmd, "cmp -s '%s/train/train-00001-of-00002/data.mdb' '%s/train/train-00001-of-00002/data.mdb'", a, b);
     cr_assert_eq(system(cmd), 0, "same seed, different canvases");
 }
+
+/* The resize convention is PyTorch's bilinear interpolate with align_corners=False
+ * (tests/ref/ds_resize.py), for up- and down-scaling, gray and RGB. */
+Test(it_ds, resize_matches_pytorch_bilinear)
+{
+    uint64_t seed = s_seed(), rs = seed;
+    const char *root = getenv("ZPS_ROOT");
+    const int cases[4][5] = {{23, 31, 3, 75, 50}, {28, 28, 1, 75, 75}, {120, 90, 3, 33, 47}, {9, 200, 1, 40, 17}};
+    char script[512];
+    snprintf(script, sizeof script, "%s/tests/ref/ds_resize.py", root ? root : ".");
+    for (int t = 0; t < 4; t++) {
+        int h = cases[t][0], w = cases[t][1], c = cases[t][2], oh = cases[t][3], ow = cases[t][4];
+        uint8_t *px = malloc((size_t)h * w * c);
+        for (int i = 0; i < h * w * c; i++)
+            px[i] = (uint8_t)(ds_rand(&rs) >> 56) | 1;
+        float *o = malloc(sizeof(float) * c * oh * ow);
+        ds_pixels p = {.px = px, .h = h, .w = w, .c = c};
+        ds_crop cr = {.x0 = 0, .y0 = 0, .w = (float)w, .h = (float)h, .flip = false};
+        const float mean[3] = {0, 0, 0}, std[3] = {1, 1, 1};
+        ds_image_sample(&p, &cr, oh, ow, c, mean, std, o);
+        char in[128], out[128], cmd[1024];
+        snprintf(in, sizeof in, "%s/in.bin", s_dir);
+        snprintf(out, sizeof out, "%s/out.bin", s_dir);
+        FILE *f = fopen(in, "wb");
+        fwrite(px, 1, (size_t)h * w * c, f);
+        fclose(f);
+        f = fopen(out, "wb");
+        fwrite(o, sizeof(float), (size_t)c * oh * ow, f);
+        fclose(f);
+        snprintf(cmd, sizeof cmd, "/usr/bin/python3 '%s' '%s' '%s' %d %d %d %d %d", script, in, out, h, w, c,
+                 oh, ow);
+        cr_assert_eq(system(cmd), 0, "%dx%dx%d -> %dx%d differs from PyTorch, seed %llu", h, w, c, oh, ow,
+                     (unsigned long long)seed);
+        free(px);
+        free(o);
+    }
+}
