@@ -257,10 +257,28 @@ Test(it_ds, detection_is_deterministic_from_the_seed)
                                                        "--shards", "2", NULL}), 0, "%s", log);
         free(log);
     }
+    char png[160];
+    snprintf(png, sizeof png, "%s/rec5.png", s_dir);
     cr_assert_eq(s_run(&log, (const char *const[]){"inspect", a, "--split", "train", "--dump", "5",
-                                                   "--dump-out", "/dev/null", NULL}), 0, "%s", log);
+                                                   "--dump-out", png, NULL}), 0, "%s", log);
     cr_assert(strstr(log, "60 in 2 shards (0 corrupt)") && strstr(log, "per record"), "%s", log);
     free(log);
+    /* the dump is an RGB PNG of the canvas with red box outlines */
+    FILE *f = fopen(png, "rb");
+    cr_assert_not_null(f);
+    static uint8_t bytes[1 << 16];
+    size_t n = fread(bytes, 1, sizeof bytes, f);
+    fclose(f);
+    ds_codec *c = ds_codec_new();
+    ds_pixels px;
+    ds_encoding enc;
+    cr_assert_eq(ds_image_decode_any(c, bytes, n, &px, &enc), ZPS_OK);
+    cr_assert(enc == DS_ENC_PNG && px.h == 96 && px.w == 96 && px.c == 3);
+    int red = 0;
+    for (int i = 0; i < 96 * 96; i++)
+        red += px.px[3 * i] == 255 && px.px[3 * i + 1] == 0 && px.px[3 * i + 2] == 0;
+    cr_assert(red >= 40, "only %d red pixels: boxes not drawn", red);
+    ds_codec_destroy(&c);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "cmp -s '%s/train/train-00001-of-00002/data.mdb' '%s/train/train-00001-of-00002/data.mdb'", a, b);
     cr_assert_eq(system(cmd), 0, "same seed, different canvases");
