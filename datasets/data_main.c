@@ -227,7 +227,7 @@ static int s_print_stats(const char *path, const args *a)
 static int s_verify_all(const char *path, const char *split)
 {
     ds_dataset *d;
-    zps_status st = ds_dataset_open(path, split, &d);
+    zps_status st = ds_dataset_open_flags(path, split, DS_OPEN_ALLOW_DAMAGED, &d);
     if (st != ZPS_OK) {
         fprintf(stderr, "zps-data verify %s: %s\n", path, zps_strerror(st));
         return 1;

@@ -291,6 +291,7 @@ struct ds_shard {
     MDB_env *env;
     MDB_dbi dbi;
     uint64_t count;
+    char damage[256]; // "" when healthy; else why no record can be read
 };
 
 struct ds_reader {
@@ -300,7 +301,7 @@ struct ds_reader {
     bool started; // cursor positioned (next uses MDB_NEXT)
 };
 
-zps_status ds_shard_open(const char *path, ds_shard **out)
+zps_status ds_shard_open(const char *path, unsigned flags, ds_shard **out)
 {
     *out = NULL;
     char data[4200];
@@ -336,9 +337,19 @@ zps_status ds_shard_open(const char *path, ds_shard **out)
         goto fail;
     uint64_t need = ((uint64_t)info.me_last_pgno + 1) * est.ms_psize;
     if ((uint64_t)sb.st_size < need) {
-        zps_log(ZPS_ERROR, "ds", "shard %s is truncated: data.mdb has %lld bytes, its last "
-                "page ends at %" PRIu64, s->path, (long long)sb.st_size, need);
-        goto fail;
+        snprintf(s->damage, sizeof s->damage, "truncated: data.mdb has %lld bytes, its last "
+                 "page ends at %" PRIu64, (long long)sb.st_size, need);
+        if (!(flags & DS_OPEN_ALLOW_DAMAGED)) {
+            zps_log(ZPS_ERROR, "ds", "shard %s is %s", s->path, s->damage);
+            goto fail;
+        }
+        /* The meta pages (at the start) still say how many records there were; the B-tree
+         * is never touched. */
+        s->count = est.ms_entries;
+        zps_log(ZPS_WARN, "ds", "shard %s is %s: its %" PRIu64 " records will fail to read",
+                s->path, s->damage, s->count);
+        *out = s;
+        return ZPS_OK;
     }
     MDB_txn *txn;
     rc = mdb_txn_begin(s->env, NULL, MDB_RDONLY, &txn);
@@ -374,6 +385,7 @@ void ds_shard_close(ds_shard **ps)
 }
 
 uint64_t ds_shard_count(const ds_shard *s) { return s->count; }
+const char *ds_shard_damage(const ds_shard *s) { return s->damage[0] ? s->damage : NULL; }
 const char *ds_shard_name(const ds_shard *s) { return s->name; }
 const char *ds_shard_path(const ds_shard *s) { return s->path; }
 
@@ -382,6 +394,10 @@ zps_status ds_reader_new(ds_shard *s, ds_reader **out)
     *out = NULL;
     ds_reader *r = zps_xcalloc(1, sizeof *r);
     r->s = s;
+    if (s->damage[0]) { /* reads fail one by one (ds_reader_get / ds_reader_next) */
+        *out = r;
+        return ZPS_OK;
+    }
     int rc = mdb_txn_begin(s->env, NULL, MDB_RDONLY, &r->txn);
     if (rc == MDB_SUCCESS)
         rc = mdb_cursor_open(r->txn, s->dbi, &r->cur);
@@ -411,6 +427,10 @@ zps_status ds_reader_get(ds_reader *r, uint64_t idx, const uint8_t **val, size_t
 {
     char key[DS_KEY_LEN + 1];
     ds_key_format(idx, key);
+    if (r->s->damage[0]) {
+        zps_log(ZPS_ERROR, "ds", "shard %s key %s: shard is %s", r->s->name, key, r->s->damage);
+        return ZPS_ERR_CORRUPT;
+    }
     MDB_val k = {.mv_size = DS_KEY_LEN, .mv_data = key}, v;
     int rc = mdb_get(r->txn, r->s->dbi, &k, &v);
     if (rc != MDB_SUCCESS) {
@@ -426,6 +446,10 @@ zps_status ds_reader_get(ds_reader *r, uint64_t idx, const uint8_t **val, size_t
 zps_status ds_reader_next(ds_reader *r, char *key, const uint8_t **val, size_t *len)
 {
     MDB_val k, v;
+    if (r->s->damage[0]) {
+        zps_log(ZPS_ERROR, "ds", "shard %s: shard is %s", r->s->name, r->s->damage);
+        return ZPS_ERR_CORRUPT;
+    }
     int rc = mdb_cursor_get(r->cur, &k, &v, r->started ? MDB_NEXT : MDB_FIRST);
     r->started = true;
     if (rc == MDB_NOTFOUND)
@@ -481,6 +505,12 @@ static zps_status s_read_classes(ds_dataset *d)
 }
 
 zps_status ds_dataset_open(const char *path, const char *split, ds_dataset **out)
+{
+    return ds_dataset_open_flags(path, split, 0, out);
+}
+
+zps_status ds_dataset_open_flags(const char *path, const char *split, unsigned flags,
+                                 ds_dataset **out)
 {
     *out = NULL;
     ds_dataset *d = zps_xcalloc(1, sizeof *d);
@@ -561,7 +591,7 @@ zps_status ds_dataset_open(const char *path, const char *split, ds_dataset **out
     for (int s = 0; s < n; s++) {
         char sp[4096 + 300];
         snprintf(sp, sizeof sp, "%s/%s-%05d-of-%05d", d->dir, d->name, s, n);
-        st = ds_shard_open(sp, &d->shards[s]);
+        st = ds_shard_open(sp, flags, &d->shards[s]);
         if (st != ZPS_OK) {
             ds_dataset_close(&d);
             return st;

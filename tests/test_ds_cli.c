@@ -184,7 +184,16 @@ Test(it_ds, verify_names_corrupt_records_and_truncated_shards)
     cr_assert_eq(stat(data, &sb), 0);
     cr_assert_eq(truncate(data, sb.st_size - 4096), 0);
     cr_assert_eq(s_run(&log, (const char *const[]){"verify", out, "--split", "train", NULL}), 1, "%s", log);
+    cr_assert(strstr(log, "shard train-00003-of-00004 keys 0000000000..0000000499 (500 records) "
+                          "unreadable: truncated"), "%s", log);
+    cr_assert(strstr(log, "1500 records, 500 corrupt"), "%s", log);
+    free(log);
+    cr_assert_eq(s_run(&log, (const char *const[]){"read", out, "--split", "train", NULL}), 1, "%s", log);
     cr_assert(strstr(log, "train-00003-of-00004 is truncated"), "%s", log);
+    free(log);
+    cr_assert_eq(s_run(&log, (const char *const[]){"read", out, "--split", "train", "--skip-corrupt",
+                                                   "--batch", "100", NULL}), 0, "%s", log);
+    cr_assert(strstr(log, "1500 images in 20 batches, 500 corrupt skipped"), "%s", log);
     free(log);
 }
 

@@ -252,6 +252,24 @@ Test(ds_shard, missing_truncated_and_foreign_shards_are_named)
     cr_assert_eq(st, ZPS_ERR_CORRUPT);
     cr_assert(strstr(log, "ds-00002-of-00004") && strstr(log, "truncated"), "%s", log);
     free(log);
+    /* allowed damaged: opens with its record count from the meta page; every read fails */
+    cr_assert_eq(ds_dataset_open_flags(s_dir, NULL, DS_OPEN_ALLOW_DAMAGED, &d), ZPS_OK);
+    cr_assert_eq(d->total, 2000);
+    cr_assert_eq(ds_shard_count(d->shards[2]), 500);
+    cr_assert_not_null(ds_shard_damage(d->shards[2]));
+    cr_assert_null(ds_shard_damage(d->shards[1]));
+    ds_reader *r;
+    cr_assert_eq(ds_reader_new(d->shards[2], &r), ZPS_OK);
+    const uint8_t *v;
+    size_t len;
+    s_capture_begin();
+    st = ds_reader_get(r, 17, &v, &len);
+    log = s_capture_end();
+    cr_assert_eq(st, ZPS_ERR_CORRUPT);
+    cr_assert(strstr(log, "shard ds-00002-of-00004 key 0000000017: shard is truncated"), "%s", log);
+    free(log);
+    ds_reader_destroy(&r);
+    ds_dataset_close(&d);
     /* not an LMDB file */
     FILE *f = fopen(path, "w");
     for (int i = 0; i < 10000; i++)
