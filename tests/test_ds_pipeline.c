@@ -350,6 +350,7 @@ Test(ds_pipeline, corrupt_records_are_named_or_skipped_and_counted)
     ds_pipeline_opts o;
     s_opts(&o, 10);
     o.once = true;
+    o.threads = 0; /* decode inside next(), while stderr is captured */
     ds_pipeline *p;
     cr_assert_eq(ds_pipeline_new(&o, &p), ZPS_OK);
     float img[10 * SIDE * SIDE];
@@ -439,7 +440,9 @@ Test(ds_pipeline, truncated_shard_fails_or_is_skipped_record_by_record)
     cr_assert_eq(st, ZPS_ERR_EOF);
     cr_assert_eq(got, 2000, "the two healthy shards, seed %llu", (unsigned long long)seed);
     cr_assert_eq(ds_pipeline_skipped(p), 1000);
-    cr_assert(strstr(log, "shard tr-00001-of-00003 key 0000000000: shard is truncated"), "%s", log);
+    /* which keys get the first 100 warnings depends on thread timing; the form does not */
+    cr_assert(strstr(log, "skipping corrupt record: shard tr-00001-of-00003 key 00000") &&
+                  strstr(log, ": shard is truncated"), "%.2000s", log);
     free(log);
     free(img);
     ds_pipeline_destroy(&p);
@@ -466,6 +469,7 @@ Test(ds_pipeline, truncated_image_payload_is_corrupt)
     ds_pipeline_opts o;
     s_opts(&o, 6);
     o.once = true;
+    o.threads = 0; /* decode inside next(), while stderr is captured */
     ds_pipeline *p;
     cr_assert_eq(ds_pipeline_new(&o, &p), ZPS_OK);
     float img[6 * SIDE * SIDE];
