@@ -22,7 +22,8 @@
 #define S_INITIAL_MAP (1ull << 20) // grows by doubling; small so growth is exercised
 
 typedef struct s_wshard {
-    char path[4096];
+    char path[4096];   // where it is written: DIR/.NAME-SSSSS-of-NNNNN.tmp
+    char final[4096];  // where close renames it: DIR/NAME-SSSSS-of-NNNNN
     MDB_env *env;
     MDB_dbi dbi;
     size_t mapsize;  // current map size
@@ -154,16 +155,15 @@ zps_status ds_writer_new(const char *dir, const char *name, int n_shards, bool o
     zps_status st = ZPS_OK;
     for (int s = 0; s < n_shards && st == ZPS_OK; s++) {
         s_wshard *ws = &w->shards[s];
-        snprintf(ws->path, sizeof ws->path, "%s/%s-%05d-of-%05d", dir, name, s, n_shards);
-        char data[4200];
-        snprintf(data, sizeof data, "%s/data.mdb", ws->path);
+        snprintf(ws->final, sizeof ws->final, "%s/%s-%05d-of-%05d", dir, name, s, n_shards);
+        snprintf(ws->path, sizeof ws->path, "%s/.%s-%05d-of-%05d.tmp", dir, name, s, n_shards);
         struct stat sb;
-        if (stat(data, &sb) == 0) {
-            zps_log(ZPS_ERROR, "ds", "%s already holds a shard (use --force to overwrite)",
-                    ws->path);
+        if (stat(ws->final, &sb) == 0) {
+            zps_log(ZPS_ERROR, "ds", "%s already exists (use --force to overwrite)", ws->final);
             st = ZPS_ERR_EXISTS;
             break;
         }
+        s_remove_shard_dir(ws->path); /* left over from an interrupted writer */
         st = s_mkdirs(ws->path);
         if (st == ZPS_OK)
             st = s_wshard_open(ws);
@@ -251,14 +251,26 @@ zps_status ds_writer_close(ds_writer **pw)
     ds_writer *w = *pw;
     zps_status st = ZPS_OK;
     for (int s = 0; s < w->n_shards && st == ZPS_OK; s++) {
-        st = s_flush(&w->shards[s]);
+        s_wshard *ws = &w->shards[s];
+        st = s_flush(ws);
         if (st == ZPS_OK) {
-            int rc = mdb_env_sync(w->shards[s].env, 1);
+            int rc = mdb_env_sync(ws->env, 1);
             if (rc != MDB_SUCCESS) {
-                zps_log(ZPS_ERROR, "ds", "%s: sync failed: %s", w->shards[s].path,
-                        mdb_strerror(rc));
+                zps_log(ZPS_ERROR, "ds", "%s: sync failed: %s", ws->path, mdb_strerror(rc));
                 st = ZPS_ERR_LMDB;
             }
+        }
+    }
+    /* Only complete shards get their real names: an interrupted conversion leaves hidden
+     * .tmp directories that no reader picks up. */
+    for (int s = 0; s < w->n_shards && st == ZPS_OK; s++) {
+        s_wshard *ws = &w->shards[s];
+        mdb_env_close(ws->env);
+        ws->env = NULL;
+        if (rename(ws->path, ws->final) == -1) {
+            zps_log(ZPS_ERROR, "ds", "rename %s -> %s failed: %s", ws->path, ws->final,
+                    strerror(errno));
+            st = ZPS_ERR_IO;
         }
     }
     ds_writer_destroy(pw);
@@ -274,6 +286,8 @@ void ds_writer_destroy(ds_writer **pw)
         s_wshard *ws = &w->shards[s];
         if (ws->env)
             mdb_env_close(ws->env);
+        if (ws->path[0])
+            s_remove_shard_dir(ws->path); /* unfinished (a renamed shard is gone from here) */
         free(ws->buf);
         free(ws->ends);
     }

@@ -34,17 +34,20 @@
 
 typedef struct ds_writer ds_writer;
 
-/* Creates dir (and parents) and N empty shards dir/NAME-SSSSS-of-NNNNN. A shard that already
- * holds data is ZPS_ERR_EXISTS unless overwrite, which deletes it first. */
+/* Creates dir (and parents) and N empty shards, written as hidden dir/.NAME-SSSSS-of-NNNNN.tmp
+ * and renamed to dir/NAME-SSSSS-of-NNNNN by ds_writer_close once complete, so an interrupted
+ * conversion never looks like a dataset. An existing shard of that name is ZPS_ERR_EXISTS
+ * unless overwrite, which deletes every NAME-*-of-* shard in dir first. */
 zps_status ds_writer_new(const char *dir, const char *name, int n_shards, bool overwrite,
                          ds_writer **out);
 /* Validates, packs and buffers one record (bytes are copied). */
 zps_status ds_writer_put(ds_writer *w, const ds_record *r);
 /* Records written so far. */
 uint64_t ds_writer_count(const ds_writer *w);
-/* Commits everything, syncs and frees the writer (*pw = NULL) whatever the outcome. */
+/* Commits everything, syncs, renames the shards into place and frees the writer
+ * (*pw = NULL) whatever the outcome. */
 zps_status ds_writer_close(ds_writer **pw);
-/* Frees without committing the buffered records (after an error). Safe on NULL. */
+/* Frees without committing, deleting the unfinished shards (after an error). Safe on NULL. */
 void ds_writer_destroy(ds_writer **pw);
 
 /* ---- one shard ---- */
