@@ -436,6 +436,7 @@ zps_status ds_pipeline_new(const ds_pipeline_opts *opts, ds_pipeline **out)
 zps_status ds_pipeline_next(ds_pipeline *p, float *images, int32_t *labels,
                             ds_batch_info *info)
 {
+    assert(p && images && labels); /* API misuse, not an environment failure */
     const int64_t b = p->consumed;
     if (p->o.once && b >= p->bpe)
         return ZPS_ERR_EOF;
