@@ -191,7 +191,8 @@ static double s_reference(char *src, size_t n)
             continue;
         double v = strtod(p + 1, NULL);
         if (v > 0) {
-            snprintf(src, n, "%s (%s)", path, keys[k]);
+            /* the key without its quotes: src goes into a JSON string */
+            snprintf(src, n, "%s, field %.*s", path, (int)strlen(keys[k]) - 2, keys[k] + 1);
             return v;
         }
     }
@@ -264,7 +265,14 @@ ZPS_BENCH(pipeline, "input pipeline img/s for 299x299 JPEG (1 and 2 threads), LM
     printf("reference         : %8.2f img/s from %s\n", ref, src);
     printf("ratio 1 thread / reference: %.1fx (target >= 3x: %s)\n", ratio,
            ratio >= 3 ? "met" : "NOT met");
-    char path[1024];
+    char esc[2 * sizeof src], path[1024];
+    size_t e = 0;
+    for (const char *c = src; *c && e + 2 < sizeof esc; c++) { /* JSON string escaping */
+        if (*c == '"' || *c == '\\')
+            esc[e++] = '\\';
+        esc[e++] = (char)((unsigned char)*c < 0x20 ? ' ' : *c);
+    }
+    esc[e] = 0;
     snprintf(path, sizeof path, "%s/pipeline.json", bench_out_dir());
     FILE *f = fopen(path, "w");
     if (!f) {
@@ -280,7 +288,7 @@ ZPS_BENCH(pipeline, "input pipeline img/s for 299x299 JPEG (1 and 2 threads), LM
                " \"reference_img_per_s\": %.3f, \"reference_source\": \"%s\",\n"
                " \"ratio_1_thread_vs_reference\": %.2f, \"target_ratio\": 3, \"target_met\": %s}\n",
             batch, records, (double)jpeg_bytes / records, m1, m2, r1[0], r1[1], r1[2], r1[3],
-            r1[4], r2[0], r2[1], r2[2], r2[3], r2[4], mbs, ref, src, ratio,
+            r1[4], r2[0], r2[1], r2[2], r2[3], r2[4], mbs, ref, esc, ratio,
             ratio >= 3 ? "true" : "false");
     fclose(f);
     printf("wrote %s\n", path);

@@ -378,15 +378,20 @@ zps_status ds_convert_folder(const char *src_dir, const char *name, const ds_con
 
 /* ---- detection canvases ---- */
 
-static float s_iou(const int *a, const int *b)
+/* Overlap of two pixel boxes (x0, y0, x1, y1): IoU, and the share of the smaller box that
+ * the other covers (catches a small item hidden inside a large one, which IoU misses). */
+static void s_overlap(const int *a, const int *b, float *iou, float *cover)
 {
     int ix = (a[2] < b[2] ? a[2] : b[2]) - (a[0] > b[0] ? a[0] : b[0]);
     int iy = (a[3] < b[3] ? a[3] : b[3]) - (a[1] > b[1] ? a[1] : b[1]);
+    *iou = *cover = 0.f;
     if (ix <= 0 || iy <= 0)
-        return 0.f;
+        return;
     float inter = (float)ix * (float)iy;
-    float ua = (float)(a[2] - a[0]) * (float)(a[3] - a[1]) + (float)(b[2] - b[0]) * (float)(b[3] - b[1]);
-    return inter / (ua - inter);
+    float aa = (float)(a[2] - a[0]) * (float)(a[3] - a[1]);
+    float ab = (float)(b[2] - b[0]) * (float)(b[3] - b[1]);
+    *iou = inter / (aa + ab - inter);
+    *cover = inter / (aa < ab ? aa : ab);
 }
 
 static zps_status s_detection_split(const ds_convert_opts *o, const ds_detection_opts *d,
@@ -413,7 +418,9 @@ static zps_status s_detection_split(const ds_convert_opts *o, const ds_detection
         ds_box boxes[DS_MAX_BOXES];
         int placed[DS_MAX_BOXES][4];
         int nb = 0;
-        for (int attempt = 0; nb < want && attempt < want * 20; attempt++) {
+        /* up to 20 tries per item; keep trying (bounded) until min_items are placed */
+        for (int attempt = 0; nb < want && (attempt < want * 20 || (nb < d->min_items && attempt < 5000));
+             attempt++) {
             size_t src = (size_t)(ds_rand(&rs) % n_src);
             float sc = d->min_scale + (d->max_scale - d->min_scale) * ds_randf(&rs);
             int side = (int)(sc * (float)S + 0.5f);
@@ -437,8 +444,11 @@ static zps_status s_detection_split(const ds_convert_opts *o, const ds_detection
             int py = (int)(ds_rand(&rs) % (uint64_t)(S - side + 1));
             int b[4] = {px + bx0, py + by0, px + bx1 + 1, py + by1 + 1};
             bool ok = true;
-            for (int j = 0; j < nb && ok; j++)
-                ok = s_iou(b, placed[j]) <= d->max_iou;
+            for (int j = 0; j < nb && ok; j++) {
+                float iou, cover;
+                s_overlap(b, placed[j], &iou, &cover);
+                ok = iou <= d->max_iou && cover <= DS_DETECTION_MAX_COVER;
+            }
             if (!ok)
                 continue;
             for (int y = 0; y < side; y++)

@@ -61,6 +61,10 @@ typedef struct ds_detection_opts {
     float max_iou;      // placements overlapping an earlier box more than this are retried
 } ds_detection_opts;
 
+/* A placement is also retried when an earlier box covers more than this share of the
+ * smaller of the two boxes (or vice versa), so no item is hidden inside another. */
+#define DS_DETECTION_MAX_COVER 0.5f
+
 /* Detection canvases (gray, label -1, boxes tight around each item's visible pixels) from
  * the Fashion-MNIST train (for OUT/train) and test (OUT/test) items. */
 zps_status ds_make_detection(const char *src_dir, const ds_convert_opts *o,

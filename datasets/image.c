@@ -314,8 +314,12 @@ void ds_image_sample(const ds_pixels *src, const ds_crop *crop, int oh, int ow, 
 {
     assert(ow >= 1 && ow <= S_MAX_OUT_W && oh >= 1);
     assert(oc == 1 || oc == 3);
+    /* Separable: each output row interpolates its two source rows horizontally (tables
+     * computed once per call), then blends them vertically while normalising into the
+     * channel planes. */
     int xa[S_MAX_OUT_W], xb[S_MAX_OUT_W];
     float fxs[S_MAX_OUT_W];
+    float ra[S_MAX_OUT_W * 3], rb[S_MAX_OUT_W * 3];
     const int sc = src->c, sw = src->w;
     for (int x = 0; x < ow; x++) {
         int xo = crop->flip ? ow - 1 - x : x;
@@ -338,28 +342,56 @@ void ds_image_sample(const ds_pixels *src, const ds_crop *crop, int oh, int ow, 
         s_coord(crop->y0, crop->h, oh, y, src->h, &y0, &y1, &fy);
         const uint8_t *r0 = src->px + (size_t)y0 * sw * sc;
         const uint8_t *r1 = src->px + (size_t)y1 * sw * sc;
-        float *d = dst + (size_t)y * ow;
-        for (int x = 0; x < ow; x++) {
-            const float fx = fxs[x];
-            const float w00 = (1.f - fx) * (1.f - fy), w01 = fx * (1.f - fy);
-            const float w10 = (1.f - fx) * fy, w11 = fx * fy;
-            const uint8_t *p00 = r0 + xa[x], *p01 = r0 + xb[x];
-            const uint8_t *p10 = r1 + xa[x], *p11 = r1 + xb[x];
-            if (sc == 1) {
-                float v = w00 * p00[0] + w01 * p01[0] + w10 * p10[0] + w11 * p11[0];
-                for (int k = 0; k < oc; k++)
-                    d[k * plane + x] = v * scale[k] + bias[k];
-            } else {
-                float v[3];
-                for (int k = 0; k < 3; k++)
-                    v[k] = w00 * p00[k] + w01 * p01[k] + w10 * p10[k] + w11 * p11[k];
-                if (oc == 3) {
-                    for (int k = 0; k < 3; k++)
-                        d[k * plane + x] = v[k] * scale[k] + bias[k];
-                } else {
-                    float g = 0.299f * v[0] + 0.587f * v[1] + 0.114f * v[2];
-                    d[x] = g * scale[0] + bias[0];
+        const bool two = fy > 0.f && y1 != y0;
+        if (sc == 1) {
+            for (int x = 0; x < ow; x++) {
+                float a = r0[xa[x]], b = r0[xb[x]];
+                ra[x] = a + (b - a) * fxs[x];
+            }
+            if (two)
+                for (int x = 0; x < ow; x++) {
+                    float a = r1[xa[x]], b = r1[xb[x]];
+                    rb[x] = a + (b - a) * fxs[x];
                 }
+        } else {
+            for (int x = 0; x < ow; x++) {
+                const uint8_t *a = r0 + xa[x], *b = r0 + xb[x];
+                const float f = fxs[x];
+                ra[3 * x] = a[0] + (b[0] - a[0]) * f;
+                ra[3 * x + 1] = a[1] + (b[1] - a[1]) * f;
+                ra[3 * x + 2] = a[2] + (b[2] - a[2]) * f;
+            }
+            if (two)
+                for (int x = 0; x < ow; x++) {
+                    const uint8_t *a = r1 + xa[x], *b = r1 + xb[x];
+                    const float f = fxs[x];
+                    rb[3 * x] = a[0] + (b[0] - a[0]) * f;
+                    rb[3 * x + 1] = a[1] + (b[1] - a[1]) * f;
+                    rb[3 * x + 2] = a[2] + (b[2] - a[2]) * f;
+                }
+        }
+        if (two)
+            for (int i = 0; i < ow * sc; i++)
+                ra[i] += (rb[i] - ra[i]) * fy;
+        float *d = dst + (size_t)y * ow;
+        if (sc == oc) {
+            for (int k = 0; k < oc; k++) {
+                float *dk = d + k * plane;
+                const float sk = scale[k], bk = bias[k];
+                for (int x = 0; x < ow; x++)
+                    dk[x] = ra[x * sc + k] * sk + bk;
+            }
+        } else if (sc == 1) {
+            for (int k = 0; k < 3; k++) {
+                float *dk = d + k * plane;
+                const float sk = scale[k], bk = bias[k];
+                for (int x = 0; x < ow; x++)
+                    dk[x] = ra[x] * sk + bk;
+            }
+        } else {
+            for (int x = 0; x < ow; x++) {
+                float g = 0.299f * ra[3 * x] + 0.587f * ra[3 * x + 1] + 0.114f * ra[3 * x + 2];
+                d[x] = g * scale[0] + bias[0];
             }
         }
     }

@@ -24,6 +24,8 @@
 
 /* Training: how many following records are tried to replace a corrupt one before failing. */
 #define S_MAX_REPLACE 64
+/* Skipped records logged as warnings before the rest go to debug level. */
+#define S_MAX_SKIP_LOGS 100
 
 typedef struct s_slot {
     int64_t batch;      // batch number held when ready
@@ -68,6 +70,7 @@ struct ds_pipeline {
     int64_t consumed;   // batches handed to the caller
     bool stop;
     int64_t skipped_total;
+    int64_t skip_logs;  // skipped-record messages so far (atomic)
     /* the batch last handed out (info pointers) */
     uint64_t *cur_ids;
     int *cur_start;
@@ -160,8 +163,15 @@ static zps_status s_load(s_worker *w, uint64_t g, ds_record *rec, ds_pixels *px)
     }
     const uint8_t *val;
     size_t len;
-    zps_status st = ds_reader_get(w->readers[s], local, &val, &len);
     char why[256] = "";
+    zps_status st = ZPS_OK;
+    const char *damage = ds_shard_damage(p->d->shards[s]);
+    if (damage) {
+        snprintf(why, sizeof why, "shard is %s", damage);
+        st = ZPS_ERR_CORRUPT;
+    } else {
+        st = ds_reader_get(w->readers[s], local, &val, &len);
+    }
     if (st == ZPS_OK)
         st = ds_record_parse(val, len, w->arena, p->num_classes, rec, why, sizeof why);
     if (st == ZPS_OK) {
@@ -172,7 +182,16 @@ static zps_status s_load(s_worker *w, uint64_t g, ds_record *rec, ds_pixels *px)
     if (st == ZPS_ERR_CORRUPT && why[0]) {
         char key[DS_KEY_LEN + 1];
         ds_key_format(local, key);
-        zps_log(p->o.skip_corrupt ? ZPS_WARN : ZPS_ERROR, "ds", "%s record: shard %s key %s: %s",
+        /* Skipping: the first S_MAX_SKIP_LOGS records are warnings, the rest debug lines (a
+         * truncated shard would otherwise log every one of its records every epoch). */
+        int level = ZPS_ERROR;
+        if (p->o.skip_corrupt) {
+            int64_t n = __atomic_add_fetch(&p->skip_logs, 1, __ATOMIC_RELAXED);
+            level = n <= S_MAX_SKIP_LOGS ? ZPS_WARN : ZPS_DEBUG;
+            if (n == S_MAX_SKIP_LOGS)
+                zps_log(ZPS_WARN, "ds", "further skipped records are logged at debug level");
+        }
+        zps_log(level, "ds", "%s record: shard %s key %s: %s",
                 p->o.skip_corrupt ? "skipping corrupt" : "corrupt", ds_shard_name(p->d->shards[s]),
                 key, why);
     }
@@ -333,7 +352,8 @@ zps_status ds_pipeline_new(const ds_pipeline_opts *opts, ds_pipeline **out)
     *out = NULL;
     ZPS_TRY(s_check_opts(opts));
     ds_dataset *d;
-    ZPS_TRY(ds_dataset_open(opts->path, opts->split, &d));
+    ZPS_TRY(ds_dataset_open_flags(opts->path, opts->split,
+                                  opts->skip_corrupt ? DS_OPEN_ALLOW_DAMAGED : 0, &d));
     ds_pipeline *p = zps_xcalloc(1, sizeof *p);
     p->o = *opts;
     p->d = d;
@@ -416,6 +436,7 @@ zps_status ds_pipeline_new(const ds_pipeline_opts *opts, ds_pipeline **out)
 zps_status ds_pipeline_next(ds_pipeline *p, float *images, int32_t *labels,
                             ds_batch_info *info)
 {
+    assert(p && images && labels); /* API misuse, not an environment failure */
     const int64_t b = p->consumed;
     if (p->o.once && b >= p->bpe)
         return ZPS_ERR_EOF;

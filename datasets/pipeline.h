@@ -23,7 +23,9 @@
  * whose image does not decode stops the pipeline: ds_pipeline_next returns ZPS_ERR_CORRUPT
  * and the log names the shard and key. With skip_corrupt the record is skipped and counted;
  * in training the slot is filled with the next good record of the epoch's order (a batch is
- * always full), in `once` mode the batch is one image shorter.
+ * always full), in `once` mode the batch is one image shorter. A truncated shard fails
+ * ds_pipeline_new, or with skip_corrupt opens damaged and each of its records is skipped and
+ * counted (shard.h: DS_OPEN_ALLOW_DAMAGED).
  *
  * Threads: `threads` decode threads each build whole batches into a ring of `prefetch` batch
  * slots (bounded: a thread waits while the ring is full); ds_pipeline_next copies the next

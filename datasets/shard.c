@@ -22,7 +22,8 @@
 #define S_INITIAL_MAP (1ull << 20) // grows by doubling; small so growth is exercised
 
 typedef struct s_wshard {
-    char path[4096];
+    char path[4096];   // where it is written: DIR/.NAME-SSSSS-of-NNNNN.tmp
+    char final[4096];  // where close renames it: DIR/NAME-SSSSS-of-NNNNN
     MDB_env *env;
     MDB_dbi dbi;
     size_t mapsize;  // current map size
@@ -154,16 +155,15 @@ zps_status ds_writer_new(const char *dir, const char *name, int n_shards, bool o
     zps_status st = ZPS_OK;
     for (int s = 0; s < n_shards && st == ZPS_OK; s++) {
         s_wshard *ws = &w->shards[s];
-        snprintf(ws->path, sizeof ws->path, "%s/%s-%05d-of-%05d", dir, name, s, n_shards);
-        char data[4200];
-        snprintf(data, sizeof data, "%s/data.mdb", ws->path);
+        snprintf(ws->final, sizeof ws->final, "%s/%s-%05d-of-%05d", dir, name, s, n_shards);
+        snprintf(ws->path, sizeof ws->path, "%s/.%s-%05d-of-%05d.tmp", dir, name, s, n_shards);
         struct stat sb;
-        if (stat(data, &sb) == 0) {
-            zps_log(ZPS_ERROR, "ds", "%s already holds a shard (use --force to overwrite)",
-                    ws->path);
+        if (stat(ws->final, &sb) == 0) {
+            zps_log(ZPS_ERROR, "ds", "%s already exists (use --force to overwrite)", ws->final);
             st = ZPS_ERR_EXISTS;
             break;
         }
+        s_remove_shard_dir(ws->path); /* left over from an interrupted writer */
         st = s_mkdirs(ws->path);
         if (st == ZPS_OK)
             st = s_wshard_open(ws);
@@ -251,14 +251,26 @@ zps_status ds_writer_close(ds_writer **pw)
     ds_writer *w = *pw;
     zps_status st = ZPS_OK;
     for (int s = 0; s < w->n_shards && st == ZPS_OK; s++) {
-        st = s_flush(&w->shards[s]);
+        s_wshard *ws = &w->shards[s];
+        st = s_flush(ws);
         if (st == ZPS_OK) {
-            int rc = mdb_env_sync(w->shards[s].env, 1);
+            int rc = mdb_env_sync(ws->env, 1);
             if (rc != MDB_SUCCESS) {
-                zps_log(ZPS_ERROR, "ds", "%s: sync failed: %s", w->shards[s].path,
-                        mdb_strerror(rc));
+                zps_log(ZPS_ERROR, "ds", "%s: sync failed: %s", ws->path, mdb_strerror(rc));
                 st = ZPS_ERR_LMDB;
             }
+        }
+    }
+    /* Only complete shards get their real names: an interrupted conversion leaves hidden
+     * .tmp directories that no reader picks up. */
+    for (int s = 0; s < w->n_shards && st == ZPS_OK; s++) {
+        s_wshard *ws = &w->shards[s];
+        mdb_env_close(ws->env);
+        ws->env = NULL;
+        if (rename(ws->path, ws->final) == -1) {
+            zps_log(ZPS_ERROR, "ds", "rename %s -> %s failed: %s", ws->path, ws->final,
+                    strerror(errno));
+            st = ZPS_ERR_IO;
         }
     }
     ds_writer_destroy(pw);
@@ -274,6 +286,8 @@ void ds_writer_destroy(ds_writer **pw)
         s_wshard *ws = &w->shards[s];
         if (ws->env)
             mdb_env_close(ws->env);
+        if (ws->path[0])
+            s_remove_shard_dir(ws->path); /* unfinished (a renamed shard is gone from here) */
         free(ws->buf);
         free(ws->ends);
     }
@@ -291,6 +305,7 @@ struct ds_shard {
     MDB_env *env;
     MDB_dbi dbi;
     uint64_t count;
+    char damage[256]; // "" when healthy; else why no record can be read
 };
 
 struct ds_reader {
@@ -300,7 +315,7 @@ struct ds_reader {
     bool started; // cursor positioned (next uses MDB_NEXT)
 };
 
-zps_status ds_shard_open(const char *path, ds_shard **out)
+zps_status ds_shard_open(const char *path, unsigned flags, ds_shard **out)
 {
     *out = NULL;
     char data[4200];
@@ -336,9 +351,19 @@ zps_status ds_shard_open(const char *path, ds_shard **out)
         goto fail;
     uint64_t need = ((uint64_t)info.me_last_pgno + 1) * est.ms_psize;
     if ((uint64_t)sb.st_size < need) {
-        zps_log(ZPS_ERROR, "ds", "shard %s is truncated: data.mdb has %lld bytes, its last "
-                "page ends at %" PRIu64, s->path, (long long)sb.st_size, need);
-        goto fail;
+        snprintf(s->damage, sizeof s->damage, "truncated: data.mdb has %lld bytes, its last "
+                 "page ends at %" PRIu64, (long long)sb.st_size, need);
+        if (!(flags & DS_OPEN_ALLOW_DAMAGED)) {
+            zps_log(ZPS_ERROR, "ds", "shard %s is %s", s->path, s->damage);
+            goto fail;
+        }
+        /* The meta pages (at the start) still say how many records there were; the B-tree
+         * is never touched. */
+        s->count = est.ms_entries;
+        zps_log(ZPS_WARN, "ds", "shard %s is %s: its %" PRIu64 " records will fail to read",
+                s->path, s->damage, s->count);
+        *out = s;
+        return ZPS_OK;
     }
     MDB_txn *txn;
     rc = mdb_txn_begin(s->env, NULL, MDB_RDONLY, &txn);
@@ -374,6 +399,7 @@ void ds_shard_close(ds_shard **ps)
 }
 
 uint64_t ds_shard_count(const ds_shard *s) { return s->count; }
+const char *ds_shard_damage(const ds_shard *s) { return s->damage[0] ? s->damage : NULL; }
 const char *ds_shard_name(const ds_shard *s) { return s->name; }
 const char *ds_shard_path(const ds_shard *s) { return s->path; }
 
@@ -382,6 +408,10 @@ zps_status ds_reader_new(ds_shard *s, ds_reader **out)
     *out = NULL;
     ds_reader *r = zps_xcalloc(1, sizeof *r);
     r->s = s;
+    if (s->damage[0]) { /* reads fail one by one (ds_reader_get / ds_reader_next) */
+        *out = r;
+        return ZPS_OK;
+    }
     int rc = mdb_txn_begin(s->env, NULL, MDB_RDONLY, &r->txn);
     if (rc == MDB_SUCCESS)
         rc = mdb_cursor_open(r->txn, s->dbi, &r->cur);
@@ -411,6 +441,10 @@ zps_status ds_reader_get(ds_reader *r, uint64_t idx, const uint8_t **val, size_t
 {
     char key[DS_KEY_LEN + 1];
     ds_key_format(idx, key);
+    if (r->s->damage[0]) {
+        zps_log(ZPS_ERROR, "ds", "shard %s key %s: shard is %s", r->s->name, key, r->s->damage);
+        return ZPS_ERR_CORRUPT;
+    }
     MDB_val k = {.mv_size = DS_KEY_LEN, .mv_data = key}, v;
     int rc = mdb_get(r->txn, r->s->dbi, &k, &v);
     if (rc != MDB_SUCCESS) {
@@ -426,6 +460,10 @@ zps_status ds_reader_get(ds_reader *r, uint64_t idx, const uint8_t **val, size_t
 zps_status ds_reader_next(ds_reader *r, char *key, const uint8_t **val, size_t *len)
 {
     MDB_val k, v;
+    if (r->s->damage[0]) {
+        zps_log(ZPS_ERROR, "ds", "shard %s: shard is %s", r->s->name, r->s->damage);
+        return ZPS_ERR_CORRUPT;
+    }
     int rc = mdb_cursor_get(r->cur, &k, &v, r->started ? MDB_NEXT : MDB_FIRST);
     r->started = true;
     if (rc == MDB_NOTFOUND)
@@ -437,6 +475,9 @@ zps_status ds_reader_next(ds_reader *r, char *key, const uint8_t **val, size_t *
     size_t kl = k.mv_size < DS_KEY_LEN ? k.mv_size : DS_KEY_LEN;
     memcpy(key, k.mv_data, kl);
     key[kl] = 0;
+    for (size_t i = 0; i < kl; i++) /* a damaged key is still printable in messages */
+        if (key[i] < 0x20 || key[i] > 0x7e)
+            key[i] = '?';
     *val = v.mv_data;
     *len = v.mv_size;
     return ZPS_OK;
@@ -478,6 +519,12 @@ static zps_status s_read_classes(ds_dataset *d)
 }
 
 zps_status ds_dataset_open(const char *path, const char *split, ds_dataset **out)
+{
+    return ds_dataset_open_flags(path, split, 0, out);
+}
+
+zps_status ds_dataset_open_flags(const char *path, const char *split, unsigned flags,
+                                 ds_dataset **out)
 {
     *out = NULL;
     ds_dataset *d = zps_xcalloc(1, sizeof *d);
@@ -558,7 +605,7 @@ zps_status ds_dataset_open(const char *path, const char *split, ds_dataset **out
     for (int s = 0; s < n; s++) {
         char sp[4096 + 300];
         snprintf(sp, sizeof sp, "%s/%s-%05d-of-%05d", d->dir, d->name, s, n);
-        st = ds_shard_open(sp, &d->shards[s]);
+        st = ds_shard_open(sp, flags, &d->shards[s]);
         if (st != ZPS_OK) {
             ds_dataset_close(&d);
             return st;

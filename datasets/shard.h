@@ -34,26 +34,41 @@
 
 typedef struct ds_writer ds_writer;
 
-/* Creates dir (and parents) and N empty shards dir/NAME-SSSSS-of-NNNNN. A shard that already
- * holds data is ZPS_ERR_EXISTS unless overwrite, which deletes it first. */
+/* Creates dir (and parents) and N empty shards, written as hidden dir/.NAME-SSSSS-of-NNNNN.tmp
+ * and renamed to dir/NAME-SSSSS-of-NNNNN by ds_writer_close once complete, so an interrupted
+ * conversion never looks like a dataset. An existing shard of that name is ZPS_ERR_EXISTS
+ * unless overwrite, which deletes every NAME-*-of-* shard in dir first. */
 zps_status ds_writer_new(const char *dir, const char *name, int n_shards, bool overwrite,
                          ds_writer **out);
 /* Validates, packs and buffers one record (bytes are copied). */
 zps_status ds_writer_put(ds_writer *w, const ds_record *r);
 /* Records written so far. */
 uint64_t ds_writer_count(const ds_writer *w);
-/* Commits everything, syncs and frees the writer (*pw = NULL) whatever the outcome. */
+/* Commits everything, syncs, renames the shards into place and frees the writer
+ * (*pw = NULL) whatever the outcome. */
 zps_status ds_writer_close(ds_writer **pw);
-/* Frees without committing the buffered records (after an error). Safe on NULL. */
+/* Frees without committing, deleting the unfinished shards (after an error). Safe on NULL. */
 void ds_writer_destroy(ds_writer **pw);
 
 /* ---- one shard ---- */
 
 typedef struct ds_shard ds_shard;
 
+/* Flags for ds_shard_open / ds_dataset_open_flags. */
+enum {
+    /* A truncated shard opens "damaged" instead of failing: its record count comes from the
+     * LMDB meta page (which survives truncation at the end), and every read of one of its
+     * records fails with ZPS_ERR_CORRUPT naming shard and key. Used with skip_corrupt, so the
+     * records are skipped and counted one by one. */
+    DS_OPEN_ALLOW_DAMAGED = 1u << 0,
+};
+
 /* Opens the shard directory read-only. ZPS_ERR_NOT_FOUND when it has no data.mdb,
- * ZPS_ERR_CORRUPT when it is not an LMDB file or is truncated (error names the shard). */
-zps_status ds_shard_open(const char *path, ds_shard **out);
+ * ZPS_ERR_CORRUPT when it is not an LMDB file, or when it is truncated and flags lack
+ * DS_OPEN_ALLOW_DAMAGED (the error names the shard). */
+zps_status ds_shard_open(const char *path, unsigned flags, ds_shard **out);
+/* Non-NULL reason ("truncated: ...") when the shard opened damaged; NULL when healthy. */
+const char *ds_shard_damage(const ds_shard *s);
 void ds_shard_close(ds_shard **ps);
 uint64_t ds_shard_count(const ds_shard *s);
 /* Directory name, e.g. "train-00001-of-00004". */
@@ -66,7 +81,7 @@ typedef struct ds_reader ds_reader;
 zps_status ds_reader_new(ds_shard *s, ds_reader **out);
 void ds_reader_destroy(ds_reader **pr);
 /* Value of the record with local index idx. ZPS_ERR_CORRUPT (logged with shard and key) when
- * the key is missing although idx < count. */
+ * the key is missing although idx < count, or the shard is damaged. */
 zps_status ds_reader_get(ds_reader *r, uint64_t idx, const uint8_t **val, size_t *len);
 /* Cursor iteration in key order: first call after new/rewind gives the first record.
  * ZPS_ERR_EOF after the last. key receives the key text (DS_KEY_LEN + 1 bytes). */
@@ -94,6 +109,9 @@ typedef struct ds_dataset {
  * "DIR" + "train" finds DIR/train). ZPS_ERR_NOT_FOUND names what is missing (no shards, or a
  * shard index absent from 0..N-1), ZPS_ERR_CORRUPT a damaged shard. */
 zps_status ds_dataset_open(const char *path, const char *split, ds_dataset **out);
+/* ds_dataset_open with DS_OPEN_* flags for every shard. */
+zps_status ds_dataset_open_flags(const char *path, const char *split, unsigned flags,
+                                 ds_dataset **out);
 void ds_dataset_close(ds_dataset **pd);
 /* Shard and local index of global record g (< total). */
 void ds_dataset_locate(const ds_dataset *d, uint64_t g, int *shard, uint64_t *local);

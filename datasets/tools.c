@@ -1,6 +1,7 @@
 /* tools.c — see tools.h. */
 #include "datasets/tools.h"
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +12,22 @@
 #include "datasets/image.h"
 #include "datasets/record.h"
 #include "datasets/shard.h"
+
+/* A damaged (truncated) shard: logs its unreadable key range, adds its records to *bad. */
+static bool s_damaged(const ds_shard *sh, uint64_t *bad)
+{
+    const char *why = ds_shard_damage(sh);
+    if (!why)
+        return false;
+    uint64_t n = ds_shard_count(sh);
+    char k0[DS_KEY_LEN + 1], k1[DS_KEY_LEN + 1];
+    ds_key_format(0, k0);
+    ds_key_format(n ? n - 1 : 0, k1);
+    zps_log(ZPS_ERROR, "ds", "corrupt shard: shard %s keys %s..%s (%llu records) unreadable: %s",
+            ds_shard_name(sh), k0, k1, (unsigned long long)n, why);
+    *bad += n;
+    return true;
+}
 
 static void s_hist_grow(ds_stats *s, int need)
 {
@@ -28,7 +45,7 @@ zps_status ds_inspect(const char *path, const char *split, ds_stats *out)
 {
     memset(out, 0, sizeof *out);
     ds_dataset *d;
-    ZPS_TRY(ds_dataset_open(path, split, &d));
+    ZPS_TRY(ds_dataset_open_flags(path, split, DS_OPEN_ALLOW_DAMAGED, &d));
     out->n_shards = d->n_shards;
     out->num_classes = d->num_classes;
     if (d->num_classes) {
@@ -42,6 +59,8 @@ zps_status ds_inspect(const char *path, const char *split, ds_stats *out)
     zps_arena *a = zps_arena_new(1u << 20);
     zps_status st = ZPS_OK;
     for (int s = 0; s < d->n_shards && st == ZPS_OK; s++) {
+        if (s_damaged(d->shards[s], &out->corrupt))
+            continue;
         ds_reader *r;
         st = ds_reader_new(d->shards[s], &r);
         if (st != ZPS_OK)
@@ -109,15 +128,25 @@ void ds_stats_free(ds_stats *s)
     s->hist_len = 0;
 }
 
-zps_status ds_verify(const char *path, const char *split, uint64_t *checked, uint64_t *corrupt)
+static zps_status s_verify(const char *path, const char *split, int only, uint64_t *checked,
+                           uint64_t *corrupt)
 {
     ds_dataset *d;
-    ZPS_TRY(ds_dataset_open(path, split, &d));
+    ZPS_TRY(ds_dataset_open_flags(path, split, DS_OPEN_ALLOW_DAMAGED, &d));
+    if (only >= d->n_shards) {
+        zps_log(ZPS_ERROR, "ds", "%s has %d shards, no shard %d", d->dir, d->n_shards, only);
+        ds_dataset_close(&d);
+        return ZPS_ERR_INVALID;
+    }
     ds_codec *c = ds_codec_new();
     zps_arena *a = zps_arena_new(1u << 20);
     uint64_t n = 0, bad = 0;
     zps_status st = c ? ZPS_OK : ZPS_ERR_INTERNAL;
     for (int s = 0; s < d->n_shards && st == ZPS_OK; s++) {
+        if (only >= 0 && s != only)
+            continue;
+        if (s_damaged(d->shards[s], &bad))
+            continue;
         ds_reader *r;
         st = ds_reader_new(d->shards[s], &r);
         if (st != ZPS_OK)
@@ -150,7 +179,7 @@ zps_status ds_verify(const char *path, const char *split, uint64_t *checked, uin
             st = rs;
         ds_reader_destroy(&r);
     }
-    if (st == ZPS_OK)
+    if (st == ZPS_OK && only < 0)
         zps_log(bad ? ZPS_WARN : ZPS_INFO, "ds", "verify %s: %llu records in %d shards, %llu "
                 "corrupt", d->dir, (unsigned long long)n, d->n_shards, (unsigned long long)bad);
     if (checked)
@@ -163,6 +192,19 @@ zps_status ds_verify(const char *path, const char *split, uint64_t *checked, uin
     if (st == ZPS_OK && bad)
         st = ZPS_ERR_CORRUPT;
     return st;
+}
+
+zps_status ds_verify(const char *path, const char *split, uint64_t *checked, uint64_t *corrupt)
+{
+    return s_verify(path, split, -1, checked, corrupt);
+}
+
+zps_status ds_verify_shard(const char *path, const char *split, int shard, uint64_t *checked,
+                           uint64_t *corrupt)
+{
+    if (shard < 0)
+        return ZPS_ERR_INVALID;
+    return s_verify(path, split, shard, checked, corrupt);
 }
 
 static void s_rect(uint8_t *rgb, int h, int w, int x0, int y0, int x1, int y1)

@@ -38,6 +38,11 @@ void ds_stats_free(ds_stats *s);
  * ZPS_ERR_CORRUPT when any record is corrupt (each one logged with shard and key), or the
  * error that kept the dataset from opening. */
 zps_status ds_verify(const char *path, const char *split, uint64_t *checked, uint64_t *corrupt);
+/* The same for shard index `shard` only (0 <= shard < n_shards, else ZPS_ERR_INVALID).
+ * zps-data runs each shard in a child process: LMDB trusts its B-tree, so a damaged page
+ * header can crash the reader, and the parent then names the shard instead of dying. */
+zps_status ds_verify_shard(const char *path, const char *split, int shard, uint64_t *checked,
+                           uint64_t *corrupt);
 
 /* Writes global record `index` as an RGB PNG at png_path with its boxes drawn (red, 1 px). */
 zps_status ds_dump_png(const char *path, const char *split, uint64_t index, const char *png_path);

@@ -2,7 +2,7 @@
  * the full Fashion-MNIST conversion (60,000 + 10,000 records, 6,000 and 1,000 per class,
  * pixels equal to the IDX files), verify naming corrupt records and truncated shards,
  * folder conversion with classes.txt and exact PNG bytes, and detection canvases that are
- * deterministic from the seed. */
+ * deterministic from the seed; `read` fails on a corrupt record or skips and counts it. */
 #include <criterion/criterion.h>
 #include <fcntl.h>
 #include <lmdb.h>
@@ -169,6 +169,14 @@ Test(it_ds, verify_names_corrupt_records_and_truncated_shards)
     cr_assert_eq(s_run(&log, (const char *const[]){"inspect", out, "--split", "test", NULL}), 1, "%s", log);
     cr_assert(strstr(log, "1998 in 4 shards (2 corrupt)"), "%s", log);
     free(log);
+    /* the pipeline: fails naming the record, or skips and counts with --skip-corrupt */
+    cr_assert_eq(s_run(&log, (const char *const[]){"read", out, "--split", "test", NULL}), 1, "%s", log);
+    cr_assert(strstr(log, "shard test-00001-of-00004 key 0000000007"), "%s", log);
+    free(log);
+    cr_assert_eq(s_run(&log, (const char *const[]){"read", out, "--split", "test", "--skip-corrupt",
+                                                   "--threads", "2", "--size", "32x32x3", NULL}), 0, "%s", log);
+    cr_assert(strstr(log, "1998 images in 63 batches, 2 corrupt skipped"), "%s", log);
+    free(log);
     /* truncated shard */
     char data[256];
     snprintf(data, sizeof data, "%s/train/train-00003-of-00004/data.mdb", out);
@@ -176,7 +184,16 @@ Test(it_ds, verify_names_corrupt_records_and_truncated_shards)
     cr_assert_eq(stat(data, &sb), 0);
     cr_assert_eq(truncate(data, sb.st_size - 4096), 0);
     cr_assert_eq(s_run(&log, (const char *const[]){"verify", out, "--split", "train", NULL}), 1, "%s", log);
+    cr_assert(strstr(log, "shard train-00003-of-00004 keys 0000000000..0000000499 (500 records) "
+                          "unreadable: truncated"), "%s", log);
+    cr_assert(strstr(log, "1500 records, 500 corrupt"), "%s", log);
+    free(log);
+    cr_assert_eq(s_run(&log, (const char *const[]){"read", out, "--split", "train", NULL}), 1, "%s", log);
     cr_assert(strstr(log, "train-00003-of-00004 is truncated"), "%s", log);
+    free(log);
+    cr_assert_eq(s_run(&log, (const char *const[]){"read", out, "--split", "train", "--skip-corrupt",
+                                                   "--batch", "100", NULL}), 0, "%s", log);
+    cr_assert(strstr(log, "1500 images in 20 batches, 500 corrupt skipped"), "%s", log);
     free(log);
 }
 
@@ -249,11 +266,65 @@ Test(it_ds, detection_is_deterministic_from_the_seed)
                                                        "--shards", "2", NULL}), 0, "%s", log);
         free(log);
     }
+    char png[160];
+    snprintf(png, sizeof png, "%s/rec5.png", s_dir);
     cr_assert_eq(s_run(&log, (const char *const[]){"inspect", a, "--split", "train", "--dump", "5",
-                                                   "--dump-out", "/dev/null", NULL}), 0, "%s", log);
+                                                   "--dump-out", png, NULL}), 0, "%s", log);
     cr_assert(strstr(log, "60 in 2 shards (0 corrupt)") && strstr(log, "per record"), "%s", log);
     free(log);
+    /* the dump is an RGB PNG of the canvas with red box outlines */
+    FILE *f = fopen(png, "rb");
+    cr_assert_not_null(f);
+    static uint8_t bytes[1 << 16];
+    size_t n = fread(bytes, 1, sizeof bytes, f);
+    fclose(f);
+    ds_codec *c = ds_codec_new();
+    ds_pixels px;
+    ds_encoding enc;
+    cr_assert_eq(ds_image_decode_any(c, bytes, n, &px, &enc), ZPS_OK);
+    cr_assert(enc == DS_ENC_PNG && px.h == 96 && px.w == 96 && px.c == 3);
+    int red = 0;
+    for (int i = 0; i < 96 * 96; i++)
+        red += px.px[3 * i] == 255 && px.px[3 * i + 1] == 0 && px.px[3 * i + 2] == 0;
+    cr_assert(red >= 40, "only %d red pixels: boxes not drawn", red);
+    ds_codec_destroy(&c);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "cmp -s '%s/train/train-00001-of-00002/data.mdb' '%s/train/train-00001-of-00002/data.mdb'", a, b);
     cr_assert_eq(system(cmd), 0, "same seed, different canvases");
+}
+
+/* The resize convention is PyTorch's bilinear interpolate with align_corners=False
+ * (tests/ref/ds_resize.py), for up- and down-scaling, gray and RGB. */
+Test(it_ds, resize_matches_pytorch_bilinear)
+{
+    uint64_t seed = s_seed(), rs = seed;
+    const char *root = getenv("ZPS_ROOT");
+    const int cases[4][5] = {{23, 31, 3, 75, 50}, {28, 28, 1, 75, 75}, {120, 90, 3, 33, 47}, {9, 200, 1, 40, 17}};
+    char cmd[4096];
+    int len = snprintf(cmd, sizeof cmd, "/usr/bin/python3 '%s/tests/ref/ds_resize.py'", root ? root : ".");
+    for (int t = 0; t < 4; t++) {
+        int h = cases[t][0], w = cases[t][1], c = cases[t][2], oh = cases[t][3], ow = cases[t][4];
+        uint8_t *px = malloc((size_t)h * w * c);
+        for (int i = 0; i < h * w * c; i++)
+            px[i] = (uint8_t)(ds_rand(&rs) >> 56) | 1;
+        float *o = malloc(sizeof(float) * c * oh * ow);
+        ds_pixels p = {.px = px, .h = h, .w = w, .c = c};
+        ds_crop cr = {.x0 = 0, .y0 = 0, .w = (float)w, .h = (float)h, .flip = false};
+        const float mean[3] = {0, 0, 0}, std[3] = {1, 1, 1};
+        ds_image_sample(&p, &cr, oh, ow, c, mean, std, o);
+        char in[128], out[128];
+        snprintf(in, sizeof in, "%s/in%d.bin", s_dir, t);
+        snprintf(out, sizeof out, "%s/out%d.bin", s_dir, t);
+        FILE *f = fopen(in, "wb");
+        cr_assert_eq(fwrite(px, 1, (size_t)h * w * c, f), (size_t)h * w * c);
+        fclose(f);
+        f = fopen(out, "wb");
+        cr_assert_eq(fwrite(o, sizeof(float), (size_t)c * oh * ow, f), (size_t)c * oh * ow);
+        fclose(f);
+        len += snprintf(cmd + len, sizeof cmd - (size_t)len, " '%s' '%s' %d %d %d %d %d", in, out, h, w, c,
+                        oh, ow);
+        free(px);
+        free(o);
+    }
+    cr_assert_eq(system(cmd), 0, "zps resize differs from PyTorch, seed %llu", (unsigned long long)seed);
 }

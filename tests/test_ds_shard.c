@@ -252,6 +252,24 @@ Test(ds_shard, missing_truncated_and_foreign_shards_are_named)
     cr_assert_eq(st, ZPS_ERR_CORRUPT);
     cr_assert(strstr(log, "ds-00002-of-00004") && strstr(log, "truncated"), "%s", log);
     free(log);
+    /* allowed damaged: opens with its record count from the meta page; every read fails */
+    cr_assert_eq(ds_dataset_open_flags(s_dir, NULL, DS_OPEN_ALLOW_DAMAGED, &d), ZPS_OK);
+    cr_assert_eq(d->total, 2000);
+    cr_assert_eq(ds_shard_count(d->shards[2]), 500);
+    cr_assert_not_null(ds_shard_damage(d->shards[2]));
+    cr_assert_null(ds_shard_damage(d->shards[1]));
+    ds_reader *r;
+    cr_assert_eq(ds_reader_new(d->shards[2], &r), ZPS_OK);
+    const uint8_t *v;
+    size_t len;
+    s_capture_begin();
+    st = ds_reader_get(r, 17, &v, &len);
+    log = s_capture_end();
+    cr_assert_eq(st, ZPS_ERR_CORRUPT);
+    cr_assert(strstr(log, "shard ds-00002-of-00004 key 0000000017: shard is truncated"), "%s", log);
+    free(log);
+    ds_reader_destroy(&r);
+    ds_dataset_close(&d);
     /* not an LMDB file */
     FILE *f = fopen(path, "w");
     for (int i = 0; i < 10000; i++)
@@ -312,4 +330,34 @@ Test(ds_shard, fashion_mnist_subset_pixels_equal_idx)
     ds_dataset_close(&d);
     free(im);
     free(lb);
+}
+
+Test(ds_shard, unfinished_writes_never_look_like_a_dataset)
+{
+    uint64_t seed = s_seed();
+    ds_writer *w;
+    cr_assert_eq(ds_writer_new(s_dir, "half", 2, false, &w), ZPS_OK);
+    uint8_t px[16];
+    for (int i = 0; i < 16; i++)
+        px[i] = (uint8_t)(ds_mix64(seed + (uint64_t)i) | 1);
+    ds_record r = {.image = px, .image_len = 16, .encoding = DS_ENC_RAW, .height = 4, .width = 4,
+                   .channels = 1, .label = 3};
+    for (int i = 0; i < 100; i++)
+        cr_assert_eq(ds_writer_put(w, &r), ZPS_OK);
+    /* while writing, readers see nothing */
+    ds_dataset *d;
+    cr_assert_eq(ds_dataset_open(s_dir, NULL, &d), ZPS_ERR_NOT_FOUND);
+    ds_writer_destroy(&w); /* abandoned: the hidden directories go too */
+    cr_assert_null(w);
+    char cmd[160];
+    snprintf(cmd, sizeof cmd, "test -z \"$(ls -A '%s')\"", s_dir);
+    cr_assert_eq(system(cmd), 0, "leftovers in %s", s_dir);
+    cr_assert_eq(ds_writer_new(s_dir, "half", 2, false, &w), ZPS_OK);
+    cr_assert_eq(ds_writer_put(w, &r), ZPS_OK);
+    cr_assert_eq(ds_writer_close(&w), ZPS_OK);
+    cr_assert_eq(ds_dataset_open(s_dir, NULL, &d), ZPS_OK);
+    cr_assert_eq(d->total, 1);
+    ds_dataset_close(&d);
+    snprintf(cmd, sizeof cmd, "test -z \"$(ls -A '%s' | grep tmp)\"", s_dir);
+    cr_assert_eq(system(cmd), 0, "tmp directories left after close");
 }
