@@ -481,7 +481,13 @@ static zps_status s_next_batch(s_job *j, const float **x, const int32_t **y, int
     return ZPS_OK;
 }
 
-static int s_is_evaluator(const s_job *j) { return j->id == 0 || j->cfg->eval_all; }
+/* Trainer 0 evaluates; in sync mode with --stop-accuracy every trainer does, because they
+ * all hold the same values each step and so reach the same decision at the same step. */
+static int s_is_evaluator(const s_job *j)
+{
+    return j->id == 0 || j->cfg->eval_all ||
+           (j->cfg->mode == TR_MODE_SYNC && j->cfg->stop_accuracy > 0);
+}
 
 zps_status tr_run(const tr_config *cfg)
 {
@@ -559,12 +565,24 @@ zps_status tr_run(const tr_config *cfg)
     uint64_t t_start = zps_now_ns();
     double last_acc = -1;
     int64_t step = 0;
-    for (; step < total && !s_stop; step++) {
-        if (cfg->time_limit_s > 0 && (double)(zps_now_ns() - t_start) * 1e-9 > cfg->time_limit_s) {
+    int reached = 0; /* test accuracy reached --stop-accuracy */
+    for (; step < total; step++) {
+        int stop = s_stop || reached;
+        if (!stop && cfg->time_limit_s > 0 &&
+            (double)(zps_now_ns() - t_start) * 1e-9 > cfg->time_limit_s) {
             zps_log(ZPS_INFO, "trainer", "time limit of %.0f s reached at step %lld",
                     cfg->time_limit_s, (long long)step);
-            break;
+            stop = 1;
         }
+        if (j->ar) {
+            /* Stopping is collective: rank 0 decides for everyone, or the others would wait
+             * for it in the next all-reduce. */
+            int32_t flag = stop;
+            S_STEP(tr_allreduce_broadcast(j->ar, &flag, sizeof flag, 0));
+            stop = flag;
+        }
+        if (stop)
+            break;
         j->net_wait = 0;
         tr_step_record rec = tr_step_record_empty(step + 1);
         if (j->ps_mode)
@@ -671,11 +689,10 @@ zps_status tr_run(const tr_config *cfg)
             last_acc = acc;
         }
         S_STEP(tr_metrics_step(j->metrics, &rec));
-        if (cfg->stop_accuracy > 0 && last_acc >= cfg->stop_accuracy) {
+        if (cfg->stop_accuracy > 0 && last_acc >= cfg->stop_accuracy && !reached) {
             zps_log(ZPS_INFO, "trainer", "test accuracy %.4f reached the target %.4f at step %lld",
                     last_acc, cfg->stop_accuracy, (long long)step + 1);
-            step++;
-            break;
+            reached = 1;
         }
     }
     if (s_stop)
