@@ -15,6 +15,31 @@ typedef int (*k_cuda_probe_fn)(int *count, char *name, size_t name_len, char *ms
                                size_t msg_len);
 int k_cuda_probe(int *count, char *name, size_t name_len, char *msg, size_t msg_len);
 
+/* ---- NCCL all-reduce (nccl_allreduce.cu); used by trainer/allreduce.c (tr_nccl_*) ----
+ * Every function returns 0 on success, else non-zero with the NCCL/CUDA error text in msg. */
+#define K_NCCL_ID_BYTES 128 /* sizeof(ncclUniqueId) */
+/* Rank 0 makes the id that every rank passes to k_nccl_init. */
+typedef int (*k_nccl_unique_id_fn)(void *id, char *msg, size_t msg_len);
+int k_nccl_unique_id(void *id, char *msg, size_t msg_len);
+/* *comm: an opaque communicator of rank `rank` of n_ranks on CUDA device `device`. */
+typedef int (*k_nccl_init_fn)(void **comm, int n_ranks, int rank, const void *id, int device,
+                              char *msg, size_t msg_len);
+int k_nccl_init(void **comm, int n_ranks, int rank, const void *id, int device, char *msg,
+                size_t msg_len);
+/* In place on n floats of device memory: sum, or mean when average; synchronised. */
+typedef int (*k_nccl_allreduce_fn)(void *comm, float *dev_buf, size_t n, int average,
+                                   char *msg, size_t msg_len);
+int k_nccl_allreduce(void *comm, float *dev_buf, size_t n, int average, char *msg,
+                     size_t msg_len);
+/* The same on host memory (copied to the device and back). */
+typedef int (*k_nccl_host_allreduce_fn)(void *comm, float *buf, size_t n, int average,
+                                        char *msg, size_t msg_len);
+int k_nccl_host_allreduce(void *comm, float *buf, size_t n, int average, char *msg,
+                          size_t msg_len);
+/* Frees the communicator and its stream. */
+typedef int (*k_nccl_destroy_fn)(void *comm);
+int k_nccl_destroy(void *comm);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,739 @@
+/* allreduce.c — shared-memory reduce-scatter + all-gather between the processes of one node
+ * (see allreduce.h for the algorithm and its invariants), and the NCCL wrapper for GPUs.
+ *
+ * Segment layout (one shm object per job, mapped by every rank):
+ *     s_header (geometry, attach counter, per-rank control block with progress counters)
+ *     input ring:  n_ranks x ring slots of slice_floats  (slot (r, k): written only by rank r)
+ *     output ring: ring slots of slice_floats            (part p of a slot: written by rank p)
+ * Slices are numbered by a 32-bit sequence shared by all ranks (every call is collective, so
+ * every rank counts the same); slice g uses slot g % ring. Counters compare with wrap-around
+ * arithmetic, so the sequence may overflow.
+ *
+ * Per slice g, rank r does three phases, pipelined over consecutive slices:
+ *   copy:   wait until every rank has gathered slice g - ring (slots free); copy its part of
+ *           buf into input slot (r, g % ring); copied[r] = g + 1
+ *   reduce: wait until copied[*] >= g + 1; output[part r] = in[0] + in[1] + ... (rank order);
+ *           also into buf; reduced[r] = g + 1
+ *   gather: wait until reduced[*] >= g + 1; copy the other parts of the output slot into buf;
+ *           gathered[r] = g + 1
+ * Output slot k is reused for slice g only after every rank gathered slice g - ring: a
+ * reducer of slice g waited for every copy of slice g, and each copy waited for that.
+ */
+#include "trainer/allreduce.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/check.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/mem.h"
+#include "kernels/cuda/cuda_api.h"
+#include "kernels/device.h"
+
+#define S_MAGIC 0x7a70732d61723031ull // "zps-ar01"
+#define S_MAX_RANKS 64
+#define S_DEFAULT_SLICE 32768
+#define S_DEFAULT_RING 4
+#define S_DEFAULT_TIMEOUT_MS 300000
+#define S_ALIGN_FLOATS 16         // parts start on 64-byte lines (no false sharing)
+#define S_FUTEX_SLICE_NS 20000000 // futex naps between liveness checks: 20 ms
+#define S_SPIN_NS 30000           // busy-wait before sleeping in the kernel
+
+enum { S_COPIED = 0, S_REDUCED = 1, S_GATHERED = 2, S_NCOUNTERS = 3 };
+
+/* One futex word alone on its cache line. */
+typedef struct s_word {
+    _Atomic uint32_t v;
+    char pad[60];
+} s_word;
+
+typedef struct s_rank_ctl {
+    s_word ctr[S_NCOUNTERS];  // progress counters (slices done), written only by this rank
+    pthread_mutex_t alive;    // robust, process-shared; held by the rank while attached
+    _Atomic int32_t pid;      // 0: slot never used
+    _Atomic int32_t gone;     // set by whoever found the holder dead or detached
+} __attribute__((aligned(64))) s_rank_ctl;
+
+typedef struct s_header {
+    uint64_t magic;         // S_MAGIC once initialised
+    uint32_t n_ranks;       // geometry: all must agree
+    uint32_t ring;          // slots in each ring
+    uint64_t slice_floats;  // floats per slot
+    uint64_t bytes;         // whole segment
+    s_word attached;        // ranks that registered (futex word)
+    s_word sleepers;        // waiters inside FUTEX_WAIT; wakers skip the syscall when 0
+    s_rank_ctl ranks[S_MAX_RANKS];
+} s_header;
+
+struct tr_allreduce {
+    char name[96];       // "/zps-ar-<job>"
+    int rank;            // this process
+    int n_ranks;         // ranks in the job
+    int ring;            // slots per ring
+    size_t slice;        // floats per slot
+    size_t max_floats;   // bound on n
+    int timeout_ms;      // per wait
+    int broken;          // a peer failed: every later call fails
+    uint32_t seq;        // next slice number (identical on every rank)
+    s_header *hdr;       // the mapping
+    size_t bytes;        // its length
+    float *in;           // input ring: (n_ranks, ring, slice)
+    float *outr;         // output ring: (ring, slice)
+};
+
+/* ---------------------------------------------------------------- futex and liveness */
+
+static long s_futex(_Atomic uint32_t *addr, int op, uint32_t val, const struct timespec *ts)
+{
+    return syscall(SYS_futex, (uint32_t *)addr, op, val, ts, NULL, 0);
+}
+
+/* Publishes a counter and wakes whoever sleeps on it. The seq_cst store followed by the
+ * seq_cst load of sleepers pairs with the waiter's increment-then-recheck: either the waker
+ * sees the sleeper or the sleeper sees the new value. */
+static void s_publish(s_header *h, _Atomic uint32_t *word, uint32_t value)
+{
+    atomic_store(word, value);
+    if (atomic_load(&h->sleepers.v) != 0)
+        s_futex(word, FUTEX_WAKE, INT_MAX, NULL);
+}
+
+static int s_after_or_eq(uint32_t a, uint32_t b) { return (int32_t)(a - b) >= 0; }
+
+/* 1 when rank i holds its alive mutex, 0 when it died or detached (then marked gone). */
+static int s_peer_alive(s_header *h, int i)
+{
+    s_rank_ctl *c = &h->ranks[i];
+    if (atomic_load(&c->gone))
+        return 0;
+    int rc = pthread_mutex_trylock(&c->alive);
+    if (rc == EBUSY)
+        return 1;
+    if (rc == EOWNERDEAD) {
+        pthread_mutex_consistent(&c->alive);
+        pthread_mutex_unlock(&c->alive);
+    } else if (rc == 0) {
+        pthread_mutex_unlock(&c->alive); // not held: the rank detached
+    }
+    atomic_store(&c->gone, 1);
+    return 0;
+}
+
+/* Waits until *word >= target (wrap-around order); the word belongs to rank `peer`. */
+static zps_status s_wait_word(tr_allreduce *ar, _Atomic uint32_t *word, uint32_t target,
+                              int peer, const char *what)
+{
+    uint32_t v = atomic_load_explicit(word, memory_order_acquire);
+    if (s_after_or_eq(v, target))
+        return ZPS_OK;
+    uint64_t t0 = zps_now_ns(), spin_end = t0 + S_SPIN_NS;
+    for (unsigned k = 1;; k++) {
+        __builtin_ia32_pause();
+        v = atomic_load_explicit(word, memory_order_acquire);
+        if (s_after_or_eq(v, target))
+            return ZPS_OK;
+        if ((k & 63) == 0 && zps_now_ns() > spin_end)
+            break;
+    }
+    s_header *h = ar->hdr;
+    uint64_t deadline = t0 + (uint64_t)ar->timeout_ms * 1000000ull;
+    for (;;) {
+        atomic_fetch_add(&h->sleepers.v, 1);
+        v = atomic_load(word);
+        if (!s_after_or_eq(v, target)) {
+            struct timespec ts = {0, S_FUTEX_SLICE_NS};
+            s_futex(word, FUTEX_WAIT, v, &ts); // EAGAIN/ETIMEDOUT/EINTR: all recheck
+            v = atomic_load(word);
+        }
+        atomic_fetch_sub(&h->sleepers.v, 1);
+        if (s_after_or_eq(v, target))
+            return ZPS_OK;
+        uint64_t now = zps_now_ns();
+        if (peer != ar->rank && !s_peer_alive(h, peer)) {
+            if (s_after_or_eq(atomic_load(word), target))
+                return ZPS_OK;
+            zps_log(ZPS_ERROR, "allreduce",
+                    "rank %d: peer rank %d (pid %d) died or left while we waited for its %s "
+                    "(slice %u)",
+                    ar->rank, peer, (int)atomic_load(&h->ranks[peer].pid), what, target - 1);
+            ar->broken = 1;
+            return ZPS_ERR_TIMEOUT;
+        }
+        if (now > deadline) {
+            zps_log(ZPS_ERROR, "allreduce",
+                    "rank %d: peer rank %d (pid %d) alive but silent for %d ms (waiting for "
+                    "its %s of slice %u)",
+                    ar->rank, peer, (int)atomic_load(&h->ranks[peer].pid), ar->timeout_ms, what,
+                    target - 1);
+            ar->broken = 1;
+            return ZPS_ERR_TIMEOUT;
+        }
+    }
+}
+
+static const char *s_counter_name[S_NCOUNTERS] = {"copy", "reduction", "gather"};
+
+/* Waits until counter `which` of every rank is >= target. */
+static zps_status s_wait_all(tr_allreduce *ar, int which, uint32_t target)
+{
+    for (int i = 0; i < ar->n_ranks; i++)
+        ZPS_TRY(s_wait_word(ar, &ar->hdr->ranks[i].ctr[which].v, target, i,
+                            s_counter_name[which]));
+    return ZPS_OK;
+}
+
+/* ---------------------------------------------------------------- the data path */
+
+static float *s_in_slot(tr_allreduce *ar, int r, uint32_t g)
+{
+    return ar->in + ((size_t)r * (size_t)ar->ring + g % (uint32_t)ar->ring) * ar->slice;
+}
+
+static float *s_out_slot(tr_allreduce *ar, uint32_t g)
+{
+    return ar->outr + (size_t)(g % (uint32_t)ar->ring) * ar->slice;
+}
+
+/* Part p of a slice of len floats: [*lo, *hi), 64-byte aligned starts, possibly empty. */
+static void s_part(size_t len, int n_ranks, int p, size_t *lo, size_t *hi)
+{
+    size_t q = (len + (size_t)n_ranks - 1) / (size_t)n_ranks;
+    q = (q + S_ALIGN_FLOATS - 1) / S_ALIGN_FLOATS * S_ALIGN_FLOATS;
+    size_t a = (size_t)p * q, b = a + q;
+    *lo = a < len ? a : len;
+    *hi = b < len ? b : len;
+}
+
+/* 16 floats, one cache line; parts and slots are 64-byte aligned, so whole-line loads are
+ * aligned. GCC lowers the vector type to whatever the target has (SSE without -march). */
+typedef float s_v16 __attribute__((vector_size(64), aligned(64)));
+
+/* dst = src[0] + src[1] + ... + src[n-1] in that order (then / n when average). All pointers
+ * 64-byte aligned. The per-element order is the same as the scalar loop's, so vector and
+ * tail elements round identically. */
+static void s_reduce(float *restrict dst, float *const *src, int n, size_t len, int average)
+{
+    size_t nv = len / 16, j;
+    s_v16 *d = (s_v16 *)dst;
+    const s_v16 *a = (const s_v16 *)src[0];
+    if (n == 1) {
+        memcpy(dst, src[0], len * sizeof *dst);
+    } else {
+        const s_v16 *b = (const s_v16 *)src[1];
+        for (j = 0; j < nv; j++)
+            d[j] = a[j] + b[j];
+        for (j = nv * 16; j < len; j++)
+            dst[j] = src[0][j] + src[1][j];
+        for (int i = 2; i < n; i++) {
+            const s_v16 *c = (const s_v16 *)src[i];
+            for (j = 0; j < nv; j++)
+                d[j] += c[j];
+            for (j = nv * 16; j < len; j++)
+                dst[j] += src[i][j];
+        }
+    }
+    if (average) {
+        float fn = (float)n;
+        s_v16 dv = {fn, fn, fn, fn, fn, fn, fn, fn, fn, fn, fn, fn, fn, fn, fn, fn};
+        for (j = 0; j < nv; j++)
+            d[j] /= dv;
+        for (j = nv * 16; j < len; j++)
+            dst[j] /= fn;
+    }
+}
+
+static size_t s_slice_len(tr_allreduce *ar, size_t n, uint32_t t)
+{
+    size_t off = (size_t)t * ar->slice;
+    return n - off < ar->slice ? n - off : ar->slice;
+}
+
+static zps_status s_copy_in(tr_allreduce *ar, const float *buf, size_t n, uint32_t base,
+                            uint32_t t)
+{
+    uint32_t g = base + t;
+    ZPS_TRY(s_wait_all(ar, S_GATHERED, g + 1u - (uint32_t)ar->ring));
+    size_t len = s_slice_len(ar, n, t);
+    if (len)
+        memcpy(s_in_slot(ar, ar->rank, g), buf + (size_t)t * ar->slice, len * sizeof(float));
+    s_publish(ar->hdr, &ar->hdr->ranks[ar->rank].ctr[S_COPIED].v, g + 1);
+    return ZPS_OK;
+}
+
+static zps_status s_reduce_part(tr_allreduce *ar, float *buf, size_t n, uint32_t base,
+                                uint32_t t, int average)
+{
+    uint32_t g = base + t;
+    ZPS_TRY(s_wait_all(ar, S_COPIED, g + 1));
+    size_t len = s_slice_len(ar, n, t), lo, hi;
+    s_part(len, ar->n_ranks, ar->rank, &lo, &hi);
+    if (hi > lo) {
+        float *src[S_MAX_RANKS];
+        for (int i = 0; i < ar->n_ranks; i++)
+            src[i] = s_in_slot(ar, i, g) + lo;
+        float *out = s_out_slot(ar, g) + lo;
+        s_reduce(out, src, ar->n_ranks, hi - lo, average);
+        memcpy(buf + (size_t)t * ar->slice + lo, out, (hi - lo) * sizeof(float));
+    }
+    s_publish(ar->hdr, &ar->hdr->ranks[ar->rank].ctr[S_REDUCED].v, g + 1);
+    return ZPS_OK;
+}
+
+static zps_status s_gather(tr_allreduce *ar, float *buf, size_t n, uint32_t base, uint32_t t)
+{
+    uint32_t g = base + t;
+    ZPS_TRY(s_wait_all(ar, S_REDUCED, g + 1));
+    size_t len = s_slice_len(ar, n, t), lo, hi;
+    float *out = s_out_slot(ar, g), *dst = buf + (size_t)t * ar->slice;
+    for (int p = 0; p < ar->n_ranks; p++) {
+        if (p == ar->rank)
+            continue;
+        s_part(len, ar->n_ranks, p, &lo, &hi);
+        if (hi > lo)
+            memcpy(dst + lo, out + lo, (hi - lo) * sizeof(float));
+    }
+    s_publish(ar->hdr, &ar->hdr->ranks[ar->rank].ctr[S_GATHERED].v, g + 1);
+    return ZPS_OK;
+}
+
+/* Runs ns slices (ns >= 1) through the three pipelined phases. */
+static zps_status s_run(tr_allreduce *ar, float *buf, size_t n, uint32_t ns, int average)
+{
+    uint32_t base = ar->seq;
+    for (uint32_t t = 0; t < ns + 2; t++) {
+        if (t < ns)
+            ZPS_TRY(s_copy_in(ar, buf, n, base, t));
+        if (t >= 1 && t - 1 < ns)
+            ZPS_TRY(s_reduce_part(ar, buf, n, base, t - 1, average));
+        if (t >= 2)
+            ZPS_TRY(s_gather(ar, buf, n, base, t - 2));
+    }
+    ar->seq = base + ns;
+    return ZPS_OK;
+}
+
+static zps_status s_usable(tr_allreduce *ar)
+{
+    if (ar->broken) {
+        zps_log(ZPS_ERROR, "allreduce", "rank %d: an earlier call failed; the job is broken",
+                ar->rank);
+        return ZPS_ERR_TIMEOUT;
+    }
+    return ZPS_OK;
+}
+
+zps_status tr_allreduce_sum(tr_allreduce *ar, float *buf, size_t n, int average)
+{
+    ZPS_TRY(s_usable(ar));
+    if (n > ar->max_floats || (n && !buf)) {
+        zps_log(ZPS_ERROR, "allreduce", "sum of %zu floats, max_floats is %zu", n,
+                ar->max_floats);
+        return ZPS_ERR_INVALID;
+    }
+    if (n == 0)
+        return ZPS_OK;
+    return s_run(ar, buf, n, (uint32_t)((n + ar->slice - 1) / ar->slice), average);
+}
+
+zps_status tr_allreduce_barrier(tr_allreduce *ar)
+{
+    ZPS_TRY(s_usable(ar));
+    return s_run(ar, NULL, 0, 1, 0); // one empty slice: every phase waits for every rank
+}
+
+zps_status tr_allreduce_broadcast(tr_allreduce *ar, void *buf, size_t bytes, int root)
+{
+    ZPS_TRY(s_usable(ar));
+    if (root < 0 || root >= ar->n_ranks || bytes > ar->max_floats * sizeof(float) ||
+        (bytes && !buf)) {
+        zps_log(ZPS_ERROR, "allreduce", "broadcast of %zu bytes from rank %d: invalid", bytes,
+                root);
+        return ZPS_ERR_INVALID;
+    }
+    size_t sb = ar->slice * sizeof(float);
+    uint32_t ns = (uint32_t)((bytes + sb - 1) / sb);
+    s_header *h = ar->hdr;
+    s_rank_ctl *me = &h->ranks[ar->rank];
+    for (uint32_t t = 0; t < ns; t++) {
+        uint32_t g = ar->seq + t;
+        size_t off = (size_t)t * sb, len = bytes - off < sb ? bytes - off : sb;
+        char *slot = (char *)s_in_slot(ar, root, g);
+        if (ar->rank == root) {
+            ZPS_TRY(s_wait_all(ar, S_GATHERED, g + 1u - (uint32_t)ar->ring));
+            memcpy(slot, (char *)buf + off, len);
+        } else {
+            ZPS_TRY(s_wait_word(ar, &h->ranks[root].ctr[S_COPIED].v, g + 1, root, "copy"));
+            memcpy((char *)buf + off, slot, len);
+        }
+        s_publish(h, &me->ctr[S_COPIED].v, g + 1);
+        s_publish(h, &me->ctr[S_REDUCED].v, g + 1);
+        s_publish(h, &me->ctr[S_GATHERED].v, g + 1);
+    }
+    ar->seq += ns;
+    return ZPS_OK;
+}
+
+/* ---------------------------------------------------------------- attach and detach */
+
+static int s_valid_job(const char *s)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n > 64)
+        return 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '_' || c == '.' || c == '-'))
+            return 0;
+    }
+    return 1;
+}
+
+static zps_status s_init_mutex(pthread_mutex_t *m)
+{
+    pthread_mutexattr_t a;
+    int rc = pthread_mutexattr_init(&a);
+    if (!rc)
+        rc = pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+    if (!rc)
+        rc = pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+    if (!rc)
+        rc = pthread_mutex_init(m, &a);
+    pthread_mutexattr_destroy(&a);
+    if (rc) {
+        zps_log(ZPS_ERROR, "allreduce", "process-shared robust mutex: %s", strerror(rc));
+        return ZPS_ERR_SYS;
+    }
+    return ZPS_OK;
+}
+
+/* A fresh header on a zero-filled segment. */
+static zps_status s_init_header(s_header *h, const tr_allreduce *ar)
+{
+    memset(h, 0, sizeof *h);
+    h->n_ranks = (uint32_t)ar->n_ranks;
+    h->ring = (uint32_t)ar->ring;
+    h->slice_floats = ar->slice;
+    h->bytes = ar->bytes;
+    for (int i = 0; i < S_MAX_RANKS; i++)
+        ZPS_TRY(s_init_mutex(&h->ranks[i].alive));
+    atomic_thread_fence(memory_order_seq_cst);
+    h->magic = S_MAGIC;
+    return ZPS_OK;
+}
+
+/* Under the file lock: maps the segment, (re)initialises it when new or stale, and registers
+ * this rank. On success ar->hdr is mapped. */
+static zps_status s_attach_locked(tr_allreduce *ar, int fd)
+{
+    struct stat st;
+    ZPS_CHECK_FILE(fstat(fd, &st), ar->name);
+    int fresh = st.st_size == 0;
+    if (!fresh && (size_t)st.st_size != ar->bytes) {
+        /* another geometry: only an error when someone is still using it */
+        void *m = mmap(NULL, sizeof(s_header), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (m == MAP_FAILED) {
+            zps_log(ZPS_ERROR, "allreduce", "%s: mmap: %s", ar->name, strerror(errno));
+            return ZPS_ERR_SYS;
+        }
+        s_header *h = m;
+        int live = 0;
+        if ((size_t)st.st_size >= sizeof(s_header) && h->magic == S_MAGIC)
+            for (int i = 0; i < S_MAX_RANKS; i++)
+                if (atomic_load(&h->ranks[i].pid) && s_peer_alive(h, i))
+                    live++;
+        munmap(m, sizeof(s_header));
+        if (live) {
+            zps_log(ZPS_ERROR, "allreduce",
+                    "%s exists with another geometry (%lld bytes, we need %zu) and %d live "
+                    "rank(s): two jobs with one name?",
+                    ar->name, (long long)st.st_size, ar->bytes, live);
+            return ZPS_ERR_CONFIG;
+        }
+        ZPS_CHECK_FILE(ftruncate(fd, 0), ar->name);
+        fresh = 1;
+    }
+    if (fresh)
+        ZPS_CHECK_FILE(ftruncate(fd, (off_t)ar->bytes), ar->name);
+    void *m = mmap(NULL, ar->bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    if (m == MAP_FAILED) {
+        zps_log(ZPS_ERROR, "allreduce", "%s: mmap of %zu bytes: %s", ar->name, ar->bytes,
+                strerror(errno));
+        return ZPS_ERR_SYS;
+    }
+    s_header *h = m;
+    ar->hdr = h;
+    if (!fresh) {
+        int live = 0, used = 0;
+        if (h->magic == S_MAGIC)
+            for (int i = 0; i < S_MAX_RANKS; i++)
+                if (atomic_load(&h->ranks[i].pid)) {
+                    used++;
+                    live += s_peer_alive(h, i);
+                }
+        if (h->magic == S_MAGIC && live &&
+            (h->n_ranks != (uint32_t)ar->n_ranks || h->ring != (uint32_t)ar->ring ||
+             h->slice_floats != ar->slice)) {
+            zps_log(ZPS_ERROR, "allreduce",
+                    "%s is in use with n_ranks %u, slice %llu, ring %u; we want %d, %zu, %d",
+                    ar->name, h->n_ranks, (unsigned long long)h->slice_floats, h->ring,
+                    ar->n_ranks, ar->slice, ar->ring);
+            return ZPS_ERR_CONFIG;
+        }
+        if (h->magic != S_MAGIC || !live) {
+            if (used)
+                zps_log(ZPS_WARN, "allreduce", "%s: stale segment (its %d rank(s) are gone); "
+                        "reinitialising", ar->name, used);
+            fresh = 1;
+        }
+    }
+    if (fresh) {
+        ZPS_TRY(s_init_header(h, ar));
+    }
+    s_rank_ctl *me = &h->ranks[ar->rank];
+    if (atomic_load(&me->pid) && !atomic_load(&me->gone) && s_peer_alive(h, ar->rank)) {
+        zps_log(ZPS_ERROR, "allreduce", "%s: rank %d is already attached by live pid %d",
+                ar->name, ar->rank, (int)atomic_load(&me->pid));
+        return ZPS_ERR_EXISTS;
+    }
+    if (atomic_load(&me->pid)) {
+        /* a dead earlier holder of this rank in a live job: the job cannot recover */
+        zps_log(ZPS_ERROR, "allreduce", "%s: rank %d died earlier in this job", ar->name,
+                ar->rank);
+        return ZPS_ERR_EXISTS;
+    }
+    int rc = pthread_mutex_lock(&me->alive);
+    if (rc == EOWNERDEAD)
+        pthread_mutex_consistent(&me->alive);
+    else if (rc) {
+        zps_log(ZPS_ERROR, "allreduce", "lock of rank %d's alive mutex: %s", ar->rank,
+                strerror(rc));
+        return ZPS_ERR_SYS;
+    }
+    atomic_store(&me->gone, 0);
+    for (int c = 0; c < S_NCOUNTERS; c++)
+        atomic_store(&me->ctr[c].v, 0);
+    atomic_store(&me->pid, (int32_t)getpid());
+    s_publish(h, &h->attached.v, atomic_fetch_add(&h->attached.v, 1) + 1);
+    return ZPS_OK;
+}
+
+/* Waits until every rank registered; a registered peer that dies ends the wait at once. */
+static zps_status s_wait_attached(tr_allreduce *ar)
+{
+    s_header *h = ar->hdr;
+    uint64_t deadline = zps_now_ns() + (uint64_t)ar->timeout_ms * 1000000ull;
+    for (;;) {
+        atomic_fetch_add(&h->sleepers.v, 1);
+        uint32_t v = atomic_load(&h->attached.v);
+        if (v < (uint32_t)ar->n_ranks) {
+            struct timespec ts = {0, S_FUTEX_SLICE_NS};
+            s_futex(&h->attached.v, FUTEX_WAIT, v, &ts);
+            v = atomic_load(&h->attached.v);
+        }
+        atomic_fetch_sub(&h->sleepers.v, 1);
+        if (v >= (uint32_t)ar->n_ranks)
+            return ZPS_OK;
+        for (int i = 0; i < ar->n_ranks; i++)
+            if (i != ar->rank && atomic_load(&h->ranks[i].pid) && !s_peer_alive(h, i)) {
+                zps_log(ZPS_ERROR, "allreduce", "%s: rank %d (pid %d) died before all %d ranks "
+                        "attached", ar->name, i, (int)atomic_load(&h->ranks[i].pid),
+                        ar->n_ranks);
+                return ZPS_ERR_TIMEOUT;
+            }
+        if (zps_now_ns() > deadline) {
+            zps_log(ZPS_ERROR, "allreduce", "%s: only %u of %d ranks attached within %d ms",
+                    ar->name, v, ar->n_ranks, ar->timeout_ms);
+            return ZPS_ERR_TIMEOUT;
+        }
+    }
+}
+
+zps_status tr_allreduce_new(const char *job_name, int rank, int n_ranks, size_t max_floats,
+                            const tr_allreduce_opts *opts, tr_allreduce **out)
+{
+    *out = NULL;
+    if (!job_name || !s_valid_job(job_name) || n_ranks < 1 || n_ranks > S_MAX_RANKS ||
+        rank < 0 || rank >= n_ranks || max_floats == 0 || max_floats > ((size_t)1 << 40)) {
+        zps_log(ZPS_ERROR, "allreduce", "bad arguments: job '%s', rank %d of %d, max %zu",
+                job_name ? job_name : "(null)", rank, n_ranks, max_floats);
+        return ZPS_ERR_INVALID;
+    }
+    tr_allreduce_opts o = {0};
+    if (opts)
+        o = *opts;
+    tr_allreduce *ar = zps_xcalloc(1, sizeof *ar);
+    snprintf(ar->name, sizeof ar->name, "/zps-ar-%s", job_name);
+    ar->rank = rank;
+    ar->n_ranks = n_ranks;
+    ar->max_floats = max_floats;
+    ar->ring = o.ring > 0 ? (o.ring < 3 ? 3 : o.ring) : S_DEFAULT_RING;
+    size_t slice = o.slice_floats ? o.slice_floats : S_DEFAULT_SLICE;
+    size_t need = (max_floats + S_ALIGN_FLOATS - 1) / S_ALIGN_FLOATS * S_ALIGN_FLOATS;
+    if (slice > need)
+        slice = need;
+    slice = (slice + S_ALIGN_FLOATS - 1) / S_ALIGN_FLOATS * S_ALIGN_FLOATS;
+    ar->slice = slice;
+    ar->timeout_ms = o.timeout_ms > 0 ? o.timeout_ms : S_DEFAULT_TIMEOUT_MS;
+    size_t hdr_bytes = (sizeof(s_header) + 4095) / 4096 * 4096;
+    ar->bytes = hdr_bytes + (size_t)(n_ranks + 1) * (size_t)ar->ring * slice * sizeof(float);
+
+    zps_status st = ZPS_OK;
+    int fd = shm_open(ar->name, O_RDWR | O_CREAT, 0600);
+    if (fd < 0) {
+        zps_log(ZPS_ERROR, "allreduce", "shm_open %s: %s", ar->name, strerror(errno));
+        free(ar);
+        return ZPS_ERR_SYS;
+    }
+    if (flock(fd, LOCK_EX) != 0) {
+        zps_log(ZPS_ERROR, "allreduce", "flock %s: %s", ar->name, strerror(errno));
+        st = ZPS_ERR_SYS;
+    } else {
+        st = s_attach_locked(ar, fd);
+        flock(fd, LOCK_UN);
+    }
+    close(fd);
+    if (st == ZPS_OK) {
+        char *base = (char *)ar->hdr;
+        ar->in = (float *)(base + hdr_bytes);
+        ar->outr = ar->in + (size_t)n_ranks * (size_t)ar->ring * slice;
+        st = s_wait_attached(ar);
+    }
+    if (st != ZPS_OK) {
+        tr_allreduce_destroy(&ar);
+        return st;
+    }
+    /* everyone has the segment open: drop the name so a crash cannot leave it behind */
+    if (shm_unlink(ar->name) != 0 && errno != ENOENT)
+        zps_log(ZPS_WARN, "allreduce", "shm_unlink %s: %s", ar->name, strerror(errno));
+    zps_log(ZPS_DEBUG, "allreduce", "rank %d of %d attached to %s (%zu bytes, slice %zu, ring %d)",
+            rank, n_ranks, ar->name, ar->bytes, ar->slice, ar->ring);
+    *out = ar;
+    return ZPS_OK;
+}
+
+void tr_allreduce_set_timeout(tr_allreduce *ar, int timeout_ms)
+{
+    if (timeout_ms > 0)
+        ar->timeout_ms = timeout_ms;
+}
+
+int tr_allreduce_rank(const tr_allreduce *ar) { return ar->rank; }
+int tr_allreduce_size(const tr_allreduce *ar) { return ar->n_ranks; }
+size_t tr_allreduce_segment_bytes(const tr_allreduce *ar) { return ar->bytes; }
+
+void tr_allreduce_destroy(tr_allreduce **par)
+{
+    if (!par || !*par)
+        return;
+    tr_allreduce *ar = *par;
+    if (ar->hdr) {
+        s_rank_ctl *me = &ar->hdr->ranks[ar->rank];
+        if (atomic_load(&me->pid) == (int32_t)getpid()) {
+            pthread_mutex_unlock(&me->alive); // peers now see this rank as gone
+            /* wake anyone sleeping on our counters so they notice at once */
+            for (int c = 0; c < S_NCOUNTERS; c++)
+                s_futex(&me->ctr[c].v, FUTEX_WAKE, INT_MAX, NULL);
+        }
+        munmap(ar->hdr, ar->bytes);
+        if (shm_unlink(ar->name) != 0 && errno != ENOENT)
+            zps_log(ZPS_WARN, "allreduce", "shm_unlink %s: %s", ar->name, strerror(errno));
+    }
+    free(ar);
+    *par = NULL;
+}
+
+/* ---------------------------------------------------------------- NCCL (GPU) */
+
+struct tr_nccl {
+    void *comm;                       // ncclComm_t inside the CUDA library
+    k_nccl_allreduce_fn sum;          // entry points looked up with dlsym
+    k_nccl_host_allreduce_fn sum_host;
+    k_nccl_destroy_fn destroy;
+};
+
+zps_status tr_nccl_new(tr_allreduce *ar, int device, tr_nccl **out)
+{
+    *out = NULL;
+    k_device_info info;
+    void *lib = NULL;
+    k_nccl_unique_id_fn uid = NULL;
+    k_nccl_init_fn init = NULL;
+    tr_nccl nc = {0};
+    if (k_device_select("cuda", &info) == ZPS_OK && device >= 0 &&
+        device < info.cuda_devices && (lib = k_device_cuda_lib()) != NULL) {
+        uid = (k_nccl_unique_id_fn)dlsym(lib, "k_nccl_unique_id");
+        init = (k_nccl_init_fn)dlsym(lib, "k_nccl_init");
+        nc.sum = (k_nccl_allreduce_fn)dlsym(lib, "k_nccl_allreduce");
+        nc.sum_host = (k_nccl_host_allreduce_fn)dlsym(lib, "k_nccl_host_allreduce");
+        nc.destroy = (k_nccl_destroy_fn)dlsym(lib, "k_nccl_destroy");
+    }
+    int ready = uid && init && nc.sum && nc.sum_host && nc.destroy;
+    if (!ready)
+        zps_log(ZPS_WARN, "allreduce", "rank %d: no CUDA device %d with NCCL (%s)", ar->rank,
+                device, info.reason);
+    /* every rank must agree before anyone enters ncclCommInitRank, which would wait
+     * forever for a rank that cannot join */
+    float missing = ready ? 0.0f : 1.0f;
+    ZPS_TRY(tr_allreduce_sum(ar, &missing, 1, 0));
+    if (missing != 0.0f)
+        return ZPS_ERR_NO_DEVICE;
+    char id[K_NCCL_ID_BYTES], msg[256] = "";
+    memset(id, 0, sizeof id);
+    if (ar->rank == 0 && uid(id, msg, sizeof msg) != 0)
+        zps_log(ZPS_ERROR, "allreduce", "ncclGetUniqueId: %s", msg); // peers fail in init
+    ZPS_TRY(tr_allreduce_broadcast(ar, id, sizeof id, 0));
+    if (init(&nc.comm, ar->n_ranks, ar->rank, id, device, msg, sizeof msg) != 0) {
+        zps_log(ZPS_ERROR, "allreduce", "rank %d: NCCL init on device %d: %s", ar->rank, device,
+                msg);
+        return ZPS_ERR_NCCL;
+    }
+    *out = zps_xmalloc(sizeof **out);
+    **out = nc;
+    return ZPS_OK;
+}
+
+zps_status tr_nccl_sum_device(tr_nccl *nc, float *dev_buf, size_t n, int average)
+{
+    char msg[256] = "";
+    if (nc->sum(nc->comm, dev_buf, n, average, msg, sizeof msg) != 0) {
+        zps_log(ZPS_ERROR, "allreduce", "NCCL all-reduce of %zu floats: %s", n, msg);
+        return ZPS_ERR_NCCL;
+    }
+    return ZPS_OK;
+}
+
+zps_status tr_nccl_sum_host(tr_nccl *nc, float *buf, size_t n, int average)
+{
+    char msg[256] = "";
+    if (nc->sum_host(nc->comm, buf, n, average, msg, sizeof msg) != 0) {
+        zps_log(ZPS_ERROR, "allreduce", "NCCL all-reduce of %zu host floats: %s", n, msg);
+        return ZPS_ERR_NCCL;
+    }
+    return ZPS_OK;
+}
+
+void tr_nccl_destroy(tr_nccl **pnc)
+{
+    if (!pnc || !*pnc)
+        return;
+    if ((*pnc)->comm)
+        (*pnc)->destroy((*pnc)->comm);
+    free(*pnc);
+    *pnc = NULL;
+}

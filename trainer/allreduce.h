@@ -1,0 +1,97 @@
+/* allreduce.h — in-node CPU all-reduce over POSIX shared memory (the all-reduce baseline).
+ *
+ * N processes on one machine that call tr_allreduce_new with the same job name and n_ranks
+ * share one segment /dev/shm/zps-ar-<job>. tr_allreduce_sum(ar, buf, n, average) replaces buf
+ * on every rank with the element-wise sum (or mean) of the N ranks' buf.
+ *
+ * Algorithm: reduce-scatter + all-gather through a ring of slices in the segment. The buffer
+ * is cut into slices of `slice_floats`; for each slice every rank copies its part into its
+ * own input slot, rank r sums part r of the slice over the N input slots and writes it to the
+ * shared output slot (and into its own buf), then every rank copies the other parts back from
+ * the output slot. The three phases of consecutive slices are software-pipelined (copy slice
+ * s+2, reduce slice s+1, gather slice s), so one rank's copy overlaps another's reduction and
+ * the slices stay in cache: the user buffers are read once and written once from DRAM.
+ *
+ * Invariants:
+ *  - Summation order is fixed: ((x_0 + x_1) + x_2) + ... + x_{N-1}, whatever the slicing, and
+ *    each element is computed once (by its owner) and copied to the others, so every rank gets
+ *    bit-identical results and repeated runs on the same inputs give the same bits. With
+ *    average, the sum is divided by N (IEEE division, exact scaling when N is a power of 2).
+ *  - The segment (ring of slots, counters) is allocated and pre-faulted once in
+ *    tr_allreduce_new; calls allocate nothing.
+ *  - Synchronisation is by per-rank progress counters in the segment: short spin, then futex
+ *    wait (no sleeps). Every rank holds a robust process-shared mutex for its lifetime, so a
+ *    peer that dies is noticed at once; a peer that is alive but silent past the timeout
+ *    (default 300 s, tr_allreduce_set_timeout) ends the wait too. Either way the call returns
+ *    ZPS_ERR_TIMEOUT, the log names the peer and why, and the object is broken: every later
+ *    call fails at once.
+ *  - The name is unlinked as soon as all ranks have attached (and again, harmlessly, by
+ *    destroy), so a crash never leaves a segment behind; a stale segment left by ranks that
+ *    died before all attached is detected (all holders dead) and reinitialised.
+ *  - Every rank must make the same sequence of calls with the same n (collective calls). One
+ *    object per process per job; not thread-safe.
+ */
+#ifndef ZPS_TRAINER_ALLREDUCE_H
+#define ZPS_TRAINER_ALLREDUCE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+
+typedef struct tr_allreduce tr_allreduce;
+
+typedef struct tr_allreduce_opts {
+    size_t slice_floats; // floats per slice (0: default 32768 = 128 KiB)
+    int ring;            // slices in flight (0: default 4; minimum 3)
+    int timeout_ms;      // attach and per-wait timeout (0: default 300000)
+} tr_allreduce_opts;
+
+/* Attaches rank `rank` of `n_ranks` (1..64) to the job's segment, creating it when first,
+ * and waits until all ranks have attached (bounded by the timeout). job_name:
+ * [A-Za-z0-9_.-]{1,64}. max_floats bounds n in later calls (and shrinks the ring for small
+ * jobs). opts may be NULL. On success *out is the caller's (tr_allreduce_destroy).
+ * Errors: ZPS_ERR_INVALID (arguments), ZPS_ERR_CONFIG (the segment exists with another
+ * geometry and live holders), ZPS_ERR_EXISTS (this rank is already attached by a live
+ * process), ZPS_ERR_TIMEOUT (a peer did not attach in time, or died), ZPS_ERR_SYS / IO. */
+zps_status tr_allreduce_new(const char *job_name, int rank, int n_ranks, size_t max_floats,
+                            const tr_allreduce_opts *opts, tr_allreduce **out);
+
+/* Collective: buf[0..n) becomes the sum over ranks (average != 0: the mean). n <= max_floats,
+ * the same n on every rank. ZPS_ERR_TIMEOUT when a peer died or stayed silent too long. */
+zps_status tr_allreduce_sum(tr_allreduce *ar, float *buf, size_t n, int average);
+
+/* Collective: buf[0..bytes) of rank `root` is copied into buf on every other rank (initial
+ * weights, an NCCL unique id). bytes <= 4 * max_floats. */
+zps_status tr_allreduce_broadcast(tr_allreduce *ar, void *buf, size_t bytes, int root);
+
+/* Collective barrier (an empty broadcast). */
+zps_status tr_allreduce_barrier(tr_allreduce *ar);
+
+/* Wait timeout in milliseconds (> 0) for later calls. */
+void tr_allreduce_set_timeout(tr_allreduce *ar, int timeout_ms);
+
+int tr_allreduce_rank(const tr_allreduce *ar);
+int tr_allreduce_size(const tr_allreduce *ar);
+/* Bytes of the shared segment (for logs). */
+size_t tr_allreduce_segment_bytes(const tr_allreduce *ar);
+
+/* Detaches, unmaps and unlinks the name (ENOENT ignored); *par becomes NULL. Safe on NULL. */
+void tr_allreduce_destroy(tr_allreduce **par);
+
+/* ---- GPU variant: NCCL through the run-time-loaded CUDA library (kernels/cuda) ----
+ * The ranks exchange NCCL's unique id with tr_allreduce_broadcast over the CPU segment, so
+ * a GPU job creates the tr_allreduce first. Each rank uses CUDA device `device`. */
+typedef struct tr_nccl tr_nccl;
+
+/* ZPS_ERR_NO_DEVICE when the CUDA library is missing or no device answers (a clear log line);
+ * ZPS_ERR_NCCL when NCCL fails. */
+zps_status tr_nccl_new(tr_allreduce *ar, int device, tr_nccl **out);
+/* dev_buf: n floats in device memory; sum or mean over ranks, on the default stream,
+ * synchronised before return. */
+zps_status tr_nccl_sum_device(tr_nccl *nc, float *dev_buf, size_t n, int average);
+/* Host buffer: copied to the device, reduced, copied back (tests, small buffers). */
+zps_status tr_nccl_sum_host(tr_nccl *nc, float *buf, size_t n, int average);
+void tr_nccl_destroy(tr_nccl **pnc);
+
+#endif
