@@ -9,7 +9,8 @@
  * every rank counts the same); slice g uses slot g % ring. Counters compare with wrap-around
  * arithmetic, so the sequence may overflow.
  *
- * Per slice g, rank r does three phases, pipelined over consecutive slices:
+ * Per slice g, rank r does three phases (s_run interleaves them over slices as they become
+ * ready):
  *   copy:   wait until every rank has gathered slice g - ring (slots free); copy its part of
  *           buf into input slot (r, g % ring); copied[r] = g + 1
  *   reduce: wait until copied[*] >= g + 1; output[part r] = in[0] + in[1] + ... (rank order);
@@ -27,6 +28,7 @@
 #include <limits.h>
 #include <linux/futex.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,11 +50,12 @@
 #define S_MAGIC 0x7a70732d61723031ull // "zps-ar01"
 #define S_MAX_RANKS 64
 #define S_DEFAULT_SLICE 32768
-#define S_DEFAULT_RING 4
+#define S_DEFAULT_RING 8
 #define S_DEFAULT_TIMEOUT_MS 300000
 #define S_ALIGN_FLOATS 16         // parts start on 64-byte lines (no false sharing)
 #define S_FUTEX_SLICE_NS 20000000 // futex naps between liveness checks: 20 ms
-#define S_SPIN_NS 30000           // busy-wait before sleeping in the kernel
+#define S_SPIN_NS 100000          // busy-wait (with yields) before sleeping in the kernel
+#define S_PURE_SPIN_NS 5000       // pure spin before the first yield
 
 enum { S_COPIED = 0, S_REDUCED = 1, S_GATHERED = 2, S_NCOUNTERS = 3 };
 
@@ -141,9 +144,16 @@ static zps_status s_wait_word(tr_allreduce *ar, _Atomic uint32_t *word, uint32_t
     uint32_t v = atomic_load_explicit(word, memory_order_acquire);
     if (s_after_or_eq(v, target))
         return ZPS_OK;
-    uint64_t t0 = zps_now_ns(), spin_end = t0 + S_SPIN_NS;
+    /* Busy-wait first: the peer usually runs on the other core and finishes within
+     * microseconds, and waking a sleeping (possibly halted, virtual) CPU costs far more. After
+     * a short pure spin, yield between checks, so a peer queued on this very core runs at
+     * once. Only then sleep in the kernel. */
+    uint64_t t0 = zps_now_ns(), spin_end = t0 + S_SPIN_NS, pure_end = t0 + S_PURE_SPIN_NS;
     for (unsigned k = 1;; k++) {
-        __builtin_ia32_pause();
+        if (k < 64 || (k & 15) || zps_now_ns() < pure_end)
+            __builtin_ia32_pause();
+        else
+            sched_yield();
         v = atomic_load_explicit(word, memory_order_acquire);
         if (s_after_or_eq(v, target))
             return ZPS_OK;
@@ -263,23 +273,30 @@ static size_t s_slice_len(tr_allreduce *ar, size_t n, uint32_t t)
     return n - off < ar->slice ? n - off : ar->slice;
 }
 
-static zps_status s_copy_in(tr_allreduce *ar, const float *buf, size_t n, uint32_t base,
-                            uint32_t t)
+/* First rank whose counter `which` is below target, or -1 when all reached it. */
+static int s_lagging(tr_allreduce *ar, int which, uint32_t target)
+{
+    for (int i = 0; i < ar->n_ranks; i++)
+        if (!s_after_or_eq(atomic_load_explicit(&ar->hdr->ranks[i].ctr[which].v,
+                                                memory_order_acquire),
+                           target))
+            return i;
+    return -1;
+}
+
+static void s_copy_in(tr_allreduce *ar, const float *buf, size_t n, uint32_t base, uint32_t t)
 {
     uint32_t g = base + t;
-    ZPS_TRY(s_wait_all(ar, S_GATHERED, g + 1u - (uint32_t)ar->ring));
     size_t len = s_slice_len(ar, n, t);
     if (len)
         memcpy(s_in_slot(ar, ar->rank, g), buf + (size_t)t * ar->slice, len * sizeof(float));
     s_publish(ar->hdr, &ar->hdr->ranks[ar->rank].ctr[S_COPIED].v, g + 1);
-    return ZPS_OK;
 }
 
-static zps_status s_reduce_part(tr_allreduce *ar, float *buf, size_t n, uint32_t base,
-                                uint32_t t, int average)
+static void s_reduce_part(tr_allreduce *ar, float *buf, size_t n, uint32_t base, uint32_t t,
+                          int average)
 {
     uint32_t g = base + t;
-    ZPS_TRY(s_wait_all(ar, S_COPIED, g + 1));
     size_t len = s_slice_len(ar, n, t), lo, hi;
     s_part(len, ar->n_ranks, ar->rank, &lo, &hi);
     if (hi > lo) {
@@ -291,13 +308,11 @@ static zps_status s_reduce_part(tr_allreduce *ar, float *buf, size_t n, uint32_t
         memcpy(buf + (size_t)t * ar->slice + lo, out, (hi - lo) * sizeof(float));
     }
     s_publish(ar->hdr, &ar->hdr->ranks[ar->rank].ctr[S_REDUCED].v, g + 1);
-    return ZPS_OK;
 }
 
-static zps_status s_gather(tr_allreduce *ar, float *buf, size_t n, uint32_t base, uint32_t t)
+static void s_gather(tr_allreduce *ar, float *buf, size_t n, uint32_t base, uint32_t t)
 {
     uint32_t g = base + t;
-    ZPS_TRY(s_wait_all(ar, S_REDUCED, g + 1));
     size_t len = s_slice_len(ar, n, t), lo, hi;
     float *out = s_out_slot(ar, g), *dst = buf + (size_t)t * ar->slice;
     for (int p = 0; p < ar->n_ranks; p++) {
@@ -308,20 +323,49 @@ static zps_status s_gather(tr_allreduce *ar, float *buf, size_t n, uint32_t base
             memcpy(dst + lo, out + lo, (hi - lo) * sizeof(float));
     }
     s_publish(ar->hdr, &ar->hdr->ranks[ar->rank].ctr[S_GATHERED].v, g + 1);
-    return ZPS_OK;
 }
 
-/* Runs ns slices (ns >= 1) through the three pipelined phases. */
+/* Runs ns slices (ns >= 1). Each pass does every phase whose inputs are ready — gathers
+ * first (they free slots), then reductions, then copies up to a ring ahead — and blocks only
+ * when nothing is ready, on the oldest unmet condition. When the ranks share a core, one
+ * scheduling quantum thus moves up to a ring of slices instead of one. No deadlock: a peer's
+ * reduction of slice g needs only copies we made before reducing g ourselves, and its copy
+ * of slice g needs our gather of g - ring, which precedes any wait of ours on slice g. */
 static zps_status s_run(tr_allreduce *ar, float *buf, size_t n, uint32_t ns, int average)
 {
-    uint32_t base = ar->seq;
-    for (uint32_t t = 0; t < ns + 2; t++) {
-        if (t < ns)
-            ZPS_TRY(s_copy_in(ar, buf, n, base, t));
-        if (t >= 1 && t - 1 < ns)
-            ZPS_TRY(s_reduce_part(ar, buf, n, base, t - 1, average));
-        if (t >= 2)
-            ZPS_TRY(s_gather(ar, buf, n, base, t - 2));
+    uint32_t base = ar->seq, nc = 0, nr = 0, ng = 0, ring = (uint32_t)ar->ring;
+    while (ng < ns) {
+        int progress = 0, lag;
+        while (ng < nr && s_lagging(ar, S_REDUCED, base + ng + 1) < 0) {
+            s_gather(ar, buf, n, base, ng++);
+            progress = 1;
+        }
+        while (nr < nc && s_lagging(ar, S_COPIED, base + nr + 1) < 0) {
+            s_reduce_part(ar, buf, n, base, nr++, average);
+            progress = 1;
+        }
+        while (nc < ns && nc < ng + ring &&
+               s_lagging(ar, S_GATHERED, base + nc + 1u - ring) < 0) {
+            s_copy_in(ar, buf, n, base, nc++);
+            progress = 1;
+        }
+        if (progress)
+            continue;
+        if (ng < nr) {
+            uint32_t tg = base + ng + 1;
+            if ((lag = s_lagging(ar, S_REDUCED, tg)) >= 0)
+                ZPS_TRY(s_wait_word(ar, &ar->hdr->ranks[lag].ctr[S_REDUCED].v, tg, lag,
+                                    "reduction"));
+        } else if (nr < nc) {
+            uint32_t tg = base + nr + 1;
+            if ((lag = s_lagging(ar, S_COPIED, tg)) >= 0)
+                ZPS_TRY(s_wait_word(ar, &ar->hdr->ranks[lag].ctr[S_COPIED].v, tg, lag, "copy"));
+        } else {
+            uint32_t tg = base + nc + 1u - ring;
+            if ((lag = s_lagging(ar, S_GATHERED, tg)) >= 0)
+                ZPS_TRY(s_wait_word(ar, &ar->hdr->ranks[lag].ctr[S_GATHERED].v, tg, lag,
+                                    "gather"));
+        }
     }
     ar->seq = base + ns;
     return ZPS_OK;

@@ -8,9 +8,11 @@
  * is cut into slices of `slice_floats`; for each slice every rank copies its part into its
  * own input slot, rank r sums part r of the slice over the N input slots and writes it to the
  * shared output slot (and into its own buf), then every rank copies the other parts back from
- * the output slot. The three phases of consecutive slices are software-pipelined (copy slice
- * s+2, reduce slice s+1, gather slice s), so one rank's copy overlaps another's reduction and
- * the slices stay in cache: the user buffers are read once and written once from DRAM.
+ * the output slot. A rank does whatever phase of whatever slice is ready (up to a ring of
+ * slices ahead) and blocks only when nothing is, so copies, reductions and gathers of
+ * consecutive slices overlap across ranks, the slices stay in cache (user buffers cross DRAM
+ * once each way), and ranks that share a core move a ring of slices per scheduling quantum.
+ * Waiting is a short spin, then spin with sched_yield, then a futex sleep.
  *
  * Invariants:
  *  - Summation order is fixed: ((x_0 + x_1) + x_2) + ... + x_{N-1}, whatever the slicing, and
@@ -43,7 +45,7 @@ typedef struct tr_allreduce tr_allreduce;
 
 typedef struct tr_allreduce_opts {
     size_t slice_floats; // floats per slice (0: default 32768 = 128 KiB)
-    int ring;            // slices in flight (0: default 4; minimum 3)
+    int ring;            // slots per ring (0: default 8; minimum 3)
     int timeout_ms;      // attach and per-wait timeout (0: default 300000)
 } tr_allreduce_opts;
 

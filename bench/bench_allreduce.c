@@ -1,0 +1,273 @@
+/* bench_allreduce.c — `zps-bench allreduce`: the shared-memory all-reduce (trainer/allreduce.h)
+ * against torch.distributed's gloo all-reduce (scripts/gloo_allreduce.py, Debian's
+ * /usr/bin/python3) in the same run.
+ *
+ * GB/s is algorithm bandwidth for both: bytes of one rank's buffer / time of one collective,
+ * 1 GB = 1e9 bytes. A repetition is timed on every rank from the end of a barrier to the end
+ * of the all-reduce; the repetition's time is the slowest rank's; figures are medians over
+ * repetitions (after warm-up calls). Buffers are allocated and pre-faulted once per size, and
+ * both sides reduce the same buffer repeatedly (sum, no refill). zps runs first, then gloo, so
+ * the two never share the cores.
+ *
+ * Writes $ZPS_BENCH_DIR/allreduce.json: [{bytes, zps_gbps, gloo_gbps, ratio}, ...] with
+ * ratio = zps_gbps / gloo_gbps (gloo_gbps and ratio null with --no-gloo or when the peer
+ * could not run).
+ */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "bench/bench.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/mem.h"
+#include "trainer/allreduce.h"
+
+#define S_MAX_SIZES 16
+#define S_MAX_REPS 200
+#define S_MAX_RANKS 8
+
+typedef struct {
+    int ranks, reps, warmup, n_sizes;
+    size_t sizes[S_MAX_SIZES]; // bytes
+    tr_allreduce_opts opts;
+    char job[64];
+} s_cfg;
+
+/* times[size][rep][rank], in a MAP_SHARED anonymous region the children write */
+static double *s_times;
+
+static double *s_slot(int si, int rep, int rank)
+{
+    return &s_times[((size_t)si * S_MAX_REPS + (size_t)rep) * S_MAX_RANKS + (size_t)rank];
+}
+
+static int s_rank_main(const s_cfg *c, int rank)
+{
+    zps_log_init("bench", rank);
+    size_t max_bytes = 0;
+    for (int i = 0; i < c->n_sizes; i++)
+        if (c->sizes[i] > max_bytes)
+            max_bytes = c->sizes[i];
+    size_t max_floats = max_bytes / sizeof(float);
+    tr_allreduce *ar = NULL;
+    if (tr_allreduce_new(c->job, rank, c->ranks, max_floats, &c->opts, &ar) != ZPS_OK)
+        return 1;
+    float *buf = zps_xaligned(64, max_floats * sizeof(float));
+    uint64_t x = 0x9e3779b97f4a7c15ull * (uint64_t)(rank + 1);
+    for (size_t i = 0; i < max_floats; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        buf[i] = (float)(x >> 40) / (float)(1u << 24) - 0.5f;
+    }
+    int rc = 0;
+    for (int si = 0; si < c->n_sizes && !rc; si++) {
+        size_t n = c->sizes[si] / sizeof(float);
+        for (int w = 0; w < c->warmup && !rc; w++)
+            rc = tr_allreduce_sum(ar, buf, n, 0) != ZPS_OK;
+        for (int r = 0; r < c->reps && !rc; r++) {
+            rc = tr_allreduce_barrier(ar) != ZPS_OK;
+            uint64_t t0 = zps_now_ns();
+            rc = rc || tr_allreduce_sum(ar, buf, n, 0) != ZPS_OK;
+            *s_slot(si, r, rank) = (double)(zps_now_ns() - t0) * 1e-9;
+        }
+    }
+    zps_aligned_free(buf);
+    tr_allreduce_destroy(&ar);
+    return rc;
+}
+
+/* Runs the gloo peer; fills gbps[i] (negative when it failed). */
+static void s_run_gloo(const s_cfg *c, double *gbps)
+{
+    for (int i = 0; i < c->n_sizes; i++)
+        gbps[i] = -1;
+    const char *root = getenv("ZPS_ROOT");
+    char cmd[2048], sizes[512] = "";
+    size_t o = 0;
+    for (int i = 0; i < c->n_sizes; i++)
+        o += (size_t)snprintf(sizes + o, sizeof sizes - o, "%s%zu", i ? "," : "", c->sizes[i]);
+    snprintf(cmd, sizeof cmd,
+             "/usr/bin/python3 %s/scripts/gloo_allreduce.py --ranks %d --sizes %s --reps %d "
+             "--warmup %d",
+             root && *root ? root : ".", c->ranks, sizes, c->reps, c->warmup);
+    FILE *p = popen(cmd, "r");
+    if (!p) {
+        zps_log(ZPS_ERROR, "bench", "cannot run %s", cmd);
+        return;
+    }
+    static char out[1 << 16];
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = 0;
+    int st = pclose(p);
+    if (st != 0) {
+        zps_log(ZPS_ERROR, "bench", "gloo peer failed (status %d): %s", st, cmd);
+        return;
+    }
+    /* the peer prints [{"bytes": B, "median_s": T, "gbps": G, ...}, ...] in size order */
+    const char *s = out;
+    for (int i = 0; i < c->n_sizes; i++) {
+        const char *g = strstr(s, "\"gbps\":");
+        if (!g)
+            break;
+        gbps[i] = strtod(g + 7, NULL);
+        s = g + 7;
+    }
+}
+
+static int s_parse_sizes(const char *arg, s_cfg *c)
+{
+    c->n_sizes = 0;
+    char *copy = zps_xstrdup(arg), *save = NULL;
+    for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        char *end;
+        double v = strtod(t, &end);
+        double mult = 1e6; // default unit MB
+        if (!strcmp(end, "KB") || !strcmp(end, "K"))
+            mult = 1e3;
+        else if (!strcmp(end, "B"))
+            mult = 1;
+        else if (*end && strcmp(end, "MB") && strcmp(end, "M"))
+            v = -1;
+        if (v <= 0 || c->n_sizes == S_MAX_SIZES) {
+            free(copy);
+            return -1;
+        }
+        size_t b = (size_t)(v * mult) / 64 * 64;
+        c->sizes[c->n_sizes++] = b ? b : 64;
+    }
+    free(copy);
+    return c->n_sizes ? 0 : -1;
+}
+
+ZPS_BENCH(allreduce, "in-node shared-memory all-reduce vs torch gloo, 1-100 MB, GB/s")
+{
+    s_cfg c = {.ranks = 2, .reps = 15, .warmup = 3};
+    s_parse_sizes("1,4,16,64,100", &c);
+    int no_gloo = 0;
+    static const struct option opts[] = {{"sizes", required_argument, 0, 's'},
+                                         {"ranks", required_argument, 0, 'n'},
+                                         {"reps", required_argument, 0, 'r'},
+                                         {"warmup", required_argument, 0, 'w'},
+                                         {"slice", required_argument, 0, 'S'},
+                                         {"ring", required_argument, 0, 'R'},
+                                         {"no-gloo", no_argument, 0, 'G'},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
+    int ch;
+    while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (ch) {
+        case 's':
+            if (s_parse_sizes(optarg, &c) != 0) {
+                fprintf(stderr, "allreduce: bad --sizes '%s'\n", optarg);
+                return 2;
+            }
+            break;
+        case 'n': c.ranks = atoi(optarg); break;
+        case 'r': c.reps = atoi(optarg); break;
+        case 'w': c.warmup = atoi(optarg); break;
+        case 'S': c.opts.slice_floats = (size_t)atol(optarg); break;
+        case 'R': c.opts.ring = atoi(optarg); break;
+        case 'G': no_gloo = 1; break;
+        default:
+            fprintf(ch == 'h' ? stdout : stderr,
+                    "usage: zps-bench allreduce [--sizes 1,4,16,64,100 (MB; or 512KB, 64B)]\n"
+                    "         [--ranks 2] [--reps 15] [--warmup 3] [--slice FLOATS] [--ring N]\n"
+                    "         [--no-gloo]\n"
+                    "GB/s = bytes per rank / time of one all-reduce (1 GB = 1e9 B), median.\n");
+            return ch == 'h' ? 0 : 2;
+        }
+    }
+    if (c.ranks < 2 || c.ranks > S_MAX_RANKS || c.reps < 1 || c.reps > S_MAX_REPS ||
+        c.warmup < 0) {
+        fprintf(stderr, "allreduce: --ranks 2..%d, --reps 1..%d\n", S_MAX_RANKS, S_MAX_REPS);
+        return 2;
+    }
+    snprintf(c.job, sizeof c.job, "bench-%d", (int)getpid());
+    size_t tbytes = (size_t)S_MAX_SIZES * S_MAX_REPS * S_MAX_RANKS * sizeof(double);
+    s_times = mmap(NULL, tbytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (s_times == MAP_FAILED) {
+        perror("mmap");
+        return 1;
+    }
+    fflush(NULL);
+    pid_t pids[S_MAX_RANKS];
+    for (int r = 0; r < c.ranks; r++) {
+        pids[r] = fork();
+        if (pids[r] < 0) {
+            perror("fork");
+            return 1;
+        }
+        if (pids[r] == 0)
+            _exit(s_rank_main(&c, r));
+    }
+    int failed = 0;
+    for (int r = 0; r < c.ranks; r++) {
+        int st;
+        if (waitpid(pids[r], &st, 0) != pids[r] || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
+            failed = 1;
+    }
+    if (failed) {
+        fprintf(stderr, "allreduce: a zps rank failed\n");
+        munmap(s_times, tbytes);
+        return 1;
+    }
+    double zps[S_MAX_SIZES], gloo[S_MAX_SIZES], per_rep[S_MAX_REPS];
+    for (int si = 0; si < c.n_sizes; si++) {
+        for (int r = 0; r < c.reps; r++) {
+            double m = 0;
+            for (int k = 0; k < c.ranks; k++)
+                if (*s_slot(si, r, k) > m)
+                    m = *s_slot(si, r, k);
+            per_rep[r] = m;
+        }
+        zps[si] = (double)c.sizes[si] / bench_median(per_rep, (size_t)c.reps) / 1e9;
+    }
+    munmap(s_times, tbytes);
+    if (!no_gloo)
+        s_run_gloo(&c, gloo);
+    else
+        for (int si = 0; si < c.n_sizes; si++)
+            gloo[si] = -1;
+
+    char path[4096];
+    snprintf(path, sizeof path, "%s/allreduce.json", bench_out_dir());
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        perror(path);
+        return 1;
+    }
+    printf("all-reduce, %d processes, median of %d (GB/s = bytes per rank / time, 1e9 B)\n",
+           c.ranks, c.reps);
+    printf("%12s %10s %10s %8s\n", "bytes", "zps GB/s", "gloo GB/s", "ratio");
+    fprintf(f, "[");
+    int gloo_ok = 1;
+    for (int si = 0; si < c.n_sizes; si++) {
+        int g = gloo[si] > 0;
+        gloo_ok &= g;
+        char gs[32] = "-", rs[32] = "-", gj[32] = "null", rj[32] = "null";
+        if (g) {
+            snprintf(gs, sizeof gs, "%.3f", gloo[si]);
+            snprintf(rs, sizeof rs, "%.2fx", zps[si] / gloo[si]);
+            snprintf(gj, sizeof gj, "%.4f", gloo[si]);
+            snprintf(rj, sizeof rj, "%.3f", zps[si] / gloo[si]);
+        }
+        printf("%12zu %10.3f %10s %8s\n", c.sizes[si], zps[si], gs, rs);
+        fprintf(f, "%s\n  {\"bytes\": %zu, \"zps_gbps\": %.4f, \"gloo_gbps\": %s, \"ratio\": %s}",
+                si ? "," : "", c.sizes[si], zps[si], gj, rj);
+    }
+    fprintf(f, "\n]\n");
+    if (fclose(f) != 0) {
+        perror(path);
+        return 1;
+    }
+    printf("wrote %s\n", path);
+    if (!no_gloo && !gloo_ok) {
+        fprintf(stderr, "allreduce: the gloo peer did not run; no ratio\n");
+        return 1;
+    }
+    return 0;
+}
