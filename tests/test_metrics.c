@@ -1,0 +1,293 @@
+/* test_metrics.c — trainer/metrics.h: the JSON Lines records (read back and checked field by
+ * field against the random steps fed in), the summary totals, null for unmeasured values,
+ * the progress line as plain lines on a file and in place on a pseudo-terminal, and no heap
+ * growth per step. The clock is the test hook (tr_metrics_set_fake_time), so rates are exact.
+ */
+#include <criterion/criterion.h>
+#include <fcntl.h>
+#include <malloc.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "trainer/metrics.h"
+
+static uint64_t s_rng;
+static double s_uniform(void)
+{
+    s_rng ^= s_rng << 13, s_rng ^= s_rng >> 7, s_rng ^= s_rng << 17;
+    return (double)(s_rng >> 11) / 9007199254740992.0;
+}
+static uint64_t s_seed(void)
+{
+    uint64_t s = (uint64_t)time(NULL) * 2654435761u ^ (uint64_t)getpid() ^ (uint64_t)clock();
+    s_rng = s | 1;
+    return s;
+}
+
+/* number after "key": in line (NAN when null, -999 when the key is absent) */
+static double s_field(const char *line, const char *key)
+{
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    const char *p = strstr(line, pat);
+    if (!p)
+        return -999;
+    p += strlen(pat);
+    if (!strncmp(p, "null", 4))
+        return NAN;
+    return strtod(p, NULL);
+}
+
+static char *s_slurp(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f, "%s", path);
+    static char buf[1 << 20];
+    *len = fread(buf, 1, sizeof buf - 1, f);
+    buf[*len] = 0;
+    fclose(f);
+    return buf;
+}
+
+Test(metrics, jsonl_records_match_the_steps, .timeout = 10)
+{
+    zps_log_set_level(ZPS_LOG_OFF);
+    uint64_t seed = s_seed();
+    char path[] = "/tmp/zps-metrics-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    close(fd);
+    FILE *prog = tmpfile();
+    tr_metrics_opts o = {.jsonl_path = path, .progress = prog, .trainer_id = 1,
+                         .mode_name = "as\"ync", .model = "lenet", .batch = 32,
+                         .n_trainers = 2, .total_steps = 40, .target_accuracy = 0.8};
+    tr_metrics *m = NULL;
+    cr_assert_eq(tr_metrics_new(&o, &m), ZPS_OK);
+    enum { N = 40 };
+    double t = 0, loss[N + 1], dt[N + 1], acc[N + 1], stale[N + 1];
+    uint64_t push_total = 0, pull_total = 0, images_total = 0;
+    double best = -1, first_hit = -1, wait_total = 0, stale_sum = 0, stale_max = -1;
+    int n_stale = 0;
+    for (int s = 1; s <= N; s++) {
+        tr_step_record r = tr_step_record_empty(s);
+        dt[s] = 0.01 + s_uniform();
+        t += dt[s];
+        tr_metrics_set_fake_time(m, t);
+        r.images = 16 + (int64_t)(s_uniform() * 48);
+        r.loss = loss[s] = s == 7 ? NAN : 0.1 + 2 * s_uniform();
+        r.bytes_pushed = 1000 + (uint64_t)(s_uniform() * 1e6);
+        r.bytes_pulled = r.bytes_pushed / 2;
+        r.net_wait_s = s_uniform() * dt[s];
+        stale[s] = s % 3 ? floor(s_uniform() * 4) : -1;
+        r.staleness = stale[s];
+        acc[s] = s % 5 == 0 ? s_uniform() : -1;
+        r.test_accuracy = acc[s];
+        r.test_loss = acc[s] >= 0 ? 1 - acc[s] : -1;
+        push_total += r.bytes_pushed;
+        pull_total += r.bytes_pulled;
+        images_total += (uint64_t)r.images;
+        wait_total += r.net_wait_s;
+        if (stale[s] >= 0) {
+            stale_sum += stale[s];
+            n_stale++;
+            stale_max = stale[s] > stale_max ? stale[s] : stale_max;
+        }
+        if (acc[s] > best)
+            best = acc[s];
+        if (acc[s] >= 0.8 && first_hit < 0)
+            first_hit = t;
+        cr_assert_eq(tr_metrics_step(m, &r), ZPS_OK);
+    }
+    tr_metrics_totals tot;
+    tr_metrics_get_totals(m, &tot);
+    cr_assert_eq(tot.steps, N);
+    cr_assert_eq((uint64_t)tot.images, images_total);
+    cr_assert_eq(tr_metrics_finish(m), ZPS_OK);
+    tr_step_record late = tr_step_record_empty(N + 1);
+    cr_assert_eq(tr_metrics_step(m, &late), ZPS_ERR_INVALID);
+    tr_metrics_destroy(&m);
+    cr_assert_null(m);
+    fclose(prog);
+
+    size_t len;
+    char *text = s_slurp(path, &len);
+    unlink(path);
+    cr_assert_eq(text[len - 1], '\n');
+    int lines = 0;
+    char *save = NULL;
+    double tprev = 0;
+    for (char *l = strtok_r(text, "\n", &save); l; l = strtok_r(NULL, "\n", &save), lines++) {
+        cr_assert_eq(l[0], '{', "line %d: %s", lines, l);
+        cr_assert_eq(l[strlen(l) - 1], '}', "line %d: %s", lines, l);
+        cr_assert_eq(s_field(l, "trainer"), 1.0);
+        if (lines == 0) {
+            cr_assert(strstr(l, "\"type\":\"start\""), "%s", l);
+            cr_assert(strstr(l, "\"mode\":\"as\\\"ync\""), "escaped mode: %s", l);
+            cr_assert_eq(s_field(l, "batch"), 32.0);
+            cr_assert_float_eq(s_field(l, "target_accuracy"), 0.8, 1e-12);
+            continue;
+        }
+        if (lines == N + 1) {
+            cr_assert(strstr(l, "\"type\":\"summary\""), "%s", l);
+            cr_assert_eq(s_field(l, "steps"), (double)N);
+            cr_assert_eq(s_field(l, "images"), (double)images_total);
+            cr_assert_eq(s_field(l, "bytes_pushed"), (double)push_total);
+            cr_assert_eq(s_field(l, "bytes_pulled"), (double)pull_total);
+            cr_assert_float_eq(s_field(l, "time"), t, 1e-5 * t);
+            cr_assert_float_eq(s_field(l, "img_s"), (double)images_total / t, 1e-4);
+            cr_assert_float_eq(s_field(l, "best_accuracy"), best, 1e-5, "seed %llx",
+                               (unsigned long long)seed);
+            cr_assert_float_eq(s_field(l, "net_wait"), wait_total, 1e-4 * wait_total + 1e-6);
+            cr_assert_float_eq(s_field(l, "staleness_mean"), stale_sum / n_stale, 1e-5);
+            cr_assert_float_eq(s_field(l, "staleness_max"), stale_max, 1e-9);
+            if (first_hit >= 0)
+                cr_assert_float_eq(s_field(l, "time_to_target"), first_hit, 1e-5 * first_hit);
+            else
+                cr_assert(isnan(s_field(l, "time_to_target")), "%s", l);
+            cr_assert_eq(s_field(l, "evals"), (double)(N / 5));
+            continue;
+        }
+        int s = lines;
+        cr_assert(strstr(l, "\"type\":\"step\""), "%s", l);
+        cr_assert_eq(s_field(l, "step"), (double)s);
+        double tt = s_field(l, "time");
+        cr_assert_float_eq(tt - tprev, dt[s], 1e-5, "step %d seed %llx", s,
+                           (unsigned long long)seed);
+        cr_assert_float_eq(s_field(l, "img_s") * dt[s], s_field(l, "images"), 1e-3);
+        tprev = tt;
+        if (isnan(loss[s]))
+            cr_assert(isnan(s_field(l, "loss")), "NaN loss must be null: %s", l);
+        else
+            cr_assert_float_eq(s_field(l, "loss"), loss[s], 1e-5 * loss[s]);
+        if (stale[s] < 0)
+            cr_assert(isnan(s_field(l, "staleness")), "unknown staleness must be null: %s", l);
+        else
+            cr_assert_eq(s_field(l, "staleness"), stale[s]);
+        if (acc[s] >= 0) {
+            cr_assert_float_eq(s_field(l, "accuracy"), acc[s], 1e-5);
+            cr_assert_float_eq(s_field(l, "test_loss"), 1 - acc[s], 1e-5);
+        } else {
+            cr_assert_eq(s_field(l, "accuracy"), -999, "no accuracy when not evaluated: %s", l);
+        }
+        cr_assert_eq(s_field(l, "lr"), -999);
+    }
+    cr_assert_eq(lines, N + 2);
+}
+
+/* feeds n steps at 0.1 s, evaluating every `eval` steps (0: never) */
+static void s_feed(tr_metrics *m, int n, int eval)
+{
+    for (int s = 1; s <= n; s++) {
+        tr_metrics_set_fake_time(m, 0.1 * s);
+        tr_step_record r = tr_step_record_empty(s);
+        r.images = 10;
+        r.loss = 1.0 / s;
+        if (eval && s % eval == 0)
+            r.test_accuracy = 0.5 + 0.001 * s;
+        cr_assert_eq(tr_metrics_step(m, &r), ZPS_OK);
+    }
+}
+
+Test(metrics, plain_progress_lines_on_a_file)
+{
+    FILE *prog = tmpfile();
+    tr_metrics_opts o = {.progress = prog, .progress_every_s = 2.0, .trainer_id = 0,
+                         .total_steps = 100};
+    tr_metrics *m = NULL;
+    cr_assert_eq(tr_metrics_new(&o, &m), ZPS_OK);
+    s_feed(m, 100, 0); // 10 s of steps: first step + one line per 2 s (+ the last step)
+    tr_metrics_destroy(&m);
+    rewind(prog);
+    char buf[8192];
+    size_t n = fread(buf, 1, sizeof buf - 1, prog);
+    buf[n] = 0;
+    fclose(prog);
+    cr_assert_null(strchr(buf, '\r'), "no carriage returns on a file: %s", buf);
+    cr_assert_null(strstr(buf, "\033["), "no escape codes on a file");
+    int lines = 0;
+    for (char *p = buf; *p; p++)
+        lines += *p == '\n';
+    cr_assert(lines >= 6 && lines <= 8, "%d lines:\n%s", lines, buf);
+    cr_assert(strstr(buf, "step 100/100 (100%)"), "%s", buf);
+    cr_assert(strstr(buf, "100 img/s"), "rate from the fake clock: %s", buf);
+    cr_assert(strstr(buf, "done: 100 steps in 10s"), "%s", buf);
+}
+
+Test(metrics, in_place_progress_on_a_terminal, .timeout = 10)
+{
+    int master = posix_openpt(O_RDWR | O_NOCTTY);
+    cr_assert_geq(master, 0);
+    cr_assert_eq(grantpt(master), 0);
+    cr_assert_eq(unlockpt(master), 0);
+    int slave = open(ptsname(master), O_RDWR | O_NOCTTY);
+    cr_assert_geq(slave, 0);
+    FILE *tty = fdopen(slave, "w");
+    tr_metrics_opts o = {.progress = tty, .trainer_id = 3, .total_steps = 50};
+    tr_metrics *m = NULL;
+    cr_assert_eq(tr_metrics_new(&o, &m), ZPS_OK); // AUTO: isatty decides
+    s_feed(m, 50, 10);
+    tr_metrics_destroy(&m);
+    fclose(tty);
+    char buf[16384];
+    size_t n = 0;
+    ssize_t k;
+    fcntl(master, F_SETFL, O_NONBLOCK);
+    while (n < sizeof buf - 1 && (k = read(master, buf + n, sizeof buf - 1 - n)) > 0)
+        n += (size_t)k;
+    buf[n] = 0;
+    close(master);
+    cr_assert(strstr(buf, "\rtrainer 3 | step"), "in-place updates start with CR: %s", buf);
+    cr_assert(strstr(buf, "\033[K"), "erase to end of line");
+    cr_assert(strstr(buf, "test acc 55.00%"), "accuracy of step 50: %s", buf);
+    /* updates are throttled to 0.2 s: 50 steps of 0.1 s give ~25, not 50 */
+    int crs = 0, nls = 0;
+    for (char *p = buf; *p; p++) {
+        crs += *p == '\r' && p[1] != '\n';
+        nls += *p == '\n';
+    }
+    cr_assert(crs >= 20 && crs <= 35, "%d in-place updates", crs);
+    cr_assert_eq(nls, 2, "only the end of the progress line and the summary end lines");
+    cr_assert(strstr(buf, "done: 50 steps"), "%s", buf);
+}
+
+Test(metrics, steps_do_not_grow_the_heap)
+{
+    FILE *prog = tmpfile();
+    char path[] = "/tmp/zps-metrics-XXXXXX";
+    int fd = mkstemp(path);
+    close(fd);
+    tr_metrics_opts o = {.jsonl_path = path, .progress = prog, .mode = TR_PROGRESS_PLAIN,
+                         .progress_every_s = 1};
+    tr_metrics *m = NULL;
+    cr_assert_eq(tr_metrics_new(&o, &m), ZPS_OK);
+    s_feed(m, 10, 5); // first writes allocate stdio buffers
+    struct mallinfo2 before = mallinfo2();
+    for (int s = 11; s <= 2000; s++) {
+        tr_metrics_set_fake_time(m, 0.1 * s);
+        tr_step_record r = tr_step_record_empty(s);
+        r.images = 8;
+        r.loss = 0.5;
+        r.test_accuracy = s % 100 ? -1 : 0.9;
+        cr_assert_eq(tr_metrics_step(m, &r), ZPS_OK);
+    }
+    struct mallinfo2 after = mallinfo2();
+    cr_assert_eq(after.uordblks, before.uordblks, "heap in use changed over 1990 steps");
+    tr_metrics_destroy(&m);
+    fclose(prog);
+    unlink(path);
+}
+
+Test(metrics, unwritable_path_is_an_error)
+{
+    zps_log_set_level(ZPS_LOG_OFF);
+    tr_metrics_opts o = {.jsonl_path = "/nonexistent-dir/m.jsonl", .mode = TR_PROGRESS_OFF};
+    tr_metrics *m = (tr_metrics *)1;
+    cr_assert_eq(tr_metrics_new(&o, &m), ZPS_ERR_NOT_FOUND);
+    cr_assert_null(m);
+}

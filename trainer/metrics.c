@@ -1,0 +1,375 @@
+/* metrics.c — JSON Lines per step, a summary record, and the progress line (see metrics.h).
+ *
+ * Everything a step needs lives in struct tr_metrics: the line buffer is formatted with
+ * bounded appends (a line that would not fit is a bug, caught by an assert) and written with
+ * one fwrite + fflush. Strings from the options are escaped once, at creation.
+ */
+#include "trainer/metrics.h"
+
+#include <assert.h>
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/mem.h"
+
+#define S_LINE 2048
+#define S_TTY_PERIOD_S 0.2
+
+struct tr_metrics {
+    tr_metrics_opts o;        // copy of the options (strings point into mode_s / model_s)
+    char mode_s[64];          // JSON-escaped mode name
+    char model_s[128];        // JSON-escaped model name
+    char path[1024];          // the JSONL path, for error messages
+    FILE *f;                  // JSONL file or NULL
+    FILE *out;                // progress stream
+    int tty;                  // progress rewritten in place
+    int finished;             // summary written
+    int dirty_tty;            // an in-place line is on screen (needs a newline at the end)
+    uint64_t t0_ns;           // clock start
+    double fake_now;          // >= 0: test clock
+    double last_t;            // time of the previous step record
+    double last_print_t;      // time of the previous progress output
+    int64_t print_images;     // images since the previous progress output
+    double print_net_wait;    // network wait since the previous progress output
+    tr_metrics_totals tot;    // running totals
+    double staleness_sum;     // for the mean
+    int64_t staleness_n;      // steps that reported staleness
+    int64_t last_step;        // step number of the last record
+    char line[S_LINE];        // the reused output buffer
+    size_t len;               // bytes used in line
+};
+
+/* ---------------------------------------------------------------- formatting */
+
+static void s_reset(tr_metrics *m) { m->len = 0; m->line[0] = 0; }
+
+static void s_append(tr_metrics *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void s_append(tr_metrics *m, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(m->line + m->len, S_LINE - m->len, fmt, ap);
+    va_end(ap);
+    assert(n >= 0 && (size_t)n < S_LINE - m->len && "metrics line too long");
+    m->len += (size_t)n;
+}
+
+/* ,"key":value with %.*g, or null when not finite */
+static void s_num(tr_metrics *m, const char *key, double v, int prec)
+{
+    if (isfinite(v))
+        s_append(m, ",\"%s\":%.*g", key, prec, v);
+    else
+        s_append(m, ",\"%s\":null", key);
+}
+
+/* ,"key":value, or null when v < 0 (not measured) */
+static void s_opt(tr_metrics *m, const char *key, double v, int prec)
+{
+    s_num(m, key, v < 0 ? NAN : v, prec);
+}
+
+static void s_escape(char *dst, size_t cap, const char *src)
+{
+    size_t o = 0;
+    for (const unsigned char *p = (const unsigned char *)(src ? src : ""); *p && o + 7 < cap;
+         p++) {
+        if (*p == '"' || *p == '\\') {
+            dst[o++] = '\\';
+            dst[o++] = (char)*p;
+        } else if (*p < 0x20) {
+            o += (size_t)snprintf(dst + o, cap - o, "\\u%04x", *p);
+        } else {
+            dst[o++] = (char)*p;
+        }
+    }
+    dst[o] = 0;
+}
+
+static zps_status s_write_line(tr_metrics *m)
+{
+    if (!m->f)
+        return ZPS_OK;
+    s_append(m, "\n");
+    if (fwrite(m->line, 1, m->len, m->f) != m->len || fflush(m->f) != 0) {
+        zps_log(ZPS_ERROR, "metrics", "cannot write %s: %s", m->path, strerror(errno));
+        return ZPS_ERR_IO;
+    }
+    return ZPS_OK;
+}
+
+static double s_now(const tr_metrics *m)
+{
+    if (m->fake_now >= 0)
+        return m->fake_now;
+    return (double)(zps_now_ns() - m->t0_ns) * 1e-9;
+}
+
+/* "1h02m", "3m05s", "12s" */
+static void s_duration(char *buf, size_t len, double s)
+{
+    if (!(s >= 0) || s > 1e8) {
+        snprintf(buf, len, "?");
+        return;
+    }
+    long t = (long)(s + 0.5);
+    if (t >= 3600)
+        snprintf(buf, len, "%ldh%02ldm", t / 3600, t / 60 % 60);
+    else if (t >= 60)
+        snprintf(buf, len, "%ldm%02lds", t / 60, t % 60);
+    else
+        snprintf(buf, len, "%lds", t);
+}
+
+/* ---------------------------------------------------------------- progress */
+
+static void s_progress(tr_metrics *m, double now, int force)
+{
+    if (m->o.mode == TR_PROGRESS_OFF)
+        return;
+    double since = now - m->last_print_t;
+    double period = m->tty ? S_TTY_PERIOD_S : m->o.progress_every_s;
+    if (!force && since < period)
+        return;
+    /* the progress text is built in the same buffer after the JSON line was written */
+    s_reset(m);
+    if (m->tty)
+        s_append(m, "\r");
+    if (m->o.trainer_id >= 0)
+        s_append(m, "trainer %d | ", m->o.trainer_id);
+    s_append(m, "step %lld", (long long)m->last_step);
+    if (m->o.total_steps > 0)
+        s_append(m, "/%lld (%.0f%%)", (long long)m->o.total_steps,
+                 100.0 * (double)m->last_step / (double)m->o.total_steps);
+    if (isfinite(m->tot.last_loss))
+        s_append(m, " | loss %.4f", m->tot.last_loss);
+    if (m->tot.last_accuracy >= 0)
+        s_append(m, " | test acc %.2f%%", 100.0 * m->tot.last_accuracy);
+    double rate = since > 0 ? (double)m->print_images / since : 0;
+    if (rate > 0)
+        s_append(m, " | %.0f img/s", rate);
+    if (since > 0 && m->print_net_wait > 0)
+        s_append(m, " | net %.0f%%", 100.0 * m->print_net_wait / since);
+    if (m->staleness_n > 0)
+        s_append(m, " | stale %.1f", m->tot.staleness_mean);
+    char d[32];
+    s_duration(d, sizeof d, now);
+    s_append(m, " | %s", d);
+    if (m->o.total_steps > 0 && m->last_step > 0 && m->last_step < m->o.total_steps) {
+        double left = now / (double)m->last_step * (double)(m->o.total_steps - m->last_step);
+        s_duration(d, sizeof d, left);
+        s_append(m, ", %s left", d);
+    }
+    s_append(m, m->tty ? "\033[K" : "\n");
+    fwrite(m->line, 1, m->len, m->out);
+    fflush(m->out);
+    m->dirty_tty = m->tty;
+    m->last_print_t = now;
+    m->print_images = 0;
+    m->print_net_wait = 0;
+}
+
+/* ---------------------------------------------------------------- API */
+
+tr_step_record tr_step_record_empty(int64_t step)
+{
+    tr_step_record r = {0};
+    r.step = step;
+    r.loss = NAN;
+    r.staleness = -1;
+    r.lr = -1;
+    r.train_accuracy = -1;
+    r.test_accuracy = -1;
+    r.test_loss = -1;
+    return r;
+}
+
+zps_status tr_metrics_new(const tr_metrics_opts *opts, tr_metrics **out)
+{
+    *out = NULL;
+    tr_metrics *m = zps_xcalloc(1, sizeof *m);
+    m->o = *opts;
+    if (m->o.progress_every_s <= 0)
+        m->o.progress_every_s = 10;
+    s_escape(m->mode_s, sizeof m->mode_s, opts->mode_name);
+    s_escape(m->model_s, sizeof m->model_s, opts->model);
+    m->o.mode_name = m->mode_s;
+    m->o.model = m->model_s;
+    m->out = opts->progress ? opts->progress : stderr;
+    m->tty = m->o.mode == TR_PROGRESS_TTY ||
+             (m->o.mode == TR_PROGRESS_AUTO && isatty(fileno(m->out)));
+    m->fake_now = -1;
+    m->tot.last_loss = NAN;
+    m->tot.last_accuracy = -1;
+    m->tot.best_accuracy = -1;
+    m->tot.time_to_target = -1;
+    m->tot.staleness_mean = -1;
+    m->tot.staleness_max = -1;
+    m->o.jsonl_path = NULL; // the caller's string is not kept
+    if (opts->jsonl_path) {
+        snprintf(m->path, sizeof m->path, "%s", opts->jsonl_path);
+        m->f = fopen(opts->jsonl_path, "w");
+        if (!m->f) {
+            int e = errno;
+            zps_log(ZPS_ERROR, "metrics", "cannot create %s: %s", opts->jsonl_path,
+                    strerror(e));
+            free(m);
+            return e == ENOENT ? ZPS_ERR_NOT_FOUND : ZPS_ERR_IO;
+        }
+    }
+    m->t0_ns = zps_now_ns();
+    s_reset(m);
+    s_append(m, "{\"type\":\"start\",\"trainer\":%d,\"mode\":\"%s\",\"model\":\"%s\"",
+             m->o.trainer_id, m->mode_s, m->model_s);
+    s_append(m, ",\"batch\":%d,\"trainers\":%d,\"total_steps\":%lld,\"wall_ms\":%llu",
+             m->o.batch, m->o.n_trainers, (long long)m->o.total_steps,
+             (unsigned long long)zps_wall_ms());
+    s_opt(m, "target_accuracy", m->o.target_accuracy > 0 ? m->o.target_accuracy : -1, 6);
+    s_append(m, "}");
+    zps_status st = s_write_line(m);
+    if (st != ZPS_OK) {
+        m->finished = 1; // no summary after a failed start
+        tr_metrics_destroy(&m);
+        return st;
+    }
+    *out = m;
+    return ZPS_OK;
+}
+
+zps_status tr_metrics_step(tr_metrics *m, const tr_step_record *r)
+{
+    if (m->finished) {
+        zps_log(ZPS_ERROR, "metrics", "step %lld after finish", (long long)r->step);
+        return ZPS_ERR_INVALID;
+    }
+    double now = s_now(m), dt = now - m->last_t;
+    double img_s = dt > 0 ? (double)r->images / dt : NAN;
+    tr_metrics_totals *t = &m->tot;
+    t->steps++;
+    t->images += r->images;
+    t->time_s = now;
+    t->img_per_s = now > 0 ? (double)t->images / now : 0;
+    t->last_loss = r->loss;
+    t->bytes_pushed += r->bytes_pushed;
+    t->bytes_pulled += r->bytes_pulled;
+    t->net_wait_s += r->net_wait_s > 0 ? r->net_wait_s : 0;
+    if (r->staleness >= 0) {
+        m->staleness_sum += r->staleness;
+        m->staleness_n++;
+        t->staleness_mean = m->staleness_sum / (double)m->staleness_n;
+        if (r->staleness > t->staleness_max)
+            t->staleness_max = r->staleness;
+    }
+    int evaluated = r->test_accuracy >= 0;
+    if (evaluated) {
+        t->evals++;
+        t->last_accuracy = r->test_accuracy;
+        if (r->test_accuracy > t->best_accuracy)
+            t->best_accuracy = r->test_accuracy;
+        if (t->time_to_target < 0 && m->o.target_accuracy > 0 &&
+            r->test_accuracy >= m->o.target_accuracy)
+            t->time_to_target = now;
+    }
+    m->last_t = now;
+    m->last_step = r->step;
+    m->print_images += r->images;
+    m->print_net_wait += r->net_wait_s > 0 ? r->net_wait_s : 0;
+
+    s_reset(m);
+    s_append(m, "{\"type\":\"step\",\"trainer\":%d,\"step\":%lld", m->o.trainer_id,
+             (long long)r->step);
+    s_num(m, "time", now, 7);
+    s_num(m, "loss", r->loss, 6);
+    s_num(m, "img_s", img_s, 6);
+    s_append(m, ",\"images\":%lld,\"bytes_pushed\":%llu,\"bytes_pulled\":%llu",
+             (long long)r->images, (unsigned long long)r->bytes_pushed,
+             (unsigned long long)r->bytes_pulled);
+    s_num(m, "net_wait", r->net_wait_s, 6);
+    s_opt(m, "staleness", r->staleness, 6);
+    if (r->lr >= 0)
+        s_num(m, "lr", r->lr, 6);
+    if (r->train_accuracy >= 0)
+        s_num(m, "train_accuracy", r->train_accuracy, 6);
+    if (evaluated) {
+        s_num(m, "accuracy", r->test_accuracy, 6);
+        s_opt(m, "test_loss", r->test_loss, 6);
+    }
+    s_append(m, "}");
+    zps_status st = s_write_line(m);
+    int last = m->o.total_steps > 0 && r->step >= m->o.total_steps;
+    s_progress(m, now, evaluated || t->steps == 1 || last);
+    return st;
+}
+
+zps_status tr_metrics_finish(tr_metrics *m)
+{
+    if (m->finished)
+        return ZPS_OK;
+    m->finished = 1;
+    tr_metrics_totals *t = &m->tot;
+    s_reset(m);
+    s_append(m, "{\"type\":\"summary\",\"trainer\":%d,\"steps\":%lld", m->o.trainer_id,
+             (long long)t->steps);
+    s_num(m, "time", t->time_s, 7);
+    s_append(m, ",\"images\":%lld", (long long)t->images);
+    s_num(m, "img_s", t->img_per_s, 6);
+    s_num(m, "final_loss", t->last_loss, 6);
+    s_opt(m, "final_accuracy", t->last_accuracy, 6);
+    s_opt(m, "best_accuracy", t->best_accuracy, 6);
+    s_opt(m, "time_to_target", t->time_to_target, 6);
+    s_append(m, ",\"bytes_pushed\":%llu,\"bytes_pulled\":%llu",
+             (unsigned long long)t->bytes_pushed, (unsigned long long)t->bytes_pulled);
+    s_num(m, "net_wait", t->net_wait_s, 6);
+    s_num(m, "net_wait_frac", t->time_s > 0 ? t->net_wait_s / t->time_s : 0, 4);
+    s_opt(m, "staleness_mean", t->staleness_mean, 6);
+    s_opt(m, "staleness_max", t->staleness_max, 6);
+    s_append(m, ",\"evals\":%d}", t->evals);
+    zps_status st = s_write_line(m);
+    if (m->o.mode != TR_PROGRESS_OFF) {
+        if (m->dirty_tty)
+            fputs("\n", m->out);
+        m->dirty_tty = 0;
+        s_reset(m);
+        if (m->o.trainer_id >= 0)
+            s_append(m, "trainer %d | ", m->o.trainer_id);
+        char d[32];
+        s_duration(d, sizeof d, t->time_s);
+        s_append(m, "done: %lld steps in %s, %.1f img/s", (long long)t->steps, d,
+                 t->img_per_s);
+        if (isfinite(t->last_loss))
+            s_append(m, ", final loss %.4f", t->last_loss);
+        if (t->last_accuracy >= 0)
+            s_append(m, ", test accuracy %.2f%% (best %.2f%%)", 100 * t->last_accuracy,
+                     100 * t->best_accuracy);
+        if (t->time_to_target >= 0) {
+            s_duration(d, sizeof d, t->time_to_target);
+            s_append(m, ", %.0f%% reached at %s", 100 * m->o.target_accuracy, d);
+        }
+        s_append(m, "\n");
+        fwrite(m->line, 1, m->len, m->out);
+        fflush(m->out);
+    }
+    return st;
+}
+
+void tr_metrics_get_totals(const tr_metrics *m, tr_metrics_totals *out) { *out = m->tot; }
+
+void tr_metrics_set_fake_time(tr_metrics *m, double now_s) { m->fake_now = now_s; }
+
+void tr_metrics_destroy(tr_metrics **pm)
+{
+    if (!pm || !*pm)
+        return;
+    tr_metrics *m = *pm;
+    tr_metrics_finish(m);
+    if (m->f && fclose(m->f) != 0)
+        zps_log(ZPS_ERROR, "metrics", "closing the metrics file: %s", strerror(errno));
+    free(m);
+    *pm = NULL;
+}
