@@ -300,7 +300,7 @@ static void s_reduce_part(tr_allreduce *ar, float *buf, size_t n, uint32_t base,
     size_t len = s_slice_len(ar, n, t), lo, hi;
     s_part(len, ar->n_ranks, ar->rank, &lo, &hi);
     if (hi > lo) {
-        float *src[S_MAX_RANKS];
+        float *src[S_MAX_RANKS] = {0};
         for (int i = 0; i < ar->n_ranks; i++)
             src[i] = s_in_slot(ar, i, g) + lo;
         float *out = s_out_slot(ar, g) + lo;
