@@ -7,9 +7,14 @@
  * The launcher's stdout is read through a pipe; its "started ROLE I pid P" lines give the
  * PIDs and are the synchronisation point for signals. Processes that are not our children
  * (the stand-in ssh's "remote" side) are awaited with pidfd + poll, bounded.
+ *
+ * scripts/compare is tested here too: its table, JSON and plot on metrics files written by
+ * trainer/metrics.c itself (so the two agree on the format), and a run of fleets through
+ * zps-launch with a stand-in trainer that writes metrics where --metrics says.
  */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <math.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -20,6 +25,8 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "trainer/metrics.h"
 
 #define S_OUT 65536
 
@@ -383,5 +390,205 @@ Test(it_launch, slurm_and_ssh_command_lines, .timeout = 10)
     cr_assert_eq(r.code, 0, "%s", r.out);
     cr_assert(strstr(r.out, "trainer 0 on node2: ssh -o BatchMode=yes node2 'sh -c "), "%s",
               r.out);
+    s_cleanup(&r);
+}
+
+/* ---------------------------------------------------------------- scripts/compare */
+
+static const char *s_compare(void)
+{
+    static char path[4096];
+    const char *root = getenv("ZPS_ROOT");
+    snprintf(path, sizeof path, "%s/scripts/compare", root && *root ? root : ".");
+    return path;
+}
+
+/* Runs scripts/compare in r->dir with args; output into r->out. */
+static void s_run_compare(s_run *r, const char *const *args)
+{
+    const char *argv[40];
+    int n = 0;
+    argv[n++] = "/usr/bin/python3";
+    argv[n++] = s_compare();
+    while (*args && n < 38)
+        argv[n++] = *args++;
+    argv[n] = NULL;
+    int fds[2];
+    cr_assert_eq(pipe(fds), 0);
+    pid_t pid = fork();
+    cr_assert_neq(pid, -1);
+    if (pid == 0) {
+        dup2(fds[1], 1);
+        dup2(fds[1], 2);
+        close(fds[0]);
+        close(fds[1]);
+        if (chdir(r->dir) != 0)
+            _exit(126);
+        unsetenv("ZPS_BENCH_DIR");
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    close(fds[1]);
+    size_t len = 0;
+    ssize_t k;
+    while ((k = read(fds[0], r->out + len, S_OUT - 1 - len)) > 0)
+        len += (size_t)k;
+    r->out[len] = 0;
+    close(fds[0]);
+    int st = 0;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    r->code = WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
+}
+
+static char *s_read_file(const char *path, char *buf, size_t cap)
+{
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f, "%s", path);
+    size_t n = fread(buf, 1, cap - 1, f);
+    buf[n] = 0;
+    fclose(f);
+    return buf;
+}
+
+/* number after "key": inside the compare.json entry of mode (NAN for null / absent) */
+static double s_entry(const char *json, const char *mode, const char *key)
+{
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"mode\": \"%s\"", mode);
+    const char *e = strstr(json, pat);
+    if (!e)
+        return NAN;
+    const char *end = strchr(e, '}');
+    snprintf(pat, sizeof pat, "\"%s\": ", key);
+    const char *p = strstr(e, pat);
+    if (!p || (end && p > end) || !strncmp(p + strlen(pat), "null", 4))
+        return NAN;
+    return strtod(p + strlen(pat), NULL);
+}
+
+Test(it_launch, compare_table_json_and_plot_from_metrics_files, .timeout = 60)
+{
+    s_run r;
+    s_setup(&r, 1);
+    uint64_t seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 16);
+    srand((unsigned)seed);
+    static const char *modes[] = {"sync", "async", "ssp", "allreduce"};
+    double img_s_sum[4] = {0}, hit[4], final_acc[4];
+    const char *cargs[16];
+    int nc = 0;
+    char specs[4][256];
+    cargs[nc++] = "--from-runs";
+    for (int mi = 0; mi < 4; mi++) {
+        char dir[256];
+        snprintf(dir, sizeof dir, "%s/%s", r.dir, modes[mi]);
+        cr_assert_eq(mkdir(dir, 0755), 0);
+        snprintf(specs[mi], sizeof specs[mi], "%s=%s", modes[mi], modes[mi]);
+        cargs[nc++] = specs[mi];
+        /* mode mi reaches 85% at evaluation 3 + mi (never for allreduce); trainer 0 evaluates
+         * every 10 steps of 0.25 s; trainer 1 never evaluates */
+        hit[mi] = mi < 3 ? 0.25 * 10 * (3 + mi) : NAN;
+        for (int t = 0; t < 2; t++) {
+            char path[300];
+            snprintf(path, sizeof path, "%s/metrics-%d.jsonl", dir, t);
+            tr_metrics_opts o = {.jsonl_path = path, .mode = TR_PROGRESS_OFF, .trainer_id = t,
+                                 .mode_name = modes[mi], .batch = 32, .n_trainers = 2,
+                                 .target_accuracy = 0.85};
+            tr_metrics *m = NULL;
+            cr_assert_eq(tr_metrics_new(&o, &m), ZPS_OK);
+            int64_t images = 0;
+            double acc = 0;
+            for (int s = 1; s <= 80; s++) {
+                tr_metrics_set_fake_time(m, 0.25 * s);
+                tr_step_record rec = tr_step_record_empty(s);
+                rec.images = 16 + rand() % 32;
+                rec.loss = 2.0 / s;
+                images += rec.images;
+                if (t == 0 && s % 10 == 0) {
+                    int ev = s / 10;
+                    acc = ev < 3 + mi || mi == 3 ? 0.5 + 0.3 * rand() / RAND_MAX
+                                                 : 0.85 + 0.1 * rand() / RAND_MAX;
+                    rec.test_accuracy = acc;
+                }
+                cr_assert_eq(tr_metrics_step(m, &rec), ZPS_OK);
+            }
+            if (t == 0)
+                final_acc[mi] = acc;
+            img_s_sum[mi] += (double)images / 20.0;
+            tr_metrics_destroy(&m);
+        }
+    }
+    cargs[nc++] = "--out-dir";
+    cargs[nc++] = "out";
+    cargs[nc] = NULL;
+    s_run_compare(&r, cargs);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    cr_assert(strstr(r.out, "time to 85%"), "table header: %s", r.out);
+    cr_assert(strstr(r.out, "allreduce"), "%s", r.out);
+
+    char path[300], json[16384];
+    snprintf(path, sizeof path, "%s/out/compare.json", r.dir);
+    s_read_file(path, json, sizeof json);
+    for (int mi = 0; mi < 4; mi++) {
+        double v = s_entry(json, modes[mi], "img_s");
+        cr_assert(fabs(v - img_s_sum[mi]) < 1e-3 * img_s_sum[mi], "%s img_s %g want %g (seed %llx)",
+                  modes[mi], v, img_s_sum[mi], (unsigned long long)seed);
+        double t = s_entry(json, modes[mi], "time_to_target");
+        if (isnan(hit[mi]))
+            cr_assert(isnan(t), "%s never reached 85%% but time_to_target %g", modes[mi], t);
+        else /* trainers' start records differ by the ms they were created apart */
+            cr_assert(fabs(t - hit[mi]) < 0.5, "%s time_to_target %g want %g", modes[mi], t,
+                      hit[mi]);
+        cr_assert(fabs(s_entry(json, modes[mi], "final_accuracy") - final_acc[mi]) < 1e-5,
+                  "%s final accuracy", modes[mi]);
+        cr_assert_eq(s_entry(json, modes[mi], "trainers"), 2.0);
+    }
+    unsigned char magic[8] = {0};
+    snprintf(path, sizeof path, "%s/out/compare.png", r.dir);
+    FILE *f = fopen(path, "rb");
+    cr_assert_not_null(f, "no plot: %s", r.out);
+    cr_assert_eq(fread(magic, 1, 8, f), 8u);
+    fclose(f);
+    cr_assert(!memcmp(magic, "\x89PNG\r\n\x1a\n", 8), "compare.png is not a PNG");
+    s_cleanup(&r);
+}
+
+/* A stand-in trainer that writes a small metrics file where --metrics says. */
+static const char *s_metrics_trainer_sh =
+    "#!/bin/sh\n"
+    "id=''; mode=''; out=''\n"
+    "while [ $# -gt 0 ]; do case \"$1\" in\n"
+    "  --trainer-id) id=$2; shift;; --mode) mode=$2; shift;; --metrics) out=$2; shift;;\n"
+    "esac; shift; done\n"
+    "[ -n \"$out\" ] || exit 9\n"
+    "{ echo \"{\\\"type\\\":\\\"start\\\",\\\"trainer\\\":$id,\\\"mode\\\":\\\"$mode\\\","
+    "\\\"wall_ms\\\":1000}\"\n"
+    "  echo \"{\\\"type\\\":\\\"step\\\",\\\"trainer\\\":$id,\\\"step\\\":1,\\\"time\\\":1.0,"
+    "\\\"images\\\":50,\\\"loss\\\":0.5,\\\"accuracy\\\":0.9}\"\n"
+    "  echo \"{\\\"type\\\":\\\"summary\\\",\\\"trainer\\\":$id,\\\"steps\\\":1,"
+    "\\\"img_s\\\":50}\"\n"
+    "} > \"$out\"\n";
+
+Test(it_launch, compare_runs_fleets_through_the_launcher, .timeout = 60)
+{
+    s_run r;
+    s_setup(&r, 0);
+    char bin[256];
+    snprintf(bin, sizeof bin, "%s/bin", r.dir);
+    s_write_exec(bin, "zps-trainer", s_metrics_trainer_sh);
+    const char *args[] = {"--modes", "sync,allreduce", "--trainers", "2", "--servers", "1",
+                          "--bin-dir", bin, "--runs-root", "runs", "--out-dir", "out",
+                          "--no-plot", "--timeout", "20", NULL};
+    s_run_compare(&r, args);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    char path[300], json[16384];
+    snprintf(path, sizeof path, "%s/out/compare.json", r.dir);
+    s_read_file(path, json, sizeof json);
+    cr_assert_eq(s_entry(json, "sync", "img_s"), 100.0, "%s", json);
+    cr_assert_eq(s_entry(json, "allreduce", "img_s"), 100.0, "%s", json);
+    cr_assert(fabs(s_entry(json, "sync", "time_to_target") - 1.0) < 1e-9, "%s", json);
+    snprintf(path, sizeof path, "%s/runs/sync/metrics-1.jsonl", r.dir);
+    char text[2048];
+    s_read_file(path, text, sizeof text);
+    cr_assert(strstr(text, "\"mode\":\"sync\""), "%s", text);
     s_cleanup(&r);
 }
