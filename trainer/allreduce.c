@@ -73,7 +73,7 @@ typedef struct s_rank_ctl {
 } __attribute__((aligned(64))) s_rank_ctl;
 
 typedef struct s_header {
-    uint64_t magic;         // S_MAGIC once initialised
+    _Atomic uint64_t magic; // S_MAGIC once initialised (stored last)
     uint32_t n_ranks;       // geometry: all must agree
     uint32_t ring;          // slots in each ring
     uint64_t slice_floats;  // floats per slot
@@ -499,8 +499,7 @@ static zps_status s_init_header(s_header *h, const tr_allreduce *ar)
     h->bytes = ar->bytes;
     for (int i = 0; i < S_MAX_RANKS; i++)
         ZPS_TRY(s_init_mutex(&h->ranks[i].alive));
-    atomic_thread_fence(memory_order_seq_cst);
-    h->magic = S_MAGIC;
+    atomic_store(&h->magic, S_MAGIC);
     return ZPS_OK;
 }
 
@@ -520,7 +519,7 @@ static zps_status s_attach_locked(tr_allreduce *ar, int fd)
         }
         s_header *h = m;
         int live = 0;
-        if ((size_t)st.st_size >= sizeof(s_header) && h->magic == S_MAGIC)
+        if ((size_t)st.st_size >= sizeof(s_header) && atomic_load(&h->magic) == S_MAGIC)
             for (int i = 0; i < S_MAX_RANKS; i++)
                 if (atomic_load(&h->ranks[i].pid) && s_peer_alive(h, i))
                     live++;
@@ -547,13 +546,13 @@ static zps_status s_attach_locked(tr_allreduce *ar, int fd)
     ar->hdr = h;
     if (!fresh) {
         int live = 0, used = 0;
-        if (h->magic == S_MAGIC)
+        if (atomic_load(&h->magic) == S_MAGIC)
             for (int i = 0; i < S_MAX_RANKS; i++)
                 if (atomic_load(&h->ranks[i].pid)) {
                     used++;
                     live += s_peer_alive(h, i);
                 }
-        if (h->magic == S_MAGIC && live &&
+        if (atomic_load(&h->magic) == S_MAGIC && live &&
             (h->n_ranks != (uint32_t)ar->n_ranks || h->ring != (uint32_t)ar->ring ||
              h->slice_floats != ar->slice)) {
             zps_log(ZPS_ERROR, "allreduce",
@@ -562,7 +561,7 @@ static zps_status s_attach_locked(tr_allreduce *ar, int fd)
                     ar->n_ranks, ar->slice, ar->ring);
             return ZPS_ERR_CONFIG;
         }
-        if (h->magic != S_MAGIC || !live) {
+        if (atomic_load(&h->magic) != S_MAGIC || !live) {
             if (used)
                 zps_log(ZPS_WARN, "allreduce", "%s: stale segment (its %d rank(s) are gone); "
                         "reinitialising", ar->name, used);
