@@ -384,8 +384,7 @@ static int s_crash_attach_child(int rank, void *p)
     zps_log_set_level(ZPS_LOG_OFF);
     tr_allreduce_opts o = {.timeout_ms = 60000};
     tr_allreduce *ar = NULL;
-    /* kill ourselves from a second thread once attached is visible is overkill: the parent
-     * kills us once the segment exists; we block in the attach wait meanwhile */
+    /* blocks in the attach wait (rank 1 never comes) until the parent kills us */
     tr_allreduce_new(c->job, 0, 2, 5000, &o, &ar);
     return 9;
 }
@@ -398,8 +397,8 @@ Test(it_allreduce, stale_segment_from_crashed_job_is_reused, .timeout = 30)
     cr_assert_neq(pid, -1);
     if (pid == 0)
         _exit(s_crash_attach_child(0, &c));
-    /* wait (bounded) until the child has created and registered in the segment: the file
-     * appears under /dev/shm; then kill it mid-attach */
+    /* wait (bounded, yielding) until the child has created the segment under /dev/shm, then
+     * kill it mid-attach: whether it had registered yet or not, the next job must cope */
     char path[128];
     snprintf(path, sizeof path, "/dev/shm/zps-ar-%s", c.job);
     uint64_t t0 = zps_now_ns();
@@ -407,8 +406,6 @@ Test(it_allreduce, stale_segment_from_crashed_job_is_reused, .timeout = 30)
         cr_assert(zps_now_ns() - t0 < 5000000000ull, "segment never appeared");
         sched_yield();
     }
-    /* the file exists before registration finishes; a second rank 0 now would see either a
-     * live holder or a stale one, both handled; kill and reap the first */
     kill(pid, SIGKILL);
     int st;
     cr_assert_eq(waitpid(pid, &st, 0), pid);
