@@ -18,6 +18,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -397,13 +400,27 @@ Test(it_allreduce, stale_segment_from_crashed_job_is_reused, .timeout = 30)
     cr_assert_neq(pid, -1);
     if (pid == 0)
         _exit(s_crash_attach_child(0, &c));
-    /* wait (bounded, yielding) until the child has created the segment under /dev/shm, then
-     * kill it mid-attach: whether it had registered yet or not, the next job must cope */
+    /* kill the child once it is registered and waiting for its peer */
     char path[128];
     snprintf(path, sizeof path, "/dev/shm/zps-ar-%s", c.job);
+    /* the child initialises and registers in one section under flock on the segment: once
+     * we hold that lock and the segment has a size, the child is registered (a dead holder
+     * is what the next job must recognise as stale) */
     uint64_t t0 = zps_now_ns();
-    while (access(path, F_OK) != 0) {
-        cr_assert(zps_now_ns() - t0 < 5000000000ull, "segment never appeared");
+    for (;;) {
+        cr_assert(zps_now_ns() - t0 < 5000000000ull, "the child never registered");
+        int fd = open(path, O_RDWR);
+        if (fd < 0) {
+            sched_yield();
+            continue;
+        }
+        struct stat sb;
+        cr_assert_eq(flock(fd, LOCK_EX), 0);
+        cr_assert_eq(fstat(fd, &sb), 0);
+        flock(fd, LOCK_UN);
+        close(fd);
+        if (sb.st_size > 0)
+            break;
         sched_yield();
     }
     kill(pid, SIGKILL);
