@@ -6,8 +6,9 @@
  * 1 GB = 1e9 bytes. A repetition is timed on every rank from the end of a barrier to the end
  * of the all-reduce; the repetition's time is the slowest rank's; figures are medians over
  * repetitions (after warm-up calls). Buffers are allocated and pre-faulted once per size, and
- * both sides reduce the same buffer repeatedly (sum, no refill). zps runs first, then gloo, so
- * the two never share the cores.
+ * both sides reduce the same buffer repeatedly (sum, no refill). zps runs half its
+ * repetitions before gloo and half after (one median over both), so the two never share the
+ * cores and a change of background load during the run affects both alike.
  *
  * Writes $ZPS_BENCH_DIR/allreduce.json: [{bytes, zps_gbps, gloo_gbps, ratio}, ...] with
  * ratio = zps_gbps / gloo_gbps (gloo_gbps and ratio null with --no-gloo or when the peer
@@ -33,6 +34,7 @@
 
 typedef struct {
     int ranks, reps, warmup, n_sizes;
+    int rep0; // index of this pass's first repetition in s_times
     size_t sizes[S_MAX_SIZES]; // bytes
     tr_allreduce_opts opts;
     char job[64];
@@ -72,12 +74,36 @@ static int s_rank_main(const s_cfg *c, int rank)
             rc = tr_allreduce_barrier(ar) != ZPS_OK;
             uint64_t t0 = zps_now_ns();
             rc = rc || tr_allreduce_sum(ar, buf, n, 0) != ZPS_OK;
-            *s_slot(si, r, rank) = (double)(zps_now_ns() - t0) * 1e-9;
+            *s_slot(si, c->rep0 + r, rank) = (double)(zps_now_ns() - t0) * 1e-9;
         }
     }
     zps_aligned_free(buf);
     tr_allreduce_destroy(&ar);
     return rc;
+}
+
+/* Forks the ranks of one zps pass and reaps them; 0 when all succeeded. */
+static int s_run_zps(const s_cfg *c)
+{
+    fflush(NULL);
+    pid_t pids[S_MAX_RANKS];
+    int failed = 0, n = 0;
+    for (int r = 0; r < c->ranks; r++, n++) {
+        pids[r] = fork();
+        if (pids[r] < 0) {
+            perror("fork");
+            failed = 1;
+            break;
+        }
+        if (pids[r] == 0)
+            _exit(s_rank_main(c, r));
+    }
+    for (int r = 0; r < n; r++) {
+        int st;
+        if (waitpid(pids[r], &st, 0) != pids[r] || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
+            failed = 1;
+    }
+    return failed;
 }
 
 /* Runs the gloo peer; fills gbps[i] (negative when it failed). */
@@ -193,29 +219,25 @@ ZPS_BENCH(allreduce, "in-node shared-memory all-reduce vs torch gloo, 1-100 MB, 
         perror("mmap");
         return 1;
     }
-    fflush(NULL);
-    pid_t pids[S_MAX_RANKS];
-    for (int r = 0; r < c.ranks; r++) {
-        pids[r] = fork();
-        if (pids[r] < 0) {
-            perror("fork");
+    /* zps runs before and after gloo (half the repetitions each) and its median is over
+     * both passes, so a change of background load during the run hits both sides alike */
+    double zps[S_MAX_SIZES], gloo[S_MAX_SIZES], per_rep[S_MAX_REPS];
+    for (int si = 0; si < c.n_sizes; si++)
+        gloo[si] = -1;
+    int half = (c.reps + 1) / 2;
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1 && !no_gloo)
+            s_run_gloo(&c, gloo);
+        s_cfg pc = c;
+        pc.reps = pass == 0 ? half : c.reps - half;
+        pc.rep0 = pass == 0 ? 0 : half;
+        snprintf(pc.job, sizeof pc.job, "bench-%d-%d", (int)getpid(), pass);
+        if (pc.reps > 0 && s_run_zps(&pc) != 0) {
+            fprintf(stderr, "allreduce: a zps rank failed\n");
+            munmap(s_times, tbytes);
             return 1;
         }
-        if (pids[r] == 0)
-            _exit(s_rank_main(&c, r));
     }
-    int failed = 0;
-    for (int r = 0; r < c.ranks; r++) {
-        int st;
-        if (waitpid(pids[r], &st, 0) != pids[r] || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
-            failed = 1;
-    }
-    if (failed) {
-        fprintf(stderr, "allreduce: a zps rank failed\n");
-        munmap(s_times, tbytes);
-        return 1;
-    }
-    double zps[S_MAX_SIZES], gloo[S_MAX_SIZES], per_rep[S_MAX_REPS];
     for (int si = 0; si < c.n_sizes; si++) {
         for (int r = 0; r < c.reps; r++) {
             double m = 0;
@@ -227,11 +249,6 @@ ZPS_BENCH(allreduce, "in-node shared-memory all-reduce vs torch gloo, 1-100 MB, 
         zps[si] = (double)c.sizes[si] / bench_median(per_rep, (size_t)c.reps) / 1e9;
     }
     munmap(s_times, tbytes);
-    if (!no_gloo)
-        s_run_gloo(&c, gloo);
-    else
-        for (int si = 0; si < c.n_sizes; si++)
-            gloo[si] = -1;
 
     char path[4096];
     snprintf(path, sizeof path, "%s/allreduce.json", bench_out_dir());

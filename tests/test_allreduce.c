@@ -4,7 +4,8 @@
  * two ranks played by two threads. Suite `it_allreduce` forks rank processes: results are
  * bit-identical on every rank and equal to the fixed-order sum ((x0 + x1) + x2) + ...,
  * across many calls with sizes that do not fill a slice or wrap the ring; average,
- * broadcast and barrier; a peer that dies makes the others fail at once instead of hanging;
+ * broadcast and barrier; a peer that dies makes the others fail at once instead of hanging,
+ * and one that is alive but silent makes every other rank time out;
  * a segment left by a crashed job is reused; the NCCL variant (SKIP without a GPU).
  * Inputs are fresh random numbers of mixed magnitude (so summation order shows in the
  * bits); the seed is printed on failure.
@@ -17,12 +18,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "common/clock.h"
 #include "common/log.h"
+#include "tests/testutil.h"
 #include "trainer/allreduce.h"
 
 static uint64_t s_mix(uint64_t x)
@@ -298,6 +303,67 @@ Test(it_allreduce, dead_peer_is_an_error_not_a_hang, .timeout = 30)
     cr_assert_eq(codes[0], 0, "surviving rank exit %d (2: wrong status, 3: too slow)", codes[0]);
 }
 
+/* rank 2 attaches, then stays alive but silent (blocked reading a pipe the parent holds);
+ * ranks 0 and 1 have a 500 ms timeout: both must give up (one by its own timeout, or by the
+ * job-broken flag the other sets) instead of hanging. Exit 0 when that happened in time. */
+static int s_silent_pipe[2];
+
+static int s_silent_child(int rank, void *p)
+{
+    s_seq_ctx *c = p;
+    zps_log_set_level(ZPS_LOG_OFF);
+    tr_allreduce_opts o = {.timeout_ms = 500};
+    tr_allreduce *ar = NULL;
+    close(s_silent_pipe[1]);
+    if (tr_allreduce_new(c->job, rank, 3, 4096, &o, &ar) != ZPS_OK)
+        return 1;
+    if (rank == 2) {
+        char b;
+        while (read(s_silent_pipe[0], &b, 1) > 0)
+            ;
+        tr_allreduce_destroy(&ar);
+        return 0;
+    }
+    float buf[4096];
+    for (int i = 0; i < 4096; i++)
+        buf[i] = s_val(c->seed, 0, rank, (size_t)i);
+    uint64_t t0 = zps_now_ns();
+    zps_status st = tr_allreduce_sum(ar, buf, 4096, 0);
+    double dt = (double)(zps_now_ns() - t0) * 1e-9;
+    tr_allreduce_destroy(&ar);
+    if (st != ZPS_ERR_TIMEOUT)
+        return 2;
+    return dt >= 0.45 && dt < 5.0 ? 0 : 3;
+}
+
+Test(it_allreduce, silent_peer_times_out_for_everyone, .timeout = 30)
+{
+    s_seq_ctx c = {.n = 3, .seed = s_seed()};
+    s_job(c.job, sizeof c.job, "silent", c.seed);
+    cr_assert_eq(pipe(s_silent_pipe), 0);
+    pid_t pid[3];
+    for (int r = 0; r < 3; r++) {
+        pid[r] = fork();
+        cr_assert_neq(pid[r], -1);
+        if (pid[r] == 0)
+            _exit(s_silent_child(r, &c));
+    }
+    close(s_silent_pipe[0]);
+    int codes[3];
+    for (int r = 0; r < 2; r++) {
+        int st = 0;
+        cr_assert_eq(waitpid(pid[r], &st, 0), pid[r]);
+        codes[r] = WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
+    }
+    close(s_silent_pipe[1]); // rank 2 reads EOF and leaves
+    int st = 0;
+    cr_assert_eq(waitpid(pid[2], &st, 0), pid[2]);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "silent rank status %d", st);
+    for (int r = 0; r < 2; r++)
+        cr_assert_eq(codes[r], 0, "rank %d exit %d (2: wrong status, 3: took too long)", r,
+                     codes[r]);
+}
+
 Test(it_allreduce, missing_peer_times_out_at_attach, .timeout = 10)
 {
     zps_log_set_level(ZPS_LOG_OFF);
@@ -322,8 +388,7 @@ static int s_crash_attach_child(int rank, void *p)
     zps_log_set_level(ZPS_LOG_OFF);
     tr_allreduce_opts o = {.timeout_ms = 60000};
     tr_allreduce *ar = NULL;
-    /* kill ourselves from a second thread once attached is visible is overkill: the parent
-     * kills us once the segment exists; we block in the attach wait meanwhile */
+    /* blocks in the attach wait (rank 1 never comes) until the parent kills us */
     tr_allreduce_new(c->job, 0, 2, 5000, &o, &ar);
     return 9;
 }
@@ -336,17 +401,29 @@ Test(it_allreduce, stale_segment_from_crashed_job_is_reused, .timeout = 30)
     cr_assert_neq(pid, -1);
     if (pid == 0)
         _exit(s_crash_attach_child(0, &c));
-    /* wait (bounded) until the child has created and registered in the segment: the file
-     * appears under /dev/shm; then kill it mid-attach */
+    /* kill the child once it is registered and waiting for its peer */
     char path[128];
     snprintf(path, sizeof path, "/dev/shm/zps-ar-%s", c.job);
+    /* the child initialises and registers in one section under flock on the segment: once
+     * we hold that lock and the segment has a size, the child is registered (a dead holder
+     * is what the next job must recognise as stale) */
     uint64_t t0 = zps_now_ns();
-    while (access(path, F_OK) != 0) {
-        cr_assert(zps_now_ns() - t0 < 5000000000ull, "segment never appeared");
+    for (;;) {
+        cr_assert(zps_now_ns() - t0 < 5000000000ull, "the child never registered");
+        int fd = open(path, O_RDWR);
+        if (fd < 0) {
+            sched_yield();
+            continue;
+        }
+        struct stat sb;
+        cr_assert_eq(flock(fd, LOCK_EX), 0);
+        cr_assert_eq(fstat(fd, &sb), 0);
+        flock(fd, LOCK_UN);
+        close(fd);
+        if (sb.st_size > 0)
+            break;
         sched_yield();
     }
-    /* the file exists before registration finishes; a second rank 0 now would see either a
-     * live holder or a stale one, both handled; kill and reap the first */
     kill(pid, SIGKILL);
     int st;
     cr_assert_eq(waitpid(pid, &st, 0), pid);
@@ -404,16 +481,14 @@ Test(it_allreduce, nccl_variant_when_a_gpu_exists, .timeout = 60)
     int codes[2];
     s_fork_ranks(1, s_nccl_child, &c, codes); // one rank: any single GPU
     if (codes[0] == 77) {
-        cr_log_info("SKIP: no CUDA device (or no CUDA library): NCCL all-reduce not run");
-        return;
+        ZPS_TEST_SKIP("no CUDA device (or no CUDA library): NCCL all-reduce not run");
     }
     cr_assert_eq(codes[0], 0, "1-rank NCCL exit %d", codes[0]);
     c.n = 2;
     s_job(c.job, sizeof c.job, "nccl2", c.seed);
     s_fork_ranks(2, s_nccl_child, &c, codes);
     if (codes[0] == 77 || codes[1] == 77) {
-        cr_log_info("SKIP: fewer than 2 CUDA devices: 2-rank NCCL all-reduce not run");
-        return;
+        ZPS_TEST_SKIP("fewer than 2 CUDA devices: 2-rank NCCL all-reduce not run");
     }
     cr_assert(codes[0] == 0 && codes[1] == 0, "2-rank NCCL exits %d %d", codes[0], codes[1]);
 }

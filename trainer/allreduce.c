@@ -73,13 +73,14 @@ typedef struct s_rank_ctl {
 } __attribute__((aligned(64))) s_rank_ctl;
 
 typedef struct s_header {
-    uint64_t magic;         // S_MAGIC once initialised
+    _Atomic uint64_t magic; // S_MAGIC once initialised (stored last)
     uint32_t n_ranks;       // geometry: all must agree
     uint32_t ring;          // slots in each ring
     uint64_t slice_floats;  // floats per slot
     uint64_t bytes;         // whole segment
     s_word attached;        // ranks that registered (futex word)
     s_word sleepers;        // waiters inside FUTEX_WAIT; wakers skip the syscall when 0
+    s_word failed;          // 1 + rank that found the job broken (0: fine); all waits end
     s_rank_ctl ranks[S_MAX_RANKS];
 } s_header;
 
@@ -137,6 +138,18 @@ static int s_peer_alive(s_header *h, int i)
     return 0;
 }
 
+/* Marks this object and the whole job broken, and wakes every sleeper so all ranks stop. */
+static void s_fail(tr_allreduce *ar)
+{
+    s_header *h = ar->hdr;
+    ar->broken = 1;
+    uint32_t zero = 0;
+    atomic_compare_exchange_strong(&h->failed.v, &zero, (uint32_t)ar->rank + 1);
+    for (int i = 0; i < ar->n_ranks; i++)
+        for (int c = 0; c < S_NCOUNTERS; c++)
+            s_futex(&h->ranks[i].ctr[c].v, FUTEX_WAKE, INT_MAX, NULL);
+}
+
 /* Waits until *word >= target (wrap-around order); the word belongs to rank `peer`. */
 static zps_status s_wait_word(tr_allreduce *ar, _Atomic uint32_t *word, uint32_t target,
                               int peer, const char *what)
@@ -173,24 +186,34 @@ static zps_status s_wait_word(tr_allreduce *ar, _Atomic uint32_t *word, uint32_t
         atomic_fetch_sub(&h->sleepers.v, 1);
         if (s_after_or_eq(v, target))
             return ZPS_OK;
-        uint64_t now = zps_now_ns();
-        if (peer != ar->rank && !s_peer_alive(h, peer)) {
-            if (s_after_or_eq(atomic_load(word), target))
-                return ZPS_OK;
-            zps_log(ZPS_ERROR, "allreduce",
-                    "rank %d: peer rank %d (pid %d) died or left while we waited for its %s "
-                    "(slice %u)",
-                    ar->rank, peer, (int)atomic_load(&h->ranks[peer].pid), what, target - 1);
+        uint32_t failed = atomic_load(&h->failed.v);
+        if (failed) {
+            zps_log(ZPS_ERROR, "allreduce", "rank %d: rank %u found the job broken; giving up",
+                    ar->rank, failed - 1);
             ar->broken = 1;
             return ZPS_ERR_TIMEOUT;
         }
-        if (now > deadline) {
+        /* every peer, not only the awaited one: with 3+ ranks the awaited one may itself be
+         * stuck behind the dead one */
+        for (int i = 0; i < ar->n_ranks; i++) {
+            if (i == ar->rank || s_peer_alive(h, i))
+                continue;
+            if (i == peer && s_after_or_eq(atomic_load(word), target))
+                return ZPS_OK;
+            zps_log(ZPS_ERROR, "allreduce",
+                    "rank %d: peer rank %d (pid %d) died or left while we waited for the %s "
+                    "of rank %d (slice %u)",
+                    ar->rank, i, (int)atomic_load(&h->ranks[i].pid), what, peer, target - 1);
+            s_fail(ar);
+            return ZPS_ERR_TIMEOUT;
+        }
+        if (zps_now_ns() > deadline) {
             zps_log(ZPS_ERROR, "allreduce",
                     "rank %d: peer rank %d (pid %d) alive but silent for %d ms (waiting for "
                     "its %s of slice %u)",
                     ar->rank, peer, (int)atomic_load(&h->ranks[peer].pid), ar->timeout_ms, what,
                     target - 1);
-            ar->broken = 1;
+            s_fail(ar);
             return ZPS_ERR_TIMEOUT;
         }
     }
@@ -300,7 +323,7 @@ static void s_reduce_part(tr_allreduce *ar, float *buf, size_t n, uint32_t base,
     size_t len = s_slice_len(ar, n, t), lo, hi;
     s_part(len, ar->n_ranks, ar->rank, &lo, &hi);
     if (hi > lo) {
-        float *src[S_MAX_RANKS];
+        float *src[S_MAX_RANKS] = {0};
         for (int i = 0; i < ar->n_ranks; i++)
             src[i] = s_in_slot(ar, i, g) + lo;
         float *out = s_out_slot(ar, g) + lo;
@@ -476,8 +499,7 @@ static zps_status s_init_header(s_header *h, const tr_allreduce *ar)
     h->bytes = ar->bytes;
     for (int i = 0; i < S_MAX_RANKS; i++)
         ZPS_TRY(s_init_mutex(&h->ranks[i].alive));
-    atomic_thread_fence(memory_order_seq_cst);
-    h->magic = S_MAGIC;
+    atomic_store(&h->magic, S_MAGIC);
     return ZPS_OK;
 }
 
@@ -497,7 +519,7 @@ static zps_status s_attach_locked(tr_allreduce *ar, int fd)
         }
         s_header *h = m;
         int live = 0;
-        if ((size_t)st.st_size >= sizeof(s_header) && h->magic == S_MAGIC)
+        if ((size_t)st.st_size >= sizeof(s_header) && atomic_load(&h->magic) == S_MAGIC)
             for (int i = 0; i < S_MAX_RANKS; i++)
                 if (atomic_load(&h->ranks[i].pid) && s_peer_alive(h, i))
                     live++;
@@ -524,13 +546,13 @@ static zps_status s_attach_locked(tr_allreduce *ar, int fd)
     ar->hdr = h;
     if (!fresh) {
         int live = 0, used = 0;
-        if (h->magic == S_MAGIC)
+        if (atomic_load(&h->magic) == S_MAGIC)
             for (int i = 0; i < S_MAX_RANKS; i++)
                 if (atomic_load(&h->ranks[i].pid)) {
                     used++;
                     live += s_peer_alive(h, i);
                 }
-        if (h->magic == S_MAGIC && live &&
+        if (atomic_load(&h->magic) == S_MAGIC && live &&
             (h->n_ranks != (uint32_t)ar->n_ranks || h->ring != (uint32_t)ar->ring ||
              h->slice_floats != ar->slice)) {
             zps_log(ZPS_ERROR, "allreduce",
@@ -539,7 +561,7 @@ static zps_status s_attach_locked(tr_allreduce *ar, int fd)
                     ar->n_ranks, ar->slice, ar->ring);
             return ZPS_ERR_CONFIG;
         }
-        if (h->magic != S_MAGIC || !live) {
+        if (atomic_load(&h->magic) != S_MAGIC || !live) {
             if (used)
                 zps_log(ZPS_WARN, "allreduce", "%s: stale segment (its %d rank(s) are gone); "
                         "reinitialising", ar->name, used);
@@ -626,7 +648,10 @@ zps_status tr_allreduce_new(const char *job_name, int rank, int n_ranks, size_t 
     ar->rank = rank;
     ar->n_ranks = n_ranks;
     ar->max_floats = max_floats;
-    ar->ring = o.ring > 0 ? (o.ring < 3 ? 3 : o.ring) : S_DEFAULT_RING;
+    /* a power of two, so slot = g % ring stays continuous when the 32-bit g wraps */
+    int ring = o.ring > 0 ? (o.ring < 3 ? 3 : o.ring) : S_DEFAULT_RING;
+    for (ar->ring = 4; ar->ring < ring && ar->ring < 1024; ar->ring *= 2)
+        ;
     size_t slice = o.slice_floats ? o.slice_floats : S_DEFAULT_SLICE;
     size_t need = (max_floats + S_ALIGN_FLOATS - 1) / S_ALIGN_FLOATS * S_ALIGN_FLOATS;
     if (slice > need)

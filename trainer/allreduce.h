@@ -26,12 +26,14 @@
  *    peer that dies is noticed at once; a peer that is alive but silent past the timeout
  *    (default 300 s, tr_allreduce_set_timeout) ends the wait too. Either way the call returns
  *    ZPS_ERR_TIMEOUT, the log names the peer and why, and the object is broken: every later
- *    call fails at once.
+ *    call fails at once. The rank that notices marks the whole job broken in the segment,
+ *    so the other ranks stop waiting too (within 20 ms).
  *  - The name is unlinked as soon as all ranks have attached (and again, harmlessly, by
  *    destroy), so a crash never leaves a segment behind; a stale segment left by ranks that
  *    died before all attached is detected (all holders dead) and reinitialised.
  *  - Every rank must make the same sequence of calls with the same n (collective calls). One
- *    object per process per job; not thread-safe.
+ *    object per process per job; not thread-safe; destroy it from the thread that created it
+ *    (that thread holds the liveness mutex, and a thread that exits drops it).
  */
 #ifndef ZPS_TRAINER_ALLREDUCE_H
 #define ZPS_TRAINER_ALLREDUCE_H
@@ -45,7 +47,7 @@ typedef struct tr_allreduce tr_allreduce;
 
 typedef struct tr_allreduce_opts {
     size_t slice_floats; // floats per slice (0: default 32768 = 128 KiB)
-    int ring;            // slots per ring (0: default 8; minimum 3)
+    int ring;            // slots per ring (0: default 8), rounded up to a power of 2 >= 4
     int timeout_ms;      // attach and per-wait timeout (0: default 300000)
 } tr_allreduce_opts;
 
