@@ -46,7 +46,16 @@ void tr_config_default(tr_config *c)
     c->opt.lr = 0.05;
     c->progress = 1;
     c->seed = 1;
-    snprintf(c->job, sizeof c->job, "zps");
+    /* Under zps-launch, name the job after the run folder, so two fleets on one machine
+     * never share an all-reduce segment. */
+    const char *run = getenv("ZPS_RUN_DIR");
+    const char *base = run ? strrchr(run, '/') : NULL;
+    base = base ? base + 1 : run;
+    snprintf(c->job, sizeof c->job, "%s", base && *base ? base : "zps");
+    for (char *p = c->job; *p; p++)
+        if (!(*p == '-' || *p == '_' || *p == '.' || (*p >= '0' && *p <= '9') ||
+              (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z')))
+            *p = '_';
 }
 
 static void s_usage(FILE *f)
@@ -82,7 +91,8 @@ static void s_usage(FILE *f)
         "  --replicas-to-aggregate R   sync: pushes per step (default all trainers)\n"
         "  --staleness S           ssp bound (default 0)\n"
         "  --chunk-bytes B         PS chunk size (default 4194304)\n"
-        "  --job NAME              job name: all-reduce segment, logs (default zps)\n"
+        "  --job NAME              job name: all-reduce segment (default: the zps-launch run\n"
+        "                          folder's name, else zps)\n"
         "  --timeout-ms MS         PS request timeout before a resend (default 30000)\n"
         "work:\n"
         "  --batch-size N          images per step per trainer (default 64)\n"
@@ -101,6 +111,7 @@ static void s_usage(FILE *f)
         "  --eval-every N          evaluate on the test split every N steps (default: at end)\n"
         "  --eval-batches N        batches per evaluation (default: the whole test split)\n"
         "  --eval-all              every trainer evaluates (default: trainer 0)\n"
+        "  --eval-only             evaluate --init-weights on the test split and exit\n"
         "  --metrics FILE          JSON Lines, one record per step and evaluation\n"
         "  --export FILE           trainer 0 writes the final weights (pulled from the servers)\n"
         "  --resume                local/allreduce: start from --export FILE when it exists\n"
@@ -156,7 +167,7 @@ enum {
     O_NTR, O_R2A, O_STALE, O_CHUNK, O_JOB, O_TIMEOUT, O_BATCH, O_STEPS, O_EPOCHS, O_ACC,
     O_TLIMIT, O_STOPACC, O_OPT, O_LR, O_MOM, O_NEST, O_RHO, O_EPS, O_B1, O_B2, O_WD, O_IACC,
     O_SCHED, O_DRATE, O_DSTEPS, O_STAIR, O_TSTEPS, O_MINLR, O_WARM, O_EVERY, O_EBATCH,
-    O_EALL, O_METRICS, O_EXPORT, O_RESUME, O_SHUT, O_NOPROG, O_SEED, O_LOG, O_HELP,
+    O_EALL, O_METRICS, O_EXPORT, O_RESUME, O_SHUT, O_NOPROG, O_SEED, O_LOG, O_HELP, O_EVALONLY,
 };
 
 static const struct option s_opts[] = {
@@ -182,7 +193,7 @@ static const struct option s_opts[] = {
     {"eval-batches", 1, 0, O_EBATCH}, {"eval-all", 0, 0, O_EALL},
     {"metrics", 1, 0, O_METRICS}, {"export", 1, 0, O_EXPORT}, {"resume", 0, 0, O_RESUME},
     {"shutdown-servers", 0, 0, O_SHUT}, {"no-progress", 0, 0, O_NOPROG},
-    {"seed", 1, 0, O_SEED}, {"log-level", 1, 0, O_LOG}, {"help", 0, 0, O_HELP},
+    {"seed", 1, 0, O_SEED}, {"eval-only", 0, 0, O_EVALONLY}, {"log-level", 1, 0, O_LOG}, {"help", 0, 0, O_HELP},
     {0, 0, 0, 0},
 };
 
@@ -276,6 +287,7 @@ zps_status tr_config_parse(tr_config *c, int argc, char **argv, int *exit_code)
         case O_RESUME: c->resume = 1; break;
         case O_SHUT: c->shutdown_servers = 1; break;
         case O_NOPROG: c->progress = 0; break;
+        case O_EVALONLY: c->eval_only = 1; break;
         case O_SEED: ok = s_int("--seed", optarg, 0, (1ll << 62), &i); c->seed = (uint64_t)i; break;
         case O_LOG:
             if (zps_log_set_level_str(optarg) != ZPS_OK) {
@@ -296,6 +308,12 @@ zps_status tr_config_parse(tr_config *c, int argc, char **argv, int *exit_code)
         fprintf(stderr, "zps-trainer: --data DIR is required (zps-data convert fashion-mnist --out DIR)\n");
         ok = 0;
     }
+    if (ok && c->eval_only && !c->init_weights[0]) {
+        fprintf(stderr, "zps-trainer: --eval-only needs --init-weights FILE\n");
+        ok = 0;
+    }
+    if (ok && c->eval_only)
+        c->mode = TR_MODE_LOCAL;
     if (ok && strcmp(c->device, "auto") && strcmp(c->device, "cpu") && strcmp(c->device, "cuda")) {
         fprintf(stderr, "zps-trainer: --device wants auto, cpu or cuda\n");
         ok = 0;

@@ -75,6 +75,7 @@ typedef struct tr_config {
     int progress;             // 1 progress line on stderr, 0 off
     uint64_t seed;
     int shutdown_servers;     // trainer 0 sends SHUTDOWN at the end
+    int eval_only;            // evaluate --init-weights on the test split, then exit
 } tr_config;
 
 /* Defaults: convnet, batch 64, 1 epoch, sgd lr 0.05, mode local, device auto, seed 1. */

@@ -489,7 +489,7 @@ static int s_is_evaluator(const s_job *j)
            (j->cfg->mode == TR_MODE_SYNC && j->cfg->stop_accuracy > 0);
 }
 
-zps_status tr_run(const tr_config *cfg)
+zps_status tr_run(const tr_config *cfg, tr_result *res)
 {
     s_job job = {0}, *j = &job;
     j->cfg = cfg;
@@ -499,6 +499,12 @@ zps_status tr_run(const tr_config *cfg)
                  cfg->mode == TR_MODE_SSP;
     j->hook_err = ZPS_OK;
     zps_status st = ZPS_OK;
+    tr_result local_res;
+    if (!res)
+        res = &local_res;
+    res->steps = 0;
+    res->accuracy = res->test_loss = -1;
+    res->eval_images = 0;
     signal(SIGINT, s_on_signal);
     signal(SIGTERM, s_on_signal);
 
@@ -524,8 +530,16 @@ zps_status tr_run(const tr_config *cfg)
         S_STEP(nn_model_load(j->model, cfg->export_path));
         zps_log(ZPS_INFO, "trainer", "resumed from %s", cfg->export_path);
     }
-    if (s_is_evaluator(j))
+    if (s_is_evaluator(j) || cfg->eval_only)
         S_STEP(s_eval_cache(j));
+    if (cfg->eval_only) {
+        double acc, tl;
+        S_STEP(s_evaluate(j, &acc, &tl));
+        res->accuracy = acc;
+        res->test_loss = tl;
+        res->eval_images = j->eval_n;
+        goto done;
+    }
 
     if (j->ps_mode) {
         S_STEP(s_ps_setup(j));
@@ -565,7 +579,9 @@ zps_status tr_run(const tr_config *cfg)
     uint64_t t_start = zps_now_ns();
     double last_acc = -1;
     int64_t step = 0;
-    int reached = 0; /* test accuracy reached --stop-accuracy */
+    int reached = 0;            /* test accuracy reached --stop-accuracy */
+    int64_t last_eval_step = -1; /* step after which last_acc was measured */
+    double last_loss = -1;
     for (; step < total; step++) {
         int stop = s_stop || reached;
         if (!stop && cfg->time_limit_s > 0 &&
@@ -687,6 +703,8 @@ zps_status tr_run(const tr_config *cfg)
             rec.test_accuracy = acc;
             rec.test_loss = tl;
             last_acc = acc;
+            last_loss = tl;
+            last_eval_step = step + 1;
         }
         S_STEP(tr_metrics_step(j->metrics, &rec));
         if (cfg->stop_accuracy > 0 && last_acc >= cfg->stop_accuracy && !reached) {
@@ -705,11 +723,15 @@ zps_status tr_run(const tr_config *cfg)
         S_STEP(ps_client_pull(j->client, 0, (int)j->nvars, j->params, -1, &t));
         S_STEP(s_wait(j, t, &j->version));
     }
-    if (s_is_evaluator(j) && last_acc < 0) {
-        double acc, tl;
-        S_STEP(s_evaluate(j, &acc, &tl));
-        last_acc = acc;
+    /* The final model's accuracy, unless the last step measured exactly these values. */
+    if (s_is_evaluator(j) && (j->ps_mode || last_eval_step != step)) {
+        S_STEP(s_evaluate(j, &last_acc, &last_loss));
+        last_eval_step = step;
     }
+    res->steps = step;
+    res->accuracy = last_acc;
+    res->test_loss = last_loss;
+    res->eval_images = last_acc >= 0 ? j->eval_n : 0;
     if (cfg->export_path[0] && j->id == 0) {
         S_STEP(nn_model_save(j->model, cfg->export_path));
         zps_log(ZPS_INFO, "trainer", "wrote %s", cfg->export_path);
@@ -724,12 +746,10 @@ zps_status tr_run(const tr_config *cfg)
         tr_metrics_totals tot;
         tr_metrics_get_totals(j->metrics, &tot);
         zps_log(ZPS_INFO, "trainer",
-                "done: %lld steps, %.1f img/s, final loss %.4f%s, network wait %.1f%% of %.1f s",
+                "done: %lld steps, %.1f img/s, final training loss %.4f, network wait %.1f%% "
+                "of %.1f s",
                 (long long)tot.steps, tot.img_per_s, tot.last_loss,
-                last_acc >= 0 ? "" : "", tot.time_s > 0 ? 100.0 * tot.net_wait_s / tot.time_s : 0,
-                tot.time_s);
-        if (last_acc >= 0)
-            zps_log(ZPS_INFO, "trainer", "test accuracy %.4f on %d images", last_acc, j->eval_n);
+                tot.time_s > 0 ? 100.0 * tot.net_wait_s / tot.time_s : 0, tot.time_s);
     }
 done:
 #undef S_STEP

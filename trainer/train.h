@@ -19,10 +19,21 @@
 #ifndef ZPS_TRAINER_TRAIN_H
 #define ZPS_TRAINER_TRAIN_H
 
+#include <stdint.h>
+
 #include "common/status.h"
 #include "trainer/config.h"
 
-/* Runs the job described by cfg for this trainer. Everything it logs names what failed. */
-zps_status tr_run(const tr_config *cfg);
+/* What a run ended with (for main's last line and for tests). */
+typedef struct tr_result {
+    int64_t steps;         // steps this trainer ran
+    double accuracy;       // last test accuracy, 0..1 (< 0: never evaluated)
+    double test_loss;      // its loss
+    int eval_images;       // test images it was measured on
+} tr_result;
+
+/* Runs the job described by cfg for this trainer; res (may be NULL) gets the outcome.
+ * Everything it logs names what failed. */
+zps_status tr_run(const tr_config *cfg, tr_result *res);
 
 #endif

@@ -68,5 +68,12 @@ int main(int argc, char **argv)
         return code >= 0 ? code : 2;
     s_openmp_env(&cfg, argv);
     zps_log_set_role("trainer", cfg.trainer_id);
-    return tr_run(&cfg) == ZPS_OK ? 0 : 1;
+    tr_result res;
+    if (tr_run(&cfg, &res) != ZPS_OK)
+        return 1;
+    if (res.accuracy >= 0)
+        printf("trainer %d: test accuracy %.4f (loss %.4f) on %d test images after %lld steps\n",
+               cfg.trainer_id, res.accuracy, res.test_loss, res.eval_images,
+               (long long)res.steps);
+    return 0;
 }
