@@ -71,7 +71,7 @@ int pst_spawn(pst_server *s, const char *bind, const char *const *args)
         }
     }
     close(fds[0]);
-    pst_kill(s, SIGKILL);
+    s->status = pst_kill(s, SIGKILL);
     return -1;
 }
 
