@@ -959,15 +959,15 @@ static void s_op_register(ps_server *s, zmq_msg_t *ident, const Zps__Header *h)
         s_reject(s, ident, op, h->request_id, ZPS_ERR_CONFIG, why);
         return;
     }
+    zps_status st = s_check_plan(s, h, why, sizeof why);
+    if (st != ZPS_OK) {
+        s_reject(s, ident, op, h->request_id, st, why);
+        return;
+    }
     if (s->have_plan && s->num_chunks != j->num_chunks) {
         snprintf(why, sizeof why, "plan has %u chunks on the server, %u on trainer %u",
                  s->num_chunks, j->num_chunks, h->trainer_id);
         s_reject(s, ident, op, h->request_id, ZPS_ERR_PLAN, why);
-        return;
-    }
-    zps_status st = s_check_plan(s, h, why, sizeof why);
-    if (st != ZPS_OK) {
-        s_reject(s, ident, op, h->request_id, st, why);
         return;
     }
     /* Accepted: adopt whatever was still open. */

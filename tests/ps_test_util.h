@@ -9,6 +9,7 @@
 typedef struct pst_server {
     pid_t pid;      // 0 when not running
     char uri[256];  // the bound endpoint, from the "listening on" line
+    int status;     // wait status when pst_spawn failed and reaped the process
 } pst_server;
 
 /* Starts $ZPS_BIN/zps-server with --bind BIND (NULL: tcp://127.0.0.1:0) and the extra

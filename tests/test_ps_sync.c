@@ -235,3 +235,130 @@ Test(it_ps_sync, bitwise_equal_to_reference_for_every_optimizer, .timeout = 60)
     o.weight_decay = 1e-4;
     s_run(&o, "adagrad");
 }
+
+/* Backup workers: 3 trainers, the server aggregates 2. Trainers 0 and 1 step without
+ * trainer 2; its late push for step 0 is dropped (ZPS_ERR_STALE) and counted in STATS; it
+ * then pulls the latest version and rejoins. Values follow the 2-replica reference. */
+Test(it_ps_sync, backup_workers_drop_late_pushes, .timeout = 30)
+{
+    uint64_t seed = pst_seed();
+    ps_plan *plan;
+    cr_assert_eq(ps_plan_new(s_vars, NV, NS, 4096, &plan), ZPS_OK);
+    uint64_t n = plan->total;
+    pst_server srv[NS];
+    const char *args[] = {"--mode", "sync", "--num-trainers", "3", "--replicas-to-aggregate", "2", NULL};
+    const char *uris[NS];
+    for (int i = 0; i < NS; i++) {
+        cr_assert_eq(pst_spawn(&srv[i], NULL, args), 0);
+        uris[i] = srv[i].uri;
+    }
+    ps_client *c[3];
+    for (int t = 0; t < 3; t++) {
+        cr_assert_eq(ps_client_new(uris, NS, (uint32_t)t, NULL, &c[t]), ZPS_OK);
+        cr_assert_eq(ps_client_register(c[t], plan, NULL, NULL), ZPS_OK, "%s", ps_client_last_error(c[t]));
+    }
+    ps_optim_config o;
+    ps_optim_default(&o);
+    o.kind = PS_OPT_MOMENTUM;
+    o.lr = 0.05;
+    float *v = zps_xmalloc(n * 4), *ref = zps_xmalloc(n * 4), *g[3], *mom = zps_xcalloc(n, 4);
+    for (int t = 0; t < 3; t++)
+        g[t] = zps_xmalloc(n * 4);
+    uint64_t r = seed;
+    for (uint64_t i = 0; i < n; i++)
+        ref[i] = pst_uniform(&r);
+    cr_assert_eq(ps_client_init(c[0], ref, &o, NULL), ZPS_OK);
+    /* Trainer 2 computes its step-0 gradient now, from version 0, and sits on it. */
+    for (uint64_t i = 0; i < n; i++)
+        g[2][i] = pst_uniform(&r);
+    ps_ticket tk, tk2;
+    const int steps = 3;
+    for (int s = 0; s < steps; s++) {
+        for (int t = 0; t < 2; t++) {
+            for (uint64_t i = 0; i < n; i++)
+                g[t][i] = pst_uniform(&r);
+            cr_assert_eq(ps_client_push(c[t], 0, NV, g[t], s, &tk), ZPS_OK);
+            cr_assert_eq(ps_client_wait(c[t], tk), ZPS_OK, "%s", ps_client_last_error(c[t]));
+        }
+        float *sp[1] = {mom};
+        float *avg = zps_xmalloc(n * 4);
+        for (uint64_t i = 0; i < n; i++)
+            avg[i] = (g[0][i] + g[1][i]) / 2.0f;
+        ps_optim_apply(&o, (uint64_t)s, ref, sp, avg, n);
+        free(avg);
+        uint64_t ver;
+        cr_assert_eq(ps_client_pull(c[0], 0, NV, v, s + 1, &tk), ZPS_OK);
+        cr_assert_eq(ps_client_wait_version(c[0], tk, &ver), ZPS_OK);
+        cr_assert_eq(ver, (uint64_t)s + 1);
+        cr_assert(!memcmp(v, ref, n * 4), "step %d differs from the 2-replica reference (seed %llu)", s,
+                  (unsigned long long)seed);
+    }
+    /* The slow trainer finally pushes step 0. */
+    cr_assert_eq(ps_client_push(c[2], 0, NV, g[2], 0, &tk2), ZPS_OK);
+    uint64_t ver = 0;
+    cr_assert_eq(ps_client_wait_version(c[2], tk2, &ver), ZPS_ERR_STALE);
+    cr_assert_eq(ver, (uint64_t)steps);
+    cr_assert(strstr(ps_client_last_error(c[2]), "behind"), "message: %s", ps_client_last_error(c[2]));
+    for (int i = 0; i < NS; i++) {
+        char *json = NULL;
+        cr_assert_eq(ps_client_stats(c[0], i, &json), ZPS_OK);
+        cr_assert(strstr(json, "\"stale_dropped\":0,") == NULL, "server %d: %s", i, json);
+        cr_assert(strstr(json, "\"version\":3,") != NULL, "server %d: %s", i, json);
+        free(json);
+    }
+    /* Rejoin: pull the latest version, push the current step with a fast trainer. */
+    cr_assert_eq(ps_client_pull(c[2], 0, NV, v, -1, &tk), ZPS_OK);
+    cr_assert_eq(ps_client_wait_version(c[2], tk, &ver), ZPS_OK);
+    cr_assert_eq(ver, (uint64_t)steps);
+    cr_assert_eq(ps_client_push(c[2], 0, NV, g[2], steps, &tk), ZPS_OK);
+    cr_assert_eq(ps_client_wait(c[2], tk), ZPS_OK, "%s", ps_client_last_error(c[2]));
+    cr_assert_eq(ps_client_push(c[0], 0, NV, g[0], steps, &tk), ZPS_OK);
+    cr_assert_eq(ps_client_wait(c[0], tk), ZPS_OK);
+    cr_assert_eq(ps_client_pull(c[1], 0, NV, v, steps + 1, &tk), ZPS_OK);
+    cr_assert_eq(ps_client_wait_version(c[1], tk, &ver), ZPS_OK);
+    cr_assert_eq(ver, (uint64_t)steps + 1);
+    for (int t = 0; t < 3; t++) {
+        ps_client_destroy(&c[t]);
+        free(g[t]);
+    }
+    for (int i = 0; i < NS; i++)
+        pst_kill(&srv[i], SIGTERM);
+    free(v);
+    free(ref);
+    free(mom);
+    ps_plan_destroy(&plan);
+}
+
+/* REGISTER conflicts: the server's flags win, and a different plan is refused with a
+ * message naming both sides. */
+Test(it_ps_sync, register_conflicts_are_refused, .timeout = 20)
+{
+    pst_server srv;
+    const char *args[] = {"--mode", "sync", "--num-trainers", "2", NULL};
+    cr_assert_eq(pst_spawn(&srv, NULL, args), 0);
+    const char *uris[1] = {srv.uri};
+    ps_plan *p1, *p2;
+    ps_var other[] = {{"a", 1000}, {"b", 4}};
+    cr_assert_eq(ps_plan_new(s_vars, NV, 1, 4096, &p1), ZPS_OK);
+    cr_assert_eq(ps_plan_new(other, 2, 1, 4096, &p2), ZPS_OK);
+    ps_client *c0, *c1;
+    cr_assert_eq(ps_client_new(uris, 1, 0, NULL, &c0), ZPS_OK);
+    cr_assert_eq(ps_client_new(uris, 1, 1, NULL, &c1), ZPS_OK);
+    ps_job async_job = {PS_MODE_ASYNC, 2, 0, 0};
+    cr_assert_eq(ps_client_register(c0, p1, &async_job, NULL), ZPS_ERR_CONFIG);
+    cr_assert(strstr(ps_client_last_error(c0), "sync"), "%s", ps_client_last_error(c0));
+    ps_job eff;
+    cr_assert_eq(ps_client_register(c0, p1, NULL, &eff), ZPS_OK);
+    cr_assert_eq(eff.mode, PS_MODE_SYNC);
+    cr_assert_eq(eff.num_trainers, 2);
+    cr_assert_eq(ps_client_register(c1, p2, NULL, NULL), ZPS_ERR_PLAN);
+    cr_assert(strstr(ps_client_last_error(c1), "trainer 1 has plan") &&
+                  strstr(ps_client_last_error(c1), "2 variables") &&
+                  strstr(ps_client_last_error(c1), "from trainer 0"),
+              "%s", ps_client_last_error(c1));
+    ps_client_destroy(&c0);
+    ps_client_destroy(&c1);
+    pst_kill(&srv, SIGTERM);
+    ps_plan_destroy(&p1);
+    ps_plan_destroy(&p2);
+}

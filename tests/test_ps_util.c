@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -37,6 +38,8 @@ int pst_spawn(pst_server *s, const char *bind, const char *const *args)
     if (pid < 0)
         return -1;
     if (pid == 0) {
+        /* A test that fails an assertion exits at once: take the server down with it. */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
         dup2(fds[1], 1);
         close(fds[0]);
         close(fds[1]);
@@ -68,7 +71,7 @@ int pst_spawn(pst_server *s, const char *bind, const char *const *args)
         }
     }
     close(fds[0]);
-    pst_kill(s, SIGKILL);
+    s->status = pst_kill(s, SIGKILL);
     return -1;
 }
 

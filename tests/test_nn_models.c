@@ -1,0 +1,314 @@
+/* test_nn_models.c — the layer graph and models: Inception-v3's variable table equals
+ * torchvision's (tests/ref/inception_v3_variables.tsv) name by name, with the exact counts;
+ * whole-graph gradients against finite differences (branches, concat, shared inputs);
+ * cpu model gradients against ref; gradient hooks; weights files; a small net learns.
+ * Fresh seed per run, printed on failure (ZPS_TEST_SEED reproduces). */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "kernels/kernels.h"
+#include "trainer/models/models.h"
+#include "trainer/nn/nn.h"
+
+static uint64_t s_seed, s_state;
+
+static void s_init(void)
+{
+    const char *e = getenv("ZPS_TEST_SEED");
+    s_seed = e ? strtoull(e, NULL, 0)
+               : ((uint64_t)time(NULL) * 2654435761u) ^ ((uint64_t)getpid() << 16);
+    s_state = s_seed | 1;
+    zps_log_set_level(ZPS_LOG_WARN);
+}
+
+static uint32_t s_rand(void)
+{
+    s_state ^= s_state << 13;
+    s_state ^= s_state >> 7;
+    s_state ^= s_state << 17;
+    return (uint32_t)(s_state >> 16);
+}
+static float s_unif(float lo, float hi) { return lo + (hi - lo) * (float)(s_rand() % 1000001) / 1e6f; }
+
+static void s_batch(nn_model *m, int n, float **x, int32_t **labels)
+{
+    int c, h, w;
+    nn_model_input_shape(m, &c, &h, &w);
+    size_t nx = (size_t)n * c * h * w;
+    *x = malloc(nx * sizeof(float));
+    *labels = malloc((size_t)n * sizeof(int32_t));
+    for (size_t i = 0; i < nx; i++)
+        (*x)[i] = s_unif(-1, 1);
+    for (int i = 0; i < n; i++)
+        (*labels)[i] = (int32_t)(s_rand() % (uint32_t)nn_model_classes(m));
+}
+
+static const char *s_tsv_path(char *buf, size_t len)
+{
+    const char *root = getenv("ZPS_ROOT");
+    snprintf(buf, len, "%s/tests/ref/inception_v3_variables.tsv", root ? root : ".");
+    return buf;
+}
+
+Test(nn_models, inception_v3_matches_torchvision_variables, .init = s_init, .timeout = 30)
+{
+    nn_model_opts o;
+    nn_model_opts_default(&o, "inception_v3");
+    nn_model *m;
+    cr_assert_eq(nn_model_create(k_backend_cpu(), &o, &m), ZPS_OK);
+    cr_assert_eq(nn_model_param_count(m), 27161264u);
+    size_t nv, ns;
+    const nn_var *v = nn_model_vars(m, &nv), *st = nn_model_stats(m, &ns);
+    cr_assert_eq(nv, 292u);
+    char path[4096], line[512];
+    FILE *f = fopen(s_tsv_path(path, sizeof path), "r");
+    cr_assert_not_null(f, "cannot open %s", path);
+    size_t iv = 0, is = 0, off = 0;
+    while (fgets(line, sizeof line, f)) {
+        char kind[16], name[128], shape[64];
+        unsigned long count;
+        if (line[0] == '#' || sscanf(line, "%15s %127s %63s %lu", kind, name, shape, &count) != 4 ||
+            strcmp(kind, "kind") == 0)
+            continue;
+        if (strstr(name, "num_batches_tracked"))
+            continue;
+        const nn_var *x = strcmp(kind, "param") == 0 ? &v[iv++] : &st[is++];
+        cr_assert_str_eq(x->name, name);
+        cr_assert_eq(x->count, count, "%s: %zu values, torchvision %lu", name, x->count, count);
+        char mine[64] = "";
+        for (int d = 0; d < x->ndim; d++)
+            snprintf(mine + strlen(mine), sizeof mine - strlen(mine), d ? "x%d" : "%d", x->shape[d]);
+        cr_assert_str_eq(mine, shape, "%s shape", name);
+        if (strcmp(kind, "param") == 0) {
+            cr_assert_eq(x->offset, off, "%s: table not contiguous", name);
+            off += x->count;
+        }
+    }
+    fclose(f);
+    cr_assert_eq(iv, nv);
+    cr_assert_eq(is, ns);
+    nn_model_destroy(&m);
+    cr_assert_null(m);
+
+    o.aux = 0;
+    cr_assert_eq(nn_model_create(k_backend_cpu(), &o, &m), ZPS_OK);
+    cr_assert_eq(nn_model_param_count(m), 23834568u);
+    nn_model_destroy(&m);
+    /* the aux head cannot be forced where Mixed_6e is smaller than 17x17 */
+    o.aux = 1, o.in_size = 139;
+    cr_assert_eq(nn_model_create(k_backend_cpu(), &o, &m), ZPS_ERR_INVALID);
+    cr_assert_null(m);
+    o.in_size = 74, o.aux = 0;
+    cr_assert_eq(nn_model_create(k_backend_cpu(), &o, &m), ZPS_ERR_INVALID);
+}
+
+/* A graph with every layer kind and a tensor read by three consumers. */
+static nn_model *s_small_graph(const k_backend *be, uint64_t seed)
+{
+    nn_model *m = nn_model_new(be, 2, 9, 9);
+    int a = nn_conv_bn_relu(m, "a", 0, 4, 3, 3, 1, 1, 1, 1, 0.5f);
+    int b1 = nn_conv_bn_relu(m, "b1", a, 3, 1, 3, 1, 1, 0, 1, 0.5f);
+    int b2 = nn_conv_bn_relu(m, "b2", a, 3, 3, 1, 2, 2, 1, 0, 0.5f);
+    int p = nn_avgpool(m, "p", a, 3, 1, 1);
+    int b2u = nn_maxpool(m, "b2pool", b2, 1, 1, 0);
+    (void)b2u;
+    int q = nn_maxpool(m, "q", b1, 3, 2, 1);
+    int cat_in[3] = {q, b2, nn_maxpool(m, "pp", p, 3, 2, 1)};
+    int cat = nn_concat(m, "cat", 3, cat_in);
+    int g = nn_gap(m, "gap", cat);
+    int d = nn_dense(m, "d1", g, 6, 1, 0.5f);
+    int aux = nn_dense(m, "aux", a, 5, 0, 0.1f);
+    int fc = nn_dense(m, "fc", d, 5, 0, 0.5f);
+    nn_model_head(m, fc, 1.0f);
+    nn_model_head(m, aux, 0.3f);
+    cr_assert_eq(nn_model_finish(m, seed), ZPS_OK);
+    return m;
+}
+
+typedef struct s_hooks {
+    size_t next_end; // variables above this are done
+    int calls;
+} s_hooks;
+
+static void s_hook(void *ctx, size_t first, size_t n)
+{
+    s_hooks *h = ctx;
+    cr_assert_eq(first + n, h->next_end, "hook for [%zu, %zu) out of order", first, first + n);
+    h->next_end = first;
+    h->calls++;
+}
+
+Test(nn_models, graph_gradients_match_finite_differences, .init = s_init, .timeout = 30)
+{
+    nn_model *m = s_small_graph(k_backend_ref(), s_seed);
+    int n = 3;
+    float *x;
+    int32_t *labels;
+    s_batch(m, n, &x, &labels);
+    float loss;
+    cr_assert_eq(nn_model_forward(m, x, labels, n, 1, &loss, NULL), ZPS_OK);
+    size_t nv, np = nn_model_param_count(m);
+    nn_model_vars(m, &nv);
+    s_hooks hk = {.next_end = nv};
+    cr_assert_eq(nn_model_backward(m, s_hook, &hk), ZPS_OK);
+    cr_assert_eq(hk.next_end, 0u, "hooks did not cover every variable");
+    float *g = malloc(np * sizeof(float));
+    memcpy(g, nn_model_grads(m), np * sizeof(float));
+    float *p = nn_model_params(m);
+    const double h = 1e-3;
+    int bad = 0;
+    for (int t = 0; t < 40; t++) {
+        size_t i = s_rand() % np;
+        float keep = p[i], lp, lm;
+        p[i] = (float)(keep + h);
+        nn_model_forward(m, x, labels, n, 1, &lp, NULL);
+        p[i] = (float)(keep - h);
+        nn_model_forward(m, x, labels, n, 1, &lm, NULL);
+        p[i] = keep;
+        double num = ((double)lp - lm) / (2 * h);
+        /* float forward and ReLU kinks: a loose bound, and one miss in 40 tolerated */
+        if (fabs(num - g[i]) > 3e-3 + 5e-2 * fabs(num)) {
+            bad++;
+            cr_log_warn("param %zu: analytic %.6g numeric %.6g (seed %llu)", i, g[i], num,
+                        (unsigned long long)s_seed);
+        }
+    }
+    cr_assert(bad <= 1, "%d of 40 gradients off (seed %llu)", bad, (unsigned long long)s_seed);
+    free(g), free(x), free(labels);
+    nn_model_destroy(&m);
+}
+
+static void s_cmp_models(nn_model *a, nn_model *b, int n, double rtol)
+{
+    float *x;
+    int32_t *labels;
+    s_batch(a, n, &x, &labels);
+    float la, lb;
+    int ca, cb;
+    cr_assert_eq(nn_model_forward(a, x, labels, n, 1, &la, &ca), ZPS_OK);
+    cr_assert_eq(nn_model_forward(b, x, labels, n, 1, &lb, &cb), ZPS_OK);
+    cr_assert(fabs(la - lb) <= 1e-4 + rtol * fabs(lb), "loss %g vs %g (seed %llu)", la, lb,
+              (unsigned long long)s_seed);
+    cr_assert_eq(nn_model_backward(a, NULL, NULL), ZPS_OK);
+    cr_assert_eq(nn_model_backward(b, NULL, NULL), ZPS_OK);
+    size_t nv;
+    const nn_var *v = nn_model_vars(a, &nv);
+    const float *ga = nn_model_grads(a), *gb = nn_model_grads(b);
+    for (size_t i = 0; i < nv; i++) {
+        double d = 0, r = 0;
+        for (size_t j = v[i].offset; j < v[i].offset + v[i].count; j++)
+            d += ((double)ga[j] - gb[j]) * ((double)ga[j] - gb[j]), r += (double)gb[j] * gb[j];
+        cr_assert(sqrt(d) <= rtol * sqrt(r) + 1e-7, "%s: relative gradient error %.3g (seed %llu)",
+                  v[i].name, sqrt(d / (r + 1e-30)), (unsigned long long)s_seed);
+    }
+    free(x), free(labels);
+}
+
+Test(nn_models, cpu_model_equals_ref_model, .init = s_init, .timeout = 60)
+{
+    uint64_t seed = s_rand();
+    nn_model *a = s_small_graph(k_backend_cpu(), seed), *b = s_small_graph(k_backend_ref(), seed);
+    s_cmp_models(a, b, 4, 1e-4);
+    nn_model_destroy(&a), nn_model_destroy(&b);
+    /* a thin Inception-v3 at 75x75: every block type, ref against oneDNN */
+    nn_model_opts o;
+    nn_model_opts_default(&o, "inception_v3");
+    o.in_size = 75, o.width = 0.0625f, o.classes = 7, o.dropout = 0, o.seed = seed;
+    cr_assert_eq(nn_model_create(k_backend_cpu(), &o, &a), ZPS_OK);
+    cr_assert_eq(nn_model_create(k_backend_ref(), &o, &b), ZPS_OK);
+    /* thin layers and batchnorm over few values amplify float rounding: 5e-3 */
+    s_cmp_models(a, b, 8, 1e-3);
+    nn_model_destroy(&a), nn_model_destroy(&b);
+}
+
+Test(nn_models, weights_file_round_trip_and_rejections, .init = s_init, .timeout = 30)
+{
+    nn_model_opts o;
+    nn_model_opts_default(&o, "convnet");
+    o.seed = s_rand();
+    nn_model *a, *b, *c;
+    cr_assert_eq(nn_model_create(k_backend_cpu(), &o, &a), ZPS_OK);
+    o.seed++;
+    cr_assert_eq(nn_model_create(k_backend_cpu(), &o, &b), ZPS_OK);
+    size_t np = nn_model_param_count(a);
+    cr_assert(memcmp(nn_model_params(a), nn_model_params(b), np * sizeof(float)) != 0);
+    /* change the running statistics so they are part of the round trip */
+    float *x;
+    int32_t *labels;
+    s_batch(a, 4, &x, &labels);
+    float loss;
+    cr_assert_eq(nn_model_forward(a, x, labels, 4, 1, &loss, NULL), ZPS_OK);
+    char path[] = "/tmp/zps-weights-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    close(fd);
+    cr_assert_eq(nn_model_save(a, path), ZPS_OK);
+    cr_assert_eq(nn_model_load(b, path), ZPS_OK);
+    cr_assert_eq(memcmp(nn_model_params(a), nn_model_params(b), np * sizeof(float)), 0);
+    cr_assert_eq(memcmp(nn_model_statbuf(a), nn_model_statbuf(b),
+                        nn_model_stat_count(a) * sizeof(float)),
+                 0);
+    nn_weights *w;
+    cr_assert_eq(nn_weights_read(path, &w), ZPS_OK);
+    cr_assert_eq(w->param_count, np);
+    cr_assert_str_eq(w->vars[0].name, "conv1.conv.weight");
+    nn_weights_destroy(&w);
+    /* a different model refuses the file */
+    nn_model_opts_default(&o, "mlp");
+    cr_assert_eq(nn_model_create(k_backend_cpu(), &o, &c), ZPS_OK);
+    cr_assert_eq(nn_model_load(c, path), ZPS_ERR_CONFIG);
+    /* truncated and garbage files are corrupt, never a crash */
+    cr_assert_eq(truncate(path, 200), 0);
+    cr_assert_eq(nn_model_load(b, path), ZPS_ERR_CORRUPT);
+    FILE *f = fopen(path, "wb");
+    fputs("not a weights file at all", f);
+    fclose(f);
+    cr_assert_eq(nn_weights_read(path, &w), ZPS_ERR_CORRUPT);
+    cr_assert_null(w);
+    unlink(path);
+    free(x), free(labels);
+    nn_model_destroy(&a), nn_model_destroy(&b), nn_model_destroy(&c);
+}
+
+Test(nn_models, mlp_and_convnet_learn_a_separable_task, .init = s_init, .timeout = 60)
+{
+    const char *names[2] = {"mlp", "convnet"};
+    for (int k = 0; k < 2; k++) {
+        nn_model_opts o;
+        nn_model_opts_default(&o, names[k]);
+        o.in_size = 12, o.classes = 4, o.hidden = 64, o.seed = s_rand();
+        nn_model *m;
+        cr_assert_eq(nn_model_create(k_backend_cpu(), &o, &m), ZPS_OK);
+        /* class = which quadrant holds the bright blob */
+        int n = 32;
+        float *x = malloc(sizeof(float) * (size_t)n * 144);
+        int32_t *lab = malloc(sizeof(int32_t) * (size_t)n);
+        int correct = 0;
+        float loss = 0, first = 0;
+        for (int step = 0; step < 60; step++) {
+            for (int i = 0; i < n; i++) {
+                lab[i] = (int32_t)(s_rand() % 4);
+                for (int p = 0; p < 144; p++) {
+                    int r = p / 12, c = p % 12, q = (r >= 6) * 2 + (c >= 6);
+                    x[i * 144 + p] = s_unif(-0.5f, 0.5f) + (q == lab[i] ? 1.0f : 0.0f);
+                }
+            }
+            cr_assert_eq(nn_model_forward(m, x, lab, n, 1, &loss, NULL), ZPS_OK);
+            if (step == 0)
+                first = loss;
+            cr_assert_eq(nn_model_backward(m, NULL, NULL), ZPS_OK);
+            cr_assert_eq(nn_model_sgd(m, 0.05f, 0.9f, 0.0f, 0), ZPS_OK);
+        }
+        cr_assert_eq(nn_model_eval(m, x, lab, n, &loss, &correct), ZPS_OK);
+        cr_assert(correct >= n * 9 / 10, "%s: %d of %d right after training (loss %g -> %g, seed %llu)",
+                  names[k], correct, n, first, loss, (unsigned long long)s_seed);
+        free(x), free(lab);
+        nn_model_destroy(&m);
+    }
+}

@@ -1,0 +1,153 @@
+/* test_ps_liveness.c — sync mode with --trainer-timeout: one of three trainers (a separate
+ * process) is killed with SIGKILL; after the timeout the server drops it from the expected
+ * set and the other two keep stepping. STATS counts the drop. */
+#include <criterion/criterion.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/clock.h"
+#include "common/mem.h"
+#include "ps/client.h"
+#include "ps/plan.h"
+#include "tests/ps_test_util.h"
+
+static const ps_var s_vars[] = {{"w", 5000}, {"b", 10}};
+#define STEPS 6
+
+typedef struct targ {
+    const char *uri;
+    const ps_plan *plan;
+    int t;
+    int steps_done;
+    int status;
+    char err[256];
+} targ;
+
+/* Runs steps [0, max) as trainer t; reports each finished step on fd (>= 0). */
+static int s_train(const char *uri, const ps_plan *plan, int t, int max, int fd, int *done,
+                   char *err, size_t errlen)
+{
+    const char *uris[1] = {uri};
+    ps_client_opts o;
+    ps_client_opts_default(&o);
+    o.heartbeat_ms = 200;
+    o.timeout_ms = 20000;
+    ps_client *c;
+    zps_status st = ps_client_new(uris, 1, (uint32_t)t, &o, &c);
+    if (st != ZPS_OK)
+        return st;
+    uint64_t n = plan->total, r = (uint64_t)t * 7919 + 1;
+    float *v = zps_xmalloc(n * 4), *g = zps_xmalloc(n * 4);
+    ps_ticket tk;
+    if ((st = ps_client_register(c, plan, NULL, NULL)) != ZPS_OK)
+        goto out;
+    if ((st = ps_client_barrier(c)) != ZPS_OK)
+        goto out;
+    for (int s = 0; s < max; s++) {
+        for (uint64_t i = 0; i < n; i++)
+            g[i] = pst_uniform(&r);
+        if ((st = ps_client_push(c, 0, 2, g, s, &tk)) != ZPS_OK || (st = ps_client_wait(c, tk)) != ZPS_OK)
+            goto out;
+        if ((st = ps_client_pull(c, 0, 2, v, s + 1, &tk)) != ZPS_OK || (st = ps_client_wait(c, tk)) != ZPS_OK)
+            goto out;
+        *done = s + 1;
+        if (fd >= 0 && write(fd, &s, sizeof s) != sizeof s)
+            break;
+    }
+out:
+    if (st != ZPS_OK && err)
+        snprintf(err, errlen, "%s: %s", zps_status_name(st), ps_client_last_error(c));
+    ps_client_destroy(&c);
+    free(v);
+    free(g);
+    return st;
+}
+
+static void *s_thread(void *arg)
+{
+    targ *a = arg;
+    a->status = s_train(a->uri, a->plan, a->t, STEPS, -1, &a->steps_done, a->err, sizeof a->err);
+    return NULL;
+}
+
+Test(it_ps_liveness, sync_continues_after_a_trainer_dies, .timeout = 60)
+{
+    ps_plan *plan;
+    cr_assert_eq(ps_plan_new(s_vars, 2, 1, 0, &plan), ZPS_OK);
+    pst_server srv;
+    const char *args[] = {"--mode", "sync", "--num-trainers", "3", "--trainer-timeout", "1", NULL};
+    cr_assert_eq(pst_spawn(&srv, NULL, args), 0);
+    /* trainer 0 initialises; the others need values before their first pull */
+    {
+        const char *uris[1] = {srv.uri};
+        ps_client *c;
+        cr_assert_eq(ps_client_new(uris, 1, 0, NULL, &c), ZPS_OK);
+        cr_assert_eq(ps_client_register(c, plan, NULL, NULL), ZPS_OK);
+        float *v = zps_xmalloc(plan->total * 4);
+        uint64_t r = pst_seed();
+        for (uint64_t i = 0; i < plan->total; i++)
+            v[i] = pst_uniform(&r);
+        ps_optim_config o;
+        ps_optim_default(&o);
+        cr_assert_eq(ps_client_init(c, v, &o, NULL), ZPS_OK);
+        free(v);
+        ps_client_destroy(&c);
+    }
+    int fds[2];
+    cr_assert_eq(pipe(fds), 0);
+    pid_t child = fork();
+    cr_assert(child >= 0);
+    if (child == 0) {
+        close(fds[0]);
+        int done = 0;
+        s_train(srv.uri, plan, 2, 1000000, fds[1], &done, NULL, 0);
+        _exit(0);
+    }
+    close(fds[1]);
+    pthread_t th[2];
+    targ ta[2];
+    for (int t = 0; t < 2; t++) {
+        ta[t] = (targ){srv.uri, plan, t, 0, 0, ""};
+        pthread_create(&th[t], NULL, s_thread, &ta[t]);
+    }
+    /* let the three step together twice, then kill trainer 2 */
+    int s = -1, got = 0;
+    while (got < 2) {
+        struct pollfd p = {fds[0], POLLIN, 0};
+        cr_assert(poll(&p, 1, 20000) == 1, "trainer 2 made no progress");
+        cr_assert_eq(read(fds[0], &s, sizeof s), (ssize_t)sizeof s);
+        got++;
+    }
+    double t_kill = zps_now_s();
+    kill(child, SIGKILL);
+    int ws;
+    cr_assert_eq(waitpid(child, &ws, 0), child);
+    close(fds[0]);
+    for (int t = 0; t < 2; t++)
+        pthread_join(th[t], NULL);
+    double took = zps_now_s() - t_kill;
+    for (int t = 0; t < 2; t++) {
+        cr_expect_eq(ta[t].status, 0, "trainer %d: %s", t, ta[t].err);
+        cr_expect_eq(ta[t].steps_done, STEPS);
+    }
+    cr_expect(took >= 0.9, "the survivors went on before the timeout (%.2f s)", took);
+    const char *uris[1] = {srv.uri};
+    ps_client *c;
+    cr_assert_eq(ps_client_new(uris, 1, 0, NULL, &c), ZPS_OK);
+    char *json;
+    cr_assert_eq(ps_client_stats(c, 0, &json), ZPS_OK);
+    cr_expect(strstr(json, "\"trainers_dropped\":1,"), "%s", json);
+    char want[32];
+    snprintf(want, sizeof want, "\"version\":%d,", STEPS);
+    cr_expect(strstr(json, want), "%s", json);
+    free(json);
+    ps_client_destroy(&c);
+    pst_kill(&srv, SIGTERM);
+    ps_plan_destroy(&plan);
+}

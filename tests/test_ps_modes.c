@@ -1,0 +1,158 @@
+/* test_ps_modes.c — async and ssp end to end against zps-server processes.
+ * async: the values equal the pushes applied one by one in the server's arrival order
+ * (the test serialises pushes, in an order drawn from the seed, so it knows that order),
+ * including stale gradients, and STATS records their staleness.
+ * ssp (s = 2): a fast trainer's pull blocks when it is 3 clocks ahead of the slow one and
+ * completes once the slow one pushes. */
+#include <criterion/criterion.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/mem.h"
+#include "ps/client.h"
+#include "ps/optim.h"
+#include "ps/plan.h"
+#include "tests/ps_test_util.h"
+
+static const ps_var s_vars[] = {{"w1", 3000}, {"b1", 7}, {"w2", 1500}, {"b2", 3}};
+#define NV 4
+
+Test(it_ps_modes, async_applies_pushes_in_arrival_order, .timeout = 30)
+{
+    uint64_t seed = pst_seed();
+    ps_plan *plan;
+    cr_assert_eq(ps_plan_new(s_vars, NV, 2, 4096, &plan), ZPS_OK);
+    uint64_t n = plan->total;
+    pst_server srv[2];
+    const char *args[] = {"--mode", "async", "--num-trainers", "2", NULL};
+    const char *uris[2];
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(pst_spawn(&srv[i], NULL, args), 0);
+        uris[i] = srv[i].uri;
+    }
+    ps_client *c[2];
+    for (int t = 0; t < 2; t++) {
+        cr_assert_eq(ps_client_new(uris, 2, (uint32_t)t, NULL, &c[t]), ZPS_OK);
+        ps_job eff;
+        cr_assert_eq(ps_client_register(c[t], plan, NULL, &eff), ZPS_OK);
+        cr_assert_eq(eff.mode, PS_MODE_ASYNC);
+    }
+    ps_optim_config o;
+    ps_optim_default(&o);
+    o.kind = PS_OPT_ADAM;
+    o.lr = 0.01;
+    float *ref = zps_xmalloc(n * 4), *v[2], *g = zps_xmalloc(n * 4);
+    float *slots[2] = {zps_xcalloc(n, 4), zps_xcalloc(n, 4)};
+    uint64_t r = seed;
+    for (uint64_t i = 0; i < n; i++)
+        ref[i] = pst_uniform(&r);
+    cr_assert_eq(ps_client_init(c[0], ref, &o, NULL), ZPS_OK);
+    int first = -1;
+    cr_assert_eq(ps_client_init(c[1], ref, &o, &first), ZPS_OK);
+    cr_assert_eq(first, 0, "second INIT must be refused (first writer wins)");
+    uint64_t ver[2] = {0, 0};
+    ps_ticket tk;
+    for (int t = 0; t < 2; t++) {
+        v[t] = zps_xmalloc(n * 4);
+        cr_assert_eq(ps_client_pull(c[t], 0, NV, v[t], 0, &tk), ZPS_OK);
+        cr_assert_eq(ps_client_wait_version(c[t], tk, &ver[t]), ZPS_OK);
+    }
+    const int pushes = 12;
+    uint64_t applied = 0;
+    for (int k = 0; k < pushes; k++) {
+        int t = pst_uniform(&r) > 0.0f;
+        /* gradient from the trainer's (maybe stale) copy */
+        for (uint64_t i = 0; i < n; i++)
+            g[i] = 0.5f * v[t][i] + pst_uniform(&r);
+        cr_assert_eq(ps_client_push(c[t], 0, NV, g, (int64_t)ver[t], &tk), ZPS_OK);
+        cr_assert_eq(ps_client_wait(c[t], tk), ZPS_OK, "%s", ps_client_last_error(c[t]));
+        ps_optim_apply(&o, applied++, ref, slots, g, n);
+        /* Only sometimes refresh, so later pushes are stale. */
+        if (k % 2 == 0) {
+            cr_assert_eq(ps_client_pull(c[t], 0, NV, v[t], 0, &tk), ZPS_OK);
+            cr_assert_eq(ps_client_wait_version(c[t], tk, &ver[t]), ZPS_OK);
+            cr_assert_eq(ver[t], applied);
+            cr_assert(!memcmp(v[t], ref, n * 4), "push %d: values differ (seed %llu)", k,
+                      (unsigned long long)seed);
+        }
+    }
+    cr_assert_eq(ps_client_pull(c[0], 0, NV, v[0], 0, &tk), ZPS_OK);
+    cr_assert_eq(ps_client_wait(c[0], tk), ZPS_OK);
+    cr_assert(!memcmp(v[0], ref, n * 4), "final values differ (seed %llu)", (unsigned long long)seed);
+    char *json;
+    cr_assert_eq(ps_client_stats(c[0], 0, &json), ZPS_OK);
+    cr_assert(strstr(json, "\"staleness\":{\"0\":"), "%s", json);
+    cr_assert(!strstr(json, "\"1\":0,\"2\":0,\"3\":0,\"4-7\":0,"), "no stale push recorded: %s", json);
+    free(json);
+    for (int t = 0; t < 2; t++) {
+        ps_client_destroy(&c[t]);
+        free(v[t]);
+    }
+    for (int i = 0; i < 2; i++)
+        pst_kill(&srv[i], SIGTERM);
+    free(ref);
+    free(g);
+    free(slots[0]);
+    free(slots[1]);
+    ps_plan_destroy(&plan);
+}
+
+Test(it_ps_modes, ssp_blocks_fast_trainer_three_clocks_ahead, .timeout = 30)
+{
+    uint64_t seed = pst_seed();
+    ps_plan *plan;
+    cr_assert_eq(ps_plan_new(s_vars, NV, 1, 0, &plan), ZPS_OK);
+    uint64_t n = plan->total;
+    pst_server srv;
+    const char *args[] = {"--mode", "ssp", "--staleness", "2", NULL};
+    cr_assert_eq(pst_spawn(&srv, NULL, args), 0);
+    const char *uris[1] = {srv.uri};
+    ps_client *fast, *slow;
+    ps_job jb = {PS_MODE_SSP, 2, 0, 2};
+    cr_assert_eq(ps_client_new(uris, 1, 0, NULL, &fast), ZPS_OK);
+    cr_assert_eq(ps_client_new(uris, 1, 1, NULL, &slow), ZPS_OK);
+    cr_assert_eq(ps_client_register(fast, plan, &jb, NULL), ZPS_OK, "%s", ps_client_last_error(fast));
+    cr_assert_eq(ps_client_register(slow, plan, &jb, NULL), ZPS_OK);
+    float *v = zps_xmalloc(n * 4), *g = zps_xmalloc(n * 4);
+    uint64_t r = seed;
+    for (uint64_t i = 0; i < n; i++)
+        v[i] = pst_uniform(&r);
+    ps_optim_config o;
+    ps_optim_default(&o);
+    cr_assert_eq(ps_client_init(fast, v, &o, NULL), ZPS_OK);
+    ps_ticket tk;
+    int done = 0;
+    /* clocks 0, 1, 2: the slow trainer is at clock 0, within the bound */
+    for (int c = 0; c < 3; c++) {
+        cr_assert_eq(ps_client_pull(fast, 0, NV, v, c, &tk), ZPS_OK);
+        cr_assert_eq(ps_client_poll(fast, tk, 5000, &done), ZPS_OK);
+        cr_assert(done, "pull at clock %d blocked with the slow trainer at 0 (s = 2)", c);
+        cr_assert_eq(ps_client_wait(fast, tk), ZPS_OK);
+        for (uint64_t i = 0; i < n; i++)
+            g[i] = pst_uniform(&r);
+        cr_assert_eq(ps_client_push(fast, 0, NV, g, c, &tk), ZPS_OK);
+        cr_assert_eq(ps_client_wait(fast, tk), ZPS_OK);
+    }
+    /* clock 3 is 3 ahead of the slow trainer: must block */
+    cr_assert_eq(ps_client_pull(fast, 0, NV, v, 3, &tk), ZPS_OK);
+    cr_assert_eq(ps_client_poll(fast, tk, 300, &done), ZPS_OK);
+    cr_assert(!done, "pull at clock 3 did not block with the slow trainer at clock 0");
+    ps_ticket ts;
+    cr_assert_eq(ps_client_pull(slow, 0, NV, v, 0, &ts), ZPS_OK);
+    cr_assert_eq(ps_client_wait(slow, ts), ZPS_OK);
+    cr_assert_eq(ps_client_poll(fast, tk, 200, &done), ZPS_OK);
+    cr_assert(!done, "a pull by the slow trainer must not release the fast one");
+    cr_assert_eq(ps_client_push(slow, 0, NV, g, 0, &ts), ZPS_OK);
+    cr_assert_eq(ps_client_wait(slow, ts), ZPS_OK);
+    cr_assert_eq(ps_client_poll(fast, tk, 5000, &done), ZPS_OK);
+    cr_assert(done, "the fast trainer stayed blocked after the slow one reached clock 1");
+    cr_assert_eq(ps_client_wait(fast, tk), ZPS_OK);
+    ps_client_destroy(&fast);
+    ps_client_destroy(&slow);
+    pst_kill(&srv, SIGTERM);
+    free(v);
+    free(g);
+    ps_plan_destroy(&plan);
+}

@@ -1,0 +1,154 @@
+/* nn.h — models as ordered graphs of layers over one flat parameter buffer.
+ *
+ * A model owns three flat float buffers, all in its back-end's memory:
+ *   params  the trainable variables, in declaration order (torchvision's state_dict order for
+ *           inception_v3), described by the variable table: variable i is at offset
+ *           sum(count[0..i-1]), so the table is contiguous and a PS shard is an offset range;
+ *   grads   the same layout; nn_model_backward() overwrites it every step;
+ *   slots   the same layout, created on first nn_model_sgd() with momentum (local optimizer).
+ * Batchnorm running statistics (running_mean, running_var per batchnorm) are a fourth buffer
+ * with its own table; they are not trainable and are never pushed to servers.
+ *
+ * Activations, their gradients and per-layer scratch live in one block planned for the
+ * current batch size and taken from a zps_arena (host back-ends) or the back-end's allocator
+ * (cuda): a new batch size re-plans once; the same size never allocates again. Gradient
+ * buffers are reused across layers (a buffer lives from its consumer's backward to its
+ * producer's backward).
+ *
+ * Building: nn_model_new(), then layer calls that each return the id of their output tensor
+ * (tensor 0 is the input), nn_model_head() for each loss head, then nn_model_finish() which
+ * allocates the buffers and initialises the parameters from a seed. A layer call with bad
+ * arguments makes nn_model_finish() fail (the first error is kept and logged).
+ *
+ * One step: nn_model_forward(train=1) computes the loss (sum of head weight * mean softmax
+ * cross-entropy) and keeps what backward needs; nn_model_backward() walks the layers last to
+ * first and calls the hook after each layer with parameters, so the gradients of variables
+ * [first, first + count) can be pushed while backward continues (hooks arrive in decreasing
+ * variable order and together cover every variable exactly once). A model is used by one
+ * thread at a time.
+ */
+#ifndef ZPS_TRAINER_NN_NN_H
+#define ZPS_TRAINER_NN_NN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+#include "kernels/kernels.h"
+
+/* One variable (or running statistic) of the flat buffer. */
+typedef struct nn_var {
+    char name[96];   // torchvision's name, e.g. "Mixed_5b.branch1x1.conv.weight"
+    size_t offset;   // first float in the flat buffer
+    size_t count;    // number of floats (product of shape)
+    int ndim;        // 1..4
+    int shape[4];    // e.g. (K, C, R, S) for a convolution
+} nn_var;
+
+typedef struct nn_model nn_model;
+
+/* Called after the backward of a layer with parameters: the gradients of variables
+ * [first_var, first_var + nvars) are final for this step. */
+typedef void (*nn_grad_hook)(void *ctx, size_t first_var, size_t nvars);
+
+/* ---- building ---- */
+
+/* An empty model on back-end be for inputs of (c, h, w) per sample. Never NULL. */
+nn_model *nn_model_new(const k_backend *be, int c, int h, int w);
+void nn_model_destroy(nn_model **pm);
+
+/* Convolution without bias + batchnorm (eps 0.001, momentum 0.1) + ReLU: torchvision's
+ * BasicConv2d. Variables name.conv.weight (k, c, r, s), name.bn.weight, name.bn.bias;
+ * statistics name.bn.running_mean, name.bn.running_var. Weights ~ N(0, init_std) truncated
+ * to [-2, 2] (torchvision's rule). */
+int nn_conv_bn_relu(nn_model *m, const char *name, int in, int k, int r, int s, int stride_h,
+                    int stride_w, int pad_h, int pad_w, float init_std);
+int nn_maxpool(nn_model *m, const char *name, int in, int r, int stride, int pad);
+/* Average pooling, padding counted in the divisor (count_include_pad=True). */
+int nn_avgpool(nn_model *m, const char *name, int in, int r, int stride, int pad);
+/* Global average pool to (c, 1, 1). */
+int nn_gap(nn_model *m, const char *name, int in);
+/* Channel concat of n tensors of equal h, w (n <= 8). */
+int nn_concat(nn_model *m, const char *name, int n, const int *ins);
+/* Dropout with rate p (identity in evaluation). */
+int nn_dropout(nn_model *m, const char *name, int in, float p);
+/* Fully connected on the flattened input: variables name.weight (out, in), name.bias (out).
+ * Weights ~ N(0, init_std) truncated to [-2, 2]; bias ~ U(-1/sqrt(in), 1/sqrt(in)). */
+int nn_dense(nn_model *m, const char *name, int in, int out, int relu, float init_std);
+/* Marks the layers added from now on as training-only (skipped by evaluation), e.g. the
+ * auxiliary head; 0 ends the section. */
+void nn_model_train_only(nn_model *m, int on);
+/* A loss head: mean softmax cross-entropy of logits tensor t (c classes, h = w = 1) with the
+ * labels, weighted by weight. The first head gives the correct count and the eval loss. */
+void nn_model_head(nn_model *m, int t, float weight);
+/* Allocates params, grads, statistics and initialises them from seed. */
+zps_status nn_model_finish(nn_model *m, uint64_t seed);
+
+/* ---- introspection ---- */
+
+const k_backend *nn_model_backend(const nn_model *m);
+const nn_var *nn_model_vars(const nn_model *m, size_t *nvars);
+const nn_var *nn_model_stats(const nn_model *m, size_t *nstats);
+size_t nn_model_param_count(const nn_model *m);
+size_t nn_model_stat_count(const nn_model *m);
+float *nn_model_params(nn_model *m);  // (param_count) in back-end memory
+float *nn_model_grads(nn_model *m);   // (param_count) in back-end memory
+float *nn_model_statbuf(nn_model *m); // (stat_count) running statistics
+/* Input shape per sample and number of classes of the first head. */
+void nn_model_input_shape(const nn_model *m, int *c, int *h, int *w);
+int nn_model_classes(const nn_model *m);
+/* The output of the layer called name after the last forward (a feature map for detector
+ * heads): data in back-end memory, shape (n, c, h, w). ZPS_ERR_NOT_FOUND for unknown names. */
+zps_status nn_model_tensor(nn_model *m, const char *name, float **data, int *n, int *c, int *h,
+                           int *w);
+/* Bytes of the activation block planned for the current batch size (0 before a forward). */
+size_t nn_model_activation_bytes(const nn_model *m);
+/* Forward FLOPs per sample of the convolutions and dense layers. */
+double nn_model_flops_per_sample(const nn_model *m);
+
+/* ---- running ---- */
+
+/* x: (n, c, h, w) floats in host memory; labels: n int32 in host memory, each in
+ * [0, classes). train=1: batch statistics, dropout, every head, state kept for backward;
+ * train=0: running statistics, no dropout, first head only. loss: weighted sum of the heads'
+ * mean losses; correct (may be NULL): rows where the first head's argmax is the label. */
+zps_status nn_model_forward(nn_model *m, const float *x, const int32_t *labels, int n, int train,
+                            float *loss, int *correct);
+/* Gradients of the last training forward's loss into grads (overwritten); hook may be NULL. */
+zps_status nn_model_backward(nn_model *m, nn_grad_hook hook, void *ctx);
+/* Evaluation forward (inference batchnorm): nn_model_forward with train = 0. */
+zps_status nn_model_eval(nn_model *m, const float *x, const int32_t *labels, int n, float *loss,
+                         int *correct);
+/* Local update of params from grads: plain SGD when momentum == 0, else PyTorch's momentum
+ * SGD (optionally Nesterov) with the model's slot buffer; weight decay on every variable. */
+zps_status nn_model_sgd(nn_model *m, float lr, float momentum, float weight_decay, int nesterov);
+
+/* ---- weights files ----
+ * Little-endian binary:
+ *   "ZPSWGT01" (8 bytes), u32 version (1), u32 nvars, u32 nstats,
+ *   nvars + nstats records: u16 name length, name bytes (no NUL), u32 ndim, ndim x u32 shape,
+ *                           u64 count,
+ *   float32 data of the variables in table order (sum of counts), then of the statistics.
+ * Loading requires the same names, shapes and order as the model. */
+zps_status nn_model_save(nn_model *m, const char *path);
+zps_status nn_model_load(nn_model *m, const char *path);
+
+/* A weights file read without a model (e.g. PS INIT): tables and data owned by the struct. */
+typedef struct nn_weights {
+    size_t nvars, nstats;   // table sizes
+    nn_var *vars;           // (nvars) offsets into params
+    nn_var *stats;          // (nstats) offsets into statdata
+    float *params;          // (sum of var counts)
+    float *statdata;        // (sum of stat counts)
+    size_t param_count;     // floats in params
+    size_t stat_count;      // floats in statdata
+} nn_weights;
+
+zps_status nn_weights_read(const char *path, nn_weights **out);
+void nn_weights_destroy(nn_weights **pw);
+/* Writes a file from host tables and data (stats may be empty). */
+zps_status nn_weights_write(const char *path, const nn_var *vars, size_t nvars,
+                            const float *params, const nn_var *stats, size_t nstats,
+                            const float *statdata);
+
+#endif
