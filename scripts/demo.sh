@@ -9,7 +9,7 @@
 #
 # Environment overrides (defaults are what the README states):
 #   DEMO_WIDTH (0.25)  DEMO_SIZE (75)  DEMO_BATCH (32)  DEMO_LR (0.002, adam)
-#   DEMO_TIME (270 s of training per trainer)  DEMO_TARGET (0.85)
+#   DEMO_TIME (270 s of training per trainer)  DEMO_TARGET (0.85)  DEMO_DECAY_STEPS (2600)
 set -eu
 B=${1:-build}
 BIN=$(cd "$B/bin" && pwd)
@@ -19,17 +19,19 @@ BATCH=${DEMO_BATCH:-32}
 LR=${DEMO_LR:-0.002}
 TIME=${DEMO_TIME:-270}
 TARGET=${DEMO_TARGET:-0.85}
+# server versions (pushes of both trainers) over which the learning rate decays to its floor
+STEPS=${DEMO_DECAY_STEPS:-2600}
 
 DATA=$(bash scripts/fashion-data.sh "$BIN")
 RUN=runs/demo-$(date +%Y%m%d-%H%M%S)
 echo "zps demo: 2 servers + 2 trainers (async) on 127.0.0.1, Inception-v3 width $WIDTH at ${SIZE}x${SIZE}x1,"
-echo "          adam lr $LR, batch $BATCH per trainer; stops at $TARGET test accuracy or after $TIME s"
+echo "          adam lr $LR with cosine decay, batch $BATCH per trainer; stops at $TARGET test accuracy or after $TIME s"
 echo "          run folder $RUN (one log per process; trainer 0 follows)"
 set +e
 scripts/zps-launch --servers 2 --trainers 2 --job demo --run-dir "$RUN" --bin-dir "$BIN" \
   --timeout $((TIME + 240)) --follow trainer:0 \
   --server-args="--mode async --trainer-timeout 30" \
-  --trainer-args="--data $DATA --mode async --model inception_v3 --width $WIDTH --input-size $SIZE --batch-size $BATCH --optimizer adam --lr $LR --eval-every 150 --eval-batches 4 --eval-all --stop-accuracy $TARGET --time-limit $TIME --threads 1 --metrics {run_dir}/metrics-{index}.jsonl --export {run_dir}/model.zpsw"
+  --trainer-args="--data $DATA --mode async --model inception_v3 --width $WIDTH --input-size $SIZE --batch-size $BATCH --optimizer adam --lr $LR --lr-schedule cosine --total-steps $STEPS --min-lr 0.00005 --epochs 20 --eval-every 200 --eval-batches 4 --eval-all --stop-accuracy $TARGET --time-limit $TIME --threads 1 --metrics {run_dir}/metrics-{index}.jsonl --export {run_dir}/model.zpsw"
 rc=$?
 set -e
 if [ $rc -ne 0 ]; then

@@ -71,7 +71,10 @@ int main(int argc, char **argv)
     tr_result res;
     if (tr_run(&cfg, &res) != ZPS_OK)
         return 1;
-    if (res.accuracy >= 0)
+    if (res.accuracy >= 0 && cfg.eval_only)
+        printf("%s: test accuracy %.4f (loss %.4f) on %d test images\n", cfg.init_weights,
+               res.accuracy, res.test_loss, res.eval_images);
+    else if (res.accuracy >= 0)
         printf("trainer %d: test accuracy %.4f (loss %.4f) on %d test images after %lld steps\n",
                cfg.trainer_id, res.accuracy, res.test_loss, res.eval_images,
                (long long)res.steps);
