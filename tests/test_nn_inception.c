@@ -117,7 +117,11 @@ static void s_compare(int size, int n, int aux, int classes, double perturb)
     nn_model_opts_default(&o, "inception_v3");
     o.in_size = size, o.aux = aux, o.classes = classes, o.dropout = 0, o.seed = s_rand();
     nn_model *m;
-    cr_assert_eq(nn_model_create(k_backend_cpu(), &o, &m), ZPS_OK);
+    /* ZPS_INCEPTION_BACKEND=ref runs the oracle instead (slow; for investigating) */
+    const char *bn = getenv("ZPS_INCEPTION_BACKEND");
+    const k_backend *be = k_backend_by_name(bn ? bn : "cpu");
+    cr_assert_not_null(be, "no back-end %s", bn);
+    cr_assert_eq(nn_model_create(be, &o, &m), ZPS_OK);
     char dir[] = "/tmp/zps-inception-XXXXXX", path[4200];
     cr_assert_not_null(mkdtemp(dir));
     snprintf(path, sizeof path, "%s/w.bin", dir);
