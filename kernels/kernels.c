@@ -148,6 +148,26 @@ double k_conv2d_flops(const k_conv2d *d)
     return 2.0 * d->n * d->k * d->oh * d->ow * (double)d->c * d->r * d->s;
 }
 
+void k_to_blocked(int n, int c, int h, int w, const float *src, float *dst)
+{
+    size_t hw = (size_t)h * w;
+    for (int b = 0; b < n; b++)
+        for (int ch = 0; ch < c; ch++)
+            for (size_t i = 0; i < hw; i++)
+                dst[(((size_t)b * (c / 16) + ch / 16) * hw + i) * 16 + ch % 16] =
+                    src[((size_t)b * c + ch) * hw + i];
+}
+
+void k_from_blocked(int n, int c, int h, int w, const float *src, float *dst)
+{
+    size_t hw = (size_t)h * w;
+    for (int b = 0; b < n; b++)
+        for (int ch = 0; ch < c; ch++)
+            for (size_t i = 0; i < hw; i++)
+                dst[((size_t)b * c + ch) * hw + i] =
+                    src[(((size_t)b * (c / 16) + ch / 16) * hw + i) * 16 + ch % 16];
+}
+
 uint32_t k_hash_u32(uint64_t seed, uint64_t index)
 {
     /* splitmix64 finaliser over a seed-keyed counter */
@@ -170,41 +190,57 @@ uint32_t k_hash_u32(uint64_t seed, uint64_t index)
         return b_->fn(__VA_ARGS__);                                                    \
     } while (0)
 
+/* Blocked layouts exist only where the back-end says so; never fall back to ref for them. */
+#define S_BLOCKED_OK(be, flag)                                                         \
+    do {                                                                               \
+        if ((flag) && !(be)->prefers_blocked) {                                        \
+            zps_log(ZPS_ERROR, "kernels", "back-end %s has no blocked layout", (be)->name); \
+            return ZPS_ERR_UNSUPPORTED;                                                \
+        }                                                                              \
+    } while (0)
+
 zps_status k_conv2d_fwd(const k_backend *be, k_conv2d *d, const float *x, const float *w,
                         const float *b, float *y)
 {
+    S_BLOCKED_OK(be, d->x_blocked || d->y_blocked);
     S_CALL(be, conv2d_fwd, d, x, w, b, y);
 }
 zps_status k_conv2d_bwd(const k_backend *be, k_conv2d *d, const float *x, const float *w,
                         const float *dy, float *dx, float *dw, float *db)
 {
+    S_BLOCKED_OK(be, d->x_blocked || d->y_blocked);
     S_CALL(be, conv2d_bwd, d, x, w, dy, dx, dw, db);
 }
 zps_status k_bn_fwd_train(const k_backend *be, k_bn *d, const float *x, const float *gamma,
                           const float *beta, float *y, float *mean, float *var,
                           float *run_mean, float *run_var)
 {
+    S_BLOCKED_OK(be, d->blocked);
     S_CALL(be, bn_fwd_train, d, x, gamma, beta, y, mean, var, run_mean, run_var);
 }
 zps_status k_bn_fwd_infer(const k_backend *be, k_bn *d, const float *x, const float *gamma,
                           const float *beta, const float *run_mean, const float *run_var,
                           float *y)
 {
+    S_BLOCKED_OK(be, d->blocked);
     S_CALL(be, bn_fwd_infer, d, x, gamma, beta, run_mean, run_var, y);
 }
 zps_status k_bn_bwd(const k_backend *be, k_bn *d, const float *x, const float *y,
                     const float *dy, const float *gamma, const float *mean, const float *var,
                     float *dx, float *dgamma, float *dbeta)
 {
+    S_BLOCKED_OK(be, d->blocked);
     S_CALL(be, bn_bwd, d, x, y, dy, gamma, mean, var, dx, dgamma, dbeta);
 }
 zps_status k_pool_fwd(const k_backend *be, k_pool *d, const float *x, float *y)
 {
+    S_BLOCKED_OK(be, d->blocked);
     S_CALL(be, pool_fwd, d, x, y);
 }
 zps_status k_pool_bwd(const k_backend *be, k_pool *d, const float *x, const float *y,
                       const float *dy, float *dx)
 {
+    S_BLOCKED_OK(be, d->blocked);
     S_CALL(be, pool_bwd, d, x, y, dy, dx);
 }
 zps_status k_gap_fwd(const k_backend *be, k_pool *d, const float *x, float *y)

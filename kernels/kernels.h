@@ -9,6 +9,13 @@
  * Conventions, for every op and every back-end:
  *   - Tensors are dense float32, NCHW (activations), KCRS (conv weights), (out, in) (dense
  *     weights). Pointers are in the back-end's memory (host for ref/cpu, device for cuda).
+ *   - Blocked activations (opt-in, per descriptor: x_blocked/y_blocked/blocked = 1): a back-end
+ *     whose prefers_blocked(c) is true for a channel count c may keep such activations in its
+ *     native layout, which for "cpu" is oneDNN's nChw16c, [n][c/16][h][w][16], and only for c a
+ *     multiple of 16. Such a tensor holds exactly n*c*h*w floats, so elementwise ops, axpy,
+ *     dropout and channel concat/split of blocked tensors work unchanged (concat copies per-image
+ *     chunks of c*h*w floats), and at h = w = 1 the layout equals NCHW. k_to_blocked and
+ *     k_from_blocked convert (host back-ends). Descriptors default to plain NCHW.
  *   - Backward ops ACCUMULATE (+=) into parameter gradients (dw, db, dgamma, dbeta) and
  *     OVERWRITE input gradients (dx). A NULL dx skips the input gradient.
  *   - Shape descriptors (k_conv2d, k_bn, k_pool, k_dense) are owned by the caller. Their `impl`
@@ -58,6 +65,7 @@ typedef struct k_conv2d {
     int stride_h, stride_w;    // strides
     int pad_h, pad_w;          // zero padding on each side
     int oh, ow;                // output size, filled by k_conv2d_init
+    int x_blocked, y_blocked;  // input / output (and their gradients) in the blocked layout
     void *impl;                // back-end state (k_op_release)
 } k_conv2d;
 
@@ -67,6 +75,7 @@ typedef struct k_bn {
     float eps;       // added to the variance (Inception: 0.001)
     float momentum;  // running-average factor (PyTorch's convention, default 0.1)
     int relu;        // 1: y = relu(bn(x)) and backward masks by y > 0
+    int blocked;     // data in the blocked layout
     void *impl;      // back-end state (k_op_release)
 } k_bn;
 
@@ -80,6 +89,7 @@ typedef struct k_pool {
     int stride_h, stride_w; // strides
     int pad_h, pad_w;       // padding on each side (ignored by max, counted by avg)
     int oh, ow;             // output size, filled by k_pool_init
+    int blocked;            // input and output in the blocked layout
     void *impl;             // back-end state (k_op_release)
 } k_pool;
 
@@ -101,6 +111,7 @@ struct k_backend {
     zps_status (*copy_in)(void *dst, const void *host_src, size_t bytes);
     zps_status (*copy_out)(void *host_dst, const void *src, size_t bytes);
     void (*release)(void **impl);                       // frees an op's cached state
+    int (*prefers_blocked)(int c);  // NULL or 0: plain NCHW only
 
     zps_status (*conv2d_fwd)(k_conv2d *d, const float *x, const float *w, const float *b,
                              float *y);
@@ -228,6 +239,10 @@ zps_status k_sgd(const k_backend *be, size_t n, float lr, float weight_decay, fl
 /* PyTorch's SGD momentum: d = g + wd*w; v = mu*v + d; w -= lr * (nesterov ? d + mu*v : v). */
 zps_status k_momentum(const k_backend *be, size_t n, float lr, float mu, float weight_decay,
                       int nesterov, float *w, const float *g, float *v);
+
+/* NCHW <-> nChw16c on the host (c a multiple of 16); src and dst must not overlap. */
+void k_to_blocked(int n, int c, int h, int w, const float *src, float *dst);
+void k_from_blocked(int n, int c, int h, int w, const float *src, float *dst);
 
 /* Deterministic uniform u32 of (seed, index): the dropout hash, exposed for tests. */
 uint32_t k_hash_u32(uint64_t seed, uint64_t index);

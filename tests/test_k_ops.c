@@ -538,3 +538,98 @@ Test(k_cpu, dense_matches_ref_on_random_shapes, .init = s_seed_init, .timeout = 
         free(dwr), free(db), free(dbr);
     }
 }
+
+/* The blocked (nChw16c) layouts of the cpu back-end give ref's results after conversion. */
+Test(k_cpu, blocked_layouts_match_ref, .init = s_seed_init, .timeout = 60)
+{
+    const k_backend *cpu = k_backend_cpu(), *ref = k_backend_ref();
+    cr_assert(cpu->prefers_blocked && cpu->prefers_blocked(32) && !cpu->prefers_blocked(24));
+    for (int iter = 0; iter < 6; iter++) {
+        k_conv2d d, dr;
+        int c = 16 * s_irand(1, 3), k = 16 * s_irand(1, 3);
+        int xb = iter % 3 != 0, yb = iter % 3 != 1;
+        if (!xb)
+            c = s_irand(1, 5); /* plain first-layer style input */
+        for (;;) {
+            int r = s_irand(1, 4), s = s_irand(1, 4);
+            if (k_conv2d_init(&d, s_irand(1, 3), c, s_irand(r, 14), s_irand(s, 14), k, r, s,
+                              s_irand(1, 2), s_irand(1, 2), s_irand(0, r / 2), s_irand(0, s / 2)) == ZPS_OK)
+                break;
+        }
+        dr = d;
+        d.x_blocked = xb, d.y_blocked = yb;
+        size_t nx = (size_t)d.n * d.c * d.h * d.w, nw = (size_t)d.k * d.c * d.r * d.s;
+        size_t ny = (size_t)d.n * d.k * d.oh * d.ow;
+        float *x = s_randv(nx, -1, 1), *w = s_randv(nw, -1, 1), *dy = s_randv(ny, -1, 1);
+        float *xb_ = s_zeros(nx), *dyb = s_zeros(ny), *y = s_zeros(ny), *yr = s_zeros(ny);
+        float *yp = s_zeros(ny), *dx = s_zeros(nx), *dxr = s_zeros(nx), *dxp = s_zeros(nx);
+        float *dw = s_randv(nw, -1, 1), *dwr = s_copyv(dw, nw);
+        if (xb)
+            k_to_blocked(d.n, d.c, d.h, d.w, x, xb_);
+        else
+            memcpy(xb_, x, nx * sizeof *x);
+        if (yb)
+            k_to_blocked(d.n, d.k, d.oh, d.ow, dy, dyb);
+        else
+            memcpy(dyb, dy, ny * sizeof *dy);
+        cr_assert_eq(k_conv2d_fwd(cpu, &d, xb_, w, NULL, y), ZPS_OK);
+        k_conv2d_fwd(ref, &dr, x, w, NULL, yr);
+        if (yb)
+            k_from_blocked(d.n, d.k, d.oh, d.ow, y, yp);
+        else
+            memcpy(yp, y, ny * sizeof *y);
+        s_close("blocked conv y", yp, yr, ny, s_atol * sqrt((double)d.c * d.r * d.s) * 4, s_rtol);
+        cr_assert_eq(k_conv2d_bwd(cpu, &d, xb_, w, dyb, dx, dw, NULL), ZPS_OK);
+        k_conv2d_bwd(ref, &dr, x, w, dy, dxr, dwr, NULL);
+        if (xb)
+            k_from_blocked(d.n, d.c, d.h, d.w, dx, dxp);
+        else
+            memcpy(dxp, dx, nx * sizeof *dx);
+        s_close("blocked conv dx", dxp, dxr, nx, s_atol * sqrt((double)d.k * d.r * d.s) * 4, s_rtol);
+        s_close("blocked conv dw", dw, dwr, nw, s_atol * sqrt((double)d.n * d.oh * d.ow) * 4, s_rtol);
+        k_op_release(cpu, &d.impl);
+
+        /* batchnorm + relu and max pooling on the blocked output */
+        if (yb) {
+            k_bn b = {.n = d.n, .c = d.k, .h = d.oh, .w = d.ow, .eps = 1e-3f, .momentum = 0.1f,
+                      .relu = 1, .blocked = 1}, br = b;
+            br.blocked = 0;
+            size_t nc = (size_t)d.k;
+            float *g = s_randv(nc, 0.5f, 1.5f), *be = s_randv(nc, -0.5f, 0.5f);
+            float *m = s_zeros(nc), *v = s_zeros(nc), *mr = s_zeros(nc), *vr = s_zeros(nc);
+            float *z = s_zeros(ny), *zr = s_zeros(ny), *zp = s_zeros(ny);
+            float *yb2 = s_zeros(ny);
+            k_to_blocked(d.n, d.k, d.oh, d.ow, yr, yb2);
+            cr_assert_eq(k_bn_fwd_train(cpu, &b, yb2, g, be, z, m, v, NULL, NULL), ZPS_OK);
+            k_bn_fwd_train(ref, &br, yr, g, be, zr, mr, vr, NULL, NULL);
+            k_from_blocked(d.n, d.k, d.oh, d.ow, z, zp);
+            s_close("blocked bn y", zp, zr, ny, s_atol * 10, s_rtol);
+            s_close("blocked bn mean", m, mr, nc, s_atol, s_rtol);
+            k_pool p, pr;
+            if (k_pool_init(&p, K_POOL_MAX, d.n, d.k, d.oh, d.ow, 2, 2, 2, 2, 0, 0) == ZPS_OK) {
+                pr = p;
+                p.blocked = 1;
+                size_t no = (size_t)p.n * p.c * p.oh * p.ow;
+                float *o = s_zeros(no), *orf = s_zeros(no), *op = s_zeros(no);
+                cr_assert_eq(k_pool_fwd(cpu, &p, yb2, o), ZPS_OK);
+                k_pool_fwd(ref, &pr, yr, orf);
+                k_from_blocked(p.n, p.c, p.oh, p.ow, o, op);
+                s_close("blocked maxpool y", op, orf, no, 1e-6, 1e-6);
+                k_op_release(cpu, &p.impl);
+                free(o), free(orf), free(op);
+            }
+            k_op_release(cpu, &b.impl);
+            free(g), free(be), free(m), free(v), free(mr), free(vr), free(z), free(zr), free(zp);
+            free(yb2);
+        }
+        free(x), free(w), free(dy), free(xb_), free(dyb), free(y), free(yr), free(yp), free(dx);
+        free(dxr), free(dxp), free(dw), free(dwr);
+    }
+    /* ref has no blocked layout and says so */
+    k_conv2d d;
+    k_conv2d_init(&d, 1, 16, 4, 4, 16, 1, 1, 1, 1, 0, 0);
+    d.x_blocked = 1;
+    float buf[256] = {0};
+    zps_log_set_level(ZPS_LOG_OFF);
+    cr_assert_eq(k_conv2d_fwd(ref, &d, buf, buf, NULL, buf), ZPS_ERR_UNSUPPORTED);
+}

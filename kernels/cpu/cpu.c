@@ -174,13 +174,65 @@ static zps_status s_md1(dnnl_memory_desc_t *md, int a)
 
 /* ---- convolution ---- */
 
+/* A reorder between two layouts of the same tensor; p.p is NULL when they are equal. */
+typedef struct s_reorder {
+    s_prim p;          // args: src, dst
+} s_reorder;
+
+/* accumulate: the reorder adds into its destination (a sum post-op). */
+static zps_status s_reorder_create(s_reorder *r, const dnnl_memory_desc_t *from,
+                                   const dnnl_memory_desc_t *to, int accumulate)
+{
+    memset(r, 0, sizeof *r);
+    if (dnnl_memory_desc_equal(from, to))
+        return ZPS_OK;
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t po = NULL;
+    if (accumulate) {
+        S_DNNL(dnnl_primitive_attr_create(&attr));
+        S_DNNL(dnnl_post_ops_create(&po));
+        S_DNNL(dnnl_post_ops_append_sum(po, 1.0f));
+        S_DNNL(dnnl_primitive_attr_set_post_ops(attr, po));
+    }
+    dnnl_status_t st =
+        dnnl_reorder_primitive_desc_create(&r->p.pd, from, s_engine, to, s_engine, attr);
+    if (po)
+        dnnl_post_ops_destroy(po);
+    if (attr)
+        dnnl_primitive_attr_destroy(attr);
+    S_DNNL(st);
+    S_DNNL(dnnl_primitive_create(&r->p.p, r->p.pd));
+    dnnl_memory_t a, b;
+    S_DNNL(dnnl_memory_create(&a, from, s_engine, DNNL_MEMORY_NONE));
+    S_DNNL(dnnl_memory_create(&b, to, s_engine, DNNL_MEMORY_NONE));
+    r->p.args[0].arg = DNNL_ARG_FROM, r->p.args[0].memory = a;
+    r->p.args[1].arg = DNNL_ARG_TO, r->p.args[1].memory = b;
+    r->p.nargs = 2;
+    return ZPS_OK;
+}
+
 typedef struct s_conv {
     int has_bias;        // bias given at the first forward (fixed afterwards)
     s_prim fwd;          // args: src, weights, [bias], dst
     s_prim bwd_data;     // args: diff_dst, weights, diff_src
     s_prim bwd_weights;  // args: src, diff_dst, diff_weights, [diff_bias]
-    int have_bwd;        // backward primitives created
+    s_reorder w_fwd;     // plain weights -> forward layout
+    s_reorder w_bwd;     // plain weights -> backward-data layout
+    s_reorder dw_back;   // backward-weights layout -> plain
+    float *wf, *wb, *dwb; // reordered weights (forward, backward data), diff weights (owned)
+    const float *wf_src;  // plain weights wf was made from by the last forward
+    int same_w;           // backward data wants the forward's weight layout
 } s_conv;
+
+static dnnl_format_tag_t s_act_tag(int blocked) { return blocked ? dnnl_nChw16c : dnnl_nchw; }
+
+static float *s_layout_buf(const s_reorder *r, const s_prim *p, dnnl_query_t q)
+{
+    if (!r->p.p)
+        return NULL;
+    const dnnl_memory_desc_t *md = dnnl_primitive_desc_query_md(p->pd, q, 0);
+    return zps_xaligned(64, dnnl_memory_desc_get_size(md) + 64);
+}
 
 static zps_status s_conv_create(k_conv2d *d, int has_bias, s_conv **out)
 {
@@ -188,11 +240,12 @@ static zps_status s_conv_create(k_conv2d *d, int has_bias, s_conv **out)
     s_conv *s = zps_xcalloc(1, sizeof *s);
     s->has_bias = has_bias;
     *out = s;
-    dnnl_memory_desc_t src, wei, bia, dst;
-    ZPS_TRY(s_md4(&src, d->n, d->c, d->h, d->w, dnnl_nchw));
-    ZPS_TRY(s_md4(&wei, d->k, d->c, d->r, d->s, dnnl_oihw));
+    dnnl_memory_desc_t src, wei, wplain, bia, dst;
+    ZPS_TRY(s_md4(&src, d->n, d->c, d->h, d->w, s_act_tag(d->x_blocked)));
+    ZPS_TRY(s_md4(&wei, d->k, d->c, d->r, d->s, dnnl_format_tag_any));
+    ZPS_TRY(s_md4(&wplain, d->k, d->c, d->r, d->s, dnnl_oihw));
     ZPS_TRY(s_md1(&bia, d->k));
-    ZPS_TRY(s_md4(&dst, d->n, d->k, d->oh, d->ow, dnnl_nchw));
+    ZPS_TRY(s_md4(&dst, d->n, d->k, d->oh, d->ow, s_act_tag(d->y_blocked)));
     dnnl_dims_t strides = {d->stride_h, d->stride_w}, pl = {d->pad_h, d->pad_w};
     dnnl_dims_t pr = {(d->oh - 1) * d->stride_h + d->r - d->h - d->pad_h,
                       (d->ow - 1) * d->stride_w + d->s - d->w - d->pad_w};
@@ -213,6 +266,9 @@ static zps_status s_conv_create(k_conv2d *d, int has_bias, s_conv **out)
         s->fwd.shared[s->fwd.nargs++] = 0;
     }
     ZPS_TRY(s_prim_arg(&s->fwd, DNNL_ARG_DST, dnnl_query_dst_md));
+    ZPS_TRY(s_reorder_create(&s->w_fwd, &wplain,
+                             dnnl_primitive_desc_query_md(s->fwd.pd, dnnl_query_weights_md, 0), 0));
+    s->wf = s_layout_buf(&s->w_fwd, &s->fwd, dnnl_query_weights_md);
 
     S_DNNL(dnnl_convolution_backward_data_desc_init(&cd, dnnl_convolution_direct, &src, &wei,
                                                     &dst, strides, pl, pr));
@@ -220,6 +276,12 @@ static zps_status s_conv_create(k_conv2d *d, int has_bias, s_conv **out)
     ZPS_TRY(s_prim_arg(&s->bwd_data, DNNL_ARG_DIFF_DST, dnnl_query_diff_dst_md));
     ZPS_TRY(s_prim_arg(&s->bwd_data, DNNL_ARG_WEIGHTS, dnnl_query_weights_md));
     ZPS_TRY(s_prim_arg(&s->bwd_data, DNNL_ARG_DIFF_SRC, dnnl_query_diff_src_md));
+    const dnnl_memory_desc_t *wbmd =
+        dnnl_primitive_desc_query_md(s->bwd_data.pd, dnnl_query_weights_md, 0);
+    s->same_w = dnnl_memory_desc_equal(wbmd,
+                                       dnnl_primitive_desc_query_md(s->fwd.pd, dnnl_query_weights_md, 0));
+    ZPS_TRY(s_reorder_create(&s->w_bwd, &wplain, wbmd, 0));
+    s->wb = s_layout_buf(&s->w_bwd, &s->bwd_data, dnnl_query_weights_md);
 
     S_DNNL(dnnl_convolution_backward_weights_desc_init(&cd, dnnl_convolution_direct, &src, &wei,
                                                        has_bias ? &bia : NULL, &dst, strides,
@@ -237,7 +299,10 @@ static zps_status s_conv_create(k_conv2d *d, int has_bias, s_conv **out)
         s->bwd_weights.args[s->bwd_weights.nargs].memory = m;
         s->bwd_weights.shared[s->bwd_weights.nargs++] = 0;
     }
-    s->have_bwd = 1;
+    ZPS_TRY(s_reorder_create(
+        &s->dw_back, dnnl_primitive_desc_query_md(s->bwd_weights.pd, dnnl_query_diff_weights_md, 0),
+        &wplain, 1));
+    s->dwb = s_layout_buf(&s->dw_back, &s->bwd_weights, dnnl_query_diff_weights_md);
     return ZPS_OK;
 }
 
@@ -272,6 +337,19 @@ static zps_status s_conv_get(k_conv2d *d, int has_bias, s_conv **out)
     return ZPS_OK;
 }
 
+/* Weights as primitive p wants them: w itself, or w reordered into buf. */
+static zps_status s_weights(s_reorder *r, const float *w, float *buf, const float **out)
+{
+    if (!r->p.p) {
+        *out = w;
+        return ZPS_OK;
+    }
+    const void *ptrs[2] = {w, buf};
+    ZPS_TRY(s_prim_run(&r->p, ptrs, 2));
+    *out = buf;
+    return ZPS_OK;
+}
+
 static zps_status s_conv2d_fwd(k_conv2d *d, const float *x, const float *w, const float *b,
                                float *y)
 {
@@ -279,7 +357,10 @@ static zps_status s_conv2d_fwd(k_conv2d *d, const float *x, const float *w, cons
     ZPS_TRY(s_conv_get(d, b != NULL, &s));
     if (s->has_bias != (b != NULL))
         return ZPS_ERR_INVALID;
-    const void *ptrs[4] = {x, w, b, y};
+    const float *wl;
+    ZPS_TRY(s_weights(&s->w_fwd, w, s->wf, &wl));
+    s->wf_src = w;
+    const void *ptrs[4] = {x, wl, b, y};
     if (!b)
         ptrs[2] = y;
     return s_prim_run(&s->fwd, ptrs, b ? 4 : 3);
@@ -291,20 +372,29 @@ static zps_status s_conv2d_bwd(k_conv2d *d, const float *x, const float *w, cons
     s_conv *s;
     ZPS_TRY(s_conv_get(d, db != NULL, &s));
     if (dx) {
-        const void *ptrs[3] = {dy, w, dx};
+        const float *wl;
+        if (s->same_w && s->wf && s->wf_src == w) /* reordered by this step's forward */
+            wl = s->wf;
+        else
+            ZPS_TRY(s_weights(&s->w_bwd, w, s->wb, &wl));
+        const void *ptrs[3] = {dy, wl, dx};
         ZPS_TRY(s_prim_run(&s->bwd_data, ptrs, 3));
     }
     if (dw || db) {
         size_t nw = (size_t)d->k * d->c * d->r * d->s;
         float *sw = s_scratch_get(nw + (size_t)d->k);
-        const void *ptrs[4] = {x, dy, sw, sw + nw};
+        const void *ptrs[4] = {x, dy, s->dwb ? s->dwb : sw, sw + nw};
         ZPS_TRY(s_prim_run(&s->bwd_weights, ptrs, s->has_bias ? 4 : 3));
-        if (dw)
+        if (s->dwb && dw) { /* back to KCRS, added into dw by the reorder itself */
+            const void *rp[2] = {s->dwb, dw};
+            ZPS_TRY(s_prim_run(&s->dw_back.p, rp, 2));
+        } else if (dw) {
             s_acc(nw, sw, dw);
+        }
         if (db) {
             if (s->has_bias) {
                 s_acc((size_t)d->k, sw + nw, db);
-            } else {
+            } else if (!d->y_blocked) {
                 size_t ohw = (size_t)d->oh * d->ow;
                 for (int n = 0; n < d->n; n++)
                     for (int k = 0; k < d->k; k++) {
@@ -314,6 +404,8 @@ static zps_status s_conv2d_bwd(k_conv2d *d, const float *x, const float *w, cons
                             acc += p[i];
                         db[k] += acc;
                     }
+            } else {
+                return ZPS_ERR_INVALID;
             }
         }
     }
@@ -349,7 +441,7 @@ static zps_status s_bn_get(k_bn *d, s_bn_impl **out)
     im->head.kind = S_BN;
     d->impl = im;
     dnnl_memory_desc_t data;
-    ZPS_TRY(s_md4(&data, d->n, d->c, d->h, d->w, dnnl_nchw));
+    ZPS_TRY(s_md4(&data, d->n, d->c, d->h, d->w, s_act_tag(d->blocked)));
     dnnl_batch_normalization_desc_t bd;
     S_DNNL(dnnl_batch_normalization_forward_desc_init(&bd, dnnl_forward_training, &data, d->eps,
                                                       s_bn_flags(d)));
@@ -422,7 +514,7 @@ static zps_status s_bn_fwd_infer(k_bn *d, const float *x, const float *gamma,
     ZPS_TRY(s_bn_get(d, &im));
     if (!im->have_infer) {
         dnnl_memory_desc_t data;
-        ZPS_TRY(s_md4(&data, d->n, d->c, d->h, d->w, dnnl_nchw));
+        ZPS_TRY(s_md4(&data, d->n, d->c, d->h, d->w, s_act_tag(d->blocked)));
         dnnl_batch_normalization_desc_t bd;
         S_DNNL(dnnl_batch_normalization_forward_desc_init(
             &bd, dnnl_forward_inference, &data, d->eps, s_bn_flags(d) | dnnl_use_global_stats));
@@ -487,8 +579,8 @@ static zps_status s_pool_get(k_pool *d, s_pool_impl **out)
     im->head.kind = S_POOL;
     d->impl = im;
     dnnl_memory_desc_t src, dst;
-    ZPS_TRY(s_md4(&src, d->n, d->c, d->h, d->w, dnnl_nchw));
-    ZPS_TRY(s_md4(&dst, d->n, d->c, d->oh, d->ow, dnnl_nchw));
+    ZPS_TRY(s_md4(&src, d->n, d->c, d->h, d->w, s_act_tag(d->blocked)));
+    ZPS_TRY(s_md4(&dst, d->n, d->c, d->oh, d->ow, s_act_tag(d->blocked)));
     dnnl_dims_t strides = {d->stride_h, d->stride_w}, kernel = {d->r, d->s}, dil = {0, 0};
     dnnl_dims_t pl = {d->pad_h, d->pad_w};
     dnnl_dims_t pr = {(d->oh - 1) * d->stride_h + d->r - d->h - d->pad_h,
@@ -646,6 +738,12 @@ static void s_release(void **impl)
             s_prim_free(&im->conv->fwd);
             s_prim_free(&im->conv->bwd_data);
             s_prim_free(&im->conv->bwd_weights);
+            s_prim_free(&im->conv->w_fwd.p);
+            s_prim_free(&im->conv->w_bwd.p);
+            s_prim_free(&im->conv->dw_back.p);
+            zps_aligned_free(im->conv->wf);
+            zps_aligned_free(im->conv->wb);
+            zps_aligned_free(im->conv->dwb);
             free(im->conv);
         }
         break;
@@ -680,6 +778,7 @@ static void s_release(void **impl)
 }
 
 static int s_supports(k_op_kind op) { return op >= 0 && op < K_OP_COUNT; }
+static int s_prefers_blocked(int c) { return c > 0 && c % 16 == 0; }
 static void *s_alloc(size_t n) { return zps_xaligned(64, n ? n : 64); }
 static void s_free(void *p) { zps_aligned_free(p); }
 static zps_status s_copy(void *dst, const void *src, size_t n)
@@ -697,6 +796,7 @@ static const k_backend s_cpu = {
     .copy_in = s_copy,
     .copy_out = s_copy,
     .release = s_release,
+    .prefers_blocked = s_prefers_blocked,
     .conv2d_fwd = s_conv2d_fwd,
     .conv2d_bwd = s_conv2d_bwd,
     .bn_fwd_train = s_bn_fwd_train,

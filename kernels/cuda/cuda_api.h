@@ -20,6 +20,9 @@ int k_cuda_probe(int *count, char *name, size_t name_len, char *msg, size_t msg_
 struct k_backend;
 typedef const struct k_backend *(*k_cuda_backend_fn)(void);
 const struct k_backend *k_cuda_backend(void);
+/* Text of the last CUDA/cuDNN/cuBLAS failure in the library ("" when none). */
+typedef const char *(*k_cuda_last_error_fn)(void);
+const char *k_cuda_last_error(void);
 
 /* ---- NCCL all-reduce (nccl_allreduce.cu); used by trainer/allreduce.c (tr_nccl_*) ----
  * Every function returns 0 on success, else non-zero with the NCCL/CUDA error text in msg. */

@@ -34,6 +34,7 @@ typedef struct s_tensor {
     float *dx;       // gradient, planned (shares the gradient pool)
     int dx_set;      // gradient written this backward
     int has_dx;      // the plan gave it a gradient buffer
+    int blocked;     // kept in the back-end's blocked layout (kernels.h)
 } s_tensor;
 
 typedef struct s_node {
@@ -442,6 +443,15 @@ zps_status nn_model_tensor(nn_model *m, const char *name, float **data, int *n, 
     return ZPS_ERR_NOT_FOUND;
 }
 
+int nn_model_tensor_blocked(const nn_model *m, const char *name)
+{
+    for (int i = 0; i < m->nt; i++)
+        if (strcmp(m->t[i].name, name) == 0) {
+            return m->t[i].blocked;
+        }
+    return 0;
+}
+
 double nn_model_flops_per_sample(const nn_model *m)
 {
     double f = 0;
@@ -525,11 +535,45 @@ static void s_pa_free(s_pool_alloc *pa, size_t off, size_t len)
     }
 }
 
+/* Chooses the blocked layout for every tensor the back-end prefers it for, when the whole
+ * graph can stay blocked between its edges: concat inputs agree, and dense layers read either
+ * plain tensors or 1x1 maps (where blocked equals NCHW). Otherwise everything stays NCHW. */
+static void s_layouts(nn_model *m)
+{
+    int ok = m->be->prefers_blocked != NULL;
+    for (int t = 0; t < m->nt; t++)
+        m->t[t].blocked = 0;
+    for (int i = 0; ok && i < m->nn; i++) {
+        s_node *nd = &m->nodes[i];
+        s_tensor *x = &m->t[nd->in[0]], *y = &m->t[nd->out];
+        switch (nd->kind) {
+        case S_CONV_BN:
+            y->blocked = m->be->prefers_blocked(y->c);
+            break;
+        case S_CONCAT:
+            for (int j = 1; j < nd->nin; j++)
+                ok &= m->t[nd->in[j]].blocked == x->blocked;
+            y->blocked = x->blocked;
+            break;
+        case S_DENSE:
+            ok &= !x->blocked || (x->h == 1 && x->w == 1);
+            break;
+        default:
+            y->blocked = x->blocked;
+            break;
+        }
+    }
+    if (!ok)
+        for (int t = 0; t < m->nt; t++)
+            m->t[t].blocked = 0;
+}
+
 static zps_status s_plan(nn_model *m, int n)
 {
     if (m->plan_n == n)
         return ZPS_OK;
     s_release_plan(m);
+    s_layouts(m);
     size_t total = 0;
     /* offsets (in floats) first, pointers once the block exists */
     size_t *xoff = zps_xcalloc((size_t)m->nt, sizeof(size_t));
@@ -550,8 +594,11 @@ static zps_status s_plan(nn_model *m, int n)
         case S_CONV_BN:
             ZPS_TRY(k_conv2d_init(&nd->conv, n, x->c, x->h, x->w, nd->k, nd->r, nd->s, nd->sh,
                                   nd->sw, nd->ph, nd->pw));
+            nd->conv.x_blocked = x->blocked;
+            nd->conv.y_blocked = m->t[nd->out].blocked;
             nd->bn = (k_bn){.n = n, .c = nd->k, .h = nd->conv.oh, .w = nd->conv.ow,
-                            .eps = 0.001f, .momentum = 0.1f, .relu = 1};
+                            .eps = 0.001f, .momentum = 0.1f, .relu = 1,
+                            .blocked = m->t[nd->out].blocked};
             total += s_round(s_tsize(m, nd->out, n)) + 2 * s_round((size_t)nd->k);
             if (s_tsize(m, nd->out, n) > max_pre)
                 max_pre = s_tsize(m, nd->out, n);
@@ -560,10 +607,12 @@ static zps_status s_plan(nn_model *m, int n)
         case S_AVGPOOL:
             ZPS_TRY(k_pool_init(&nd->pool, nd->kind == S_MAXPOOL ? K_POOL_MAX : K_POOL_AVG, n,
                                 x->c, x->h, x->w, nd->r, nd->s, nd->sh, nd->sw, nd->ph, nd->pw));
+            nd->pool.blocked = x->blocked;
             break;
         case S_GAP:
             ZPS_TRY(k_pool_init(&nd->pool, K_POOL_AVG, n, x->c, x->h, x->w, x->h, x->w, 1, 1, 0,
                                 0));
+            nd->pool.blocked = x->blocked;
             break;
         case S_DENSE:
             nd->dense = (k_dense){.n = n, .in = x->c * x->h * x->w, .out = nd->k};

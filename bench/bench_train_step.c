@@ -1,0 +1,215 @@
+/* bench_train_step.c — `zps-bench train-step`: images per second of one CPU training step
+ * (forward + backward + SGD momentum) of inception_v3, against PyTorch in the same run.
+ *
+ * Shapes (default): 299 batch 8 (aux on), 299 batch 32 (aux on), 139 batch 32 and 75 batch
+ * 32 (aux off). Each zps shape runs in a forked child so its peak RSS is its own; the child
+ * reports the median step time over --steps timed steps after --warmup steps. PyTorch runs
+ * tests/ref/train_step_ref.py under Debian's /usr/bin/python3 with torch.set_num_threads(2),
+ * jemalloc preloaded (MALLOC_CONF=dirty_decay_ms:-1,muzzy_decay_ms:-1), the same
+ * warm-up/steps and median. Writes BENCH_DIR/train_step.json: a list of {"shape", "batch",
+ * "zps_ips", "torch_ips", "ratio", "zps_peak_rss_mb"} (torch_ips and ratio null when PyTorch
+ * is unavailable or --no-torch).
+ */
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bench/bench.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "trainer/models/models.h"
+
+typedef struct s_shape {
+    int size, batch, aux;
+} s_shape;
+
+static double s_now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* Child: times the zps steps and writes the median ips to fd. Returns the exit code. */
+static int s_zps_child(const s_shape *sh, int warmup, int steps, int fd)
+{
+    nn_model_opts o;
+    nn_model_opts_default(&o, "inception_v3");
+    o.in_size = sh->size, o.aux = sh->aux;
+    nn_model *m;
+    if (nn_model_create(k_backend_cpu(), &o, &m) != ZPS_OK)
+        return 1;
+    size_t nx = (size_t)sh->batch * 3 * sh->size * sh->size;
+    float *x = malloc(nx * sizeof *x);
+    int32_t *y = malloc(sizeof(int32_t) * (size_t)sh->batch);
+    uint64_t r = 88172645463325252ull;
+    for (size_t i = 0; i < nx; i++) {
+        r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+        x[i] = (float)(r % 20001) / 10000.0f - 1.0f;
+    }
+    for (int i = 0; i < sh->batch; i++)
+        y[i] = i % 1000;
+    double *t = calloc((size_t)steps, sizeof *t);
+    for (int s = 0; s < warmup + steps; s++) {
+        double t0 = s_now();
+        float loss;
+        if (nn_model_forward(m, x, y, sh->batch, 1, &loss, NULL) != ZPS_OK ||
+            nn_model_backward(m, NULL, NULL) != ZPS_OK ||
+            nn_model_sgd(m, 0.001f, 0.9f, 0.0f, 0) != ZPS_OK)
+            return 1;
+        if (s >= warmup)
+            t[s - warmup] = s_now() - t0;
+    }
+    double ips = sh->batch / bench_median(t, (size_t)steps);
+    if (write(fd, &ips, sizeof ips) != (ssize_t)sizeof ips)
+        return 1;
+    free(t), free(x), free(y);
+    nn_model_destroy(&m);
+    return 0;
+}
+
+static int s_run_zps(const s_shape *sh, int warmup, int steps, double *ips, double *rss_mb)
+{
+    int p[2];
+    if (pipe(p) != 0)
+        return -1;
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        close(p[0]);
+        _exit(s_zps_child(sh, warmup, steps, p[1]));
+    }
+    close(p[1]);
+    ssize_t got = read(p[0], ips, sizeof *ips);
+    close(p[0]);
+    int status;
+    struct rusage ru;
+    if (wait4(pid, &status, 0, &ru) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0 ||
+        got != (ssize_t)sizeof *ips)
+        return -1;
+    *rss_mb = (double)ru.ru_maxrss / 1024.0;
+    return 0;
+}
+
+static int s_run_torch(const s_shape *sh, int warmup, int steps, double *ips)
+{
+    const char *root = getenv("ZPS_ROOT");
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd,
+             "LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2 "
+             "MALLOC_CONF=dirty_decay_ms:-1,muzzy_decay_ms:-1 /usr/bin/python3 "
+             "%s/tests/ref/train_step_ref.py --size %d --batch %d --aux %d --warmup %d "
+             "--steps %d --threads 2",
+             root ? root : ".", sh->size, sh->batch, sh->aux, warmup, steps);
+    fflush(NULL);
+    FILE *f = popen(cmd, "r");
+    if (!f)
+        return -1;
+    char line[4096];
+    int ok = -1;
+    while (fgets(line, sizeof line, f)) {
+        char *p = strstr(line, "\"ips\": ");
+        if (p && sscanf(p + 7, "%lf", ips) == 1)
+            ok = 0;
+    }
+    if (pclose(f) != 0)
+        ok = -1;
+    return ok;
+}
+
+static int s_train_step(int argc, char **argv);
+
+/* Registered by hand: the subcommand name has a dash, which ZPS_BENCH cannot spell. */
+__attribute__((constructor)) static void s_register(void)
+{
+    bench_register("train-step", s_train_step,
+                   "inception_v3 CPU training step img/s vs PyTorch 1.13 (train_step.json)");
+}
+
+static int s_train_step(int argc, char **argv)
+{
+    int warmup = 2, steps = 5, torch = 1;
+    const char *shapes = "299x8,299x32,139x32,75x32";
+    static const struct option opts[] = {{"shapes", required_argument, 0, 's'},
+                                         {"steps", required_argument, 0, 'n'},
+                                         {"warmup", required_argument, 0, 'w'},
+                                         {"no-torch", no_argument, 0, 't'},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
+    int c;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        if (c == 's')
+            shapes = optarg;
+        else if (c == 'n')
+            steps = atoi(optarg);
+        else if (c == 'w')
+            warmup = atoi(optarg);
+        else if (c == 't')
+            torch = 0;
+        else {
+            fprintf(c == 'h' ? stdout : stderr,
+                    "usage: zps-bench train-step [--shapes SIZExBATCH,...] [--steps N] "
+                    "[--warmup N] [--no-torch]\n  aux head on where SIZE >= 299\n");
+            return c == 'h' ? 0 : 2;
+        }
+    }
+    if (steps < 1 || warmup < 0)
+        return 2;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/train_step.json", bench_out_dir());
+    FILE *out = fopen(path, "w");
+    if (!out) {
+        fprintf(stderr, "train-step: cannot write %s\n", path);
+        return 1;
+    }
+    fprintf(out, "[");
+    int rc = 0, first = 1;
+    char *list = strdup(shapes), *save = NULL;
+    printf("%-9s %6s %10s %10s %7s %12s\n", "shape", "batch", "zps img/s", "torch img/s",
+           "ratio", "zps RSS MiB");
+    for (char *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        s_shape sh;
+        if (sscanf(tok, "%dx%d", &sh.size, &sh.batch) != 2 || sh.size < 75 || sh.batch < 1) {
+            fprintf(stderr, "train-step: bad shape '%s' (want SIZExBATCH)\n", tok);
+            rc = 2;
+            break;
+        }
+        sh.aux = sh.size >= 299;
+        double zi = 0, ti = NAN, rss = 0;
+        if (s_run_zps(&sh, warmup, steps, &zi, &rss) != 0) {
+            fprintf(stderr, "train-step: zps run failed at %s\n", tok);
+            rc = 1;
+            continue;
+        }
+        if (torch && s_run_torch(&sh, warmup, steps, &ti) != 0) {
+            fprintf(stderr, "train-step: PyTorch run failed at %s (python3-torch missing?)\n",
+                    tok);
+            ti = NAN;
+        }
+        char tbuf[32] = "null", rbuf[32] = "null";
+        if (!isnan(ti)) {
+            snprintf(tbuf, sizeof tbuf, "%.3f", ti);
+            snprintf(rbuf, sizeof rbuf, "%.3f", zi / ti);
+        }
+        printf("%-9s %6d %10.2f %10s %7s %12.0f\n", tok, sh.batch, zi, tbuf, rbuf, rss);
+        fflush(stdout);
+        fprintf(out,
+                "%s\n  {\"shape\": \"%dx%dx%d\", \"batch\": %d, \"aux\": %d, \"zps_ips\": %.3f, "
+                "\"torch_ips\": %s, \"ratio\": %s, \"zps_peak_rss_mb\": %.0f}",
+                first ? "" : ",", 3, sh.size, sh.size, sh.batch, sh.aux, zi, tbuf, rbuf, rss);
+        first = 0;
+    }
+    fprintf(out, "\n]\n");
+    fclose(out);
+    free(list);
+    printf("train-step: wrote %s\n", path);
+    return rc;
+}

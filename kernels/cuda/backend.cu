@@ -1,0 +1,761 @@
+/* backend.cu — the CUDA back-end of kernels.h: cuDNN for convolution, cuBLAS for dense layers,
+ * own kernels for batchnorm (+ReLU), pooling, concat, dropout, losses, elementwise ops and
+ * optimizers, written to the ref back-end's exact semantics (biased batch variance, unbiased
+ * running variance, padding counted by average pooling, the same dropout hash).
+ *
+ * Everything runs on device 0 in the default stream; tensors are device pointers; losses and
+ * reductions come back to the host. Every CUDA, cuDNN and cuBLAS return is checked; the first
+ * failure's text is kept in s_err (this library cannot call zps_log: it is dlopened by
+ * binaries that do not export it) and the call returns ZPS_ERR_CUDA/CUDNN/CUBLAS.
+ * Backward ops accumulate (+=) into parameter gradients and overwrite input gradients.
+ * No blocked layouts (prefers_blocked is NULL).
+ */
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <cudnn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cuda/cuda_api.h"
+#include "kernels/kernels.h"
+
+static char s_err[256];
+static cudnnHandle_t s_cudnn;
+static cublasHandle_t s_cublas;
+
+#define S_CUDA(expr)                                                                   \
+    do {                                                                               \
+        cudaError_t e_ = (expr);                                                       \
+        if (e_ != cudaSuccess) {                                                       \
+            snprintf(s_err, sizeof s_err, "%s:%d %s: %s", __FILE__, __LINE__, #expr,   \
+                     cudaGetErrorString(e_));                                          \
+            return ZPS_ERR_CUDA;                                                       \
+        }                                                                              \
+    } while (0)
+#define S_CUDNN(expr)                                                                  \
+    do {                                                                               \
+        cudnnStatus_t e_ = (expr);                                                     \
+        if (e_ != CUDNN_STATUS_SUCCESS) {                                              \
+            snprintf(s_err, sizeof s_err, "%s:%d %s: %s", __FILE__, __LINE__, #expr,   \
+                     cudnnGetErrorString(e_));                                         \
+            return ZPS_ERR_CUDNN;                                                      \
+        }                                                                              \
+    } while (0)
+#define S_CUBLAS(expr)                                                                 \
+    do {                                                                               \
+        cublasStatus_t e_ = (expr);                                                    \
+        if (e_ != CUBLAS_STATUS_SUCCESS) {                                             \
+            snprintf(s_err, sizeof s_err, "%s:%d %s: status %d", __FILE__, __LINE__,   \
+                     #expr, (int)e_);                                                  \
+            return ZPS_ERR_CUBLAS;                                                     \
+        }                                                                              \
+    } while (0)
+#define S_LAUNCHED() S_CUDA(cudaGetLastError())
+
+static const int S_T = 256;
+static unsigned s_blocks(size_t n) { return (unsigned)((n + S_T - 1) / S_T < 65535 ? (n + S_T - 1) / S_T : 65535); }
+#define S_LOOP(i, n) for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); i += (size_t)blockDim.x * gridDim.x)
+
+extern "C" const char *k_cuda_last_error(void) { return s_err; }
+
+/* ---- memory ---- */
+
+static void *s_alloc(size_t n)
+{
+    void *p = NULL;
+    return cudaMalloc(&p, n ? n : 64) == cudaSuccess ? p : NULL;
+}
+static void s_free(void *p)
+{
+    if (p)
+        cudaFree(p);
+}
+static zps_status s_copy_in(void *dst, const void *src, size_t n)
+{
+    S_CUDA(cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice));
+    return ZPS_OK;
+}
+static zps_status s_copy_out(void *dst, const void *src, size_t n)
+{
+    S_CUDA(cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost));
+    return ZPS_OK;
+}
+
+/* ---- elementwise ---- */
+
+__global__ void g_fill(size_t n, float v, float *y) { S_LOOP(i, n) y[i] = v; }
+__global__ void g_add(size_t n, const float *a, const float *b, float *y) { S_LOOP(i, n) y[i] = a[i] + b[i]; }
+__global__ void g_scale(size_t n, float a, float *x) { S_LOOP(i, n) x[i] *= a; }
+__global__ void g_axpy(size_t n, float a, const float *x, float *y) { S_LOOP(i, n) y[i] += a * x[i]; }
+__global__ void g_relu(size_t n, const float *x, float *y) { S_LOOP(i, n) y[i] = x[i] > 0 ? x[i] : 0.0f; }
+__global__ void g_relu_bwd(size_t n, const float *y, const float *dy, float *dx)
+{
+    S_LOOP(i, n) dx[i] = y[i] > 0 ? dy[i] : 0.0f;
+}
+__global__ void g_sum(size_t n, const float *x, int sq, double *out)
+{
+    double acc = 0;
+    S_LOOP(i, n) acc += sq ? (double)x[i] * x[i] : (double)x[i];
+    atomicAdd(out, acc);
+}
+__global__ void g_sgd(size_t n, float lr, float wd, float *w, const float *g)
+{
+    S_LOOP(i, n) w[i] -= lr * (g[i] + wd * w[i]);
+}
+__global__ void g_momentum(size_t n, float lr, float mu, float wd, int nesterov, float *w,
+                           const float *g, float *v)
+{
+    S_LOOP(i, n)
+    {
+        float d = g[i] + wd * w[i];
+        v[i] = mu * v[i] + d;
+        w[i] -= lr * (nesterov ? d + mu * v[i] : v[i]);
+    }
+}
+
+/* The same hash as k_hash_u32 (kernels.c), so masks agree across back-ends. */
+__device__ uint32_t d_hash(uint64_t seed, uint64_t index)
+{
+    uint64_t z = seed * 0x9E3779B97F4A7C15ull + index + 0x632BE59BD9B4E019ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (uint32_t)(z >> 32);
+}
+__global__ void g_dropout(size_t n, uint64_t thr, float keep, uint64_t seed, const float *x, float *y)
+{
+    S_LOOP(i, n) y[i] = (uint64_t)d_hash(seed, i) < thr ? 0.0f : x[i] * keep;
+}
+
+static zps_status s_fill(size_t n, float v, float *y)
+{
+    g_fill<<<s_blocks(n), S_T>>>(n, v, y);
+    S_LAUNCHED();
+    return ZPS_OK;
+}
+static zps_status s_add(size_t n, const float *a, const float *b, float *y)
+{
+    g_add<<<s_blocks(n), S_T>>>(n, a, b, y);
+    S_LAUNCHED();
+    return ZPS_OK;
+}
+static zps_status s_scale(size_t n, float a, float *x)
+{
+    g_scale<<<s_blocks(n), S_T>>>(n, a, x);
+    S_LAUNCHED();
+    return ZPS_OK;
+}
+static zps_status s_axpy(size_t n, float a, const float *x, float *y)
+{
+    g_axpy<<<s_blocks(n), S_T>>>(n, a, x, y);
+    S_LAUNCHED();
+    return ZPS_OK;
+}
+static zps_status s_relu_fwd(size_t n, const float *x, float *y)
+{
+    g_relu<<<s_blocks(n), S_T>>>(n, x, y);
+    S_LAUNCHED();
+    return ZPS_OK;
+}
+static zps_status s_relu_bwd(size_t n, const float *y, const float *dy, float *dx)
+{
+    g_relu_bwd<<<s_blocks(n), S_T>>>(n, y, dy, dx);
+    S_LAUNCHED();
+    return ZPS_OK;
+}
+static zps_status s_reduce(size_t n, const float *x, int sq, double *out)
+{
+    double *d;
+    S_CUDA(cudaMalloc(&d, sizeof(double)));
+    cudaMemset(d, 0, sizeof(double));
+    g_sum<<<s_blocks(n), S_T>>>(n, x, sq, d);
+    cudaError_t e = cudaMemcpy(out, d, sizeof(double), cudaMemcpyDeviceToHost);
+    cudaFree(d);
+    S_CUDA(e);
+    return ZPS_OK;
+}
+static zps_status s_sum(size_t n, const float *x, double *out) { return s_reduce(n, x, 0, out); }
+static zps_status s_sumsq(size_t n, const float *x, double *out) { return s_reduce(n, x, 1, out); }
+static zps_status s_sgd(size_t n, float lr, float wd, float *w, const float *g)
+{
+    g_sgd<<<s_blocks(n), S_T>>>(n, lr, wd, w, g);
+    S_LAUNCHED();
+    return ZPS_OK;
+}
+static zps_status s_momentum(size_t n, float lr, float mu, float wd, int nesterov, float *w,
+                             const float *g, float *v)
+{
+    g_momentum<<<s_blocks(n), S_T>>>(n, lr, mu, wd, nesterov, w, g, v);
+    S_LAUNCHED();
+    return ZPS_OK;
+}
+static zps_status s_dropout_fwd(size_t n, float p, uint64_t seed, const float *x, float *y)
+{
+    uint64_t thr = (uint64_t)((double)p * 4294967296.0);
+    g_dropout<<<s_blocks(n), S_T>>>(n, thr, 1.0f / (1.0f - p), seed, x, y);
+    S_LAUNCHED();
+    return ZPS_OK;
+}
+static zps_status s_dropout_bwd(size_t n, float p, uint64_t seed, const float *dy, float *dx)
+{
+    return s_dropout_fwd(n, p, seed, dy, dx);
+}
+
+/* ---- concat ---- */
+
+static zps_status s_concat(int n, int hw, int nin, const int *c, float *cat, float *const *parts,
+                           int split)
+{
+    int ctot = 0;
+    for (int i = 0; i < nin; i++)
+        ctot += c[i];
+    size_t off = 0, pitch = (size_t)ctot * hw * sizeof(float);
+    for (int i = 0; i < nin; i++) {
+        size_t w = (size_t)c[i] * hw * sizeof(float);
+        if (parts[i]) {
+            if (split)
+                S_CUDA(cudaMemcpy2D(parts[i], w, (char *)cat + off, pitch, w, (size_t)n,
+                                    cudaMemcpyDeviceToDevice));
+            else
+                S_CUDA(cudaMemcpy2D((char *)cat + off, pitch, parts[i], w, w, (size_t)n,
+                                    cudaMemcpyDeviceToDevice));
+        }
+        off += w;
+    }
+    return ZPS_OK;
+}
+static zps_status s_concat_fwd(int n, int hw, int nin, const int *c, const float *const *xs, float *y)
+{
+    return s_concat(n, hw, nin, c, y, (float *const *)xs, 0);
+}
+static zps_status s_concat_bwd(int n, int hw, int nin, const int *c, const float *dy, float *const *dxs)
+{
+    return s_concat(n, hw, nin, c, (float *)dy, dxs, 1);
+}
+
+/* ---- batchnorm: one block per channel ---- */
+
+__global__ void g_bn_stats(int n, int c, size_t hw, const float *x, float *mean, float *var)
+{
+    int ch = blockIdx.x;
+    __shared__ double s1[S_T], s2[S_T];
+    double a = 0, b = 0;
+    size_t cnt = (size_t)n * hw;
+    for (size_t i = threadIdx.x; i < cnt; i += blockDim.x) {
+        double v = x[((i / hw) * c + ch) * hw + i % hw];
+        a += v;
+        b += v * v;
+    }
+    s1[threadIdx.x] = a, s2[threadIdx.x] = b;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if ((int)threadIdx.x < s)
+            s1[threadIdx.x] += s1[threadIdx.x + s], s2[threadIdx.x] += s2[threadIdx.x + s];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        double m = s1[0] / cnt, v = s2[0] / cnt - m * m;
+        mean[ch] = (float)m;
+        var[ch] = (float)(v > 0 ? v : 0);
+    }
+}
+__global__ void g_bn_apply(size_t total, int c, size_t hw, const float *x, const float *g,
+                           const float *b, const float *mean, const float *var, float eps,
+                           int relu, float *y)
+{
+    S_LOOP(i, total)
+    {
+        int ch = (int)((i / hw) % c);
+        float v = g[ch] * (x[i] - mean[ch]) * rsqrtf(var[ch] + eps) + b[ch];
+        y[i] = relu && v < 0 ? 0.0f : v;
+    }
+}
+__global__ void g_bn_running(int c, float m, float unbias, const float *mean, const float *var,
+                             float *rm, float *rv)
+{
+    int ch = blockIdx.x * blockDim.x + threadIdx.x;
+    if (ch < c) {
+        if (rm)
+            rm[ch] = (1.0f - m) * rm[ch] + m * mean[ch];
+        if (rv)
+            rv[ch] = (1.0f - m) * rv[ch] + m * var[ch] * unbias;
+    }
+}
+/* Per channel: sum of g and of g * xhat (g = dy masked by y > 0 when relu). */
+__global__ void g_bn_bwd_sums(int n, int c, size_t hw, const float *x, const float *y,
+                              const float *dy, const float *mean, const float *var, float eps,
+                              int relu, float *sg, float *sgx, float *dgamma, float *dbeta)
+{
+    int ch = blockIdx.x;
+    __shared__ double s1[S_T], s2[S_T];
+    double a = 0, b = 0, inv = rsqrt((double)var[ch] + eps);
+    size_t cnt = (size_t)n * hw;
+    for (size_t i = threadIdx.x; i < cnt; i += blockDim.x) {
+        size_t k = ((i / hw) * c + ch) * hw + i % hw;
+        double gv = relu && !(y[k] > 0) ? 0.0 : dy[k];
+        a += gv;
+        b += gv * (x[k] - mean[ch]) * inv;
+    }
+    s1[threadIdx.x] = a, s2[threadIdx.x] = b;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if ((int)threadIdx.x < s)
+            s1[threadIdx.x] += s1[threadIdx.x + s], s2[threadIdx.x] += s2[threadIdx.x + s];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        sg[ch] = (float)s1[0], sgx[ch] = (float)s2[0];
+        if (dbeta)
+            dbeta[ch] += (float)s1[0];
+        if (dgamma)
+            dgamma[ch] += (float)s2[0];
+    }
+}
+__global__ void g_bn_bwd_dx(size_t total, int c, size_t hw, float cnt, const float *x,
+                            const float *y, const float *dy, const float *gamma,
+                            const float *mean, const float *var, float eps, int relu,
+                            const float *sg, const float *sgx, float *dx)
+{
+    S_LOOP(i, total)
+    {
+        int ch = (int)((i / hw) % c);
+        float inv = rsqrtf(var[ch] + eps);
+        float gv = relu && !(y[i] > 0) ? 0.0f : dy[i];
+        float xh = (x[i] - mean[ch]) * inv;
+        dx[i] = gamma[ch] * inv * (gv - sg[ch] / cnt - xh * sgx[ch] / cnt);
+    }
+}
+
+static zps_status s_bn_fwd_train(k_bn *d, const float *x, const float *gamma, const float *beta,
+                                 float *y, float *mean, float *var, float *rm, float *rv)
+{
+    size_t hw = (size_t)d->h * d->w, total = (size_t)d->n * d->c * hw;
+    g_bn_stats<<<d->c, S_T>>>(d->n, d->c, hw, x, mean, var);
+    g_bn_apply<<<s_blocks(total), S_T>>>(total, d->c, hw, x, gamma, beta, mean, var, d->eps,
+                                         d->relu, y);
+    float cnt = (float)d->n * hw;
+    g_bn_running<<<(d->c + 127) / 128, 128>>>(d->c, d->momentum, cnt > 1 ? cnt / (cnt - 1) : 1.0f,
+                                              mean, var, rm, rv);
+    S_LAUNCHED();
+    return ZPS_OK;
+}
+static zps_status s_bn_fwd_infer(k_bn *d, const float *x, const float *gamma, const float *beta,
+                                 const float *rm, const float *rv, float *y)
+{
+    size_t hw = (size_t)d->h * d->w, total = (size_t)d->n * d->c * hw;
+    g_bn_apply<<<s_blocks(total), S_T>>>(total, d->c, hw, x, gamma, beta, rm, rv, d->eps,
+                                         d->relu, y);
+    S_LAUNCHED();
+    return ZPS_OK;
+}
+
+typedef struct s_bn_impl {
+    int kind;     // 2
+    float *sums;  // (2c) device scratch
+} s_bn_impl;
+
+static zps_status s_bn_bwd(k_bn *d, const float *x, const float *y, const float *dy,
+                           const float *gamma, const float *mean, const float *var, float *dx,
+                           float *dgamma, float *dbeta)
+{
+    s_bn_impl *im = (s_bn_impl *)d->impl;
+    if (!im) {
+        im = (s_bn_impl *)calloc(1, sizeof *im);
+        im->kind = 2;
+        d->impl = im;
+        S_CUDA(cudaMalloc(&im->sums, sizeof(float) * 2 * (size_t)d->c));
+    }
+    size_t hw = (size_t)d->h * d->w, total = (size_t)d->n * d->c * hw;
+    g_bn_bwd_sums<<<d->c, S_T>>>(d->n, d->c, hw, x, y, dy, mean, var, d->eps, d->relu, im->sums,
+                                 im->sums + d->c, dgamma, dbeta);
+    if (dx)
+        g_bn_bwd_dx<<<s_blocks(total), S_T>>>(total, d->c, hw, (float)(d->n * hw), x, y, dy,
+                                              gamma, mean, var, d->eps, d->relu, im->sums,
+                                              im->sums + d->c, dx);
+    S_LAUNCHED();
+    return ZPS_OK;
+}
+
+/* ---- pooling: one thread per output (forward) / per input (backward) ---- */
+
+__global__ void g_pool_fwd(k_pool d, const float *x, float *y)
+{
+    size_t total = (size_t)d.n * d.c * d.oh * d.ow;
+    S_LOOP(i, total)
+    {
+        int ox = (int)(i % d.ow), oy = (int)((i / d.ow) % d.oh);
+        const float *p = x + (i / ((size_t)d.oh * d.ow)) * d.h * d.w;
+        float best = 0;
+        int found = 0;
+        double acc = 0;
+        for (int r = 0; r < d.r; r++) {
+            int iy = oy * d.stride_h - d.pad_h + r;
+            if (iy < 0 || iy >= d.h)
+                continue;
+            for (int s = 0; s < d.s; s++) {
+                int ix = ox * d.stride_w - d.pad_w + s;
+                if (ix < 0 || ix >= d.w)
+                    continue;
+                float v = p[iy * d.w + ix];
+                if (!found || v > best)
+                    best = v;
+                found = 1;
+                acc += v;
+            }
+        }
+        y[i] = d.kind == K_POOL_MAX ? best : (float)(acc / (d.r * d.s));
+    }
+}
+/* Backward per input element: sums the outputs whose window holds it (max: whose argmax it
+ * is, first maximum in scan order as in ref). */
+__global__ void g_pool_bwd(k_pool d, const float *x, const float *dy, float *dx)
+{
+    size_t total = (size_t)d.n * d.c * d.h * d.w;
+    S_LOOP(i, total)
+    {
+        int ix = (int)(i % d.w), iy = (int)((i / d.w) % d.h);
+        size_t plane = i / ((size_t)d.h * d.w);
+        const float *p = x + plane * d.h * d.w;
+        const float *g = dy + plane * d.oh * d.ow;
+        float acc = 0;
+        for (int oy = 0; oy < d.oh; oy++) {
+            int y0 = oy * d.stride_h - d.pad_h;
+            if (iy < y0 || iy >= y0 + d.r)
+                continue;
+            for (int ox = 0; ox < d.ow; ox++) {
+                int x0 = ox * d.stride_w - d.pad_w;
+                if (ix < x0 || ix >= x0 + d.s)
+                    continue;
+                if (d.kind == K_POOL_AVG) {
+                    acc += g[oy * d.ow + ox] / (float)(d.r * d.s);
+                    continue;
+                }
+                int by = -1, bx = -1;
+                float bv = 0;
+                for (int r = 0; r < d.r; r++) {
+                    int yy = y0 + r;
+                    if (yy < 0 || yy >= d.h)
+                        continue;
+                    for (int s = 0; s < d.s; s++) {
+                        int xx = x0 + s;
+                        if (xx < 0 || xx >= d.w)
+                            continue;
+                        if (by < 0 || p[yy * d.w + xx] > bv)
+                            bv = p[yy * d.w + xx], by = yy, bx = xx;
+                    }
+                }
+                if (by == iy && bx == ix)
+                    acc += g[oy * d.ow + ox];
+            }
+        }
+        dx[i] = acc;
+    }
+}
+static zps_status s_pool_fwd(k_pool *d, const float *x, float *y)
+{
+    g_pool_fwd<<<s_blocks((size_t)d->n * d->c * d->oh * d->ow), S_T>>>(*d, x, y);
+    S_LAUNCHED();
+    return ZPS_OK;
+}
+static zps_status s_pool_bwd(k_pool *d, const float *x, const float *y, const float *dy, float *dx)
+{
+    (void)y;
+    g_pool_bwd<<<s_blocks((size_t)d->n * d->c * d->h * d->w), S_T>>>(*d, x, dy, dx);
+    S_LAUNCHED();
+    return ZPS_OK;
+}
+
+/* ---- dense: cuBLAS (column-major: y^T = w x^T) ---- */
+
+__global__ void g_bias_rows(int n, int out, const float *b, float *y)
+{
+    S_LOOP(i, (size_t)n * out) y[i] += b[i % out];
+}
+__global__ void g_col_sums(int n, int out, const float *dy, float *db)
+{
+    int o = blockIdx.x * blockDim.x + threadIdx.x;
+    if (o < out) {
+        float acc = 0;
+        for (int r = 0; r < n; r++)
+            acc += dy[(size_t)r * out + o];
+        db[o] += acc;
+    }
+}
+static zps_status s_dense_fwd(k_dense *d, const float *x, const float *w, const float *b, float *y)
+{
+    float one = 1, zero = 0;
+    S_CUBLAS(cublasSgemm(s_cublas, CUBLAS_OP_T, CUBLAS_OP_N, d->out, d->n, d->in, &one, w, d->in,
+                         x, d->in, &zero, y, d->out));
+    if (b) {
+        g_bias_rows<<<s_blocks((size_t)d->n * d->out), S_T>>>(d->n, d->out, b, y);
+        S_LAUNCHED();
+    }
+    return ZPS_OK;
+}
+static zps_status s_dense_bwd(k_dense *d, const float *x, const float *w, const float *dy,
+                              float *dx, float *dw, float *db)
+{
+    float one = 1, zero = 0;
+    if (dx) /* dx (n, in) = dy (n, out) . w (out, in) */
+        S_CUBLAS(cublasSgemm(s_cublas, CUBLAS_OP_N, CUBLAS_OP_N, d->in, d->n, d->out, &one, w,
+                             d->in, dy, d->out, &zero, dx, d->in));
+    if (dw) /* dw (out, in) += dy^T . x */
+        S_CUBLAS(cublasSgemm(s_cublas, CUBLAS_OP_N, CUBLAS_OP_T, d->in, d->out, d->n, &one, x,
+                             d->in, dy, d->out, &one, dw, d->in));
+    if (db) {
+        g_col_sums<<<(d->out + 127) / 128, 128>>>(d->n, d->out, dy, db);
+        S_LAUNCHED();
+    }
+    return ZPS_OK;
+}
+
+/* ---- softmax cross-entropy and smooth-L1 (results summed on the host) ---- */
+
+__global__ void g_xent(int n, int k, const float *z, const int32_t *labels, float smooth,
+                       float scale, float *rowloss, int *right, float *dz)
+{
+    int b = blockIdx.x * blockDim.x + threadIdx.x;
+    if (b >= n)
+        return;
+    const float *r = z + (size_t)b * k;
+    int arg = 0;
+    for (int j = 1; j < k; j++)
+        if (r[j] > r[arg])
+            arg = j;
+    double se = 0;
+    for (int j = 0; j < k; j++)
+        se += exp((double)r[j] - r[arg]);
+    double lse = r[arg] + log(se), off = smooth / k, on = 1.0 - smooth + off, l = 0;
+    for (int j = 0; j < k; j++) {
+        double t = j == labels[b] ? on : off, lp = r[j] - lse;
+        l -= t * lp;
+        if (dz)
+            dz[(size_t)b * k + j] = (float)(scale * (exp(lp) - t) / n);
+    }
+    rowloss[b] = (float)l;
+    right[b] = arg == labels[b];
+}
+static zps_status s_softmax_xent(int n, int k, const float *z, const int32_t *labels, float smooth,
+                                 float scale, float *loss, int *correct, float *dz)
+{
+    int32_t *hl = (int32_t *)malloc(sizeof(int32_t) * (size_t)n);
+    cudaError_t e = cudaMemcpy(hl, labels, sizeof(int32_t) * (size_t)n, cudaMemcpyDeviceToHost);
+    int bad = 0;
+    for (int i = 0; e == cudaSuccess && i < n; i++)
+        bad |= hl[i] < 0 || hl[i] >= k;
+    free(hl);
+    S_CUDA(e);
+    if (bad)
+        return ZPS_ERR_INVALID;
+    float *rl;
+    S_CUDA(cudaMalloc(&rl, (sizeof(float) + sizeof(int)) * (size_t)n));
+    int *rr = (int *)(rl + n);
+    g_xent<<<(n + 127) / 128, 128>>>(n, k, z, labels, smooth, scale, rl, rr, dz);
+    float *h = (float *)malloc((sizeof(float) + sizeof(int)) * (size_t)n);
+    e = cudaMemcpy(h, rl, (sizeof(float) + sizeof(int)) * (size_t)n, cudaMemcpyDeviceToHost);
+    cudaFree(rl);
+    if (e == cudaSuccess) {
+        double t = 0;
+        int c = 0;
+        for (int i = 0; i < n; i++)
+            t += h[i], c += ((int *)(h + n))[i];
+        *loss = (float)(t / n);
+        if (correct)
+            *correct = c;
+    }
+    free(h);
+    S_CUDA(e);
+    return ZPS_OK;
+}
+
+__global__ void g_smooth_l1(size_t n, const float *x, const float *t, float beta, float scale,
+                            double *loss, float *dx)
+{
+    double acc = 0;
+    S_LOOP(i, n)
+    {
+        double d = (double)x[i] - t[i], a = fabs(d), g;
+        if (a < beta)
+            acc += 0.5 * d * d / beta, g = d / beta;
+        else
+            acc += a - 0.5 * beta, g = d > 0 ? 1.0 : -1.0;
+        if (dx)
+            dx[i] = (float)(scale * g);
+    }
+    atomicAdd(loss, acc);
+}
+static zps_status s_smooth_l1(size_t n, const float *x, const float *t, float beta, float scale,
+                              float *loss, float *dx)
+{
+    double *d, h = 0;
+    S_CUDA(cudaMalloc(&d, sizeof(double)));
+    cudaMemset(d, 0, sizeof(double));
+    g_smooth_l1<<<s_blocks(n), S_T>>>(n, x, t, beta, scale, d, dx);
+    cudaError_t e = cudaMemcpy(&h, d, sizeof h, cudaMemcpyDeviceToHost);
+    cudaFree(d);
+    S_CUDA(e);
+    *loss = (float)h;
+    return ZPS_OK;
+}
+
+/* ---- convolution: cuDNN ---- */
+
+typedef struct s_conv_impl {
+    int kind;                          // 1
+    cudnnTensorDescriptor_t x, y, b;   // input, output, bias (1, k, 1, 1)
+    cudnnFilterDescriptor_t w;
+    cudnnConvolutionDescriptor_t conv;
+    cudnnConvolutionFwdAlgo_t fa;
+    cudnnConvolutionBwdDataAlgo_t da;
+    cudnnConvolutionBwdFilterAlgo_t wa;
+    void *ws;                          // workspace (device)
+    size_t ws_bytes;
+} s_conv_impl;
+
+static zps_status s_conv_get(k_conv2d *d, s_conv_impl **out)
+{
+    s_conv_impl *im = (s_conv_impl *)d->impl;
+    if (im) {
+        *out = im;
+        return ZPS_OK;
+    }
+    im = (s_conv_impl *)calloc(1, sizeof *im);
+    im->kind = 1;
+    d->impl = im;
+    S_CUDNN(cudnnCreateTensorDescriptor(&im->x));
+    S_CUDNN(cudnnCreateTensorDescriptor(&im->y));
+    S_CUDNN(cudnnCreateTensorDescriptor(&im->b));
+    S_CUDNN(cudnnCreateFilterDescriptor(&im->w));
+    S_CUDNN(cudnnCreateConvolutionDescriptor(&im->conv));
+    S_CUDNN(cudnnSetTensor4dDescriptor(im->x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, d->n, d->c, d->h, d->w));
+    S_CUDNN(cudnnSetTensor4dDescriptor(im->y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, d->n, d->k, d->oh, d->ow));
+    S_CUDNN(cudnnSetTensor4dDescriptor(im->b, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, d->k, 1, 1));
+    S_CUDNN(cudnnSetFilter4dDescriptor(im->w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, d->k, d->c, d->r, d->s));
+    S_CUDNN(cudnnSetConvolution2dDescriptor(im->conv, d->pad_h, d->pad_w, d->stride_h, d->stride_w,
+                                            1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    int got = 0;
+    cudnnConvolutionFwdAlgoPerf_t fp;
+    cudnnConvolutionBwdDataAlgoPerf_t dp;
+    cudnnConvolutionBwdFilterAlgoPerf_t wp;
+    S_CUDNN(cudnnGetConvolutionForwardAlgorithm_v7(s_cudnn, im->x, im->w, im->conv, im->y, 1, &got, &fp));
+    S_CUDNN(cudnnGetConvolutionBackwardDataAlgorithm_v7(s_cudnn, im->w, im->y, im->conv, im->x, 1, &got, &dp));
+    S_CUDNN(cudnnGetConvolutionBackwardFilterAlgorithm_v7(s_cudnn, im->x, im->y, im->conv, im->w, 1, &got, &wp));
+    im->fa = fp.algo, im->da = dp.algo, im->wa = wp.algo;
+    size_t a = 0, b = 0, c = 0;
+    S_CUDNN(cudnnGetConvolutionForwardWorkspaceSize(s_cudnn, im->x, im->w, im->conv, im->y, im->fa, &a));
+    S_CUDNN(cudnnGetConvolutionBackwardDataWorkspaceSize(s_cudnn, im->w, im->y, im->conv, im->x, im->da, &b));
+    S_CUDNN(cudnnGetConvolutionBackwardFilterWorkspaceSize(s_cudnn, im->x, im->y, im->conv, im->w, im->wa, &c));
+    im->ws_bytes = a > b ? (a > c ? a : c) : (b > c ? b : c);
+    if (im->ws_bytes)
+        S_CUDA(cudaMalloc(&im->ws, im->ws_bytes));
+    *out = im;
+    return ZPS_OK;
+}
+
+static zps_status s_conv2d_fwd(k_conv2d *d, const float *x, const float *w, const float *b, float *y)
+{
+    s_conv_impl *im;
+    zps_status st = s_conv_get(d, &im);
+    if (st != ZPS_OK)
+        return st;
+    float one = 1, zero = 0;
+    S_CUDNN(cudnnConvolutionForward(s_cudnn, &one, im->x, x, im->w, w, im->conv, im->fa, im->ws,
+                                    im->ws_bytes, &zero, im->y, y));
+    if (b)
+        S_CUDNN(cudnnAddTensor(s_cudnn, &one, im->b, b, &one, im->y, y));
+    return ZPS_OK;
+}
+
+static zps_status s_conv2d_bwd(k_conv2d *d, const float *x, const float *w, const float *dy,
+                               float *dx, float *dw, float *db)
+{
+    s_conv_impl *im;
+    zps_status st = s_conv_get(d, &im);
+    if (st != ZPS_OK)
+        return st;
+    float one = 1, zero = 0;
+    if (dx)
+        S_CUDNN(cudnnConvolutionBackwardData(s_cudnn, &one, im->w, w, im->y, dy, im->conv, im->da,
+                                             im->ws, im->ws_bytes, &zero, im->x, dx));
+    if (dw) /* beta = 1: accumulate */
+        S_CUDNN(cudnnConvolutionBackwardFilter(s_cudnn, &one, im->x, x, im->y, dy, im->conv,
+                                               im->wa, im->ws, im->ws_bytes, &one, im->w, dw));
+    if (db)
+        S_CUDNN(cudnnConvolutionBackwardBias(s_cudnn, &one, im->y, dy, &one, im->b, db));
+    return ZPS_OK;
+}
+
+static void s_release(void **impl)
+{
+    int *kind = (int *)*impl;
+    if (!kind)
+        return;
+    if (*kind == 1) {
+        s_conv_impl *im = (s_conv_impl *)*impl;
+        cudnnDestroyTensorDescriptor(im->x);
+        cudnnDestroyTensorDescriptor(im->y);
+        cudnnDestroyTensorDescriptor(im->b);
+        cudnnDestroyFilterDescriptor(im->w);
+        cudnnDestroyConvolutionDescriptor(im->conv);
+        if (im->ws)
+            cudaFree(im->ws);
+    } else if (*kind == 2) {
+        cudaFree(((s_bn_impl *)*impl)->sums);
+    }
+    free(*impl);
+    *impl = NULL;
+}
+
+static int s_supports(k_op_kind op) { return op >= 0 && op < K_OP_COUNT; }
+
+static k_backend s_cuda;
+
+extern "C" const struct k_backend *k_cuda_backend(void)
+{
+    static int done, ok;
+    if (done)
+        return ok ? &s_cuda : NULL;
+    done = 1;
+    if (cudaSetDevice(0) != cudaSuccess || cudnnCreate(&s_cudnn) != CUDNN_STATUS_SUCCESS ||
+        cublasCreate(&s_cublas) != CUBLAS_STATUS_SUCCESS) {
+        snprintf(s_err, sizeof s_err, "cannot initialise CUDA device 0, cuDNN or cuBLAS");
+        return NULL;
+    }
+    s_cuda.name = "cuda";
+    s_cuda.host_memory = 0;
+    s_cuda.supports_op = s_supports;
+    s_cuda.alloc = s_alloc;
+    s_cuda.free = s_free;
+    s_cuda.copy_in = s_copy_in;
+    s_cuda.copy_out = s_copy_out;
+    s_cuda.release = s_release;
+    s_cuda.prefers_blocked = NULL;
+    s_cuda.conv2d_fwd = s_conv2d_fwd;
+    s_cuda.conv2d_bwd = s_conv2d_bwd;
+    s_cuda.bn_fwd_train = s_bn_fwd_train;
+    s_cuda.bn_fwd_infer = s_bn_fwd_infer;
+    s_cuda.bn_bwd = s_bn_bwd;
+    s_cuda.pool_fwd = s_pool_fwd;
+    s_cuda.pool_bwd = s_pool_bwd;
+    s_cuda.dense_fwd = s_dense_fwd;
+    s_cuda.dense_bwd = s_dense_bwd;
+    s_cuda.relu_fwd = s_relu_fwd;
+    s_cuda.relu_bwd = s_relu_bwd;
+    s_cuda.concat_fwd = s_concat_fwd;
+    s_cuda.concat_bwd = s_concat_bwd;
+    s_cuda.dropout_fwd = s_dropout_fwd;
+    s_cuda.dropout_bwd = s_dropout_bwd;
+    s_cuda.softmax_xent = s_softmax_xent;
+    s_cuda.smooth_l1 = s_smooth_l1;
+    s_cuda.fill = s_fill;
+    s_cuda.add = s_add;
+    s_cuda.scale = s_scale;
+    s_cuda.axpy = s_axpy;
+    s_cuda.sum = s_sum;
+    s_cuda.sumsq = s_sumsq;
+    s_cuda.sgd = s_sgd;
+    s_cuda.momentum = s_momentum;
+    ok = 1;
+    return &s_cuda;
+}
