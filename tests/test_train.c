@@ -2,8 +2,10 @@
  *
  * equivalence: sync PS with 2 trainers of batch b, all-reduce with 2 trainers of batch b and
  * one local trainer of batch 2b end with the same weights after 20 steps (SGD and
- * momentum). All read the same global batch stream (--shard batch) and use a model with no
- * batchnorm or dropout, so the only difference is float summation order.
+ * momentum), for the MLP and the small convnet. All read the same global batch stream
+ * (--shard batch), dropout is off, and the convnet's local run sees its 2b images as two
+ * micro-batches of b (--accumulate 2) so batchnorm normalises over the same b images as
+ * each trainer does; the only difference left is float summation order.
  * Tolerance: |a - b| <= 1e-5 + 1e-3 * |local| per weight.
  */
 #include <criterion/criterion.h>
@@ -149,13 +151,17 @@ static double s_compare(const char *ref_path, const char *other_path, const char
     return maxdiff;
 }
 
-/* One equivalence run for an optimizer (extra: e.g. "--momentum", "0.9"). */
-static void s_equivalence(const char *opt)
+/* One equivalence run of model with optimizer opt. The MLP's local run takes batch 2b in
+ * one pass; the convnet's takes 2 micro-batches of b (--accumulate 2), because batchnorm
+ * normalises over the images one forward sees: that is what a trainer of batch b does. */
+static void s_equivalence(const char *model, const char *opt)
 {
     s_make_data();
-    const char *common[] = {"--data", s_data, "--model", "mlp", "--steps", "20", "--shard",
+    int bn = strcmp(model, "convnet") == 0;
+    const char *common[] = {"--data", s_data, "--model", model, "--steps", "20", "--shard",
                             "batch", "--optimizer", opt, "--lr", "0.05", "--eval-batches",
-                            "1", "--no-progress", "--seed", "7", "--threads", "0"};
+                            "1", "--no-progress", "--seed", "7", "--threads", "0",
+                            "--dropout", "0"};
     const int nc = sizeof common / sizeof common[0];
     char lw[700], aw[700], pw[700], log[700];
     snprintf(lw, sizeof lw, "%s/local.w", s_tmp);
@@ -168,7 +174,8 @@ static void s_equivalence(const char *opt)
         int n = 0;
         for (int i = 0; i < nc; i++)
             args[n++] = common[i];
-        const char *more[] = {"--mode", "local", "--batch-size", "32", "--export", lw, NULL};
+        const char *more[] = {"--mode", "local", "--batch-size", bn ? "16" : "32",
+                              "--accumulate", bn ? "2" : "1", "--export", lw, NULL};
         for (int i = 0; more[i]; i++)
             args[n++] = more[i];
         args[n] = NULL;
@@ -239,7 +246,8 @@ static void s_equivalence(const char *opt)
         int n = 0;
         for (int i = 0; i < nc; i++)
             args[n++] = strcmp(common[i], "0.05") == 0 ? "0" : common[i];
-        const char *more[] = {"--mode", "local", "--batch-size", "32", "--export", iw, NULL};
+        const char *more[] = {"--mode", "local", "--batch-size", bn ? "16" : "32",
+                              "--accumulate", bn ? "2" : "1", "--export", iw, NULL};
         for (int i = 0; more[i]; i++)
             args[n++] = more[i];
         args[n] = NULL;
@@ -263,8 +271,9 @@ static void s_equivalence(const char *opt)
 
 TestSuite(it_train, .fini = s_cleanup, .timeout = 300);
 
-Test(it_train, equivalence_sgd) { s_equivalence("sgd"); }
-Test(it_train, equivalence_momentum) { s_equivalence("momentum"); }
+Test(it_train, equivalence_mlp_sgd) { s_equivalence("mlp", "sgd"); }
+Test(it_train, equivalence_convnet_sgd) { s_equivalence("convnet", "sgd"); }
+Test(it_train, equivalence_convnet_momentum) { s_equivalence("convnet", "momentum"); }
 
 /* ---- fleets: 2 servers and 2 trainers ---- */
 
