@@ -75,6 +75,10 @@ typedef struct s_job {
     int n_groups;
     int groups_known;            // the first backward recorded the groups
     int pulls_pending;
+    int *var_pull;               // (nvars) forward-order pull index of each variable's group
+    uint8_t *pull_done;          // (S_MAX_GROUPS) that pull was waited for
+    uint64_t pull_vmin;          // oldest version among the pulls waited this step
+    zps_status pull_err;         // first failure among them
     int64_t push_step;           // step / clock attached to this step's pushes
     uint64_t version;            // model version of the values in params
     zps_status hook_err;
@@ -95,6 +99,8 @@ static void s_job_free(s_job *j)
     free(j->push_t);
     free(j->pull_t);
     free(j->groups);
+    free(j->var_pull);
+    free(j->pull_done);
     tr_allreduce_destroy(&j->ar);
     tr_metrics_destroy(&j->metrics);
     ds_pipeline_destroy(&j->train);
@@ -354,6 +360,8 @@ static zps_status s_ps_setup(s_job *j)
     j->push_t = zps_xcalloc(S_MAX_GROUPS, sizeof *j->push_t);
     j->pull_t = zps_xcalloc(S_MAX_GROUPS, sizeof *j->pull_t);
     j->groups = zps_xcalloc(S_MAX_GROUPS, sizeof *j->groups);
+    j->pull_done = zps_xcalloc(S_MAX_GROUPS, sizeof *j->pull_done);
+    j->var_pull = zps_xcalloc(j->nvars, sizeof *j->var_pull);
     return ZPS_OK;
 }
 
@@ -388,36 +396,67 @@ static zps_status s_wait(s_job *j, ps_ticket t, uint64_t *version)
 /* Issues the pulls of every group in forward order (first layers first). */
 static zps_status s_issue_pulls(s_job *j, int64_t step)
 {
-    for (int g = j->n_groups - 1, k = 0; g >= 0; g--, k++)
+    for (int g = j->n_groups - 1, k = 0; g >= 0; g--, k++) {
         ZPS_TRY(ps_client_pull(j->client, j->groups[g].first, j->groups[g].n, j->params, step,
                                &j->pull_t[k]));
+        j->pull_done[k] = 0;
+    }
     j->pulls_pending = 1;
+    j->pull_vmin = UINT64_MAX;
+    j->pull_err = ZPS_OK;
     return ZPS_OK;
 }
 
-/* Waits for the pulls issued by s_issue_pulls; j->version = the oldest version received. */
+/* Waits for pull k (forward order) unless that was done already. */
+static void s_wait_pull(s_job *j, int k)
+{
+    if (j->pull_done[k])
+        return;
+    j->pull_done[k] = 1;
+    uint64_t v = 0;
+    zps_status st = s_wait(j, j->pull_t[k], &v);
+    if (st != ZPS_OK && j->pull_err == ZPS_OK)
+        j->pull_err = st;
+    if (st == ZPS_OK && v < j->pull_vmin)
+        j->pull_vmin = v;
+}
+
+/* Forward hook: a layer is about to read [first, first + n); wait for its values. */
+static void s_pull_hook(void *ctx, size_t first, size_t n)
+{
+    s_job *j = ctx;
+    if (j->pulls_pending)
+        for (size_t v = first; v < first + n; v++)
+            s_wait_pull(j, j->var_pull[v]);
+}
+
+/* Waits for whatever pulls the forward did not; j->version = the oldest version received. */
 static zps_status s_wait_pulls(s_job *j)
 {
     if (!j->pulls_pending)
         return ZPS_OK;
+    for (int k = 0; k < j->n_groups; k++)
+        s_wait_pull(j, k);
     j->pulls_pending = 0;
-    uint64_t vmin = UINT64_MAX;
-    zps_status first_err = ZPS_OK;
-    for (int k = 0; k < j->n_groups; k++) {
-        uint64_t v = 0;
-        zps_status st = s_wait(j, j->pull_t[k], &v);
-        if (st != ZPS_OK && first_err == ZPS_OK)
-            first_err = st;
-        if (st == ZPS_OK && v < vmin)
-            vmin = v;
-    }
-    if (first_err != ZPS_OK) {
-        zps_log(ZPS_ERROR, "trainer", "PULL failed: %s: %s", zps_strerror(first_err),
+    if (j->pull_err != ZPS_OK) {
+        zps_log(ZPS_ERROR, "trainer", "PULL failed: %s: %s", zps_strerror(j->pull_err),
                 ps_client_last_error(j->client));
-        return first_err;
+        return j->pull_err;
     }
-    j->version = vmin;
+    j->version = j->pull_vmin;
     return ZPS_OK;
+}
+
+/* The groups are known (first backward): map each variable to its group's pull. */
+static void s_groups_known(s_job *j)
+{
+    for (int g = 0; g < j->n_groups; g++) {
+        int k = j->n_groups - 1 - g;
+        for (int v = j->groups[g].first; v < j->groups[g].first + j->groups[g].n; v++)
+            j->var_pull[v] = k;
+    }
+    j->groups_known = 1;
+    nn_model_set_forward_hook(j->model, s_pull_hook, j);
 }
 
 /* Waits for this step's pushes. A stale push (sync: the step was aggregated without us,
@@ -601,11 +640,9 @@ zps_status tr_run(const tr_config *cfg, tr_result *res)
             break;
         j->net_wait = 0;
         tr_step_record rec = tr_step_record_empty(step + 1);
-        if (j->ps_mode)
-            S_STEP(s_wait_pulls(j));
+        /* PS: this step's values arrive layer by layer during the first forward
+         * (s_pull_hook); used_version is known once it is done. */
         uint64_t used_version = j->version;
-        /* What the pushes of this step are tagged with (client.h, "Steps"). */
-        j->push_step = cfg->mode == TR_MODE_SSP ? step : (int64_t)j->version;
 
         double loss_sum = 0;
         int64_t correct = 0;
@@ -622,6 +659,12 @@ zps_status tr_run(const tr_config *cfg, tr_result *res)
                         (double)loss, (long long)step + 1);
                 st = ZPS_ERR_NONFINITE;
                 goto done;
+            }
+            if (m == 0 && j->ps_mode) {
+                S_STEP(s_wait_pulls(j));
+                used_version = j->version;
+                /* What the pushes of this step are tagged with (client.h, "Steps"). */
+                j->push_step = cfg->mode == TR_MODE_SSP ? step : (int64_t)j->version;
             }
             loss_sum += loss;
             correct += cor;
@@ -655,7 +698,7 @@ zps_status tr_run(const tr_config *cfg, tr_result *res)
                         j->n_groups++;
                     }
                 }
-                j->groups_known = 1;
+                s_groups_known(j);
                 if (cfg->accumulate > 1)
                     for (int g = 0; g < j->n_groups; g++)
                         s_push_hook(j, (size_t)j->groups[g].first, (size_t)j->groups[g].n);

@@ -90,6 +90,8 @@ struct nn_model {
     int have_forward;       // a training forward ran since the last backward
     uint64_t step;          // forward counter (dropout seeds)
     uint64_t seed;          // init seed
+    nn_grad_hook fwd_hook;  // called before a layer with parameters runs forward
+    void *fwd_ctx;
 };
 
 static int s_fail(nn_model *m, zps_status st, const char *fmt, const char *name)
@@ -736,6 +738,12 @@ static zps_status s_node_fwd(nn_model *m, s_node *nd, int train)
     return ZPS_ERR_INTERNAL;
 }
 
+void nn_model_set_forward_hook(nn_model *m, nn_grad_hook hook, void *ctx)
+{
+    m->fwd_hook = hook;
+    m->fwd_ctx = ctx;
+}
+
 zps_status nn_model_forward(nn_model *m, const float *x, const int32_t *labels, int n, int train,
                             float *loss, int *correct)
 {
@@ -761,6 +769,8 @@ zps_status nn_model_forward(nn_model *m, const float *x, const int32_t *labels, 
         s_node *nd = &m->nodes[i];
         if (!train && nd->train_only)
             continue;
+        if (m->fwd_hook && nd->nvars)
+            m->fwd_hook(m->fwd_ctx, nd->var0, nd->nvars);
         zps_status st = s_node_fwd(m, nd, train);
         if (st != ZPS_OK) {
             zps_log(ZPS_ERROR, "nn", "forward of %s failed: %s", nd->name, zps_strerror(st));

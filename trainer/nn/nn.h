@@ -112,6 +112,12 @@ double nn_model_flops_per_sample(const nn_model *m);
 
 /* ---- running ---- */
 
+/* Called during every forward just before a layer with parameters reads variables
+ * [first_var, first_var + nvars), in forward order: the caller makes sure their values are in
+ * place (the PS back-end waits for their pull here, so the first layers run while the later
+ * layers' values are still arriving). NULL removes it. */
+void nn_model_set_forward_hook(nn_model *m, nn_grad_hook hook, void *ctx);
+
 /* x: (n, c, h, w) floats in host memory; labels: n int32 in host memory, each in
  * [0, classes). train=1: batch statistics, dropout, every head, state kept for backward;
  * train=0: running statistics, no dropout, first head only. loss: weighted sum of the heads'
