@@ -151,6 +151,22 @@ static double s_compare(const char *ref_path, const char *other_path, const char
     return maxdiff;
 }
 
+/* Starts zps-trainer with base[] (nb entries) then more[] (NULL-terminated); its log is
+ * s_tmp/<name>.log (written into log). */
+static void s_trainer(pst_server *p, const char *name, char *log, size_t log_len,
+                      const char *const *base, int nb, const char *const *more)
+{
+    const char *args[64];
+    int n = 0;
+    for (int i = 0; i < nb; i++)
+        args[n++] = base[i];
+    for (int i = 0; more[i]; i++)
+        args[n++] = more[i];
+    args[n] = NULL;
+    snprintf(log, log_len, "%s/%s.log", s_tmp, name);
+    s_spawn(p, "zps-trainer", log, args);
+}
+
 /* One equivalence run of model with optimizer opt. The MLP's local run takes batch 2b in
  * one pass; the convnet's takes 2 micro-batches of b (--accumulate 2), because batchnorm
  * normalises over the images one forward sees: that is what a trainer of batch b does. */
@@ -159,112 +175,70 @@ static void s_equivalence(const char *model, const char *opt)
     s_make_data();
     int bn = strcmp(model, "convnet") == 0;
     const char *common[] = {"--data", s_data, "--model", model, "--steps", "20", "--shard",
-                            "batch", "--optimizer", opt, "--lr", "0.05", "--eval-batches",
-                            "1", "--no-progress", "--seed", "7", "--threads", "0",
-                            "--dropout", "0"};
+                            "batch", "--optimizer", opt, "--eval-batches", "1", "--no-progress",
+                            "--seed", "7", "--threads", "0", "--dropout", "0"};
     const int nc = sizeof common / sizeof common[0];
-    char lw[700], aw[700], pw[700], log[700];
+    char lw[700], aw[700], pw[700], iw[700], log[700], logs[2][700], id[2][4], job[64];
     snprintf(lw, sizeof lw, "%s/local.w", s_tmp);
     snprintf(aw, sizeof aw, "%s/ar.w", s_tmp);
     snprintf(pw, sizeof pw, "%s/ps.w", s_tmp);
+    snprintf(iw, sizeof iw, "%s/init.w", s_tmp);
+    snprintf(job, sizeof job, "eq%d", (int)getpid());
+    for (int r = 0; r < 2; r++)
+        snprintf(id[r], sizeof id[r], "%d", r);
+    pst_server p, t[2];
 
-    /* local, batch 2b */
-    {
-        const char *args[40];
-        int n = 0;
-        for (int i = 0; i < nc; i++)
-            args[n++] = common[i];
-        const char *more[] = {"--mode", "local", "--batch-size", bn ? "16" : "32",
-                              "--accumulate", bn ? "2" : "1", "--export", lw, NULL};
-        for (int i = 0; more[i]; i++)
-            args[n++] = more[i];
-        args[n] = NULL;
-        pst_server p;
-        snprintf(log, sizeof log, "%s/local.log", s_tmp);
-        s_spawn(&p, "zps-trainer", log, args);
-        s_expect_ok(&p, log, 120);
-    }
+    /* local, batch 2b; and the seeded start (lr 0) to check the runs really trained */
+    const char *local[] = {"--mode", "local", "--lr", "0.05", "--batch-size", bn ? "16" : "32",
+                           "--accumulate", bn ? "2" : "1", "--export", lw, NULL};
+    s_trainer(&p, "local", log, sizeof log, common, nc, local);
+    s_expect_ok(&p, log, 120);
+    const char *init[] = {"--mode", "local", "--lr", "0", "--batch-size", bn ? "16" : "32",
+                          "--accumulate", bn ? "2" : "1", "--export", iw, NULL};
+    s_trainer(&p, "init", log, sizeof log, common, nc, init);
+    s_expect_ok(&p, log, 120);
+
     /* all-reduce, 2 x b */
-    {
-        pst_server t[2];
-        char logs[2][700], id[2][4], job[64];
-        snprintf(job, sizeof job, "eq%d", (int)getpid());
-        for (int r = 0; r < 2; r++) {
-            const char *args[40];
-            int n = 0;
-            for (int i = 0; i < nc; i++)
-                args[n++] = common[i];
-            snprintf(id[r], sizeof id[r], "%d", r);
-            const char *more[] = {"--mode", "allreduce", "--batch-size", "16", "--num-trainers",
-                                  "2", "--trainer-id", id[r], "--job", job, "--export", aw,
-                                  NULL};
-            for (int i = 0; more[i]; i++)
-                args[n++] = more[i];
-            args[n] = NULL;
-            snprintf(logs[r], sizeof logs[r], "%s/ar%d.log", s_tmp, r);
-            s_spawn(&t[r], "zps-trainer", logs[r], args);
-        }
-        for (int r = 0; r < 2; r++)
-            s_expect_ok(&t[r], logs[r], 120);
+    for (int r = 0; r < 2; r++) {
+        const char *more[] = {"--mode", "allreduce", "--lr", "0.05", "--batch-size", "16",
+                              "--num-trainers", "2", "--trainer-id", id[r], "--job", job,
+                              "--export", aw, NULL};
+        char name[16];
+        snprintf(name, sizeof name, "ar%d", r);
+        s_trainer(&t[r], name, logs[r], sizeof logs[r], common, nc, more);
     }
+    for (int r = 0; r < 2; r++)
+        s_expect_ok(&t[r], logs[r], 120);
+
     /* sync PS: 2 servers, 2 x b */
-    {
-        pst_server srv[2];
-        const char *sargs[] = {"--mode", "sync", "--num-trainers", "2", NULL};
-        for (int s = 0; s < 2; s++)
-            cr_assert_eq(pst_spawn(&srv[s], NULL, sargs), 0, "server %d did not start", s);
-        char servers[600];
-        snprintf(servers, sizeof servers, "%s,%s", srv[0].uri, srv[1].uri);
-        pst_server t[2];
-        char logs[2][700], id[2][4];
-        for (int r = 0; r < 2; r++) {
-            const char *args[40];
-            int n = 0;
-            for (int i = 0; i < nc; i++)
-                args[n++] = common[i];
-            snprintf(id[r], sizeof id[r], "%d", r);
-            const char *more[] = {"--mode", "sync", "--batch-size", "16", "--num-trainers",
-                                  "2", "--trainer-id", id[r], "--servers", servers,
-                                  "--export", pw, NULL};
-            for (int i = 0; more[i]; i++)
-                args[n++] = more[i];
-            args[n] = NULL;
-            snprintf(logs[r], sizeof logs[r], "%s/ps%d.log", s_tmp, r);
-            s_spawn(&t[r], "zps-trainer", logs[r], args);
-        }
-        for (int r = 0; r < 2; r++)
-            s_expect_ok(&t[r], logs[r], 120);
-        for (int s = 0; s < 2; s++)
-            pst_kill(&srv[s], SIGTERM);
+    pst_server srv[2];
+    const char *sargs[] = {"--mode", "sync", "--num-trainers", "2", NULL};
+    for (int s = 0; s < 2; s++)
+        cr_assert_eq(pst_spawn(&srv[s], NULL, sargs), 0, "server %d did not start", s);
+    char servers[600];
+    snprintf(servers, sizeof servers, "%s,%s", srv[0].uri, srv[1].uri);
+    for (int r = 0; r < 2; r++) {
+        const char *more[] = {"--mode", "sync", "--lr", "0.05", "--batch-size", "16",
+                              "--num-trainers", "2", "--trainer-id", id[r], "--servers",
+                              servers, "--export", pw, NULL};
+        char name[16];
+        snprintf(name, sizeof name, "ps%d", r);
+        s_trainer(&t[r], name, logs[r], sizeof logs[r], common, nc, more);
     }
-    /* The runs must have trained: the local weights moved away from the seeded start
-     * (an lr 0 run exports it) by far more than the tolerance. */
-    {
-        char iw[700];
-        snprintf(iw, sizeof iw, "%s/init.w", s_tmp);
-        const char *args[40];
-        int n = 0;
-        for (int i = 0; i < nc; i++)
-            args[n++] = strcmp(common[i], "0.05") == 0 ? "0" : common[i];
-        const char *more[] = {"--mode", "local", "--batch-size", bn ? "16" : "32",
-                              "--accumulate", bn ? "2" : "1", "--export", iw, NULL};
-        for (int i = 0; more[i]; i++)
-            args[n++] = more[i];
-        args[n] = NULL;
-        pst_server p;
-        snprintf(log, sizeof log, "%s/init.log", s_tmp);
-        s_spawn(&p, "zps-trainer", log, args);
-        s_expect_ok(&p, log, 120);
-        nn_weights *a = NULL, *b = NULL;
-        cr_assert_eq(nn_weights_read(lw, &a), ZPS_OK);
-        cr_assert_eq(nn_weights_read(iw, &b), ZPS_OK);
-        double moved = 0;
-        for (size_t i = 0; i < a->param_count; i++)
-            moved = fmax(moved, fabs((double)a->params[i] - (double)b->params[i]));
-        nn_weights_destroy(&a);
-        nn_weights_destroy(&b);
-        cr_assert(moved > 1e-3, "20 steps moved no weight by more than %g", moved);
-    }
+    for (int r = 0; r < 2; r++)
+        s_expect_ok(&t[r], logs[r], 120);
+    for (int s = 0; s < 2; s++)
+        pst_kill(&srv[s], SIGTERM);
+
+    nn_weights *a = NULL, *b = NULL;
+    cr_assert_eq(nn_weights_read(lw, &a), ZPS_OK);
+    cr_assert_eq(nn_weights_read(iw, &b), ZPS_OK);
+    double moved = 0;
+    for (size_t i = 0; i < a->param_count; i++)
+        moved = fmax(moved, fabs((double)a->params[i] - (double)b->params[i]));
+    nn_weights_destroy(&a);
+    nn_weights_destroy(&b);
+    cr_assert(moved > 1e-3, "20 steps moved no weight by more than %g", moved);
     s_compare(lw, aw, "all-reduce 2 x b");
     s_compare(lw, pw, "sync PS 2 x b");
 }
