@@ -73,6 +73,8 @@ struct ps_client {
     s_ticket *tickets;     // (S_TICKETS)
     ps_ticket next_ticket;
     ps_piece *pieces;      // scratch for plan pieces
+    size_t *next_piece;    // (n) scratch: per-server cursor while cutting messages
+    uint64_t last_timeouts_ns; // s_timeouts runs at most every few ms
     size_t cap_pieces;
     zmq_msg_t *frames;     // (PS_MAX_RANGES + 1) receive frames
     char err[512];
@@ -88,6 +90,7 @@ void ps_client_opts_default(ps_client_opts *o)
     o->max_retries = 4;
     o->backoff_ms = 50;
     o->heartbeat_ms = 1000;
+    o->msg_bytes = 1u << 20;
 }
 
 const char *ps_client_last_error(const ps_client *c) { return c->err; }
@@ -135,6 +138,7 @@ zps_status ps_client_new(const char *const *server_uris, int n_servers, uint32_t
     c->uris = zps_xcalloc((size_t)n_servers, sizeof *c->uris);
     c->last_sent_ns = zps_xcalloc((size_t)n_servers, sizeof *c->last_sent_ns);
     c->reg_inflight = zps_xcalloc((size_t)n_servers, sizeof *c->reg_inflight);
+    c->next_piece = zps_xcalloc((size_t)n_servers, sizeof *c->next_piece);
     c->slots = zps_xcalloc(S_SLOTS, sizeof *c->slots);
     c->free_slots = zps_xmalloc(S_SLOTS * sizeof *c->free_slots);
     for (uint32_t i = 0; i < S_SLOTS; i++)
@@ -176,6 +180,7 @@ void ps_client_destroy(ps_client **pc)
     free(c->socks);
     free(c->last_sent_ns);
     free(c->reg_inflight);
+    free(c->next_piece);
     free(c->slots);
     free(c->free_slots);
     free(c->tickets);
@@ -251,7 +256,7 @@ static zps_status s_send_slot(ps_client *c, s_slot *sl, const ps_optim_config *o
         h.n_ranges = sl->n_pieces;
         h.ranges = rp;
     }
-    int has_data = sl->src != NULL;
+    int has_data = sl->src != NULL && sl->n_pieces > 0;
     size_t hl = zps__header__get_packed_size(&h);
     zmq_msg_t m;
     zps_status st = ZPS_OK;
@@ -400,38 +405,52 @@ static zps_status s_range_op(ps_client *c, int op, int first_var, int n_vars, co
     ZPS_TRY(s_ticket_new(c, &t));
     s_ticket *tk = s_ticket_get(c, t);
     zps_status st = ZPS_OK;
-    for (int s = 0; s < c->n && st == ZPS_OK; s++) {
-        size_t cnt = 0;
-        for (size_t i = 0; i < np; i++)
-            cnt += c->pieces[i].server == (uint32_t)s;
-        if (!cnt)
-            continue;
-        if (cnt > PS_MAX_RANGES) {
-            s_ticket_fail(tk, ZPS_ERR_INVALID, "more than PS_MAX_RANGES chunks for one server");
-            st = ZPS_ERR_INVALID;
-            break;
-        }
-        s_slot *sl = s_slot_new(c, s, t, op, step);
-        if (!sl) {
-            /* Too many requests in flight: drain the oldest and retry once. */
-            ps_client_wait_all(c);
-            sl = s_slot_new(c, s, t, op, step);
+    /* Each server's pieces go out as messages of about msg_bytes, round-robin over the
+     * servers: the server applies message k while message k + 1 is still on the wire, and
+     * the client copies pulled message k while k + 1 arrives. */
+    size_t *next = c->next_piece;
+    for (int s = 0; s < c->n; s++)
+        next[s] = 0;
+    uint64_t msg_bytes = c->o.msg_bytes ? c->o.msg_bytes : UINT64_MAX;
+    for (int busy = 1; busy && st == ZPS_OK;) {
+        busy = 0;
+        for (int s = 0; s < c->n && st == ZPS_OK; s++) {
+            size_t i = next[s];
+            while (i < np && c->pieces[i].server != (uint32_t)s)
+                i++;
+            if (i >= np) {
+                next[s] = np;
+                continue;
+            }
+            busy = 1;
+            /* this message: pieces of server s from i on, until msg_bytes */
+            size_t cnt = 0, j = i, last = i;
+            uint64_t bytes = 0;
+            for (; j < np && bytes < msg_bytes && cnt < PS_MAX_RANGES; j++)
+                if (c->pieces[j].server == (uint32_t)s) {
+                    bytes += c->pieces[j].count * 4;
+                    cnt++;
+                    last = j;
+                }
+            next[s] = last + 1;
+            s_slot *sl = s_slot_new(c, s, t, op, step);
             if (!sl) {
                 st = ZPS_ERR_BUSY;
+                s_ticket_fail(tk, st, "too many requests in flight (wait for some tickets)");
                 break;
             }
+            s_slot_pieces(sl, cnt);
+            size_t k = 0;
+            for (size_t q = i; q <= last; q++)
+                if (c->pieces[q].server == (uint32_t)s)
+                    sl->pieces[k++] = c->pieces[q];
+            sl->src = src;
+            sl->dst = dst;
+            tk->open++;
+            st = s_send_slot(c, sl, NULL);
+            if (st != ZPS_OK)
+                s_slot_finish(c, sl, st, "send failed", UINT64_MAX);
         }
-        s_slot_pieces(sl, cnt);
-        size_t k = 0;
-        for (size_t i = 0; i < np; i++)
-            if (c->pieces[i].server == (uint32_t)s)
-                sl->pieces[k++] = c->pieces[i];
-        sl->src = src;
-        sl->dst = dst;
-        tk->open++;
-        st = s_send_slot(c, sl, NULL);
-        if (st != ZPS_OK)
-            s_slot_finish(c, sl, st, "send failed", UINT64_MAX);
     }
     *out = t;
     return st;
@@ -592,6 +611,9 @@ static zps_status s_drain(ps_client *c, int server)
 static void s_timeouts(ps_client *c)
 {
     uint64_t now = zps_now_ns();
+    if (now - c->last_timeouts_ns < 2000000ull)
+        return;
+    c->last_timeouts_ns = now;
     for (uint32_t i = 0; i < S_SLOTS; i++) {
         s_slot *sl = &c->slots[i];
         if (!sl->rid)
@@ -796,6 +818,12 @@ zps_status ps_client_init(ps_client *c, const float *values, const ps_optim_conf
         if (!sl)
             return ZPS_ERR_BUSY;
         size_t cnt = c->plan->server_chunks[s];
+        if (!cnt) { // a server the plan gives nothing has nothing to initialise
+            s_slot_release(c, sl);
+            tk->open = 0;
+            accepted++;
+            continue;
+        }
         s_slot_pieces(sl, cnt);
         size_t k = 0;
         for (uint32_t i = 0; i < c->plan->n_chunks; i++) {

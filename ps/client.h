@@ -49,6 +49,8 @@ typedef struct ps_client_opts {
     int max_retries;  // resends before ZPS_ERR_TIMEOUT (default 4)
     int backoff_ms;   // first pause before a resend, doubled each time (default 50)
     int heartbeat_ms; // while waiting, heartbeat a server silent this long (default 1000, 0 off)
+    uint64_t msg_bytes; // cut each server's part of a push/pull into messages of about this
+                        // many bytes (default 1 MiB; 0 = one message per server)
 } ps_client_opts;
 
 /* What the trainer asks for at REGISTER; zeros mean "whatever the server has". */

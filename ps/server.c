@@ -168,7 +168,7 @@ void ps_server_config_default(ps_server_config *c)
     c->stats_every_s = 30;
 }
 
-void ps_server_tune_malloc(void)
+void ps_tune_malloc(void)
 {
     mallopt(M_ARENA_MAX, 1);
     mallopt(M_MMAP_MAX, 0);
@@ -751,11 +751,15 @@ static void s_check_pending(ps_server *s)
 
 static int s_all_finite(const float *p, uint64_t n)
 {
-    /* Sum of x - x is 0 for finite x and NaN otherwise; branch-free, vectorises. */
-    float acc = 0.0f;
-    for (uint64_t i = 0; i < n; i++)
-        acc += p[i] - p[i];
-    return acc == 0.0f;
+    /* A float is NaN or Inf when its exponent bits are all ones. An OR over integer tests
+     * has no dependency chain through a float add, so it vectorises. */
+    uint32_t bad = 0;
+    for (uint64_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, p + i, sizeof u);
+        bad |= (u & 0x7f800000u) == 0x7f800000u;
+    }
+    return !bad;
 }
 
 /* Validates ranges of a PUSH / PULL / PUSHPULL into s->ranges. Payload frames start at
@@ -1533,6 +1537,26 @@ static zps_status s_recv(ps_server *s, int *nframes, int *overflow, uint64_t *by
             n++;
     }
     *nframes = n;
+    return ZPS_OK;
+}
+
+zps_status ps_server_run_once(ps_server *s, int timeout_ms, int *handled)
+{
+    *handled = 0;
+    zmq_pollitem_t it = {s->sock, 0, ZMQ_POLLIN, 0};
+    int rc = zmq_poll(&it, 1, timeout_ms);
+    if (rc == -1 && zmq_errno() != EINTR)
+        ZPS_CHECK_ZMQ(rc);
+    if (rc > 0) {
+        int nframes, overflow;
+        uint64_t bytes, t0 = zps_now_ns();
+        ZPS_TRY(s_recv(s, &nframes, &overflow, &bytes));
+        s_handle(s, nframes, overflow, bytes, t0);
+        for (int i = 0; i < nframes; i++)
+            zmq_msg_close(&s->frames[i]);
+        *handled = 1;
+    }
+    s_timers(s);
     return ZPS_OK;
 }
 
