@@ -222,6 +222,8 @@ static void s_fill_job(const ps_client *c, Zps__JobConfig *j)
 static zps_status s_send_slot(ps_client *c, s_slot *sl, const ps_optim_config *opt)
 {
     void *sock = c->socks[sl->server];
+    if (!sock)
+        return ZPS_ERR_ZMQ;
     Zps__Header h = ZPS__HEADER__INIT;
     Zps__JobConfig job;
     Zps__OptimizerConfig om;
@@ -322,9 +324,23 @@ static s_slot *s_slot_new(ps_client *c, int server, ps_ticket t, int op, int64_t
 
 static void s_slot_release(ps_client *c, s_slot *sl)
 {
-    /* zmq may still hold frames of an abandoned push; wait until it lets them go. */
-    for (int spins = 0; atomic_load(&sl->frames_out) > 0; spins++)
-        zps_sleep_ns(spins < 100 ? 10000 : 1000000);
+    /* zmq may still hold zero-copy frames of this push (normally released before the reply
+     * arrives). If it does not let go at once — a dead server, messages parked in the pipe
+     * for a reconnect — close the socket with linger 0, which drops them, and open a new
+     * one; requests that were in flight on it time out and are resent. */
+    for (int spins = 0; atomic_load(&sl->frames_out) > 0 && spins < 20; spins++)
+        zps_sleep_ns(50000);
+    if (atomic_load(&sl->frames_out) > 0) {
+        int zero = 0, srv = sl->server;
+        zps_log(ZPS_WARN, "client", "dropping unsent frames to %s: reopening the socket", c->uris[srv]);
+        zmq_setsockopt(c->socks[srv], ZMQ_LINGER, &zero, sizeof zero);
+        zmq_close(c->socks[srv]);
+        c->socks[srv] = NULL;
+        for (int spins = 0; atomic_load(&sl->frames_out) > 0 && spins < 10000; spins++)
+            zps_sleep_ns(1000000);
+        if (s_open_socket(c, srv) != ZPS_OK)
+            zps_log(ZPS_ERROR, "client", "cannot reopen the socket to %s", c->uris[srv]);
+    }
     sl->rid = 0;
     c->free_slots[c->n_free++] = (uint32_t)(sl - c->slots);
 }
@@ -664,12 +680,12 @@ static zps_status s_pump(ps_client *c, int max_ms)
     zmq_pollitem_t items[64];
     int n = c->n < 64 ? c->n : 64;
     for (int i = 0; i < n; i++)
-        items[i] = (zmq_pollitem_t){c->socks[i], 0, ZMQ_POLLIN, 0};
+        items[i] = (zmq_pollitem_t){c->socks[i], -1, (short)(c->socks[i] ? ZMQ_POLLIN : 0), 0};
     int rc = zmq_poll(items, n, max_ms);
     if (rc == -1 && zmq_errno() != EINTR)
         ZPS_CHECK_ZMQ(rc);
     for (int i = 0; i < c->n; i++)
-        if (i >= 64 || (items[i].revents & ZMQ_POLLIN))
+        if (c->socks[i] && (i >= 64 || (items[i].revents & ZMQ_POLLIN)))
             ZPS_TRY(s_drain(c, i));
     s_timeouts(c);
     return ZPS_OK;

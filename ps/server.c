@@ -1087,6 +1087,17 @@ static void s_op_init(ps_server *s, zmq_msg_t *ident, const Zps__Header *h, int 
         s_reject(s, ident, op, h->request_id, st, why);
         return;
     }
+    /* A re-INIT replaces the chunk table: requests waiting on the old one are answered. */
+    for (size_t i = 0; i < s->n_pending;) {
+        s_pending *p = &s->pending[i];
+        if (!p->n_ranges) {
+            i++;
+            continue;
+        }
+        s_reply rr = {p->op, p->rid, ZPS_ERR_BUSY, "values were re-initialised; pull again", 0, 0, 0};
+        s_send(s, &p->ident, &rr, NULL, 0);
+        s_pending_drop(s, i);
+    }
     s->opt = oc;
     s_alloc_shard(s, (uint32_t)n, keys, counts);
     for (size_t i = 0; i < n; i++)
