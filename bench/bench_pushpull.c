@@ -234,6 +234,7 @@ static void s_reap(proc *p)
 typedef struct run {
     int servers, clients, op, iters, warmup;
     size_t bytes;
+    uint64_t msg_bytes;
     const ps_plan *plan;
     const char *uris[MAX_SERVERS];
     int raw;
@@ -261,6 +262,7 @@ static void *s_zps_client(void *arg)
     ps_client_opts o;
     ps_client_opts_default(&o);
     o.heartbeat_ms = 0;
+    o.msg_bytes = r->msg_bytes;
     ps_client *c = NULL;
     zps_status st = ps_client_new(r->uris, r->servers, (uint32_t)a->id, &o, &c);
     if (st == ZPS_OK)
@@ -444,19 +446,28 @@ static result s_measure(run *r, double *rep_gbps, int reps)
 
 static void s_usage(FILE *f)
 {
-    fprintf(f, "usage: zps-bench pushpull [--quick] [--reps N] [--max-bytes B]\n"
+    fprintf(f, "usage: zps-bench pushpull [--quick] [--reps N] [--max-bytes B] [--bytes B]\n"
+               "                          [--op push|pull|pushpull] [--shape 1x1|2x2] [--msg-bytes B]\n"
                "  --quick        4 KiB, 1 MiB and 16 MiB only, fewer iterations\n"
                "  --reps N       repetitions per cell (median; default 3)\n"
-               "  --max-bytes B  largest payload (default 64 MiB)\n");
+               "  --max-bytes B  largest payload (default 64 MiB)\n"
+               "  --bytes B      only this payload size\n"
+               "  --op, --shape  only this op / shape\n"
+               "  --msg-bytes B  client message size (ps_client_opts.msg_bytes, default 1 MiB)\n");
 }
 
 ZPS_BENCH(pushpull, "zps push/pull/pushpull vs raw ZeroMQ DEALER/ROUTER, 1x1 and 2x2")
 {
-    int quick = 0, reps = 3;
-    size_t max_bytes = 64u << 20;
+    int quick = 0, reps = 3, op_mask = 7, shape_mask = 3;
+    size_t max_bytes = 64u << 20, only_bytes = 0;
+    uint64_t msg_bytes = 1u << 20;
     static const struct option opts[] = {{"quick", no_argument, 0, 'q'},
                                          {"reps", required_argument, 0, 'r'},
                                          {"max-bytes", required_argument, 0, 'm'},
+                                         {"bytes", required_argument, 0, 'b'},
+                                         {"op", required_argument, 0, 'o'},
+                                         {"shape", required_argument, 0, 's'},
+                                         {"msg-bytes", required_argument, 0, 'M'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     int ch;
@@ -467,6 +478,14 @@ ZPS_BENCH(pushpull, "zps push/pull/pushpull vs raw ZeroMQ DEALER/ROUTER, 1x1 and
             reps = atoi(optarg) > 0 ? atoi(optarg) : 1;
         else if (ch == 'm')
             max_bytes = (size_t)strtoull(optarg, NULL, 10);
+        else if (ch == 'b')
+            only_bytes = (size_t)strtoull(optarg, NULL, 10);
+        else if (ch == 'o')
+            op_mask = !strcmp(optarg, "push") ? 1 : !strcmp(optarg, "pull") ? 2 : 4;
+        else if (ch == 's')
+            shape_mask = !strcmp(optarg, "1x1") ? 1 : 2;
+        else if (ch == 'M')
+            msg_bytes = strtoull(optarg, NULL, 10);
         else {
             s_usage(ch == 'h' ? stdout : stderr);
             return ch == 'h' ? 0 : 2;
@@ -492,6 +511,8 @@ ZPS_BENCH(pushpull, "zps push/pull/pushpull vs raw ZeroMQ DEALER/ROUTER, 1x1 and
     printf("%-5s %-9s %-9s %10s %10s %7s %10s %10s %10s %10s\n", "shape", "bytes", "op", "zps GB/s",
            "raw GB/s", "ratio", "zps p50us", "raw p50us", "zps p99us", "raw p99us");
     for (int sh = 0; sh < 2; sh++) {
+        if (!(shape_mask & (1 << sh)))
+            continue;
         int ns = shapes[sh][0], nc = shapes[sh][1];
         /* the raw servers are forked before any ZeroMQ context exists in this thread's
          * clients; each shape gets fresh servers */
@@ -502,8 +523,8 @@ ZPS_BENCH(pushpull, "zps push/pull/pushpull vs raw ZeroMQ DEALER/ROUTER, 1x1 and
                 return 1;
             }
         for (int si = 0; si < n_sizes; si++) {
-            size_t bytes = sizes[si];
-            if (bytes > max_bytes)
+            size_t bytes = only_bytes ? only_bytes : sizes[si];
+            if (bytes > max_bytes || (only_bytes && si > 0))
                 continue;
             ps_var var = {"payload", bytes / 4};
             ps_plan *plan;
@@ -514,6 +535,8 @@ ZPS_BENCH(pushpull, "zps push/pull/pushpull vs raw ZeroMQ DEALER/ROUTER, 1x1 and
             if (iters < 8)
                 iters = 8;
             for (int op = 0; op < 3; op++) {
+                if (!(op_mask & (1 << op)))
+                    continue;
                 /* restart zps servers per size: a new plan needs a new INIT */
                 for (int s = 0; s < ns; s++) {
                     s_reap(&zs[s]);
@@ -523,7 +546,8 @@ ZPS_BENCH(pushpull, "zps push/pull/pushpull vs raw ZeroMQ DEALER/ROUTER, 1x1 and
                     }
                 }
                 run r = {.servers = ns, .clients = nc, .op = op, .iters = iters,
-                         .warmup = iters / 8 + 2, .bytes = bytes, .plan = plan};
+                         .warmup = iters / 8 + 2, .bytes = bytes, .plan = plan,
+                         .msg_bytes = msg_bytes};
                 double rg[16];
                 for (int s = 0; s < ns; s++)
                     r.uris[s] = zs[s].uri;
