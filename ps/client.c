@@ -24,7 +24,7 @@
 #define S_SLOTS (1u << S_SLOT_BITS)
 #define S_TICKETS 4096u
 /* Push frames smaller than this are copied (cheaper than a zero-copy message). */
-#define S_ZC_MIN 2048
+#define S_ZC_MIN 16384
 
 typedef struct s_slot {
     uint64_t rid;         // 0 when free
@@ -74,6 +74,9 @@ struct ps_client {
     ps_ticket next_ticket;
     ps_piece *pieces;      // scratch for plan pieces
     size_t *next_piece;    // (n) scratch: per-server cursor while cutting messages
+    Zps__KeyRange *kr;     // (cap_kr) scratch header ranges, reused by every send
+    Zps__KeyRange **krp;
+    size_t cap_kr;
     uint64_t last_timeouts_ns; // s_timeouts runs at most every few ms
     size_t cap_pieces;
     zmq_msg_t *frames;     // (PS_MAX_RANGES + 1) receive frames
@@ -181,6 +184,8 @@ void ps_client_destroy(ps_client **pc)
     free(c->last_sent_ns);
     free(c->reg_inflight);
     free(c->next_piece);
+    free(c->kr);
+    free(c->krp);
     free(c->slots);
     free(c->free_slots);
     free(c->tickets);
@@ -245,8 +250,13 @@ static zps_status s_send_slot(ps_client *c, s_slot *sl, const ps_optim_config *o
     }
     Zps__KeyRange *rs = NULL, **rp = NULL;
     if (sl->n_pieces) {
-        rs = zps_xmalloc(sl->n_pieces * sizeof *rs);
-        rp = zps_xmalloc(sl->n_pieces * sizeof *rp);
+        if (sl->n_pieces > c->cap_kr) {
+            c->cap_kr = sl->n_pieces;
+            c->kr = zps_xrealloc(c->kr, c->cap_kr * sizeof *c->kr);
+            c->krp = zps_xrealloc(c->krp, c->cap_kr * sizeof *c->krp);
+        }
+        rs = c->kr;
+        rp = c->krp;
         for (size_t i = 0; i < sl->n_pieces; i++) {
             zps__key_range__init(&rs[i]);
             rs[i].key = sl->pieces[i].key;
@@ -296,8 +306,6 @@ static zps_status s_send_slot(ps_client *c, s_slot *sl, const ps_optim_config *o
     sl->deadline_ns = zps_now_ns() + (uint64_t)c->o.timeout_ms * 1000000ull;
     sl->resend_at_ns = 0;
 out:
-    free(rs);
-    free(rp);
     return st;
 }
 
@@ -824,7 +832,7 @@ zps_status ps_client_init(ps_client *c, const float *values, const ps_optim_conf
     }
     ps_ticket t;
     s_ticket *tk;
-    int accepted = 0, refused = 0;
+    int accepted = 0, refused = 0, empty = 0;
     zps_status st = ZPS_OK;
     /* One server at a time, so every reply's status is known per server. */
     for (int s = 0; s < c->n && st == ZPS_OK; s++) {
@@ -837,7 +845,8 @@ zps_status ps_client_init(ps_client *c, const float *values, const ps_optim_conf
         if (!cnt) { // a server the plan gives nothing has nothing to initialise
             s_slot_release(c, sl);
             tk->open = 0;
-            accepted++;
+            tk->waited = 1;
+            empty++;
             continue;
         }
         s_slot_pieces(sl, cnt);
@@ -862,7 +871,7 @@ zps_status ps_client_init(ps_client *c, const float *values, const ps_optim_conf
     if (st != ZPS_OK)
         return st;
     if (first)
-        *first = accepted == c->n;
+        *first = accepted == c->n - empty;
     if (accepted && refused)
         zps_log(ZPS_WARN, "client", "INIT: %d servers took this trainer's values, %d already had values",
                 accepted, refused);

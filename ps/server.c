@@ -1257,7 +1257,15 @@ static void s_op_push(ps_server *s, zmq_msg_t *ident, const Zps__Header *h, int 
         s_rid_note(tr, h->request_id, rst);
     if (op == ZPS__OP__OP_PUSHPULL && rst == ZPS_OK) {
         int64_t need = s->mode == PS_MODE_ASYNC || step < 0 ? -1 : step + 1;
-        s_pending_add(s, ident, h->request_id, t, op, need, s->ranges, n, t0);
+        s_pending p = {.rid = h->request_id, .op = op, .need = need, .n_ranges = n,
+                       .ranges = s->ranges};
+        if (s_pending_ready(s, &p)) { // the usual async case: answer without queueing
+            s_reply r = {op, h->request_id, ZPS_OK, "", s_ranges_version(s, s->ranges, n), 0, 0};
+            s_send(s, ident, &r, s->ranges, n);
+            s_latency(s, op, t0);
+        } else {
+            s_pending_add(s, ident, h->request_id, t, op, need, s->ranges, n, t0);
+        }
         s_check_pending(s);
         if (s->cfg.checkpoint_every_versions)
             s_maybe_checkpoint(s);
