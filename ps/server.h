@@ -6,8 +6,9 @@
  * touches state; a rejected request gets an error reply, bumps a counter and changes
  * nothing. The loop is single-threaded: requests are handled in arrival order, which is
  * what makes async mode's "applied in arrival order" and sync mode's determinism easy to
- * state. Pull replies are copied into pooled reply buffers (warm, reused) and sent
- * zero-copy; receive memory is zmq's, kept warm by ps_tune_malloc().
+ * state. Pull replies are sent zero-copy straight from the values (an update waits until
+ * zmq has sent them, or moves the values to a fresh copy if a peer stopped reading);
+ * receive memory is zmq's, kept warm by ps_tune_malloc().
  *
  * The wire protocol, modes, flags and STATS fields are documented in docs/ps.md.
  */
