@@ -9,6 +9,7 @@
 #include "ps/client.h"
 
 #include <assert.h>
+#include <pthread.h>
 #include <inttypes.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -85,7 +86,66 @@ struct ps_client {
     Zps__JobConfig *reg_job_reply; // first REGISTER reply's job (owned, unpacked copy)
     ps_optim_config reg_opt;
     int reg_opt_seen, reg_opt_conflict;
+    pthread_t hb_thread;   // heartbeat_thread: own sockets, started by register
+    int hb_running;
+    atomic_int hb_stop;
 };
+
+/* The heartbeat thread: its own DEALER per server (sockets are not shared across threads),
+ * a HEARTBEAT to each every heartbeat_ms; replies are read and dropped. */
+static void *s_hb_main(void *arg)
+{
+    ps_client *c = arg;
+    void **socks = zps_xcalloc((size_t)c->n, sizeof *socks);
+    int zero = 0;
+    for (int i = 0; i < c->n; i++) {
+        socks[i] = zmq_socket(c->ctx, ZMQ_DEALER);
+        if (!socks[i])
+            continue;
+        zmq_setsockopt(socks[i], ZMQ_LINGER, &zero, sizeof zero);
+        if (zmq_connect(socks[i], c->uris[i]) == -1) {
+            zmq_close(socks[i]);
+            socks[i] = NULL;
+        }
+    }
+    uint64_t rid = 1;
+    while (!atomic_load(&c->hb_stop)) {
+        for (int i = 0; i < c->n; i++) {
+            if (!socks[i])
+                continue;
+            Zps__Header h = ZPS__HEADER__INIT;
+            h.version = ZPS_PROTOCOL_VERSION;
+            h.op = ZPS__OP__OP_HEARTBEAT;
+            h.request_id = rid++;
+            h.trainer_id = c->trainer;
+            uint8_t buf[64];
+            size_t hl = zps__header__pack(&h, buf);
+            zmq_send(socks[i], buf, hl, ZMQ_DONTWAIT);
+        }
+        /* sleep by waiting for replies, which are dropped */
+        uint64_t end = zps_now_ns() + (uint64_t)c->o.heartbeat_ms * 1000000ull;
+        while (!atomic_load(&c->hb_stop) && zps_now_ns() < end) {
+            zmq_pollitem_t it[64];
+            int n = c->n < 64 ? c->n : 64;
+            for (int i = 0; i < n; i++)
+                it[i] = (zmq_pollitem_t){socks[i], -1, (short)(socks[i] ? ZMQ_POLLIN : 0), 0};
+            zmq_poll(it, n, 50);
+            for (int i = 0; i < n; i++)
+                if (it[i].revents & ZMQ_POLLIN) {
+                    zmq_msg_t m;
+                    zmq_msg_init(&m);
+                    while (zmq_msg_recv(&m, socks[i], ZMQ_DONTWAIT) != -1)
+                        ;
+                    zmq_msg_close(&m);
+                }
+        }
+    }
+    for (int i = 0; i < c->n; i++)
+        if (socks[i])
+            zmq_close(socks[i]);
+    free(socks);
+    return NULL;
+}
 
 void ps_client_opts_default(ps_client_opts *o)
 {
@@ -94,6 +154,7 @@ void ps_client_opts_default(ps_client_opts *o)
     o->backoff_ms = 50;
     o->heartbeat_ms = 1000;
     o->msg_bytes = 1u << 20;
+    o->heartbeat_thread = 0;
 }
 
 const char *ps_client_last_error(const ps_client *c) { return c->err; }
@@ -167,6 +228,10 @@ void ps_client_destroy(ps_client **pc)
     if (!pc || !*pc)
         return;
     ps_client *c = *pc;
+    if (c->hb_running) {
+        atomic_store(&c->hb_stop, 1);
+        pthread_join(c->hb_thread, NULL);
+    }
     for (int i = 0; i < c->n; i++)
         if (c->socks[i]) {
             int zero = 0;
@@ -816,6 +881,13 @@ zps_status ps_client_register(ps_client *c, const ps_plan *plan, const ps_job *j
         c->job.staleness = c->reg_job_reply->staleness;
     }
     c->registered = 1;
+    if (c->o.heartbeat_thread && c->o.heartbeat_ms > 0 && !c->hb_running) {
+        atomic_store(&c->hb_stop, 0);
+        if (pthread_create(&c->hb_thread, NULL, s_hb_main, c) == 0)
+            c->hb_running = 1;
+        else
+            zps_log(ZPS_WARN, "client", "cannot start the heartbeat thread");
+    }
     if (effective)
         *effective = c->job;
     return ZPS_OK;
