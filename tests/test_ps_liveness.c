@@ -160,7 +160,7 @@ Test(it_ps_liveness, heartbeat_thread_keeps_a_busy_trainer_live, .timeout = 30)
     ps_plan *plan;
     cr_assert_eq(ps_plan_new(s_vars, 2, 1, 0, &plan), ZPS_OK);
     pst_server srv;
-    const char *args[] = {"--mode", "sync", "--num-trainers", "2", "--trainer-timeout", "0.5", NULL};
+    const char *args[] = {"--mode", "sync", "--num-trainers", "2", "--trainer-timeout", "1", NULL};
     cr_assert_eq(pst_spawn(&srv, NULL, args), 0);
     const char *uris[1] = {srv.uri};
     ps_client_opts o;
@@ -173,7 +173,7 @@ Test(it_ps_liveness, heartbeat_thread_keeps_a_busy_trainer_live, .timeout = 30)
     cr_assert_eq(ps_client_new(uris, 1, 1, &o, &plain), ZPS_OK);
     cr_assert_eq(ps_client_register(busy, plan, NULL, NULL), ZPS_OK);
     cr_assert_eq(ps_client_register(plain, plan, NULL, NULL), ZPS_OK);
-    zps_sleep_ns(1500000000ull); // both "compute" for 1.5 s, three timeouts
+    zps_sleep_ns(2500000000ull); // both "compute" for 2.5 s, well past the timeout
     char *json;
     cr_assert_eq(ps_client_stats(busy, 0, &json), ZPS_OK);
     cr_expect(strstr(json, "\"trainers_dropped\":1,"), "want only the plain trainer dropped: %s", json);
