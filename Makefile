@@ -101,7 +101,14 @@ $(B)/obj/gen/%.o: $(B)/gen/%.c
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS_GEN) -c $< -o $@
 
-$(B)/obj/%.o: %.c $(GEN_H) | $(B)/.deps-ok
+# Objects depend on the flags they were built with (CUDA=0/auto, SAN, EXTRA_CFLAGS).
+FLAGS_LINE := $(CC) $(CFLAGS_BASE) -DZPS_HAVE_CUDA=$(HAVE_CUDA)
+$(B)/.flags: FORCE
+	@mkdir -p $(@D); echo '$(FLAGS_LINE)' | cmp -s - $@ || echo '$(FLAGS_LINE)' > $@
+.PHONY: FORCE
+FORCE:
+
+$(B)/obj/%.o: %.c $(GEN_H) $(B)/.flags | $(B)/.deps-ok
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS_BASE) -DZPS_HAVE_CUDA=$(HAVE_CUDA) -MMD -MP -c $< -o $@
 
