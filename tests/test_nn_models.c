@@ -5,6 +5,7 @@
  * Fresh seed per run, printed on failure (ZPS_TEST_SEED reproduces). */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -356,4 +357,52 @@ Test(nn_models, mlp_and_convnet_learn_a_separable_task, .init = s_init, .timeout
         free(x), free(lab);
         nn_model_destroy(&m);
     }
+}
+
+/* Two models trained from two threads at once on the cpu back-end (each thread gets its own
+ * oneDNN stream) give the same gradients as each other. */
+typedef struct s_thread_job {
+    nn_model *m;
+    const float *x;
+    const int32_t *labels;
+    zps_status st;
+} s_thread_job;
+
+static void *s_thread_step(void *arg)
+{
+    s_thread_job *j = arg;
+    float loss;
+    j->st = nn_model_forward(j->m, j->x, j->labels, 8, 1, &loss, NULL);
+    if (j->st == ZPS_OK)
+        j->st = nn_model_backward(j->m, NULL, NULL);
+    return NULL;
+}
+
+Test(nn_models, models_in_two_threads, .init = s_init, .timeout = 60)
+{
+    nn_model_opts o;
+    nn_model_opts_default(&o, "convnet");
+    o.seed = s_rand();
+    o.dropout = 0;
+    nn_model *a, *b;
+    cr_assert_eq(nn_model_create(k_backend_cpu(), &o, &a), ZPS_OK);
+    cr_assert_eq(nn_model_create(k_backend_cpu(), &o, &b), ZPS_OK);
+    float *x;
+    int32_t *labels;
+    s_batch(a, 8, &x, &labels);
+    s_thread_job ja = {a, x, labels, ZPS_ERR_INTERNAL}, jb = {b, x, labels, ZPS_ERR_INTERNAL};
+    pthread_t ta, tb;
+    cr_assert_eq(pthread_create(&ta, NULL, s_thread_step, &ja), 0);
+    cr_assert_eq(pthread_create(&tb, NULL, s_thread_step, &jb), 0);
+    pthread_join(ta, NULL);
+    pthread_join(tb, NULL);
+    cr_assert_eq(ja.st, ZPS_OK);
+    cr_assert_eq(jb.st, ZPS_OK);
+    size_t np = nn_model_param_count(a);
+    const float *ga = nn_model_grads(a), *gb = nn_model_grads(b);
+    for (size_t i = 0; i < np; i++)
+        cr_assert(fabs(ga[i] - gb[i]) <= 1e-6 + 1e-5 * fabs(gb[i]), "grad %zu: %g vs %g", i,
+                  ga[i], gb[i]);
+    free(x), free(labels);
+    nn_model_destroy(&a), nn_model_destroy(&b);
 }
