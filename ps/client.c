@@ -9,6 +9,7 @@
 #include "ps/client.h"
 
 #include <assert.h>
+#include <pthread.h>
 #include <inttypes.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -24,7 +25,7 @@
 #define S_SLOTS (1u << S_SLOT_BITS)
 #define S_TICKETS 4096u
 /* Push frames smaller than this are copied (cheaper than a zero-copy message). */
-#define S_ZC_MIN 2048
+#define S_ZC_MIN 16384
 
 typedef struct s_slot {
     uint64_t rid;         // 0 when free
@@ -73,6 +74,11 @@ struct ps_client {
     s_ticket *tickets;     // (S_TICKETS)
     ps_ticket next_ticket;
     ps_piece *pieces;      // scratch for plan pieces
+    size_t *next_piece;    // (n) scratch: per-server cursor while cutting messages
+    Zps__KeyRange *kr;     // (cap_kr) scratch header ranges, reused by every send
+    Zps__KeyRange **krp;
+    size_t cap_kr;
+    uint64_t last_timeouts_ns; // s_timeouts runs at most every few ms
     size_t cap_pieces;
     zmq_msg_t *frames;     // (PS_MAX_RANGES + 1) receive frames
     char err[512];
@@ -80,7 +86,66 @@ struct ps_client {
     Zps__JobConfig *reg_job_reply; // first REGISTER reply's job (owned, unpacked copy)
     ps_optim_config reg_opt;
     int reg_opt_seen, reg_opt_conflict;
+    pthread_t hb_thread;   // heartbeat_thread: own sockets, started by register
+    int hb_running;
+    atomic_int hb_stop;
 };
+
+/* The heartbeat thread: its own DEALER per server (sockets are not shared across threads),
+ * a HEARTBEAT to each every heartbeat_ms; replies are read and dropped. */
+static void *s_hb_main(void *arg)
+{
+    ps_client *c = arg;
+    void **socks = zps_xcalloc((size_t)c->n, sizeof *socks);
+    int zero = 0;
+    for (int i = 0; i < c->n; i++) {
+        socks[i] = zmq_socket(c->ctx, ZMQ_DEALER);
+        if (!socks[i])
+            continue;
+        zmq_setsockopt(socks[i], ZMQ_LINGER, &zero, sizeof zero);
+        if (zmq_connect(socks[i], c->uris[i]) == -1) {
+            zmq_close(socks[i]);
+            socks[i] = NULL;
+        }
+    }
+    uint64_t rid = 1;
+    while (!atomic_load(&c->hb_stop)) {
+        for (int i = 0; i < c->n; i++) {
+            if (!socks[i])
+                continue;
+            Zps__Header h = ZPS__HEADER__INIT;
+            h.version = ZPS_PROTOCOL_VERSION;
+            h.op = ZPS__OP__OP_HEARTBEAT;
+            h.request_id = rid++;
+            h.trainer_id = c->trainer;
+            uint8_t buf[64];
+            size_t hl = zps__header__pack(&h, buf);
+            zmq_send(socks[i], buf, hl, ZMQ_DONTWAIT);
+        }
+        /* sleep by waiting for replies, which are dropped */
+        uint64_t end = zps_now_ns() + (uint64_t)c->o.heartbeat_ms * 1000000ull;
+        while (!atomic_load(&c->hb_stop) && zps_now_ns() < end) {
+            zmq_pollitem_t it[64];
+            int n = c->n < 64 ? c->n : 64;
+            for (int i = 0; i < n; i++)
+                it[i] = (zmq_pollitem_t){socks[i], -1, (short)(socks[i] ? ZMQ_POLLIN : 0), 0};
+            zmq_poll(it, n, 50);
+            for (int i = 0; i < n; i++)
+                if (it[i].revents & ZMQ_POLLIN) {
+                    zmq_msg_t m;
+                    zmq_msg_init(&m);
+                    while (zmq_msg_recv(&m, socks[i], ZMQ_DONTWAIT) != -1)
+                        ;
+                    zmq_msg_close(&m);
+                }
+        }
+    }
+    for (int i = 0; i < c->n; i++)
+        if (socks[i])
+            zmq_close(socks[i]);
+    free(socks);
+    return NULL;
+}
 
 void ps_client_opts_default(ps_client_opts *o)
 {
@@ -88,6 +153,8 @@ void ps_client_opts_default(ps_client_opts *o)
     o->max_retries = 4;
     o->backoff_ms = 50;
     o->heartbeat_ms = 1000;
+    o->msg_bytes = 1u << 20;
+    o->heartbeat_thread = 0;
 }
 
 const char *ps_client_last_error(const ps_client *c) { return c->err; }
@@ -135,6 +202,7 @@ zps_status ps_client_new(const char *const *server_uris, int n_servers, uint32_t
     c->uris = zps_xcalloc((size_t)n_servers, sizeof *c->uris);
     c->last_sent_ns = zps_xcalloc((size_t)n_servers, sizeof *c->last_sent_ns);
     c->reg_inflight = zps_xcalloc((size_t)n_servers, sizeof *c->reg_inflight);
+    c->next_piece = zps_xcalloc((size_t)n_servers, sizeof *c->next_piece);
     c->slots = zps_xcalloc(S_SLOTS, sizeof *c->slots);
     c->free_slots = zps_xmalloc(S_SLOTS * sizeof *c->free_slots);
     for (uint32_t i = 0; i < S_SLOTS; i++)
@@ -160,6 +228,10 @@ void ps_client_destroy(ps_client **pc)
     if (!pc || !*pc)
         return;
     ps_client *c = *pc;
+    if (c->hb_running) {
+        atomic_store(&c->hb_stop, 1);
+        pthread_join(c->hb_thread, NULL);
+    }
     for (int i = 0; i < c->n; i++)
         if (c->socks[i]) {
             int zero = 0;
@@ -176,6 +248,9 @@ void ps_client_destroy(ps_client **pc)
     free(c->socks);
     free(c->last_sent_ns);
     free(c->reg_inflight);
+    free(c->next_piece);
+    free(c->kr);
+    free(c->krp);
     free(c->slots);
     free(c->free_slots);
     free(c->tickets);
@@ -217,6 +292,8 @@ static void s_fill_job(const ps_client *c, Zps__JobConfig *j)
 static zps_status s_send_slot(ps_client *c, s_slot *sl, const ps_optim_config *opt)
 {
     void *sock = c->socks[sl->server];
+    if (!sock)
+        return ZPS_ERR_ZMQ;
     Zps__Header h = ZPS__HEADER__INIT;
     Zps__JobConfig job;
     Zps__OptimizerConfig om;
@@ -238,8 +315,13 @@ static zps_status s_send_slot(ps_client *c, s_slot *sl, const ps_optim_config *o
     }
     Zps__KeyRange *rs = NULL, **rp = NULL;
     if (sl->n_pieces) {
-        rs = zps_xmalloc(sl->n_pieces * sizeof *rs);
-        rp = zps_xmalloc(sl->n_pieces * sizeof *rp);
+        if (sl->n_pieces > c->cap_kr) {
+            c->cap_kr = sl->n_pieces;
+            c->kr = zps_xrealloc(c->kr, c->cap_kr * sizeof *c->kr);
+            c->krp = zps_xrealloc(c->krp, c->cap_kr * sizeof *c->krp);
+        }
+        rs = c->kr;
+        rp = c->krp;
         for (size_t i = 0; i < sl->n_pieces; i++) {
             zps__key_range__init(&rs[i]);
             rs[i].key = sl->pieces[i].key;
@@ -251,7 +333,7 @@ static zps_status s_send_slot(ps_client *c, s_slot *sl, const ps_optim_config *o
         h.n_ranges = sl->n_pieces;
         h.ranges = rp;
     }
-    int has_data = sl->src != NULL;
+    int has_data = sl->src != NULL && sl->n_pieces > 0;
     size_t hl = zps__header__get_packed_size(&h);
     zmq_msg_t m;
     zps_status st = ZPS_OK;
@@ -289,8 +371,6 @@ static zps_status s_send_slot(ps_client *c, s_slot *sl, const ps_optim_config *o
     sl->deadline_ns = zps_now_ns() + (uint64_t)c->o.timeout_ms * 1000000ull;
     sl->resend_at_ns = 0;
 out:
-    free(rs);
-    free(rp);
     return st;
 }
 
@@ -317,9 +397,23 @@ static s_slot *s_slot_new(ps_client *c, int server, ps_ticket t, int op, int64_t
 
 static void s_slot_release(ps_client *c, s_slot *sl)
 {
-    /* zmq may still hold frames of an abandoned push; wait until it lets them go. */
-    for (int spins = 0; atomic_load(&sl->frames_out) > 0; spins++)
-        zps_sleep_ns(spins < 100 ? 10000 : 1000000);
+    /* zmq may still hold zero-copy frames of this push (normally released before the reply
+     * arrives). If it does not let go at once — a dead server, messages parked in the pipe
+     * for a reconnect — close the socket with linger 0, which drops them, and open a new
+     * one; requests that were in flight on it time out and are resent. */
+    for (int spins = 0; atomic_load(&sl->frames_out) > 0 && spins < 20; spins++)
+        zps_sleep_ns(50000);
+    if (atomic_load(&sl->frames_out) > 0) {
+        int zero = 0, srv = sl->server;
+        zps_log(ZPS_WARN, "client", "dropping unsent frames to %s: reopening the socket", c->uris[srv]);
+        zmq_setsockopt(c->socks[srv], ZMQ_LINGER, &zero, sizeof zero);
+        zmq_close(c->socks[srv]);
+        c->socks[srv] = NULL;
+        for (int spins = 0; atomic_load(&sl->frames_out) > 0 && spins < 10000; spins++)
+            zps_sleep_ns(1000000);
+        if (s_open_socket(c, srv) != ZPS_OK)
+            zps_log(ZPS_ERROR, "client", "cannot reopen the socket to %s", c->uris[srv]);
+    }
     sl->rid = 0;
     c->free_slots[c->n_free++] = (uint32_t)(sl - c->slots);
 }
@@ -400,38 +494,52 @@ static zps_status s_range_op(ps_client *c, int op, int first_var, int n_vars, co
     ZPS_TRY(s_ticket_new(c, &t));
     s_ticket *tk = s_ticket_get(c, t);
     zps_status st = ZPS_OK;
-    for (int s = 0; s < c->n && st == ZPS_OK; s++) {
-        size_t cnt = 0;
-        for (size_t i = 0; i < np; i++)
-            cnt += c->pieces[i].server == (uint32_t)s;
-        if (!cnt)
-            continue;
-        if (cnt > PS_MAX_RANGES) {
-            s_ticket_fail(tk, ZPS_ERR_INVALID, "more than PS_MAX_RANGES chunks for one server");
-            st = ZPS_ERR_INVALID;
-            break;
-        }
-        s_slot *sl = s_slot_new(c, s, t, op, step);
-        if (!sl) {
-            /* Too many requests in flight: drain the oldest and retry once. */
-            ps_client_wait_all(c);
-            sl = s_slot_new(c, s, t, op, step);
+    /* Each server's pieces go out as messages of about msg_bytes, round-robin over the
+     * servers: the server applies message k while message k + 1 is still on the wire, and
+     * the client copies pulled message k while k + 1 arrives. */
+    size_t *next = c->next_piece;
+    for (int s = 0; s < c->n; s++)
+        next[s] = 0;
+    uint64_t msg_bytes = c->o.msg_bytes ? c->o.msg_bytes : UINT64_MAX;
+    for (int busy = 1; busy && st == ZPS_OK;) {
+        busy = 0;
+        for (int s = 0; s < c->n && st == ZPS_OK; s++) {
+            size_t i = next[s];
+            while (i < np && c->pieces[i].server != (uint32_t)s)
+                i++;
+            if (i >= np) {
+                next[s] = np;
+                continue;
+            }
+            busy = 1;
+            /* this message: pieces of server s from i on, until msg_bytes */
+            size_t cnt = 0, j = i, last = i;
+            uint64_t bytes = 0;
+            for (; j < np && bytes < msg_bytes && cnt < PS_MAX_RANGES; j++)
+                if (c->pieces[j].server == (uint32_t)s) {
+                    bytes += c->pieces[j].count * 4;
+                    cnt++;
+                    last = j;
+                }
+            next[s] = last + 1;
+            s_slot *sl = s_slot_new(c, s, t, op, step);
             if (!sl) {
                 st = ZPS_ERR_BUSY;
+                s_ticket_fail(tk, st, "too many requests in flight (wait for some tickets)");
                 break;
             }
+            s_slot_pieces(sl, cnt);
+            size_t k = 0;
+            for (size_t q = i; q <= last; q++)
+                if (c->pieces[q].server == (uint32_t)s)
+                    sl->pieces[k++] = c->pieces[q];
+            sl->src = src;
+            sl->dst = dst;
+            tk->open++;
+            st = s_send_slot(c, sl, NULL);
+            if (st != ZPS_OK)
+                s_slot_finish(c, sl, st, "send failed", UINT64_MAX);
         }
-        s_slot_pieces(sl, cnt);
-        size_t k = 0;
-        for (size_t i = 0; i < np; i++)
-            if (c->pieces[i].server == (uint32_t)s)
-                sl->pieces[k++] = c->pieces[i];
-        sl->src = src;
-        sl->dst = dst;
-        tk->open++;
-        st = s_send_slot(c, sl, NULL);
-        if (st != ZPS_OK)
-            s_slot_finish(c, sl, st, "send failed", UINT64_MAX);
     }
     *out = t;
     return st;
@@ -592,6 +700,9 @@ static zps_status s_drain(ps_client *c, int server)
 static void s_timeouts(ps_client *c)
 {
     uint64_t now = zps_now_ns();
+    if (now - c->last_timeouts_ns < 2000000ull)
+        return;
+    c->last_timeouts_ns = now;
     for (uint32_t i = 0; i < S_SLOTS; i++) {
         s_slot *sl = &c->slots[i];
         if (!sl->rid)
@@ -642,12 +753,12 @@ static zps_status s_pump(ps_client *c, int max_ms)
     zmq_pollitem_t items[64];
     int n = c->n < 64 ? c->n : 64;
     for (int i = 0; i < n; i++)
-        items[i] = (zmq_pollitem_t){c->socks[i], 0, ZMQ_POLLIN, 0};
+        items[i] = (zmq_pollitem_t){c->socks[i], -1, (short)(c->socks[i] ? ZMQ_POLLIN : 0), 0};
     int rc = zmq_poll(items, n, max_ms);
     if (rc == -1 && zmq_errno() != EINTR)
         ZPS_CHECK_ZMQ(rc);
     for (int i = 0; i < c->n; i++)
-        if (i >= 64 || (items[i].revents & ZMQ_POLLIN))
+        if (c->socks[i] && (i >= 64 || (items[i].revents & ZMQ_POLLIN)))
             ZPS_TRY(s_drain(c, i));
     s_timeouts(c);
     return ZPS_OK;
@@ -770,6 +881,13 @@ zps_status ps_client_register(ps_client *c, const ps_plan *plan, const ps_job *j
         c->job.staleness = c->reg_job_reply->staleness;
     }
     c->registered = 1;
+    if (c->o.heartbeat_thread && c->o.heartbeat_ms > 0 && !c->hb_running) {
+        atomic_store(&c->hb_stop, 0);
+        if (pthread_create(&c->hb_thread, NULL, s_hb_main, c) == 0)
+            c->hb_running = 1;
+        else
+            zps_log(ZPS_WARN, "client", "cannot start the heartbeat thread");
+    }
     if (effective)
         *effective = c->job;
     return ZPS_OK;
@@ -786,7 +904,7 @@ zps_status ps_client_init(ps_client *c, const float *values, const ps_optim_conf
     }
     ps_ticket t;
     s_ticket *tk;
-    int accepted = 0, refused = 0;
+    int accepted = 0, refused = 0, empty = 0;
     zps_status st = ZPS_OK;
     /* One server at a time, so every reply's status is known per server. */
     for (int s = 0; s < c->n && st == ZPS_OK; s++) {
@@ -796,6 +914,13 @@ zps_status ps_client_init(ps_client *c, const float *values, const ps_optim_conf
         if (!sl)
             return ZPS_ERR_BUSY;
         size_t cnt = c->plan->server_chunks[s];
+        if (!cnt) { // a server the plan gives nothing has nothing to initialise
+            s_slot_release(c, sl);
+            tk->open = 0;
+            tk->waited = 1;
+            empty++;
+            continue;
+        }
         s_slot_pieces(sl, cnt);
         size_t k = 0;
         for (uint32_t i = 0; i < c->plan->n_chunks; i++) {
@@ -818,7 +943,7 @@ zps_status ps_client_init(ps_client *c, const float *values, const ps_optim_conf
     if (st != ZPS_OK)
         return st;
     if (first)
-        *first = accepted == c->n;
+        *first = accepted == c->n - empty;
     if (accepted && refused)
         zps_log(ZPS_WARN, "client", "INIT: %d servers took this trainer's values, %d already had values",
                 accepted, refused);

@@ -30,7 +30,8 @@
  * then fails with ZPS_ERR_TIMEOUT. A server that lost the trainer's registration (it was
  * restarted) is re-registered automatically and the request resent.
  *
- * Not thread-safe: one client per thread.
+ * Not thread-safe: one client per thread (the optional heartbeat thread has its own
+ * sockets).
  */
 #ifndef ZPS_PS_CLIENT_H
 #define ZPS_PS_CLIENT_H
@@ -49,6 +50,11 @@ typedef struct ps_client_opts {
     int max_retries;  // resends before ZPS_ERR_TIMEOUT (default 4)
     int backoff_ms;   // first pause before a resend, doubled each time (default 50)
     int heartbeat_ms; // while waiting, heartbeat a server silent this long (default 1000, 0 off)
+    int heartbeat_thread; // 1: a background thread heartbeats every heartbeat_ms from
+                          // register on, so long compute steps do not look like a dead
+                          // trainer to --trainer-timeout (default 0: only while waiting)
+    uint64_t msg_bytes; // cut each server's part of a push/pull into messages of about this
+                        // many bytes (default 1 MiB; 0 = one message per server)
 } ps_client_opts;
 
 /* What the trainer asks for at REGISTER; zeros mean "whatever the server has". */

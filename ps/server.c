@@ -9,7 +9,9 @@
  *     max(1, min(R, live)) trainers are complete, their gradients are summed in trainer-id
  *     order, divided by that number, applied, and every recv of the chunk is reset.
  *   - Memory that a request or reply needs on the hot path is allocated once and reused:
- *     the frame array, the scratch gradient, the per-trainer accumulators, the reply pool.
+ *     the frame array, the scratch gradient, the per-trainer accumulators. Pull replies
+ *     are sent zero-copy from the values; readers[c] counts frames zmq still holds, and
+ *     chunk c is not updated while it is non-zero (s_wait_readers, s_cow).
  */
 #include "ps/server.h"
 
@@ -36,8 +38,8 @@
 #define S_LAT_BUCKETS 96
 #define S_N_OPS 11
 #define S_STALE_BUCKETS 8
-/* Replies at least this large are copied into a pooled buffer and sent zero-copy. */
-#define S_POOL_MIN 16384
+/* Reply frames at least this large are sent zero-copy from the values (s_wait_readers). */
+#define S_ZC_MIN 16384
 
 static const char *const s_op_names[S_N_OPS] = {"unknown", "register", "init", "push", "pull",
                                                  "pushpull", "barrier", "heartbeat",
@@ -83,15 +85,6 @@ typedef struct s_pending {
     uint64_t t0_ns;
 } s_pending;
 
-/* A pooled reply buffer; refs counts frames still in zmq. */
-typedef struct s_rbuf {
-    struct s_rbuf *next;
-    size_t cap;
-    atomic_int refs;
-    struct ps_server *srv;
-    char *data;
-} s_rbuf;
-
 typedef struct s_stats {
     uint64_t requests[S_N_OPS];
     uint64_t pushes, pulls;        // ranges pushed / pulled
@@ -104,6 +97,8 @@ typedef struct s_stats {
     uint64_t lat[S_N_OPS][S_LAT_BUCKETS];
     uint64_t checkpoints;
     uint64_t trainers_dropped, trainers_rejoined;
+    uint64_t reader_waits; // updates that waited for zmq to finish sending the old values
+    uint64_t values_cow;   // waits that gave up: values moved to a fresh copy (stuck peer)
 } s_stats;
 
 struct ps_server {
@@ -139,6 +134,8 @@ struct ps_server {
     float *slots[2];      // (local_total) each
     uint32_t *recv_n;     // sync/async: (n_local * n_trainers) elements received (uint64 not needed: chunk <= 2^32)
     float *scratch;       // (max_chunk) averaged gradient / unaligned input
+    atomic_int *readers;  // (n_local) reply frames zmq still reads from the chunk's values
+    struct s_retired *retired; // old values blocks zmq still sends from (see s_cow)
     uint64_t init_version_base;
 
     /* requests */
@@ -146,10 +143,6 @@ struct ps_server {
     s_range *ranges;      // (PS_MAX_RANGES), reused
     s_pending *pending;
     size_t n_pending, cap_pending;
-
-    /* reply pool */
-    pthread_mutex_t pool_mu;
-    s_rbuf *pool_free;
 
     /* checkpoints and timers */
     uint64_t last_ckpt_version;
@@ -168,7 +161,7 @@ void ps_server_config_default(ps_server_config *c)
     c->stats_every_s = 30;
 }
 
-void ps_server_tune_malloc(void)
+void ps_tune_malloc(void)
 {
     mallopt(M_ARENA_MAX, 1);
     mallopt(M_MMAP_MAX, 0);
@@ -247,40 +240,76 @@ static int64_t s_max_clock(const ps_server *s)
     return m;
 }
 
-static void s_pool_release(void *data, void *hint)
+static void s_reader_done(void *data, void *hint)
 {
     (void)data;
-    s_rbuf *b = hint;
-    if (atomic_fetch_sub(&b->refs, 1) == 1) {
-        pthread_mutex_lock(&b->srv->pool_mu);
-        b->next = b->srv->pool_free;
-        b->srv->pool_free = b;
-        pthread_mutex_unlock(&b->srv->pool_mu);
+    atomic_fetch_sub((atomic_int *)hint, 1);
+}
+
+/* A values block (and its reader counts) replaced while zmq still sent from it. */
+typedef struct s_retired {
+    float *values;
+    atomic_int *readers; // (n)
+    uint32_t n;
+    struct s_retired *next;
+} s_retired;
+
+static int s_all_zero(const atomic_int *r, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++)
+        if (atomic_load(&r[i]))
+            return 0;
+    return 1;
+}
+
+/* Frees retired blocks zmq has let go of. */
+static void s_reap_retired(ps_server *s)
+{
+    for (s_retired **pp = &s->retired; *pp;) {
+        s_retired *r = *pp;
+        if (!s_all_zero(r->readers, r->n)) {
+            pp = &r->next;
+            continue;
+        }
+        *pp = r->next;
+        zps_aligned_free(r->values);
+        free(r->readers);
+        free(r);
     }
 }
 
-/* A pooled buffer of at least n bytes: the smallest free one that fits, else a new one. */
-static s_rbuf *s_pool_get(ps_server *s, size_t n)
+/* Copy-on-write of the whole values block: the old block stays alive (retired) for the
+ * frames still in zmq, updates go to a fresh copy. Only for a peer that stopped reading. */
+static void s_cow(ps_server *s)
 {
-    pthread_mutex_lock(&s->pool_mu);
-    s_rbuf **best = NULL;
-    for (s_rbuf **p = &s->pool_free; *p; p = &(*p)->next)
-        if ((*p)->cap >= n && (!best || (*p)->cap < (*best)->cap))
-            best = p;
-    s_rbuf *b = NULL;
-    if (best) {
-        b = *best;
-        *best = b->next;
+    s_retired *r = zps_xcalloc(1, sizeof *r);
+    r->values = s->values;
+    r->readers = s->readers;
+    r->n = s->n_local;
+    r->next = s->retired;
+    s->retired = r;
+    s->values = zps_xaligned(64, s->local_total * 4 + 64);
+    memcpy(s->values, r->values, s->local_total * 4);
+    s->readers = zps_xcalloc(s->n_local ? s->n_local : 1, sizeof *s->readers);
+    s->st.values_cow++;
+    zps_log(ZPS_WARN, "ps", "a peer is not reading its pull replies: values moved to a fresh copy");
+}
+
+/* Before chunk lc's values change: zmq may still be sending them zero-copy. Normally it is
+ * done long before the next push arrives; wait a little, and if a peer has stopped
+ * reading, copy the values aside instead of waiting for it. */
+static void s_wait_readers(ps_server *s, uint32_t lc)
+{
+    if (atomic_load(&s->readers[lc]) == 0)
+        return;
+    s->st.reader_waits++;
+    for (int spins = 0; atomic_load(&s->readers[lc]) > 0; spins++) {
+        if (spins == 300) {
+            s_cow(s);
+            return;
+        }
+        zps_sleep_ns(spins < 100 ? 20000 : 1000000);
     }
-    pthread_mutex_unlock(&s->pool_mu);
-    if (!b) {
-        b = zps_xcalloc(1, sizeof *b);
-        b->cap = n;
-        b->srv = s;
-        b->data = zps_xaligned(64, n + 64);
-    }
-    b->next = NULL;
-    return b;
 }
 
 /* ------------------------------------------------------------------------- replies */
@@ -355,21 +384,19 @@ static zps_status s_send(ps_server *s, zmq_msg_t *ident, const s_reply *r, const
     size_t total = 0;
     for (uint32_t i = 0; i < n_ranges; i++)
         total += ranges[i].n * 4;
-    s_rbuf *b = NULL;
-    size_t boff = 0;
-    if (total >= S_POOL_MIN) {
-        b = s_pool_get(s, total);
-        atomic_store(&b->refs, (int)n_ranges);
-    }
     for (uint32_t i = 0; i < n_ranges; i++) {
         const s_range *g = &ranges[i];
         const float *src = s->values + s->chunks[g->lc].off + g->off;
         size_t nb = g->n * 4;
         zmq_msg_t m;
-        if (b) {
-            memcpy(b->data + boff, src, nb);
-            ZPS_CHECK_ZMQ(zmq_msg_init_data(&m, b->data + boff, nb, s_pool_release, b));
-            boff += nb;
+        if (nb >= S_ZC_MIN) {
+            /* Zero-copy from the values; s_wait_readers holds updates of this chunk back
+             * until zmq has sent them. */
+            atomic_fetch_add(&s->readers[g->lc], 1);
+            if (zmq_msg_init_data(&m, (void *)src, nb, s_reader_done, &s->readers[g->lc]) == -1) {
+                atomic_fetch_sub(&s->readers[g->lc], 1);
+                ZPS_CHECK_ZMQ(-1);
+            }
         } else {
             ZPS_CHECK_ZMQ(zmq_msg_init_size(&m, nb));
             memcpy(zmq_msg_data(&m), src, nb);
@@ -410,6 +437,11 @@ static void s_reject(ps_server *s, zmq_msg_t *ident, int op, uint64_t rid, zps_s
 
 static void s_free_shard(ps_server *s)
 {
+    if (s->readers && !s_all_zero(s->readers, s->n_local)) {
+        s_cow(s); // zmq still sends from the old block: retire it
+    }
+    free(s->readers);
+    s->readers = NULL;
     zps_aligned_free(s->values);
     zps_aligned_free(s->slots[0]);
     zps_aligned_free(s->slots[1]);
@@ -449,6 +481,7 @@ static void s_alloc_shard(ps_server *s, uint32_t n, const uint32_t *keys, const 
     }
     s->local_total = off;
     s->max_chunk = mx;
+    s->readers = zps_xcalloc(n, sizeof *s->readers);
     s->values = zps_xaligned(64, off * 4 + 64);
     s->scratch = zps_xaligned(64, mx * 4 + 64);
     s->n_slots = ps_optim_slots(s->opt.kind);
@@ -631,6 +664,7 @@ static void s_sync_try_apply(ps_server *s, uint32_t lc)
     const float nf = (float)used;
     for (uint64_t i = 0; i < c->count; i++)
         g[i] = g[i] / nf;
+    s_wait_readers(s, lc);
     float *sp[2];
     ps_optim_apply(&s->opt, c->version, s->values + c->off, s_slot_ptrs(s, c->off, sp), g,
                    c->count);
@@ -751,11 +785,15 @@ static void s_check_pending(ps_server *s)
 
 static int s_all_finite(const float *p, uint64_t n)
 {
-    /* Sum of x - x is 0 for finite x and NaN otherwise; branch-free, vectorises. */
-    float acc = 0.0f;
-    for (uint64_t i = 0; i < n; i++)
-        acc += p[i] - p[i];
-    return acc == 0.0f;
+    /* A float is NaN or Inf when its exponent bits are all ones. An OR over integer tests
+     * has no dependency chain through a float add, so it vectorises. */
+    uint32_t bad = 0;
+    for (uint64_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, p + i, sizeof u);
+        bad |= (u & 0x7f800000u) == 0x7f800000u;
+    }
+    return !bad;
 }
 
 /* Validates ranges of a PUSH / PULL / PUSHPULL into s->ranges. Payload frames start at
@@ -1083,6 +1121,17 @@ static void s_op_init(ps_server *s, zmq_msg_t *ident, const Zps__Header *h, int 
         s_reject(s, ident, op, h->request_id, st, why);
         return;
     }
+    /* A re-INIT replaces the chunk table: requests waiting on the old one are answered. */
+    for (size_t i = 0; i < s->n_pending;) {
+        s_pending *p = &s->pending[i];
+        if (!p->n_ranges) {
+            i++;
+            continue;
+        }
+        s_reply rr = {p->op, p->rid, ZPS_ERR_BUSY, "values were re-initialised; pull again", 0, 0, 0};
+        s_send(s, &p->ident, &rr, NULL, 0);
+        s_pending_drop(s, i);
+    }
     s->opt = oc;
     s_alloc_shard(s, (uint32_t)n, keys, counts);
     for (size_t i = 0; i < n; i++)
@@ -1212,6 +1261,7 @@ static void s_op_push(ps_server *s, zmq_msg_t *ident, const Zps__Header *h, int 
                 d = s->scratch;
             }
             float *sp[2];
+            s_wait_readers(s, g->lc);
             ps_optim_apply(&s->opt, c->version, s->values + c->off + g->off,
                            s_slot_ptrs(s, c->off + g->off, sp), d, g->n);
             s->st.pushes++;
@@ -1242,7 +1292,15 @@ static void s_op_push(ps_server *s, zmq_msg_t *ident, const Zps__Header *h, int 
         s_rid_note(tr, h->request_id, rst);
     if (op == ZPS__OP__OP_PUSHPULL && rst == ZPS_OK) {
         int64_t need = s->mode == PS_MODE_ASYNC || step < 0 ? -1 : step + 1;
-        s_pending_add(s, ident, h->request_id, t, op, need, s->ranges, n, t0);
+        s_pending p = {.rid = h->request_id, .op = op, .need = need, .n_ranges = n,
+                       .ranges = s->ranges};
+        if (s_pending_ready(s, &p)) { // the usual async case: answer without queueing
+            s_reply r = {op, h->request_id, ZPS_OK, "", s_ranges_version(s, s->ranges, n), 0, 0};
+            s_send(s, ident, &r, s->ranges, n);
+            s_latency(s, op, t0);
+        } else {
+            s_pending_add(s, ident, h->request_id, t, op, need, s->ranges, n, t0);
+        }
         s_check_pending(s);
         if (s->cfg.checkpoint_every_versions)
             s_maybe_checkpoint(s);
@@ -1288,12 +1346,13 @@ static size_t s_stats_json(ps_server *s, char *b, size_t cap)
         "\"version\":%" PRIu64 ",\"chunks\":%u,\"values\":%" PRIu64 ",\"pushes\":%" PRIu64
         ",\"pulls\":%" PRIu64 ",\"bytes_in\":%" PRIu64 ",\"bytes_out\":%" PRIu64
         ",\"updates\":%" PRIu64 ",\"stale_dropped\":%" PRIu64 ",\"checkpoints\":%" PRIu64
-        ",\"trainers_dropped\":%" PRIu64 ",\"trainers_rejoined\":%" PRIu64 ",\"pending\":%zu",
+        ",\"trainers_dropped\":%" PRIu64 ",\"trainers_rejoined\":%" PRIu64 ",\"pending\":%zu"
+        ",\"reader_waits\":%" PRIu64 ",\"values_cow\":%" PRIu64,
         s->cfg.index, s_mode_names[s->mode], s->n_trainers, s->trainers ? s_live(s) : 0,
         s->initialised ? "true" : "false", s_min_version(s), s->n_local, s->local_total,
         s->st.pushes, s->st.pulls, s->st.bytes_in, s->st.bytes_out, s->st.updates,
         s->st.stale_dropped, s->st.checkpoints, s->st.trainers_dropped, s->st.trainers_rejoined,
-        s->n_pending);
+        s->n_pending, s->st.reader_waits, s->st.values_cow);
     S_J(",\"requests\":{");
     for (int i = 1; i < S_N_OPS; i++)
         S_J("%s\"%s\":%" PRIu64, i > 1 ? "," : "", s_op_names[i], s->st.requests[i]);
@@ -1486,6 +1545,8 @@ static void s_liveness(ps_server *s)
 static void s_timers(ps_server *s)
 {
     double now = zps_now_s();
+    if (s->retired)
+        s_reap_retired(s);
     if (now - s->last_liveness_s >= 0.05) {
         s->last_liveness_s = now;
         s_liveness(s);
@@ -1533,6 +1594,26 @@ static zps_status s_recv(ps_server *s, int *nframes, int *overflow, uint64_t *by
             n++;
     }
     *nframes = n;
+    return ZPS_OK;
+}
+
+zps_status ps_server_run_once(ps_server *s, int timeout_ms, int *handled)
+{
+    *handled = 0;
+    zmq_pollitem_t it = {s->sock, 0, ZMQ_POLLIN, 0};
+    int rc = zmq_poll(&it, 1, timeout_ms);
+    if (rc == -1 && zmq_errno() != EINTR)
+        ZPS_CHECK_ZMQ(rc);
+    if (rc > 0) {
+        int nframes, overflow;
+        uint64_t bytes, t0 = zps_now_ns();
+        ZPS_TRY(s_recv(s, &nframes, &overflow, &bytes));
+        s_handle(s, nframes, overflow, bytes, t0);
+        for (int i = 0; i < nframes; i++)
+            zmq_msg_close(&s->frames[i]);
+        *handled = 1;
+    }
+    s_timers(s);
     return ZPS_OK;
 }
 
@@ -1599,7 +1680,6 @@ zps_status ps_server_new(const ps_server_config *cfg, ps_server **out)
     s->n_trainers = cfg->num_trainers > PS_MAX_TRAINERS ? PS_MAX_TRAINERS : cfg->num_trainers;
     s->replicas = cfg->replicas_to_aggregate;
     s->staleness = cfg->staleness;
-    pthread_mutex_init(&s->pool_mu, NULL);
     s->frames = zps_xcalloc(S_MAX_FRAMES, sizeof *s->frames);
     s->ranges = zps_xcalloc(PS_MAX_RANGES, sizeof *s->ranges);
     double now = zps_now_s();
@@ -1660,18 +1740,18 @@ void ps_server_destroy(ps_server **ps)
     if (s->sock)
         zmq_close(s->sock);
     if (s->ctx)
-        zmq_ctx_term(s->ctx); // waits until zmq released every pooled buffer
+        zmq_ctx_term(s->ctx); // returns once zmq released every zero-copy reply frame
     s_free_shard(s);
+    while (s->retired) { // zmq_ctx_term above released every frame
+        s_retired *r = s->retired;
+        s->retired = r->next;
+        zps_aligned_free(r->values);
+        free(r->readers);
+        free(r);
+    }
     free(s->trainers);
     free(s->frames);
     free(s->ranges);
-    while (s->pool_free) {
-        s_rbuf *b = s->pool_free;
-        s->pool_free = b->next;
-        zps_aligned_free(b->data);
-        free(b);
-    }
-    pthread_mutex_destroy(&s->pool_mu);
     free(s);
     *ps = NULL;
 }

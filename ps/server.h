@@ -6,8 +6,9 @@
  * touches state; a rejected request gets an error reply, bumps a counter and changes
  * nothing. The loop is single-threaded: requests are handled in arrival order, which is
  * what makes async mode's "applied in arrival order" and sync mode's determinism easy to
- * state. Pull replies are copied into pooled reply buffers (warm, reused) and sent
- * zero-copy; receive memory is zmq's, kept warm by ps_server_tune_malloc().
+ * state. Pull replies are sent zero-copy straight from the values (an update waits until
+ * zmq has sent them, or moves the values to a fresh copy if a peer stopped reading);
+ * receive memory is zmq's, kept warm by ps_tune_malloc().
  *
  * The wire protocol, modes, flags and STATS fields are documented in docs/ps.md.
  */
@@ -59,6 +60,9 @@ zps_status ps_server_new(const ps_server_config *cfg, ps_server **out);
 const char *ps_server_endpoint(const ps_server *s);
 /* Serves until SHUTDOWN or ps_server_stop(); returns ZPS_OK then. */
 zps_status ps_server_run(ps_server *s);
+/* Waits up to timeout_ms for one request and handles it (*handled = 1), then runs the
+ * timers. For tests and the fuzz target, which drive the server step by step. */
+zps_status ps_server_run_once(ps_server *s, int timeout_ms, int *handled);
 /* Asks the loop to return (async-signal-safe: sets a flag). */
 void ps_server_stop(ps_server *s);
 /* Writes a checkpoint now (no-op without --checkpoint-dir). */
@@ -66,8 +70,10 @@ zps_status ps_server_checkpoint(ps_server *s);
 void ps_server_destroy(ps_server **ps);
 
 /* Keeps large allocations on the heap and never trims it, so memory freed after a message
- * is reused warm for the next one (mmap + munmap per message faults every page again). Call
- * once at process start, before any thread exists. */
-void ps_server_tune_malloc(void);
+ * is reused warm for the next one (mmap + munmap per message faults every page again; on
+ * these VMs that costs more than the copy). zps-server calls it at start; trainers and
+ * benchmarks that move large messages should too. Process-wide: call once at process
+ * start, before any thread exists. */
+void ps_tune_malloc(void);
 
 #endif

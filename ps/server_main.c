@@ -208,7 +208,7 @@ int main(int argc, char **argv)
     cfg.index = index < 0 ? 0 : index;
     cfg.check_index = index >= 0;
     zps_log_init("server", cfg.index);
-    ps_server_tune_malloc();
+    ps_tune_malloc();
 
     zps_status st = ps_server_new(&cfg, &s_srv);
     if (st != ZPS_OK) {

@@ -10,6 +10,7 @@
 
 #include "common/log.h"
 #include "kernels/kernels.h"
+#include "tests/testutil.h"
 
 static uint64_t s_seed, s_state;
 static const k_backend *s_gpu;
@@ -24,7 +25,7 @@ static void s_init(void)
     char why[256] = "";
     s_gpu = k_backend_cuda(why, sizeof why);
     if (!s_gpu)
-        cr_skip_test("no CUDA device: %s", why);
+        ZPS_TEST_SKIP("no CUDA device: %s", why);
 }
 
 static uint32_t s_rand(void)

@@ -2,6 +2,7 @@
  * process) is killed with SIGKILL; after the timeout the server drops it from the expected
  * set and the other two keep stepping. STATS counts the drop. */
 #include <criterion/criterion.h>
+#include <stdint.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -148,6 +149,38 @@ Test(it_ps_liveness, sync_continues_after_a_trainer_dies, .timeout = 60)
     cr_expect(strstr(json, want), "%s", json);
     free(json);
     ps_client_destroy(&c);
+    pst_kill(&srv, SIGTERM);
+    ps_plan_destroy(&plan);
+}
+
+/* A trainer in a long compute step (simulated by sleeping: it makes no client call) stays
+ * live with the heartbeat thread and is dropped without it. */
+Test(it_ps_liveness, heartbeat_thread_keeps_a_busy_trainer_live, .timeout = 30)
+{
+    ps_plan *plan;
+    cr_assert_eq(ps_plan_new(s_vars, 2, 1, 0, &plan), ZPS_OK);
+    pst_server srv;
+    const char *args[] = {"--mode", "sync", "--num-trainers", "2", "--trainer-timeout", "1", NULL};
+    cr_assert_eq(pst_spawn(&srv, NULL, args), 0);
+    const char *uris[1] = {srv.uri};
+    ps_client_opts o;
+    ps_client_opts_default(&o);
+    o.heartbeat_ms = 100;
+    o.heartbeat_thread = 1;
+    ps_client *busy, *plain;
+    cr_assert_eq(ps_client_new(uris, 1, 0, &o, &busy), ZPS_OK);
+    o.heartbeat_thread = 0;
+    cr_assert_eq(ps_client_new(uris, 1, 1, &o, &plain), ZPS_OK);
+    cr_assert_eq(ps_client_register(busy, plan, NULL, NULL), ZPS_OK);
+    cr_assert_eq(ps_client_register(plain, plan, NULL, NULL), ZPS_OK);
+    zps_sleep_ns(2500000000ull); // both "compute" for 2.5 s, well past the timeout
+    char *json;
+    cr_assert_eq(ps_client_stats(busy, 0, &json), ZPS_OK);
+    cr_expect(strstr(json, "\"trainers_dropped\":1,"), "want only the plain trainer dropped: %s", json);
+    cr_expect(strstr(json, "\"live_trainers\":1,"), "%s", json);
+    free(json);
+    ps_client_destroy(&busy);
+    ps_client_destroy(&plain);
     pst_kill(&srv, SIGTERM);
     ps_plan_destroy(&plan);
 }

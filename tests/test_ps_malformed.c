@@ -303,3 +303,106 @@ Test(it_ps_malformed, every_bad_request_gets_its_error_and_changes_nothing, .tim
     free(bad);
     ps_plan_destroy(&plan);
 }
+
+/* A peer that asks for large pulls and never reads the replies must not stall updates:
+ * after a short wait the server moves the values to a fresh copy (values_cow) and goes on;
+ * the values stay exactly what the pushes make them. */
+Test(it_ps_malformed, a_peer_that_stops_reading_does_not_stall_pushes, .timeout = 30)
+{
+    uint64_t seed = pst_seed(), r = seed;
+    ps_var var = {"w", 1u << 20};
+    ps_plan *plan;
+    cr_assert_eq(ps_plan_new(&var, 1, 1, 0, &plan), ZPS_OK);
+    uint64_t n = plan->total;
+    pst_server srv;
+    const char *args[] = {"--mode", "async", "--num-trainers", "2", NULL};
+    cr_assert_eq(pst_spawn(&srv, NULL, args), 0);
+    const char *uris[1] = {srv.uri};
+    ps_client *c;
+    cr_assert_eq(ps_client_new(uris, 1, 0, NULL, &c), ZPS_OK);
+    cr_assert_eq(ps_client_register(c, plan, NULL, NULL), ZPS_OK);
+    float *v = zps_xmalloc(n * 4), *g = zps_xmalloc(n * 4);
+    for (uint64_t i = 0; i < n; i++)
+        v[i] = pst_uniform(&r);
+    ps_optim_config o;
+    ps_optim_default(&o);
+    o.lr = 0.5;
+    cr_assert_eq(ps_client_init(c, v, &o, NULL), ZPS_OK);
+
+    /* the stuck peer: trainer 1 over a raw DEALER with tiny buffers, never reading */
+    void *ctx = zmq_ctx_new(), *sock = zmq_socket(ctx, ZMQ_DEALER);
+    int one = 1, small = 4096, zero = 0;
+    zmq_setsockopt(sock, ZMQ_RCVHWM, &one, sizeof one);
+    zmq_setsockopt(sock, ZMQ_RCVBUF, &small, sizeof small);
+    zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof zero);
+    cr_assert_eq(zmq_connect(sock, srv.uri), 0);
+    {
+        Zps__Header h = ZPS__HEADER__INIT;
+        Zps__JobConfig j = ZPS__JOB_CONFIG__INIT;
+        j.num_chunks = plan->n_chunks;
+        j.num_servers = 1;
+        j.chunk_bytes = plan->chunk_bytes;
+        j.num_variables = 1;
+        j.total_count = n;
+        h.version = ZPS_PROTOCOL_VERSION;
+        h.op = ZPS__OP__OP_REGISTER;
+        h.request_id = 1;
+        h.trainer_id = 1;
+        h.plan_hash = plan->hash;
+        h.job = &j;
+        uint8_t buf[512];
+        size_t hl = zps__header__pack(&h, buf);
+        zmq_send(sock, buf, hl, 0);
+        zmq_pollitem_t it = {sock, 0, ZMQ_POLLIN, 0};
+        cr_assert_eq(zmq_poll(&it, 1, 5000), 1);
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        zmq_msg_recv(&m, sock, 0);
+        zmq_msg_close(&m);
+        Zps__KeyRange kr[64], *rp[64];
+        size_t nr = plan->n_chunks < 64 ? plan->n_chunks : 64;
+        for (size_t i = 0; i < nr; i++) {
+            zps__key_range__init(&kr[i]);
+            kr[i].key = plan->chunks[i].key;
+            kr[i].length = plan->chunks[i].count * 4;
+            kr[i].dtype = ZPS__DTYPE__DTYPE_F32;
+            rp[i] = &kr[i];
+        }
+        h.op = ZPS__OP__OP_PULL;
+        h.job = NULL;
+        h.step = -1;
+        h.n_ranges = nr;
+        h.ranges = rp;
+        for (int k = 0; k < 40; k++) { // 40 x 4 MiB of replies nobody reads
+            h.request_id = 2 + (uint64_t)k;
+            hl = zps__header__pack(&h, buf);
+            zmq_send(sock, buf, hl, 0);
+        }
+    }
+    /* pushes from the healthy trainer still go through, and the values are right */
+    float *ref = zps_xmalloc(n * 4);
+    memcpy(ref, v, n * 4);
+    ps_ticket tk;
+    for (int k = 0; k < 3; k++) {
+        for (uint64_t i = 0; i < n; i++)
+            g[i] = pst_uniform(&r);
+        cr_assert_eq(ps_client_push(c, 0, 1, g, k, &tk), ZPS_OK);
+        cr_assert_eq(ps_client_wait(c, tk), ZPS_OK, "%s", ps_client_last_error(c));
+        ps_optim_apply(&o, (uint64_t)k, ref, NULL, g, n);
+    }
+    cr_assert_eq(ps_client_pull(c, 0, 1, v, -1, &tk), ZPS_OK);
+    cr_assert_eq(ps_client_wait(c, tk), ZPS_OK);
+    cr_assert(!memcmp(v, ref, n * 4), "values differ (seed %llu)", (unsigned long long)seed);
+    char *json;
+    cr_assert_eq(ps_client_stats(c, 0, &json), ZPS_OK);
+    cr_expect(!strstr(json, "\"values_cow\":0"), "the stuck peer was never detected: %s", json);
+    free(json);
+    zmq_close(sock);
+    zmq_ctx_term(ctx);
+    ps_client_destroy(&c);
+    pst_kill(&srv, SIGTERM);
+    free(v);
+    free(g);
+    free(ref);
+    ps_plan_destroy(&plan);
+}

@@ -158,3 +158,41 @@ Test(it_ps_restore, kill9_restore_resumes_from_checkpoint, .timeout = 60)
     free(v);
     ps_plan_destroy(&plan);
 }
+
+/* A server that dies for good: the push fails with ZPS_ERR_TIMEOUT after the retries, the
+ * client does not hang on frames parked for the dead peer, and the gradient buffer may be
+ * freed right after. */
+Test(it_ps_restore, dead_server_times_out, .timeout = 30)
+{
+    ps_var v1 = {"w", 50000};
+    ps_plan *plan;
+    cr_assert_eq(ps_plan_new(&v1, 1, 1, 0, &plan), ZPS_OK);
+    pst_server srv;
+    const char *args[] = {"--mode", "async", "--num-trainers", "1", NULL};
+    cr_assert_eq(pst_spawn(&srv, NULL, args), 0);
+    const char *uris[1] = {srv.uri};
+    ps_client_opts co;
+    ps_client_opts_default(&co);
+    co.timeout_ms = 200;
+    co.max_retries = 2;
+    co.backoff_ms = 10;
+    ps_client *c;
+    cr_assert_eq(ps_client_new(uris, 1, 0, &co, &c), ZPS_OK);
+    cr_assert_eq(ps_client_register(c, plan, NULL, NULL), ZPS_OK);
+    float *g = zps_xmalloc(plan->total * 4);
+    uint64_t r = pst_seed();
+    for (uint64_t i = 0; i < plan->total; i++)
+        g[i] = pst_uniform(&r);
+    ps_optim_config o;
+    ps_optim_default(&o);
+    cr_assert_eq(ps_client_init(c, g, &o, NULL), ZPS_OK);
+    pst_kill(&srv, SIGKILL);
+    ps_ticket tk;
+    cr_assert_eq(ps_client_push(c, 0, 1, g, 0, &tk), ZPS_OK);
+    zps_status st = ps_client_wait(c, tk);
+    cr_assert_eq(st, ZPS_ERR_TIMEOUT, "%s: %s", zps_status_name(st), ps_client_last_error(c));
+    cr_assert(strstr(ps_client_last_error(c), "no reply"), "%s", ps_client_last_error(c));
+    free(g);
+    ps_client_destroy(&c);
+    ps_plan_destroy(&plan);
+}

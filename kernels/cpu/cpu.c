@@ -33,22 +33,21 @@
         }                                                                              \
     } while (0)
 
+/* One engine for the process; one stream per thread (several models may train in different
+ * threads, e.g. all-reduce replicas; each model itself is used by one thread at a time). */
 static dnnl_engine_t s_engine;
-static dnnl_stream_t s_stream;
+static _Thread_local dnnl_stream_t s_stream;
 static dnnl_status_t s_init_status = dnnl_success;
 static pthread_once_t s_once = PTHREAD_ONCE_INIT;
 
-static void s_init(void)
-{
-    s_init_status = dnnl_engine_create(&s_engine, dnnl_cpu, 0);
-    if (s_init_status == dnnl_success)
-        s_init_status = dnnl_stream_create(&s_stream, s_engine, dnnl_stream_default_flags);
-}
+static void s_init(void) { s_init_status = dnnl_engine_create(&s_engine, dnnl_cpu, 0); }
 
 static zps_status s_ready(void)
 {
     pthread_once(&s_once, s_init);
     S_DNNL(s_init_status);
+    if (!s_stream)
+        S_DNNL(dnnl_stream_create(&s_stream, s_engine, dnnl_stream_default_flags));
     return ZPS_OK;
 }
 
@@ -128,6 +127,7 @@ static void s_prim_shared(s_prim *p, int arg, dnnl_memory_t m)
 /* Points the first n non-shared arguments at ptrs (in the order they were added), runs. */
 static zps_status s_prim_run(s_prim *p, const void *const *ptrs, int n)
 {
+    ZPS_TRY(s_ready()); /* this thread's stream */
     int k = 0;
     for (int i = 0; i < p->nargs && k < n; i++) {
         if (p->shared[i])
