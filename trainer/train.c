@@ -318,6 +318,7 @@ static zps_status s_ps_setup(s_job *j)
     ps_client_opts co;
     ps_client_opts_default(&co);
     co.timeout_ms = c->timeout_ms;
+    co.heartbeat_thread = 1; /* a long step must not look like a dead trainer */
     ZPS_TRY(ps_client_new((const char *const *)j->uris, j->n_uris, (uint32_t)j->id, &co,
                           &j->client));
     ps_job want = {0}, got = {0};
