@@ -395,14 +395,15 @@ static s_slot *s_slot_new(ps_client *c, int server, ps_ticket t, int op, int64_t
     return sl;
 }
 
-static void s_slot_release(ps_client *c, s_slot *sl)
+/* Frees a slot. zmq may still hold zero-copy frames of its push. After a reply the IO
+ * thread has written them and lets go at once (wait for it, however loaded the machine).
+ * After a failure (failed = 1) they may be parked in the pipe for a dead server: if they
+ * are not released quickly, close the socket with linger 0, which drops them, and open a
+ * new one; requests in flight on it time out and are resent. */
+static void s_slot_release_ex(ps_client *c, s_slot *sl, int failed)
 {
-    /* zmq may still hold zero-copy frames of this push (normally released before the reply
-     * arrives). If it does not let go at once — a dead server, messages parked in the pipe
-     * for a reconnect — close the socket with linger 0, which drops them, and open a new
-     * one; requests that were in flight on it time out and are resent. */
-    for (int spins = 0; atomic_load(&sl->frames_out) > 0 && spins < 20; spins++)
-        zps_sleep_ns(50000);
+    for (int spins = 0; atomic_load(&sl->frames_out) > 0 && (!failed || spins < 20); spins++)
+        zps_sleep_ns(spins < 20 ? 50000 : 1000000);
     if (atomic_load(&sl->frames_out) > 0) {
         int zero = 0, srv = sl->server;
         zps_log(ZPS_WARN, "client", "dropping unsent frames to %s: reopening the socket", c->uris[srv]);
@@ -417,6 +418,8 @@ static void s_slot_release(ps_client *c, s_slot *sl)
     sl->rid = 0;
     c->free_slots[c->n_free++] = (uint32_t)(sl - c->slots);
 }
+
+static void s_slot_release(ps_client *c, s_slot *sl) { s_slot_release_ex(c, sl, 1); }
 
 static void s_slot_pieces(s_slot *sl, size_t n)
 {
@@ -475,7 +478,7 @@ static void s_slot_finish(ps_client *c, s_slot *sl, int status, const char *msg,
             tk->open--;
         }
     }
-    s_slot_release(c, sl);
+    s_slot_release_ex(c, sl, status != ZPS_OK);
 }
 
 /* Builds and sends the per-server slots of a range operation. */
