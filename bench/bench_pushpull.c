@@ -14,7 +14,7 @@
  * with an empty ack and to a pull with zero-copy frames of a static buffer; the raw client
  * copies pulled frames into the destination buffer like the zps client does. Both the zps
  * and the raw server run with glibc's default allocator settings except that zps-server
- * calls ps_tune_malloc(); the bench process (both clients) calls it too.
+ * calls zps_malloc_keep_warm(); the bench process (both clients) calls it too.
  * Output: a table on stdout and $ZPS_BENCH_DIR/pushpull.json.
  */
 #include <getopt.h>
@@ -491,7 +491,7 @@ ZPS_BENCH(pushpull, "zps push/pull/pushpull vs raw ZeroMQ DEALER/ROUTER, 1x1 and
             return ch == 'h' ? 0 : 2;
         }
     }
-    ps_tune_malloc();
+    zps_malloc_keep_warm();
     signal(SIGPIPE, SIG_IGN);
     const size_t all_sizes[] = {4u << 10, 64u << 10, 1u << 20, 16u << 20, 64u << 20};
     const size_t quick_sizes[] = {4u << 10, 1u << 20, 16u << 20};

@@ -1,6 +1,7 @@
 /* mem.c — see mem.h. The arena is a list of blocks; in the steady state it is exactly one. */
 #include "common/mem.h"
 
+#include <malloc.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,6 +58,14 @@ void *zps_xaligned_at(size_t align, size_t n, const char *file, int line)
 }
 
 void zps_aligned_free(void *p) { free(p); }
+
+void zps_malloc_keep_warm(void)
+{
+    mallopt(M_ARENA_MAX, 1);
+    mallopt(M_MMAP_MAX, 0);
+    mallopt(M_TRIM_THRESHOLD, 1 << 30);
+    mallopt(M_TOP_PAD, 64 << 20);
+}
 
 void zps_prefault(void *p, size_t n)
 {

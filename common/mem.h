@@ -33,6 +33,12 @@ void zps_aligned_free(void *p);
 /* Writes one byte per page so the pages are resident before the hot path touches them. */
 void zps_prefault(void *p, size_t n);
 
+/* Keeps large allocations on the heap and never trims it, so memory freed after a message
+ * or a step is reused warm (mmap + munmap per large buffer faults every page again; on
+ * these VMs that costs more than the copy). zps-server and zps-trainer call it at start.
+ * Process-wide: call once at process start, before any thread exists. */
+void zps_malloc_keep_warm(void);
+
 /* Alignment of every arena allocation (cache line and AVX-512 vector). */
 #define ZPS_ARENA_ALIGN 64
 

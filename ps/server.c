@@ -17,7 +17,6 @@
 
 #include <assert.h>
 #include <inttypes.h>
-#include <malloc.h>
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -159,14 +158,6 @@ void ps_server_config_default(ps_server_config *c)
     c->staleness = -1;
     c->max_message_bytes = 1ull << 30;
     c->stats_every_s = 30;
-}
-
-void ps_tune_malloc(void)
-{
-    mallopt(M_ARENA_MAX, 1);
-    mallopt(M_MMAP_MAX, 0);
-    mallopt(M_TRIM_THRESHOLD, 1 << 30);
-    mallopt(M_TOP_PAD, 64 << 20);
 }
 
 static unsigned s_lat_bucket(uint64_t ns)

@@ -8,7 +8,7 @@
  * what makes async mode's "applied in arrival order" and sync mode's determinism easy to
  * state. Pull replies are sent zero-copy straight from the values (an update waits until
  * zmq has sent them, or moves the values to a fresh copy if a peer stopped reading);
- * receive memory is zmq's, kept warm by ps_tune_malloc().
+ * receive memory is zmq's, kept warm by zps_malloc_keep_warm() (common/mem.h).
  *
  * The wire protocol, modes, flags and STATS fields are documented in docs/ps.md.
  */
@@ -69,11 +69,5 @@ void ps_server_stop(ps_server *s);
 zps_status ps_server_checkpoint(ps_server *s);
 void ps_server_destroy(ps_server **ps);
 
-/* Keeps large allocations on the heap and never trims it, so memory freed after a message
- * is reused warm for the next one (mmap + munmap per message faults every page again; on
- * these VMs that costs more than the copy). zps-server calls it at start; trainers and
- * benchmarks that move large messages should too. Process-wide: call once at process
- * start, before any thread exists. */
-void ps_tune_malloc(void);
 
 #endif

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/mem.h"
 #include "common/cluster.h"
 #include "common/log.h"
 #include "ps/server.h"
@@ -208,7 +209,7 @@ int main(int argc, char **argv)
     cfg.index = index < 0 ? 0 : index;
     cfg.check_index = index >= 0;
     zps_log_init("server", cfg.index);
-    ps_tune_malloc();
+    zps_malloc_keep_warm();
 
     zps_status st = ps_server_new(&cfg, &s_srv);
     if (st != ZPS_OK) {

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "common/mem.h"
 #include "trainer/config.h"
 #include "trainer/train.h"
 
@@ -67,6 +68,7 @@ int main(int argc, char **argv)
     if (tr_config_parse(&cfg, argc, argv, &code) != ZPS_OK || code >= 0)
         return code >= 0 ? code : 2;
     s_openmp_env(&cfg, argv);
+    zps_malloc_keep_warm();
     zps_log_set_role("trainer", cfg.trainer_id);
     tr_result res;
     if (tr_run(&cfg, &res) != ZPS_OK)
