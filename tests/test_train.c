@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -44,6 +45,8 @@ static void s_spawn(pst_server *p, const char *prog, const char *log, const char
     pid_t pid = fork();
     cr_assert(pid >= 0);
     if (pid == 0) {
+        /* dies with the test, so a failed assert never leaves it holding Criterion's pipes */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
         int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         if (fd >= 0) {
             dup2(fd, 1);
