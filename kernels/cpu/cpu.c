@@ -39,21 +39,40 @@ static dnnl_engine_t s_engine;
 static _Thread_local dnnl_stream_t s_stream;
 static dnnl_status_t s_init_status = dnnl_success;
 static pthread_once_t s_once = PTHREAD_ONCE_INIT;
+static pthread_key_t s_stream_key; // destroys a thread's stream when the thread exits
 
-static void s_init(void) { s_init_status = dnnl_engine_create(&s_engine, dnnl_cpu, 0); }
+static _Thread_local float *s_scratch;
+static _Thread_local size_t s_scratch_len;
+
+/* Thread exit: the stream and the scratch of that thread. */
+static void s_stream_free(void *st)
+{
+    dnnl_stream_destroy((dnnl_stream_t)st);
+    zps_aligned_free(s_scratch);
+    s_scratch = NULL;
+    s_scratch_len = 0;
+}
+
+static void s_init(void)
+{
+    s_init_status = dnnl_engine_create(&s_engine, dnnl_cpu, 0);
+    if (pthread_key_create(&s_stream_key, s_stream_free) != 0)
+        s_init_status = dnnl_runtime_error;
+}
 
 static zps_status s_ready(void)
 {
     pthread_once(&s_once, s_init);
     S_DNNL(s_init_status);
-    if (!s_stream)
+    if (!s_stream) {
         S_DNNL(dnnl_stream_create(&s_stream, s_engine, dnnl_stream_default_flags));
+        pthread_setspecific(s_stream_key, s_stream);
+    }
     return ZPS_OK;
 }
 
-/* Thread-local scratch for outputs that oneDNN overwrites but the API accumulates. */
-static _Thread_local float *s_scratch;
-static _Thread_local size_t s_scratch_len;
+/* Thread-local scratch (s_scratch above) for outputs that oneDNN overwrites but the API
+ * accumulates; always used after s_ready(), which arranges its release at thread exit. */
 
 static float *s_scratch_get(size_t n)
 {

@@ -362,6 +362,8 @@ static zps_status s_bn_bwd(k_bn *d, const float *x, const float *y, const float 
     s_bn_impl *im = (s_bn_impl *)d->impl;
     if (!im) {
         im = (s_bn_impl *)calloc(1, sizeof *im);
+        if (!im)
+            return ZPS_ERR_NOMEM;
         im->kind = 2;
         d->impl = im;
         S_CUDA(cudaMalloc(&im->sums, sizeof(float) * 2 * (size_t)d->c));
@@ -540,6 +542,8 @@ static zps_status s_softmax_xent(int n, int k, const float *z, const int32_t *la
                                  float scale, float *loss, int *correct, float *dz)
 {
     int32_t *hl = (int32_t *)malloc(sizeof(int32_t) * (size_t)n);
+    if (!hl)
+        return ZPS_ERR_NOMEM;
     cudaError_t e = cudaMemcpy(hl, labels, sizeof(int32_t) * (size_t)n, cudaMemcpyDeviceToHost);
     int bad = 0;
     for (int i = 0; e == cudaSuccess && i < n; i++)
@@ -553,6 +557,10 @@ static zps_status s_softmax_xent(int n, int k, const float *z, const int32_t *la
     int *rr = (int *)(rl + n);
     g_xent<<<(n + 127) / 128, 128>>>(n, k, z, labels, smooth, scale, rl, rr, dz);
     float *h = (float *)malloc((sizeof(float) + sizeof(int)) * (size_t)n);
+    if (!h) {
+        cudaFree(rl);
+        return ZPS_ERR_NOMEM;
+    }
     e = cudaMemcpy(h, rl, (sizeof(float) + sizeof(int)) * (size_t)n, cudaMemcpyDeviceToHost);
     cudaFree(rl);
     if (e == cudaSuccess) {
@@ -621,6 +629,8 @@ static zps_status s_conv_get(k_conv2d *d, s_conv_impl **out)
         return ZPS_OK;
     }
     im = (s_conv_impl *)calloc(1, sizeof *im);
+    if (!im)
+        return ZPS_ERR_NOMEM;
     im->kind = 1;
     d->impl = im;
     S_CUDNN(cudnnCreateTensorDescriptor(&im->x));
