@@ -9,4 +9,4 @@ BIN=$(cd "$B/bin" && pwd)
 DATA=$(bash scripts/fashion-data.sh "$BIN")
 exec scripts/compare --modes sync,async,ssp,allreduce --trainers 2 --servers 2 --target 0.85 \
   --bin-dir "$BIN" --out-dir "$B/bench" --timeout 400 --server-args="--trainer-timeout 10" \
-  --trainer-args "--data $DATA --model convnet --batch-size 32 --optimizer momentum --lr 0.02 --epochs 3 --eval-every 50 --eval-batches 8 --stop-accuracy 0.85 --time-limit 150 --staleness 2 --no-progress"
+  --trainer-args "--data $DATA --model convnet --batch-size 32 --optimizer momentum --lr 0.02 --epochs 3 --eval-every 50 --eval-batches 8 --eval-all --stop-accuracy 0.85 --time-limit 150 --staleness 2 --no-progress"
