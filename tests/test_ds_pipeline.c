@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tests/testutil.h"
 #include "datasets/convert.h"
 #include "datasets/image.h"
 #include "datasets/pipeline.h"
@@ -26,43 +27,10 @@ static uint64_t s_seed(void)
 }
 
 static char s_dir[64];
-static void s_mktmp(void)
-{
-    snprintf(s_dir, sizeof s_dir, "/tmp/zps-dp-XXXXXX");
-    cr_assert_not_null(mkdtemp(s_dir));
-}
-static void s_rmtmp(void)
-{
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", s_dir);
-    cr_assert_eq(system(cmd), 0);
-}
-
-static int s_saved_fd = -1;
-static char s_cap_path[96];
-static void s_capture_begin(void)
-{
-    fflush(stderr);
-    snprintf(s_cap_path, sizeof s_cap_path, "%s/stderr.txt", s_dir);
-    int fd = open(s_cap_path, O_CREAT | O_TRUNC | O_WRONLY, 0644);
-    cr_assert(fd >= 0);
-    s_saved_fd = dup(2);
-    dup2(fd, 2);
-    close(fd);
-}
-static char *s_capture_end(void)
-{
-    fflush(stderr);
-    dup2(s_saved_fd, 2);
-    close(s_saved_fd);
-    FILE *f = fopen(s_cap_path, "r");
-    char *buf = calloc(1, 1 << 16);
-    size_t n = fread(buf, 1, (1 << 16) - 1, f);
-    buf[n] = 0;
-    fclose(f);
-    fputs(buf, stderr);
-    return buf;
-}
+static void s_mktmp(void) { zt_mktmp(s_dir, sizeof s_dir, "zps-dp"); }
+static void s_rmtmp(void) { zt_rmtmp(s_dir); }
+static void s_capture_begin(void) { zt_capture_begin(s_dir); }
+static char *s_capture_end(void) { return zt_capture_end(); }
 
 #define SIDE 12
 /* Record g: SIDE x SIDE gray pixels from (seed, g), label g % 10, written in order g. */

@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tests/testutil.h"
 #include "common/log.h"
 #include "kernels/kernels.h"
 
@@ -34,32 +35,19 @@ const char *__lsan_default_suppressions(void)
 const char *__lsan_default_options(void);
 const char *__lsan_default_options(void) { return "fast_unwind_on_malloc=0"; }
 
-static uint64_t s_seed, s_state;
+static uint64_t s_seed;
 
 static void s_seed_init(void)
 {
-    const char *e = getenv("ZPS_TEST_SEED");
-    s_seed = e ? strtoull(e, NULL, 0)
-               : ((uint64_t)time(NULL) * 2654435761u) ^ ((uint64_t)getpid() << 16);
-    s_state = s_seed | 1;
+    s_seed = zt_seed_init();
     zps_log_set_level(ZPS_LOG_WARN);
 }
-
-static uint32_t s_rand(void)
-{
-    s_state ^= s_state << 13;
-    s_state ^= s_state >> 7;
-    s_state ^= s_state << 17;
-    return (uint32_t)(s_state >> 16);
-}
-static float s_unif(float lo, float hi) { return lo + (hi - lo) * (float)(s_rand() % 1000001) / 1e6f; }
-static int s_irand(int lo, int hi) { return lo + (int)(s_rand() % (uint32_t)(hi - lo + 1)); }
 
 static float *s_randv(size_t n, float lo, float hi)
 {
     float *v = malloc(n * sizeof *v);
     for (size_t i = 0; i < n; i++)
-        v[i] = s_unif(lo, hi);
+        v[i] = zt_unif(lo, hi);
     return v;
 }
 static float *s_zeros(size_t n) { return calloc(n, sizeof(float)); }
@@ -90,7 +78,7 @@ static void s_fd(const char *what, s_loss_fn f, void *ctx, float *p, const float
 {
     const double h = 1e-2;
     for (int t = 0; t < 24 && t < (int)n * 2; t++) {
-        size_t i = n <= 24 ? (size_t)t % n : s_rand() % n;
+        size_t i = n <= 24 ? (size_t)t % n : zt_rand() % n;
         float keep = p[i];
         p[i] = (float)(keep + h);
         double lp = f(ctx);
@@ -127,16 +115,16 @@ static double s_conv_loss(void *ctx)
 static void s_random_conv(k_conv2d *d, int big)
 {
     for (;;) {
-        int r = s_irand(1, 5), s = s_irand(1, 5);
-        if (s_rand() % 3 == 0) { /* Inception's factorised kernels */
-            r = s_rand() % 2 ? 1 : 7;
+        int r = zt_irand(1, 5), s = zt_irand(1, 5);
+        if (zt_rand() % 3 == 0) { /* Inception's factorised kernels */
+            r = zt_rand() % 2 ? 1 : 7;
             s = r == 1 ? 7 : 1;
         }
-        int h = s_irand(r, big ? 20 : 9), w = s_irand(s, big ? 20 : 9);
-        int st = s_irand(1, 2), sw = s_rand() % 4 == 0 ? 3 - st : st;
-        if (k_conv2d_init(d, s_irand(1, 3), s_irand(1, big ? 24 : 4), h, w,
-                          s_irand(1, big ? 24 : 4), r, s, st, sw, s_irand(0, r / 2),
-                          s_irand(0, s / 2)) == ZPS_OK)
+        int h = zt_irand(r, big ? 20 : 9), w = zt_irand(s, big ? 20 : 9);
+        int st = zt_irand(1, 2), sw = zt_rand() % 4 == 0 ? 3 - st : st;
+        if (k_conv2d_init(d, zt_irand(1, 3), zt_irand(1, big ? 24 : 4), h, w,
+                          zt_irand(1, big ? 24 : 4), r, s, st, sw, zt_irand(0, r / 2),
+                          zt_irand(0, s / 2)) == ZPS_OK)
             return;
     }
 }
@@ -182,8 +170,8 @@ static double s_bn_loss(void *ctx)
 Test(k_ref, batchnorm_backward_matches_finite_differences, .init = s_seed_init)
 {
     for (int iter = 0; iter < 6; iter++) {
-        s_bn_case c = {.d = {.n = s_irand(1, 3), .c = s_irand(1, 4), .h = s_irand(1, 4),
-                             .w = s_irand(2, 4), .eps = 1e-3f, .momentum = 0.1f,
+        s_bn_case c = {.d = {.n = zt_irand(1, 3), .c = zt_irand(1, 4), .h = zt_irand(1, 4),
+                             .w = zt_irand(2, 4), .eps = 1e-3f, .momentum = 0.1f,
                              .relu = iter % 2}};
         size_t n = (size_t)c.d.n * c.d.c * c.d.h * c.d.w, nc = (size_t)c.d.c;
         c.x = s_randv(n, -2, 2), c.g = s_randv(nc, 0.5f, 1.5f), c.b = s_randv(nc, -0.5f, 0.5f);
@@ -230,9 +218,9 @@ static double s_pool_loss(void *ctx)
 
 static void s_random_pool(k_pool *d, k_pool_kind kind, int big)
 {
-    while (k_pool_init(d, kind, s_irand(1, 3), s_irand(1, big ? 16 : 3), s_irand(1, big ? 19 : 8),
-                       s_irand(1, big ? 19 : 8), s_irand(1, 5), s_irand(1, 5), s_irand(1, 3),
-                       s_irand(1, 3), s_irand(0, 2), s_irand(0, 2)) != ZPS_OK)
+    while (k_pool_init(d, kind, zt_irand(1, 3), zt_irand(1, big ? 16 : 3), zt_irand(1, big ? 19 : 8),
+                       zt_irand(1, big ? 19 : 8), zt_irand(1, 5), zt_irand(1, 5), zt_irand(1, 3),
+                       zt_irand(1, 3), zt_irand(0, 2), zt_irand(0, 2)) != ZPS_OK)
         ;
 }
 
@@ -247,7 +235,7 @@ Test(k_ref, pooling_backward_matches_finite_differences, .init = s_seed_init)
         for (size_t i = 0; i < nx; i++)
             c.x[i] = 0.05f * (float)i;
         for (size_t i = nx; i > 1; i--) {
-            size_t j = s_rand() % i;
+            size_t j = zt_rand() % i;
             float t = c.x[i - 1];
             c.x[i - 1] = c.x[j], c.x[j] = t;
         }
@@ -274,7 +262,7 @@ static double s_dense_loss(void *ctx)
 
 Test(k_ref, dense_backward_matches_finite_differences, .init = s_seed_init)
 {
-    s_dense_case c = {.d = {.n = s_irand(1, 4), .in = s_irand(1, 9), .out = s_irand(1, 9)}};
+    s_dense_case c = {.d = {.n = zt_irand(1, 4), .in = zt_irand(1, 9), .out = zt_irand(1, 9)}};
     size_t nx = (size_t)c.d.n * c.d.in, nw = (size_t)c.d.out * c.d.in, ny = (size_t)c.d.n * c.d.out;
     c.x = s_randv(nx, -1, 1), c.w = s_randv(nw, -1, 1), c.b = s_randv((size_t)c.d.out, -1, 1);
     c.y = s_zeros(ny), c.r = s_randv(ny, -1, 1);
@@ -305,12 +293,12 @@ static double s_xent_loss(void *ctx)
 
 Test(k_ref, losses_match_finite_differences, .init = s_seed_init)
 {
-    s_xent_case c = {.n = s_irand(1, 5), .k = s_irand(2, 12), .smooth = s_rand() % 2 ? 0.1f : 0};
+    s_xent_case c = {.n = zt_irand(1, 5), .k = zt_irand(2, 12), .smooth = zt_rand() % 2 ? 0.1f : 0};
     size_t nz = (size_t)c.n * c.k;
     c.z = s_randv(nz, -3, 3);
     c.labels = malloc(sizeof(int32_t) * (size_t)c.n);
     for (int i = 0; i < c.n; i++)
-        c.labels[i] = (int32_t)s_irand(0, c.k - 1);
+        c.labels[i] = (int32_t)zt_irand(0, c.k - 1);
     float loss, *dz = s_zeros(nz);
     int correct = -1;
     cr_assert_eq(k_softmax_xent(k_backend_ref(), c.n, c.k, c.z, c.labels, c.smooth, 1.0f, &loss,
@@ -344,8 +332,8 @@ Test(k_ref, losses_match_finite_differences, .init = s_seed_init)
 Test(k_ref, dropout_is_seeded_scaled_and_its_own_backward, .init = s_seed_init)
 {
     size_t n = 20000;
-    float p = s_unif(0.1f, 0.7f), *x = s_randv(n, 0.5f, 1.5f), *y = s_zeros(n), *y2 = s_zeros(n);
-    uint64_t seed = s_rand();
+    float p = zt_unif(0.1f, 0.7f), *x = s_randv(n, 0.5f, 1.5f), *y = s_zeros(n), *y2 = s_zeros(n);
+    uint64_t seed = zt_rand();
     cr_assert_eq(k_dropout_fwd(k_backend_ref(), n, p, seed, x, y), ZPS_OK);
     cr_assert_eq(k_dropout_bwd(k_backend_ref(), n, p, seed, x, y2), ZPS_OK);
     size_t dropped = 0;
@@ -365,10 +353,10 @@ Test(k_ref, dropout_is_seeded_scaled_and_its_own_backward, .init = s_seed_init)
 
 Test(k_ref, concat_then_split_is_identity, .init = s_seed_init)
 {
-    int n = s_irand(1, 3), hw = s_irand(1, 20), nin = s_irand(1, 4), c[4], ctot = 0;
+    int n = zt_irand(1, 3), hw = zt_irand(1, 20), nin = zt_irand(1, 4), c[4], ctot = 0;
     float *xs[4], *back[4];
     for (int i = 0; i < nin; i++) {
-        c[i] = s_irand(1, 5);
+        c[i] = zt_irand(1, 5);
         ctot += c[i];
         xs[i] = s_randv((size_t)n * c[i] * hw, -1, 1);
         back[i] = s_zeros((size_t)n * c[i] * hw);
@@ -394,7 +382,7 @@ Test(k_ref, concat_then_split_is_identity, .init = s_seed_init)
 
 Test(k_ref, elementwise_reductions_and_optimizers, .init = s_seed_init)
 {
-    size_t n = (size_t)s_irand(1, 300);
+    size_t n = (size_t)zt_irand(1, 300);
     float *a = s_randv(n, -1, 1), *b = s_randv(n, -1, 1), *y = s_zeros(n);
     const k_backend *be = k_backend_cpu();
     cr_assert_eq(k_add(be, n, a, b, y), ZPS_OK);
@@ -406,7 +394,7 @@ Test(k_ref, elementwise_reductions_and_optimizers, .init = s_seed_init)
     k_sum(be, n, y, &sum), k_sumsq(be, n, y, &sumsq);
     cr_assert_float_eq(sum, s1, 1e-9);
     cr_assert_float_eq(sumsq, s2, 1e-9);
-    float alpha = s_unif(-2, 2);
+    float alpha = zt_unif(-2, 2);
     float *y0 = s_copyv(y, n);
     k_axpy(be, n, alpha, a, y);
     for (size_t i = 0; i < n; i++)
@@ -473,8 +461,8 @@ Test(k_cpu, batchnorm_matches_ref_on_random_shapes, .init = s_seed_init, .timeou
 {
     const k_backend *cpu = k_backend_cpu(), *ref = k_backend_ref();
     for (int iter = 0; iter < 8; iter++) {
-        k_bn d = {.n = s_irand(1, 4), .c = s_irand(1, 40), .h = s_irand(1, 12), .w = s_irand(1, 12),
-                  .eps = 1e-3f, .momentum = s_unif(0.05f, 0.5f), .relu = iter % 2};
+        k_bn d = {.n = zt_irand(1, 4), .c = zt_irand(1, 40), .h = zt_irand(1, 12), .w = zt_irand(1, 12),
+                  .eps = 1e-3f, .momentum = zt_unif(0.05f, 0.5f), .relu = iter % 2};
         if (d.n * d.h * d.w < 2)
             d.w = 2;
         k_bn dr = d;
@@ -536,7 +524,7 @@ Test(k_cpu, dense_matches_ref_on_random_shapes, .init = s_seed_init, .timeout = 
 {
     const k_backend *cpu = k_backend_cpu(), *ref = k_backend_ref();
     for (int iter = 0; iter < 6; iter++) {
-        k_dense d = {.n = s_irand(1, 16), .in = s_irand(1, 300), .out = s_irand(1, 40)}, dr = d;
+        k_dense d = {.n = zt_irand(1, 16), .in = zt_irand(1, 300), .out = zt_irand(1, 40)}, dr = d;
         size_t nx = (size_t)d.n * d.in, nw = (size_t)d.out * d.in, ny = (size_t)d.n * d.out;
         float *x = s_randv(nx, -1, 1), *w = s_randv(nw, -1, 1), *b = s_randv((size_t)d.out, -1, 1);
         float *y = s_zeros(ny), *yr = s_zeros(ny), *dy = s_randv(ny, -1, 1);
@@ -563,14 +551,14 @@ Test(k_cpu, blocked_layouts_match_ref, .init = s_seed_init, .timeout = 60)
     cr_assert(cpu->prefers_blocked && cpu->prefers_blocked(32) && !cpu->prefers_blocked(24));
     for (int iter = 0; iter < 6; iter++) {
         k_conv2d d, dr;
-        int c = 16 * s_irand(1, 3), k = 16 * s_irand(1, 3);
+        int c = 16 * zt_irand(1, 3), k = 16 * zt_irand(1, 3);
         int xb = iter % 3 != 0, yb = iter % 3 != 1;
         if (!xb)
-            c = s_irand(1, 5); /* plain first-layer style input */
+            c = zt_irand(1, 5); /* plain first-layer style input */
         for (;;) {
-            int r = s_irand(1, 4), s = s_irand(1, 4);
-            if (k_conv2d_init(&d, s_irand(1, 3), c, s_irand(r, 14), s_irand(s, 14), k, r, s,
-                              s_irand(1, 2), s_irand(1, 2), s_irand(0, r / 2), s_irand(0, s / 2)) == ZPS_OK)
+            int r = zt_irand(1, 4), s = zt_irand(1, 4);
+            if (k_conv2d_init(&d, zt_irand(1, 3), c, zt_irand(r, 14), zt_irand(s, 14), k, r, s,
+                              zt_irand(1, 2), zt_irand(1, 2), zt_irand(0, r / 2), zt_irand(0, s / 2)) == ZPS_OK)
                 break;
         }
         dr = d;

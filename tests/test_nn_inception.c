@@ -28,26 +28,16 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tests/testutil.h"
 #include "common/log.h"
 #include "trainer/models/models.h"
 
-static uint64_t s_seed, s_state;
+static uint64_t s_seed;
 
 static void s_init(void)
 {
-    const char *e = getenv("ZPS_TEST_SEED");
-    s_seed = e ? strtoull(e, NULL, 0)
-               : ((uint64_t)time(NULL) * 2654435761u) ^ ((uint64_t)getpid() << 16);
-    s_state = s_seed | 1;
+    s_seed = zt_seed_init();
     zps_log_set_level(ZPS_LOG_WARN);
-}
-
-static uint32_t s_rand(void)
-{
-    s_state ^= s_state << 13;
-    s_state ^= s_state >> 7;
-    s_state ^= s_state << 17;
-    return (uint32_t)(s_state >> 16);
 }
 
 static void s_write(const char *path, const void *p, size_t n)
@@ -115,7 +105,7 @@ static void s_compare(int size, int n, int aux, int classes, double perturb)
 {
     nn_model_opts o;
     nn_model_opts_default(&o, "inception_v3");
-    o.in_size = size, o.aux = aux, o.classes = classes, o.dropout = 0, o.seed = s_rand();
+    o.in_size = size, o.aux = aux, o.classes = classes, o.dropout = 0, o.seed = zt_rand();
     nn_model *m;
     /* ZPS_INCEPTION_BACKEND=ref runs the oracle instead (slow; for investigating) */
     const char *bn = getenv("ZPS_INCEPTION_BACKEND");
@@ -130,9 +120,9 @@ static void s_compare(int size, int n, int aux, int classes, double perturb)
     float *x = malloc(nx * sizeof *x);
     int32_t *y = malloc((size_t)n * sizeof *y);
     for (size_t i = 0; i < nx; i++)
-        x[i] = (float)(s_rand() % 2000001) / 1e6f - 1.0f;
+        x[i] = (float)(zt_rand() % 2000001) / 1e6f - 1.0f;
     for (int i = 0; i < n; i++)
-        y[i] = (int32_t)(s_rand() % (uint32_t)classes);
+        y[i] = (int32_t)(zt_rand() % (uint32_t)classes);
     snprintf(path, sizeof path, "%s/x.bin", dir);
     s_write(path, x, nx * sizeof *x);
     snprintf(path, sizeof path, "%s/y.bin", dir);

@@ -12,30 +12,19 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tests/testutil.h"
 #include "common/log.h"
 #include "kernels/kernels.h"
 #include "trainer/models/models.h"
 #include "trainer/nn/nn.h"
 
-static uint64_t s_seed, s_state;
+static uint64_t s_seed;
 
 static void s_init(void)
 {
-    const char *e = getenv("ZPS_TEST_SEED");
-    s_seed = e ? strtoull(e, NULL, 0)
-               : ((uint64_t)time(NULL) * 2654435761u) ^ ((uint64_t)getpid() << 16);
-    s_state = s_seed | 1;
+    s_seed = zt_seed_init();
     zps_log_set_level(ZPS_LOG_WARN);
 }
-
-static uint32_t s_rand(void)
-{
-    s_state ^= s_state << 13;
-    s_state ^= s_state >> 7;
-    s_state ^= s_state << 17;
-    return (uint32_t)(s_state >> 16);
-}
-static float s_unif(float lo, float hi) { return lo + (hi - lo) * (float)(s_rand() % 1000001) / 1e6f; }
 
 static void s_batch(nn_model *m, int n, float **x, int32_t **labels)
 {
@@ -45,9 +34,9 @@ static void s_batch(nn_model *m, int n, float **x, int32_t **labels)
     *x = malloc(nx * sizeof(float));
     *labels = malloc((size_t)n * sizeof(int32_t));
     for (size_t i = 0; i < nx; i++)
-        (*x)[i] = s_unif(-1, 1);
+        (*x)[i] = zt_unif(-1, 1);
     for (int i = 0; i < n; i++)
-        (*labels)[i] = (int32_t)(s_rand() % (uint32_t)nn_model_classes(m));
+        (*labels)[i] = (int32_t)(zt_rand() % (uint32_t)nn_model_classes(m));
 }
 
 static const char *s_tsv_path(char *buf, size_t len)
@@ -167,7 +156,7 @@ Test(nn_models, graph_gradients_match_finite_differences, .init = s_init, .timeo
     int bad = 0;
     char last[128] = "";
     for (int t = 0; t < 40; t++) {
-        size_t i = s_rand() % np;
+        size_t i = zt_rand() % np;
         float keep = p[i], lp, lm;
         p[i] = (float)(keep + h);
         nn_model_forward(m, x, labels, n, 1, &lp, NULL);
@@ -202,7 +191,7 @@ static void s_cmp_models(nn_model *a, nn_model *b, int n, double rtol, const cha
     size_t nx = (size_t)n * c * h * w, np = nn_model_param_count(b);
     float *xp = malloc(nx * sizeof *xp), *gp = malloc(np * sizeof *gp);
     for (size_t i = 0; i < nx; i++)
-        xp[i] = x[i] * (1.0f + 1e-5f * s_unif(-1, 1));
+        xp[i] = x[i] * (1.0f + 1e-5f * zt_unif(-1, 1));
     float la, lb, lp;
     int ca, cb;
     /* b's statistics must not move before the real comparison: save and restore them */
@@ -241,7 +230,7 @@ static void s_cmp_models(nn_model *a, nn_model *b, int n, double rtol, const cha
 
 Test(nn_models, cpu_model_equals_ref_model, .init = s_init, .timeout = 60)
 {
-    uint64_t seed = s_rand();
+    uint64_t seed = zt_rand();
     nn_model *a = s_small_graph(k_backend_cpu(), seed), *b = s_small_graph(k_backend_ref(), seed);
     s_cmp_models(a, b, 4, 1e-4, NULL);
     nn_model_destroy(&a), nn_model_destroy(&b);
@@ -276,7 +265,7 @@ Test(nn_models, weights_file_round_trip_and_rejections, .init = s_init, .timeout
 {
     nn_model_opts o;
     nn_model_opts_default(&o, "convnet");
-    o.seed = s_rand();
+    o.seed = zt_rand();
     nn_model *a, *b, *c;
     cr_assert_eq(nn_model_create(k_backend_cpu(), &o, &a), ZPS_OK);
     o.seed++;
@@ -328,7 +317,7 @@ Test(nn_models, mlp_and_convnet_learn_a_separable_task, .init = s_init, .timeout
     for (int k = 0; k < 2; k++) {
         nn_model_opts o;
         nn_model_opts_default(&o, names[k]);
-        o.in_size = 12, o.classes = 4, o.hidden = 64, o.seed = s_rand();
+        o.in_size = 12, o.classes = 4, o.hidden = 64, o.seed = zt_rand();
         nn_model *m;
         cr_assert_eq(nn_model_create(k_backend_cpu(), &o, &m), ZPS_OK);
         /* class = which quadrant holds the bright blob */
@@ -339,10 +328,10 @@ Test(nn_models, mlp_and_convnet_learn_a_separable_task, .init = s_init, .timeout
         float loss = 0, first = 0;
         for (int step = 0; step < 60; step++) {
             for (int i = 0; i < n; i++) {
-                lab[i] = (int32_t)(s_rand() % 4);
+                lab[i] = (int32_t)(zt_rand() % 4);
                 for (int p = 0; p < 144; p++) {
                     int r = p / 12, c = p % 12, q = (r >= 6) * 2 + (c >= 6);
-                    x[i * 144 + p] = s_unif(-0.5f, 0.5f) + (q == lab[i] ? 1.0f : 0.0f);
+                    x[i * 144 + p] = zt_unif(-0.5f, 0.5f) + (q == lab[i] ? 1.0f : 0.0f);
                 }
             }
             cr_assert_eq(nn_model_forward(m, x, lab, n, 1, &loss, NULL), ZPS_OK);
@@ -382,7 +371,7 @@ Test(nn_models, models_in_two_threads, .init = s_init, .timeout = 60)
 {
     nn_model_opts o;
     nn_model_opts_default(&o, "convnet");
-    o.seed = s_rand();
+    o.seed = zt_rand();
     o.dropout = 0;
     nn_model *a, *b;
     cr_assert_eq(nn_model_create(k_backend_cpu(), &o, &a), ZPS_OK);

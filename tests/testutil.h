@@ -7,6 +7,8 @@
 #define ZPS_TESTS_TESTUTIL_H
 
 #include <criterion/criterion.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 
 #define ZPS_TEST_SKIP(...)                                                             \
@@ -16,5 +18,24 @@
         fputc('\n', stderr);                                                           \
         cr_skip_test("skipped");                                                       \
     } while (0)
+
+/* Seeded test randomness (tests/test_util.c): zt_seed_init() takes $ZPS_TEST_SEED, else a
+ * fresh seed from the time and pid, and returns it so failures can print it; zt_rand() is
+ * xorshift over that state. One stream per test process (Criterion forks each test). */
+uint64_t zt_seed_init(void);
+uint32_t zt_rand(void);
+/* Uniform in [lo, hi] on a grid of 1e-6 of the range. */
+float zt_unif(float lo, float hi);
+/* Uniform integer in [lo, hi]. */
+int zt_irand(int lo, int hi);
+
+/* A fresh directory /tmp/<prefix>-XXXXXX into dir (asserts); zt_rmtmp removes it and all
+ * below it. */
+void zt_mktmp(char *dir, size_t len, const char *prefix);
+void zt_rmtmp(const char *dir);
+/* Captures this process's stderr into dir/stderr.txt (log lines carry shard and key names)
+ * until zt_capture_end, which restores stderr, echoes the text and returns it (free it). */
+void zt_capture_begin(const char *dir);
+char *zt_capture_end(void);
 
 #endif
