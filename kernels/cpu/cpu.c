@@ -825,22 +825,8 @@ static const k_backend s_cpu = {
     .pool_bwd = s_pool_bwd,
     .dense_fwd = s_dense_fwd,
     .dense_bwd = s_dense_bwd,
-    .relu_fwd = k_ref_relu_fwd,
-    .relu_bwd = k_ref_relu_bwd,
-    .concat_fwd = k_ref_concat_fwd,
-    .concat_bwd = k_ref_concat_bwd,
-    .dropout_fwd = k_ref_dropout_fwd,
-    .dropout_bwd = k_ref_dropout_bwd,
-    .softmax_xent = k_ref_softmax_xent,
-    .smooth_l1 = k_ref_smooth_l1,
-    .fill = k_ref_fill,
-    .add = k_ref_add,
-    .scale = k_ref_scale,
-    .axpy = k_ref_axpy,
-    .sum = k_ref_sum,
-    .sumsq = k_ref_sumsq,
-    .sgd = k_ref_sgd,
-    .momentum = k_ref_momentum,
+    /* relu, concat, dropout, losses, elementwise ops, reductions and optimizer updates are
+     * left NULL: kernels.c runs ref's for a host-memory back-end (S_PICK). */
 };
 
 const k_backend *k_backend_cpu(void) { return &s_cpu; }
