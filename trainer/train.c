@@ -609,7 +609,8 @@ zps_status tr_run(const tr_config *cfg, tr_result *res)
     mo.model = cfg->model;
     mo.batch = cfg->batch * cfg->accumulate;
     mo.n_trainers = j->n_trainers;
-    mo.total_steps = total;
+    /* with a time limit the step count is not the end: no percentage or ETA to mislead */
+    mo.total_steps = cfg->time_limit_s > 0 ? 0 : total;
     mo.target_accuracy = cfg->stop_accuracy;
     S_STEP(tr_metrics_new(&mo, &j->metrics));
     zps_log(ZPS_INFO, "trainer", "%lld steps of %d x %d images (%lld batches per epoch)",
