@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "common/mem.h"
+#include "tests/testutil.h"
 #include "datasets/convert.h"
 #include "datasets/image.h"
 #include "datasets/shard.h"
@@ -124,28 +125,6 @@ Test(it_ds, fashion_mnist_full_conversion_matches_idx)
     zps_arena_destroy(&a);
 }
 
-static void s_flip(const char *shard_dir, uint64_t idx)
-{
-    MDB_env *env;
-    MDB_txn *txn;
-    MDB_dbi dbi;
-    cr_assert_eq(mdb_env_create(&env), 0);
-    cr_assert_eq(mdb_env_open(env, shard_dir, 0, 0644), 0);
-    cr_assert_eq(mdb_txn_begin(env, NULL, 0, &txn), 0);
-    cr_assert_eq(mdb_dbi_open(txn, NULL, 0, &dbi), 0);
-    char key[DS_KEY_LEN + 1];
-    ds_key_format(idx, key);
-    MDB_val k = {.mv_size = DS_KEY_LEN, .mv_data = key}, v;
-    cr_assert_eq(mdb_get(txn, dbi, &k, &v), 0);
-    uint8_t *copy = malloc(v.mv_size);
-    memcpy(copy, v.mv_data, v.mv_size);
-    copy[v.mv_size / 2] ^= 0x10;
-    MDB_val nv = {.mv_size = v.mv_size, .mv_data = copy};
-    cr_assert_eq(mdb_put(txn, dbi, &k, &nv, 0), 0);
-    cr_assert_eq(mdb_txn_commit(txn), 0);
-    mdb_env_close(env);
-    free(copy);
-}
 
 Test(it_ds, verify_names_corrupt_records_and_truncated_shards)
 {
@@ -159,8 +138,8 @@ Test(it_ds, verify_names_corrupt_records_and_truncated_shards)
     cr_assert(strstr(log, "2000 records, 0 corrupt"), "%s", log);
     free(log);
     snprintf(shard, sizeof shard, "%s/test/test-00001-of-00004", out);
-    s_flip(shard, 7);
-    s_flip(shard, 300);
+    zt_shard_corrupt(shard, 7, 40, 0x10); /* any flipped bit fails the record CRC */
+    zt_shard_corrupt(shard, 300, 40, 0x10);
     cr_assert_eq(s_run(&log, (const char *const[]){"verify", out, "--split", "test", NULL}), 1, "%s", log);
     cr_assert(strstr(log, "shard test-00001-of-00004 key 0000000007"), "%s", log);
     cr_assert(strstr(log, "shard test-00001-of-00004 key 0000000300"), "%s", log);

@@ -281,28 +281,6 @@ Test(ds_pipeline, gray_is_replicated_when_resizing_to_three_channels)
 }
 
 /* Flips one byte of the value under key idx in a shard (writable LMDB open). */
-static void s_corrupt(const char *shard_dir, uint64_t idx, size_t at)
-{
-    MDB_env *env;
-    MDB_txn *txn;
-    MDB_dbi dbi;
-    cr_assert_eq(mdb_env_create(&env), 0);
-    cr_assert_eq(mdb_env_open(env, shard_dir, 0, 0644), 0);
-    cr_assert_eq(mdb_txn_begin(env, NULL, 0, &txn), 0);
-    cr_assert_eq(mdb_dbi_open(txn, NULL, 0, &dbi), 0);
-    char key[DS_KEY_LEN + 1];
-    ds_key_format(idx, key);
-    MDB_val k = {.mv_size = DS_KEY_LEN, .mv_data = key}, v;
-    cr_assert_eq(mdb_get(txn, dbi, &k, &v), 0);
-    uint8_t *copy = malloc(v.mv_size);
-    memcpy(copy, v.mv_data, v.mv_size);
-    copy[at % v.mv_size] ^= 0x5a;
-    MDB_val nv = {.mv_size = v.mv_size, .mv_data = copy};
-    cr_assert_eq(mdb_put(txn, dbi, &k, &nv, 0), 0);
-    cr_assert_eq(mdb_txn_commit(txn), 0);
-    mdb_env_close(env);
-    free(copy);
-}
 
 Test(ds_pipeline, corrupt_records_are_named_or_skipped_and_counted)
 {
@@ -314,7 +292,7 @@ Test(ds_pipeline, corrupt_records_are_named_or_skipped_and_counted)
     /* three flipped records in shard 1 (keys 5, 17, 40), at varying byte offsets */
     const uint64_t bad[3] = {5, 17, 40};
     for (int i = 0; i < 3; i++)
-        s_corrupt(shard, bad[i], (size_t)(ds_mix64(seed + (uint64_t)i) % 1000));
+        zt_shard_corrupt(shard, bad[i], (size_t)(ds_mix64(seed + (uint64_t)i) % 1000), 0x5a);
     ds_pipeline_opts o;
     s_opts(&o, 10);
     o.once = true;

@@ -1,10 +1,13 @@
 /* test_util.c — the shared test helpers declared in testutil.h (no tests of its own). */
 #include <fcntl.h>
+#include <lmdb.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "datasets/shard.h"
 #include "tests/testutil.h"
 
 static uint64_t s_state = 1;
@@ -71,4 +74,28 @@ char *zt_capture_end(void)
     fclose(f);
     fputs(buf, stderr);
     return buf;
+}
+
+void zt_shard_corrupt(const char *shard_dir, uint64_t idx, size_t at, uint8_t mask)
+{
+    MDB_env *env;
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    cr_assert_eq(mdb_env_create(&env), 0);
+    cr_assert_eq(mdb_env_open(env, shard_dir, 0, 0644), 0, "cannot open %s", shard_dir);
+    cr_assert_eq(mdb_txn_begin(env, NULL, 0, &txn), 0);
+    cr_assert_eq(mdb_dbi_open(txn, NULL, 0, &dbi), 0);
+    char key[DS_KEY_LEN + 1];
+    ds_key_format(idx, key);
+    MDB_val k = {.mv_size = DS_KEY_LEN, .mv_data = key}, v;
+    cr_assert_eq(mdb_get(txn, dbi, &k, &v), 0, "no key %s in %s", key, shard_dir);
+    uint8_t *copy = malloc(v.mv_size);
+    cr_assert_not_null(copy);
+    memcpy(copy, v.mv_data, v.mv_size);
+    copy[at % v.mv_size] ^= mask;
+    MDB_val nv = {.mv_size = v.mv_size, .mv_data = copy};
+    cr_assert_eq(mdb_put(txn, dbi, &k, &nv, 0), 0);
+    cr_assert_eq(mdb_txn_commit(txn), 0);
+    mdb_env_close(env);
+    free(copy);
 }

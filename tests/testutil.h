@@ -38,4 +38,8 @@ void zt_rmtmp(const char *dir);
 void zt_capture_begin(const char *dir);
 char *zt_capture_end(void);
 
+/* Flips the bits of mask in byte `at` (modulo the value's length) of the record under key
+ * idx in an LMDB shard directory, committing the change: a corrupt record for tests. */
+void zt_shard_corrupt(const char *shard_dir, uint64_t idx, size_t at, uint8_t mask);
+
 #endif
