@@ -250,15 +250,23 @@ typedef struct carg {
     int id;
 } carg;
 
+/* A client's gradient (finite, non-zero) and value buffers of n floats, resident. */
+static void s_client_buffers(uint64_t n, float **grad, float **val)
+{
+    *grad = zps_xaligned(64, n * 4 + 64);
+    *val = zps_xaligned(64, n * 4 + 64);
+    for (uint64_t i = 0; i < n; i++)
+        (*grad)[i] = 1e-3f * (float)(i % 97);
+    zps_prefault(*val, n * 4);
+}
+
 static void *s_zps_client(void *arg)
 {
     carg *a = arg;
     run *r = a->r;
     uint64_t n = r->plan->total;
-    float *grad = zps_xaligned(64, n * 4 + 64), *val = zps_xaligned(64, n * 4 + 64);
-    for (uint64_t i = 0; i < n; i++)
-        grad[i] = 1e-3f * (float)(i % 97);
-    zps_prefault(val, n * 4);
+    float *grad, *val;
+    s_client_buffers(n, &grad, &val);
     ps_client_opts o;
     ps_client_opts_default(&o);
     o.heartbeat_ms = 0;
@@ -314,10 +322,8 @@ static void *s_raw_client(void *arg)
     carg *a = arg;
     run *r = a->r;
     uint64_t n = r->plan->total;
-    float *grad = zps_xaligned(64, n * 4 + 64), *val = zps_xaligned(64, n * 4 + 64);
-    for (uint64_t i = 0; i < n; i++)
-        grad[i] = 1e-3f * (float)(i % 97);
-    zps_prefault(val, n * 4);
+    float *grad, *val;
+    s_client_buffers(n, &grad, &val);
     size_t np = ps_plan_pieces(r->plan, 0, 1, NULL, 0);
     ps_piece *pc = zps_xmalloc(np * sizeof *pc);
     ps_plan_pieces(r->plan, 0, 1, pc, np);
