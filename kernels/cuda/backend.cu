@@ -24,33 +24,22 @@ static char s_err[256];
 static cudnnHandle_t s_cudnn;
 static cublasHandle_t s_cublas;
 
-#define S_CUDA(expr)                                                                   \
+/* Checks a CUDA, cuDNN or cuBLAS call: on failure keeps file:line, the call and the
+ * library's own text in s_err (k_cuda_last_error) and returns status. */
+#define S_CHECK(type, ok, text, status, expr)                                          \
     do {                                                                               \
-        cudaError_t e_ = (expr);                                                       \
-        if (e_ != cudaSuccess) {                                                       \
+        type e_ = (expr);                                                              \
+        if (e_ != (ok)) {                                                              \
             snprintf(s_err, sizeof s_err, "%s:%d %s: %s", __FILE__, __LINE__, #expr,   \
-                     cudaGetErrorString(e_));                                          \
-            return ZPS_ERR_CUDA;                                                       \
+                     text(e_));                                                        \
+            return status;                                                             \
         }                                                                              \
     } while (0)
+#define S_CUDA(expr) S_CHECK(cudaError_t, cudaSuccess, cudaGetErrorString, ZPS_ERR_CUDA, expr)
 #define S_CUDNN(expr)                                                                  \
-    do {                                                                               \
-        cudnnStatus_t e_ = (expr);                                                     \
-        if (e_ != CUDNN_STATUS_SUCCESS) {                                              \
-            snprintf(s_err, sizeof s_err, "%s:%d %s: %s", __FILE__, __LINE__, #expr,   \
-                     cudnnGetErrorString(e_));                                         \
-            return ZPS_ERR_CUDNN;                                                      \
-        }                                                                              \
-    } while (0)
+    S_CHECK(cudnnStatus_t, CUDNN_STATUS_SUCCESS, cudnnGetErrorString, ZPS_ERR_CUDNN, expr)
 #define S_CUBLAS(expr)                                                                 \
-    do {                                                                               \
-        cublasStatus_t e_ = (expr);                                                    \
-        if (e_ != CUBLAS_STATUS_SUCCESS) {                                             \
-            snprintf(s_err, sizeof s_err, "%s:%d %s: status %d", __FILE__, __LINE__,   \
-                     #expr, (int)e_);                                                  \
-            return ZPS_ERR_CUBLAS;                                                     \
-        }                                                                              \
-    } while (0)
+    S_CHECK(cublasStatus_t, CUBLAS_STATUS_SUCCESS, cublasGetStatusString, ZPS_ERR_CUBLAS, expr)
 #define S_LAUNCHED() S_CUDA(cudaGetLastError())
 
 static const int S_T = 256;
