@@ -53,6 +53,7 @@ typedef struct s_job {
     const nn_var *vars;
     float *params, *grads;       // the model's flat buffers
     float *acc;                  // (nparams) gradient accumulator for --accumulate > 1
+    float *step_grads;           // the step's mean gradient: grads, or acc when accumulating
     float *slots[2];             // local optimizer slots (local, allreduce)
     ds_pipeline *train;
     int in_c, in_h, in_w, classes;
@@ -147,23 +148,36 @@ static zps_status s_servers(s_job *j)
         j->uris[j->n_uris++] = zps_xstrdup(t);
     }
     free(copy);
-    return j->n_uris ? ZPS_OK : ZPS_ERR_INVALID;
+    if (!j->n_uris) {
+        zps_log(ZPS_ERROR, "trainer", "--servers '%s' names no server", c->servers);
+        return ZPS_ERR_INVALID;
+    }
+    return ZPS_OK;
 }
 
+/* The trainer's loop, the PS client and the all-reduce read parameters and gradients as host
+ * memory, so a back-end whose tensors live on a device is not usable here yet: --device
+ * auto then trains on the CPU (and says so); --device cuda is an error. */
 static zps_status s_backend(s_job *j)
 {
     k_device_info info;
     ZPS_TRY(k_device_select(j->cfg->device, &info));
-    if (info.kind == K_DEVICE_CUDA) {
-        char why[256] = "";
-        j->be = k_backend_cuda(why, sizeof why);
-        if (!j->be) {
-            zps_log(ZPS_ERROR, "trainer", "CUDA back-end failed to start: %s", why);
-            return ZPS_ERR_CUDA;
-        }
-    } else {
-        j->be = k_backend_cpu();
+    j->be = k_backend_cpu();
+    if (info.kind != K_DEVICE_CUDA)
+        return ZPS_OK;
+    char why[256] = "";
+    const k_backend *cuda = k_backend_cuda(why, sizeof why);
+    if (cuda && cuda->host_memory) {
+        j->be = cuda;
+        return ZPS_OK;
     }
+    const char *reason = cuda ? "the trainer does not yet move device tensors to the servers"
+                              : why;
+    if (strcmp(j->cfg->device, "cuda") == 0) {
+        zps_log(ZPS_ERROR, "trainer", "--device cuda: %s", reason);
+        return ZPS_ERR_UNSUPPORTED;
+    }
+    zps_log(ZPS_WARN, "trainer", "a CUDA device answered, but %s; training on the CPU", reason);
     return ZPS_OK;
 }
 
@@ -232,8 +246,9 @@ static zps_status s_model_and_data(s_job *j)
     j->sample_floats = (size_t)j->in_c * (size_t)j->in_h * (size_t)j->in_w;
     j->images = zps_xaligned(64, (size_t)j->read_batch * j->sample_floats * sizeof(float));
     j->labels = zps_xcalloc((size_t)j->read_batch, sizeof *j->labels);
+    j->step_grads = j->grads;
     if (c->accumulate > 1)
-        j->acc = zps_xaligned(64, j->nparams * sizeof(float));
+        j->step_grads = j->acc = zps_xaligned(64, j->nparams * sizeof(float));
     zps_log(ZPS_INFO, "trainer",
             "model %s: %zu variables, %zu parameters, input %dx%dx%d, %d classes; data %s: "
             "%llu records for this trainer",
@@ -377,7 +392,7 @@ static void s_push_hook(void *ctx, size_t first, size_t n)
     }
     if (j->hook_err != ZPS_OK || j->n_push >= S_MAX_GROUPS)
         return;
-    zps_status st = ps_client_push(j->client, (int)first, (int)n, j->grads, j->push_step,
+    zps_status st = ps_client_push(j->client, (int)first, (int)n, j->step_grads, j->push_step,
                                    &j->push_t[j->n_push]);
     if (st != ZPS_OK)
         j->hook_err = st;
@@ -489,7 +504,7 @@ static zps_status s_wait_pushes(s_job *j, int *stale, uint64_t *newest)
 /* Local optimizer for local and all-reduce modes: the servers' own update code. */
 static void s_local_apply(s_job *j, uint64_t step)
 {
-    ps_optim_apply(&j->cfg->opt, step, j->params, j->slots, j->grads, j->nparams);
+    ps_optim_apply(&j->cfg->opt, step, j->params, j->slots, j->step_grads, j->nparams);
 }
 
 static void s_local_slots(s_job *j)
@@ -685,10 +700,8 @@ zps_status tr_run(const tr_config *cfg, tr_result *res)
                     S_STEP(k_axpy(j->be, j->nparams, 1.0f, j->grads, j->acc));
             }
         }
-        if (cfg->accumulate > 1) {
+        if (cfg->accumulate > 1)
             S_STEP(k_scale(j->be, j->nparams, 1.0f / (float)cfg->accumulate, j->acc));
-            memcpy(j->grads, j->acc, pbytes);
-        }
 
         if (j->ps_mode) {
             if (cfg->accumulate > 1 || !j->groups_known) {
@@ -726,7 +739,7 @@ zps_status tr_run(const tr_config *cfg, tr_result *res)
         } else {
             if (j->ar) {
                 uint64_t t0 = zps_now_ns();
-                S_STEP(tr_allreduce_sum(j->ar, j->grads, j->nparams, 1));
+                S_STEP(tr_allreduce_sum(j->ar, j->step_grads, j->nparams, 1));
                 j->net_wait += (double)(zps_now_ns() - t0) * 1e-9;
                 rec.bytes_pushed = pbytes;
                 rec.bytes_pulled = pbytes;

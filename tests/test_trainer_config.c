@@ -1,0 +1,96 @@
+/* test_trainer_config.c — zps-trainer's flag parser: good command lines give the settings,
+ * bad ones are refused with exit code 2 and a message naming the flag. */
+#include <criterion/criterion.h>
+#include <criterion/redirect.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "trainer/config.h"
+
+/* Parses argv (NULL-terminated, without argv[0]); returns the exit code (-1: go on). */
+static int s_parse(tr_config *c, const char *const *args, zps_status *st)
+{
+    char *argv[64];
+    int argc = 0;
+    argv[argc++] = (char *)"zps-trainer";
+    for (int i = 0; args[i]; i++)
+        argv[argc++] = (char *)args[i];
+    argv[argc] = NULL;
+    tr_config_default(c);
+    int code;
+    *st = tr_config_parse(c, argc, argv, &code);
+    return code;
+}
+
+/* The captured stderr so far. */
+static void s_stderr(char *buf, size_t n)
+{
+    fflush(stderr);
+    FILE *f = cr_get_redirected_stderr();
+    size_t got = fread(buf, 1, n - 1, f);
+    buf[got] = 0;
+}
+
+Test(tr_config, a_full_ps_command_line)
+{
+    tr_config c;
+    zps_status st;
+    const char *a[] = {"--data", "/d", "--mode", "ssp", "--servers", "tcp://127.0.0.1:1,tcp://127.0.0.1:2",
+                       "--trainer-id", "1", "--num-trainers", "3", "--staleness", "2",
+                       "--optimizer", "momentum", "--lr", "0.01", "--batch-size", "16",
+                       "--accumulate", "4", "--lr-schedule", "cosine", "--total-steps", "100",
+                       "--model", "inception_v3", "--width", "0.25", "--input-size", "75", NULL};
+    cr_assert_eq(s_parse(&c, a, &st), -1);
+    cr_assert_eq(st, ZPS_OK);
+    cr_assert_eq(c.mode, TR_MODE_SSP);
+    cr_assert_eq(c.trainer_id, 1);
+    cr_assert_eq(c.num_trainers, 3);
+    cr_assert_eq(c.staleness, 2);
+    cr_assert_eq(c.opt.kind, PS_OPT_MOMENTUM);
+    cr_assert_float_eq(c.opt.momentum, 0.9, 1e-12, "momentum defaults to 0.9");
+    cr_assert_float_eq(c.opt.lr, 0.01, 1e-12);
+    cr_assert_eq(c.opt.sched, PS_SCHED_COSINE);
+    cr_assert_eq(c.accumulate, 4);
+    cr_assert_str_eq(c.model, "inception_v3");
+    cr_assert_eq(c.input_size, 75);
+}
+
+Test(tr_config, help_exits_zero, .init = cr_redirect_stdout)
+{
+    tr_config c;
+    zps_status st;
+    const char *a[] = {"--help", NULL};
+    cr_assert_eq(s_parse(&c, a, &st), 0);
+}
+
+static const struct {
+    const char *args[8];
+    const char *msg; /* in stderr */
+} s_bad[] = {
+    {{"--mode", "local", NULL}, "--data DIR is required"},
+    {{"--data", "/d", "--mode", "gossip", NULL}, "--mode wants"},
+    {{"--data", "/d", "--mode", "sync", NULL}, "needs --cluster FILE or --servers"},
+    {{"--data", "/d", "--batch-size", "0", NULL}, "--batch-size wants an integer"},
+    {{"--data", "/d", "--lr", "fast", NULL}, "--lr wants a number"},
+    {{"--data", "/d", "--device", "tpu", NULL}, "--device wants"},
+    {{"--data", "/d", "--eval-only", NULL}, "--eval-only needs --init-weights"},
+    {{"--data", "/d", "--optimizer", "lion", NULL}, "--optimizer wants"},
+    {{"--data", "/d", "extra", NULL}, "unexpected argument 'extra'"},
+};
+
+Test(tr_config, bad_command_lines_exit_2_and_name_the_flag, .init = cr_redirect_stderr)
+{
+    char err[8192];
+    size_t seen = 0;
+    for (size_t i = 0; i < sizeof s_bad / sizeof s_bad[0]; i++) {
+        tr_config c;
+        zps_status st;
+        cr_assert_eq(s_parse(&c, s_bad[i].args, &st), 2, "case %zu accepted", i);
+        cr_assert_eq(st, ZPS_ERR_INVALID, "case %zu", i);
+        s_stderr(err, sizeof err);
+        cr_assert_not_null(strstr(err + 0, s_bad[i].msg), "case %zu: '%s' not in:\n%s", i,
+                           s_bad[i].msg, err);
+        seen += strlen(err);
+    }
+    cr_assert(seen > 0);
+}
