@@ -1,23 +1,23 @@
 /* test_nn_inception.c — Inception-v3 in zps against torchvision (tests/ref/inception_ref.py).
  *
- * The C side builds the model on the cpu back-end, writes its weights, a random batch and
- * labels; the script loads them into torchvision's Inception3 and writes the loss, logits, every
- * variable's gradient and the running statistics after one float32 training step, on the batch
- * (ref) and on the batch perturbed by p relative (pert). Shapes: 299x299 batch 2 with the aux
- * head (p = 1e-6), 75x75 batch 8 without (p = 1e-5: at 75x75 Mixed_7 is 1x1 and batchnorm over
- * 8 values makes the network so chaotic that zps and PyTorch, each correct in float32, differ
- * by about ten times what a 1e-6 input change does).
+ * The C side builds the model on the cpu back-end (ZPS_INCEPTION_BACKEND=ref: the oracle),
+ * writes its weights, a random batch and labels; the script loads them into torchvision's
+ * Inception3 and writes the loss, the logits, every variable's gradient and the running
+ * statistics after one training step, computed three ways: in float64 (the truth), in
+ * float32, and in float32 on the batch perturbed by 1e-6 relative. Shapes: 299x299 batch 2
+ * with the aux head, 75x75 batch 8 without.
  *
- * Error bound, per tensor (logits, each gradient, each running statistic), relative L2 against
- * PyTorch:  err_zps <= 1e-3 + 4 * err_pert, err_pert being how far PyTorch's own result moves
- * under the input perturbation. A randomly initialised Inception-v3 with batchnorm is
- * chaotic: such a perturbation moves some gradients by several percent (batchnorm gradients
- * explode with depth at initialisation, and ReLU masks flip), so two correct float32
- * implementations cannot agree to 1e-3 on those tensors; where PyTorch is stable
- * (err_pert <= 2.5e-4) zps is held to 2e-3 or better. A single ReLU-mask flip in a narrow layer
- * shifts a gradient by ~1/(batch*h*w) of its norm, so up to 2% of the tensors may exceed the
- * bound if each stays under 3e-2; all of them are logged by name. The loss must agree to
- * 1e-4 relative + 4 times its own perturbation change.
+ * Bound, for every tensor (logits, each gradient, each running statistic), as relative L2
+ * error against the float64 truth:
+ *     err_zps <= 1e-3 + 4 * max(err_f32, err_pert)
+ * err_f32 and err_pert being how far PyTorch's own float32 results are from the truth. Where
+ * float32 can compute a tensor (PyTorch within 2.5e-4) zps is held to 2e-3 or better. Where
+ * it cannot, zps may be as far off as 4x PyTorch: a randomly initialised Inception-v3 with
+ * batchnorm in training mode is chaotic (batchnorm over 2 values in the aux head at 299, over
+ * 8 in Mixed_7 at 75; gradients explode with depth at initialisation; ReLU masks flip), and
+ * PyTorch's float32 gradients of some variables are several percent from float64 on the
+ * same input. Any tensor outside its bound fails the test, by name. The loss must agree to
+ * 1e-4 relative + 4 times PyTorch's own float32 deviation.
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -139,17 +139,22 @@ static void s_compare(int size, int n, int aux, int classes, double perturb)
     size_t nv, ns, np = nn_model_param_count(m), nst = nn_model_stat_count(m);
     const nn_var *v = nn_model_vars(m, &nv), *st = nn_model_stats(m, &ns);
     size_t total = 1 + (size_t)n * classes + np + nst;
-    snprintf(path, sizeof path, "%s/ref.pert", dir);
-    double *t32 = s_read(path, total);
-    snprintf(path, sizeof path, "%s/ref.ref", dir);
-    double *t64 = s_read(path, total);
+    double *ref[3];
+    static const char *const kinds[3] = {"f64", "f32", "pert"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(path, sizeof path, "%s/ref.%s", dir, kinds[i]);
+        ref[i] = s_read(path, total);
+    }
+    const double *t64 = ref[0], *t32 = ref[1], *tp = ref[2];
 
-    cr_assert(fabs(loss - t64[0]) <= 1e-4 * fabs(t64[0]) + 4 * fabs(t32[0] - t64[0]),
-              "loss %.7g, torch %.7g, perturbed torch %.7g (seed %llu)", loss, t64[0], t32[0],
-              (unsigned long long)s_seed);
-    int bad = 0, tight = 0, checked = 0, hard = 0;
+    double dl = fmax(fabs(t32[0] - t64[0]), fabs(tp[0] - t64[0]));
+    cr_assert(fabs(loss - t64[0]) <= 1e-4 * fabs(t64[0]) + 4 * dl,
+              "loss %.9g, torch float64 %.9g, float32 %.9g, perturbed %.9g (seed %llu)", loss,
+              t64[0], t32[0], tp[0], (unsigned long long)s_seed);
+    int bad = 0, tight = 0, torch_tight = 0, checked = 0;
     double worst = 0;
     const char *worst_name = "";
+    const int verbose = getenv("ZPS_INCEPTION_VERBOSE") != NULL;
     /* tensors: logits, gradients, running statistics */
     for (size_t k = 0; k < 1 + nv + ns; k++) {
         const char *name;
@@ -159,43 +164,47 @@ static void s_compare(int size, int n, int aux, int classes, double perturb)
             name = "logits", mine = logits, off = 1, cnt = (size_t)n * classes;
         } else if (k <= nv) {
             const nn_var *q = &v[k - 1];
-            name = q->name, mine = nn_model_grads(m) + q->offset, off = 1 + (size_t)n * classes + q->offset,
-            cnt = q->count;
+            name = q->name, mine = nn_model_grads(m) + q->offset,
+            off = 1 + (size_t)n * classes + q->offset, cnt = q->count;
         } else {
             const nn_var *q = &st[k - 1 - nv];
             name = q->name, mine = nn_model_statbuf(m) + q->offset,
             off = 1 + (size_t)n * classes + np + q->offset, cnt = q->count;
         }
-        double ez = s_rel(mine, NULL, t64 + off, cnt), et = s_rel(NULL, t32 + off, t64 + off, cnt);
-        double bound = 1e-3 + 4 * et;
+        double ez = s_rel(mine, NULL, t64 + off, cnt);
+        double e32 = s_rel(NULL, t32 + off, t64 + off, cnt), ep = s_rel(NULL, tp + off, t64 + off, cnt);
+        double bound = 1e-3 + 4 * fmax(e32, ep);
         checked++;
         tight += ez <= 1e-3;
+        torch_tight += e32 <= 1e-3;
         if (ez / bound > worst)
             worst = ez / bound, worst_name = name;
+        if (verbose)
+            fprintf(stderr, "%-48s zps %.3g  torch f32 %.3g  perturbed %.3g  bound %.3g\n", name, ez,
+                    e32, ep, bound);
         if (ez > bound) {
             bad++;
-            hard += ez > 3e-2;
             /* stderr, not cr_log_warn: that makes Criterion exit 1 (tests/testutil.h) */
-            fprintf(stderr, "[over bound] %s: zps error %.3g, torch perturbation error %.3g, "
-                    "bound %.3g\n", name, ez, et, bound);
+            fprintf(stderr, "[over bound] %s: zps error %.3g, torch float32 %.3g, perturbed %.3g, "
+                    "bound %.3g\n", name, ez, e32, ep, bound);
         }
     }
-    fprintf(stderr, "inception %dx%d batch %d aux %d: %d tensors, %d within 1e-3 of torch, worst "
-                "error/bound %.2f (%s)\n",
-                size, size, n, aux, checked, tight, worst, worst_name);
-    cr_assert(bad * 50 <= checked && hard == 0,
-              "%d of %d tensors outside the bound, %d beyond 3e-2 (seed %llu)", bad, checked, hard,
+    fprintf(stderr, "inception %dx%d batch %d aux %d: %d tensors; within 1e-3 of float64: zps %d, "
+                "torch float32 %d; worst error/bound %.2f (%s)\n",
+                size, size, n, aux, checked, tight, torch_tight, worst, worst_name);
+    cr_assert(bad == 0, "%d of %d tensors outside the bound (seed %llu)", bad, checked,
               (unsigned long long)s_seed);
-    const char *files[] = {"w.bin", "x.bin", "y.bin", "ref.ref", "ref.pert"};
-    for (int i = 0; i < 5; i++) {
+    const char *files[] = {"w.bin", "x.bin", "y.bin", "ref.f64", "ref.f32", "ref.pert"};
+    for (int i = 0; i < 6; i++) {
         snprintf(path, sizeof path, "%s/%s", dir, files[i]);
         unlink(path);
     }
     rmdir(dir);
-    free(x), free(y), free(t32), free(t64);
+    free(x), free(y);
+    for (int i = 0; i < 3; i++)
+        free(ref[i]);
     nn_model_destroy(&m);
 }
-
 Test(it_nn_inception, matches_pytorch_at_299_with_aux, .init = s_init, .timeout = 120)
 {
     s_compare(299, 2, 1, 1000, 1e-6);
@@ -203,5 +212,5 @@ Test(it_nn_inception, matches_pytorch_at_299_with_aux, .init = s_init, .timeout 
 
 Test(it_nn_inception, matches_pytorch_at_75_without_aux, .init = s_init, .timeout = 120)
 {
-    s_compare(75, 8, 0, 10, 1e-5);
+    s_compare(75, 8, 0, 10, 1e-6);
 }

@@ -2,11 +2,14 @@
 """inception_ref.py - PyTorch reference for zps's Inception-v3 (tests/test_nn_inception.c).
 
 Loads a zps weights file (format in docs/kernels.md) into torchvision's Inception3 by name,
-runs one training-mode forward and backward in float32 on the given batch (PREFIX.ref) and on
-the batch times (1 + p * u), u uniform in [-1, 1], p = --perturb (PREFIX.pert: how much
-rounding-sized input noise alone moves each tensor), and writes for each: raw little-endian float64 values
-    loss, logits (n x classes), the gradient of every trainable variable in the file's order,
-    the batchnorm running statistics after the step in the file's order.
+runs one training-mode forward and backward three times and writes, for each, raw
+little-endian float64 values: the loss, the logits (n x classes), the gradient of every
+trainable variable in the file's order, the batchnorm running statistics after the step in
+the file's order.
+    PREFIX.f64   in float64 on the batch: the truth the test measures errors against
+    PREFIX.f32   in float32 on the batch: how far float32 arithmetic alone moves each tensor
+    PREFIX.pert  in float32 on the batch times (1 + p * u), u uniform in [-1, 1],
+                 p = --perturb: how far rounding-sized input noise moves each tensor
 Loss = CE(logits) + aux_weight * CE(aux_logits) when the aux head is on. Dropout is off.
 Runs under Debian's /usr/bin/python3 (python3-torch, python3-torchvision).
 """
@@ -69,8 +72,8 @@ def main():
     y = torch.from_numpy(np.fromfile(a.labels, dtype="<i4").astype(np.int64))
     rng = np.random.default_rng(12345)
     x_pert = (x * (1 + a.perturb * rng.uniform(-1, 1, size=x.shape))).astype(np.float32)
-    dtype = torch.float32
-    for xin, suffix in ((x, "ref"), (x_pert, "pert")):
+    runs = ((x, "f32", torch.float32), (x_pert, "pert", torch.float32), (x, "f64", torch.float64))
+    for xin, suffix, dtype in runs:
         model = torchvision.models.inception_v3(weights=None, aux_logits=bool(a.aux),
                                                 init_weights=False, num_classes=a.classes,
                                                 transform_input=False, dropout=0.0)
