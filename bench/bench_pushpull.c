@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -237,10 +238,12 @@ typedef struct run {
     uint64_t msg_bytes;
     const ps_plan *plan;
     const char *uris[MAX_SERVERS];
+    pid_t pids[MAX_SERVERS]; // the servers' processes, for their CPU time
     int raw;
     pthread_barrier_t start;
     double *lat_us;       // (clients * iters)
     double t0, t1;        // wall time of the measured part (client 0)
+    double cpu0, cpu1;    // CPU time of clients and servers at t0 and t1 (s_cpu_now)
     int failed;
     char err[256];
 } run;
@@ -249,6 +252,36 @@ typedef struct carg {
     run *r;
     int id;
 } carg;
+
+/* User + system CPU seconds of process pid so far (0 when unreadable). */
+static double s_proc_cpu(pid_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    size_t k = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[k] = 0;
+    const char *p = strrchr(buf, ')'); // the command name may hold spaces
+    unsigned long long ut = 0, st = 0;
+    if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
+        return 0;
+    return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
+
+/* CPU seconds of this process (the clients and their ZeroMQ threads) and the servers. */
+static double s_cpu_now(const run *r)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    double t = (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 + (double)ru.ru_stime.tv_sec +
+               ru.ru_stime.tv_usec / 1e6;
+    for (int s = 0; s < r->servers; s++)
+        t += s_proc_cpu(r->pids[s]);
+    return t;
+}
 
 /* A client's gradient (finite, non-zero) and value buffers of n floats, resident. */
 static void s_client_buffers(uint64_t n, float **grad, float **val)
@@ -286,7 +319,7 @@ static void *s_zps_client(void *arg)
         if (it == r->warmup) {
             pthread_barrier_wait(&r->start);
             if (a->id == 0)
-                r->t0 = zps_now_s();
+                r->t0 = zps_now_s(), r->cpu0 = s_cpu_now(r);
         }
         if (st != ZPS_OK)
             continue; // keep meeting the barriers so the other clients finish
@@ -309,7 +342,7 @@ static void *s_zps_client(void *arg)
     }
     pthread_barrier_wait(&r->start);
     if (a->id == 0)
-        r->t1 = zps_now_s();
+        r->t1 = zps_now_s(), r->cpu1 = s_cpu_now(r);
     ps_client_destroy(&c);
     zps_aligned_free(grad);
     zps_aligned_free(val);
@@ -356,7 +389,7 @@ static void *s_raw_client(void *arg)
         if (it == r->warmup) {
             pthread_barrier_wait(&r->start);
             if (a->id == 0)
-                r->t0 = zps_now_s();
+                r->t0 = zps_now_s(), r->cpu0 = s_cpu_now(r);
         }
         double t0 = zps_now_s();
         for (int s = 0; s < r->servers; s++) {
@@ -396,7 +429,7 @@ static void *s_raw_client(void *arg)
     }
     pthread_barrier_wait(&r->start);
     if (a->id == 0)
-        r->t1 = zps_now_s();
+        r->t1 = zps_now_s(), r->cpu1 = s_cpu_now(r);
     for (int s = 0; s < r->servers; s++) {
         int l = 0;
         zmq_setsockopt(socks[s], ZMQ_LINGER, &l, sizeof l);
@@ -412,14 +445,16 @@ static void *s_raw_client(void *arg)
 
 typedef struct result {
     double gbps, p50, p99;
+    double cpu_s_per_gb; // CPU seconds of clients and servers (user + system) per GB moved
     int ok;
 } result;
 
 static result s_measure(run *r, double *rep_gbps, int reps)
 {
-    result res = {0, 0, 0, 1};
+    result res = {0, 0, 0, 0, 1};
     double *all = zps_xmalloc(sizeof(double) * (size_t)(reps * r->clients * r->iters));
     size_t na = 0;
+    double cpu = 0, moved = 0;
     for (int rep = 0; rep < reps; rep++) {
         pthread_t th[MAX_CLIENTS];
         carg ca[MAX_CLIENTS];
@@ -439,10 +474,13 @@ static result s_measure(run *r, double *rep_gbps, int reps)
         }
         double bytes = (double)r->bytes * (r->op == OP_PUSHPULL ? 2 : 1) * r->clients * r->iters;
         rep_gbps[rep] = bytes / (r->t1 - r->t0) / 1e9;
+        moved += bytes;
+        cpu += r->cpu1 - r->cpu0;
         memcpy(all + na, r->lat_us, sizeof(double) * (size_t)(r->clients * r->iters));
         na += (size_t)(r->clients * r->iters);
         free(r->lat_us);
     }
+    res.cpu_s_per_gb = cpu / (moved / 1e9);
     res.gbps = bench_median(rep_gbps, (size_t)reps);
     res.p50 = bench_percentile(all, na, 50);
     res.p99 = bench_percentile(all, na, 99);
@@ -459,12 +497,13 @@ static void s_usage(FILE *f)
                "  --max-bytes B  largest payload (default 64 MiB)\n"
                "  --bytes B      only this payload size\n"
                "  --op, --shape  only this op / shape\n"
-               "  --msg-bytes B  client message size (ps_client_opts.msg_bytes, default 1 MiB)\n");
+               "  --msg-bytes B  client message size (ps_client_opts.msg_bytes, default 1 MiB)\n"
+               "  --only zps|raw run one side only (for profiling; ratio printed as 0)\n");
 }
 
 ZPS_BENCH(pushpull, "zps push/pull/pushpull vs raw ZeroMQ DEALER/ROUTER, 1x1 and 2x2")
 {
-    int quick = 0, reps = 3, op_mask = 7, shape_mask = 3;
+    int quick = 0, reps = 3, op_mask = 7, shape_mask = 3, only = 0; // only: 1 zps, 2 raw
     size_t max_bytes = 64u << 20, only_bytes = 0;
     uint64_t msg_bytes = 1u << 20;
     static const struct option opts[] = {{"quick", no_argument, 0, 'q'},
@@ -474,6 +513,7 @@ ZPS_BENCH(pushpull, "zps push/pull/pushpull vs raw ZeroMQ DEALER/ROUTER, 1x1 and
                                          {"op", required_argument, 0, 'o'},
                                          {"shape", required_argument, 0, 's'},
                                          {"msg-bytes", required_argument, 0, 'M'},
+                                         {"only", required_argument, 0, 'O'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     int ch;
@@ -492,6 +532,8 @@ ZPS_BENCH(pushpull, "zps push/pull/pushpull vs raw ZeroMQ DEALER/ROUTER, 1x1 and
             shape_mask = !strcmp(optarg, "1x1") ? 1 : 2;
         else if (ch == 'M')
             msg_bytes = strtoull(optarg, NULL, 10);
+        else if (ch == 'O' && (!strcmp(optarg, "zps") || !strcmp(optarg, "raw")))
+            only = optarg[0] == 'z' ? 1 : 2;
         else {
             s_usage(ch == 'h' ? stdout : stderr);
             return ch == 'h' ? 0 : 2;
@@ -514,8 +556,8 @@ ZPS_BENCH(pushpull, "zps push/pull/pushpull vs raw ZeroMQ DEALER/ROUTER, 1x1 and
     }
     fprintf(js, "[\n");
     int first = 1, failed = 0;
-    printf("%-5s %-9s %-9s %10s %10s %7s %10s %10s %10s %10s\n", "shape", "bytes", "op", "zps GB/s",
-           "raw GB/s", "ratio", "zps p50us", "raw p50us", "zps p99us", "raw p99us");
+    printf("%-5s %-9s %-9s %9s %9s %6s %9s %9s %9s %9s %8s %8s\n", "shape", "bytes", "op", "zps GB/s",
+           "raw GB/s", "ratio", "zps p50us", "raw p50us", "zps p99us", "raw p99us", "zps cpu", "raw cpu");
     for (int sh = 0; sh < 2; sh++) {
         if (!(shape_mask & (1 << sh)))
             continue;
@@ -556,24 +598,30 @@ ZPS_BENCH(pushpull, "zps push/pull/pushpull vs raw ZeroMQ DEALER/ROUTER, 1x1 and
                          .msg_bytes = msg_bytes};
                 double rg[16];
                 for (int s = 0; s < ns; s++)
-                    r.uris[s] = zs[s].uri;
+                    r.uris[s] = zs[s].uri, r.pids[s] = zs[s].pid;
                 r.raw = 0;
-                result z = s_measure(&r, rg, reps);
+                result z = {0}, w = {0};
+                z.ok = 1;
+                if (only != 2)
+                    z = s_measure(&r, rg, reps);
                 for (int s = 0; s < ns; s++)
-                    r.uris[s] = raw[s].uri;
+                    r.uris[s] = raw[s].uri, r.pids[s] = raw[s].pid;
                 r.raw = 1;
-                result w = s_measure(&r, rg, reps);
+                if (only != 1)
+                    w = s_measure(&r, rg, reps);
                 failed |= !z.ok;
                 double ratio = w.gbps > 0 ? z.gbps / w.gbps : 0;
-                printf("%dx%-3d %-9zu %-9s %10.3f %10.3f %7.2f %10.1f %10.1f %10.1f %10.1f\n", ns, nc,
-                       bytes, s_ops[op], z.gbps, w.gbps, ratio, z.p50, w.p50, z.p99, w.p99);
+                printf("%dx%-3d %-9zu %-9s %9.3f %9.3f %6.2f %9.1f %9.1f %9.1f %9.1f %8.3f %8.3f\n", ns,
+                       nc, bytes, s_ops[op], z.gbps, w.gbps, ratio, z.p50, w.p50, z.p99, w.p99,
+                       z.cpu_s_per_gb, w.cpu_s_per_gb);
                 fflush(stdout);
                 fprintf(js,
                         "%s  {\"servers\": %d, \"clients\": %d, \"bytes\": %zu, \"op\": \"%s\", "
                         "\"zps_gbps\": %.4f, \"raw_gbps\": %.4f, \"ratio\": %.4f, \"zps_p50_us\": %.1f, "
-                        "\"raw_p50_us\": %.1f, \"zps_p99_us\": %.1f, \"raw_p99_us\": %.1f}",
+                        "\"raw_p50_us\": %.1f, \"zps_p99_us\": %.1f, \"raw_p99_us\": %.1f, "
+                        "\"zps_cpu_s_per_gb\": %.4f, \"raw_cpu_s_per_gb\": %.4f}",
                         first ? "" : ",\n", ns, nc, bytes, s_ops[op], z.gbps, w.gbps, ratio, z.p50,
-                        w.p50, z.p99, w.p99);
+                        w.p50, z.p99, w.p99, z.cpu_s_per_gb, w.cpu_s_per_gb);
                 first = 0;
             }
             ps_plan_destroy(&plan);
