@@ -53,12 +53,25 @@ typedef struct s_lchunk {
     uint32_t n_complete; // sync: trainers complete at `version`
 } s_lchunk;
 
+/* sync: one pushed range kept until its chunk is applied. Large aligned frames are kept as
+ * they arrived (a reference to ZeroMQ's receive buffer, no copy); small or misaligned ones
+ * are copied into the trainer's accum. */
+typedef struct s_held {
+    uint32_t lc;        // local chunk
+    uint64_t off, n;    // element offset in the chunk, count
+    const float *data;  // the gradient: into msg's buffer or into accum
+    int has_msg;
+    zmq_msg_t msg;      // a reference to the frame (has_msg)
+} s_held;
+
 typedef struct s_trainer {
     int registered;
     int dropped;             // silent past --trainer-timeout (sync/ssp: not waited for)
     uint64_t last_seen_ns;
     int64_t clock;           // steps completed: max pushed step + 1
-    float *accum;            // sync: (local_total) gradients of the current step
+    float *accum;            // sync: (local_total) small or misaligned pushed ranges
+    s_held *held;            // sync: ranges pushed for chunks not applied yet
+    size_t n_held, cap_held;
     uint64_t rid[S_RID_RING];    // recent push request ids (0 = empty)
     int32_t rid_status[S_RID_RING];
     unsigned rid_pos;
@@ -70,6 +83,7 @@ typedef struct s_range {
     uint64_t off;
     uint64_t n;
     const float *data;
+    uint64_t version; // async/ssp push: the chunk's version the range is applied at
 } s_range;
 
 /* A request whose reply waits: sync/ssp pulls and barriers. */
@@ -426,6 +440,62 @@ static void s_reject(ps_server *s, zmq_msg_t *ident, int op, uint64_t rid, zps_s
 
 /* ------------------------------------------------------------------------- state */
 
+/* Drops the trainer's held ranges of local chunk lc (UINT32_MAX: all). */
+static void s_held_release(s_trainer *tr, uint32_t lc)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < tr->n_held; i++) {
+        s_held *e = &tr->held[i];
+        if (lc == UINT32_MAX || e->lc == lc) {
+            if (e->has_msg)
+                zmq_msg_close(&e->msg);
+            continue;
+        }
+        if (k != i) {
+            tr->held[k] = *e;
+            if (e->has_msg) {
+                zmq_msg_init(&tr->held[k].msg);
+                zmq_msg_move(&tr->held[k].msg, &e->msg);
+            }
+        }
+        k++;
+    }
+    tr->n_held = k;
+}
+
+/* Frames at least this large and float-aligned are held by reference (s_held). */
+#define S_HOLD_MIN 4096
+
+/* Keeps the pushed range g (frame f) of trainer tr until its chunk is applied. */
+static void s_held_add(ps_server *s, s_trainer *tr, const s_range *g, zmq_msg_t *f)
+{
+    if (tr->n_held == tr->cap_held) {
+        tr->cap_held = tr->cap_held ? 2 * tr->cap_held : 64;
+        /* realloc moves the zmq_msg_t bytes: safe for the frames held here, whose data is
+         * never inside the zmq_msg_t (only frames of up to 33 bytes are, S_HOLD_MIN) */
+        tr->held = zps_xrealloc(tr->held, tr->cap_held * sizeof *tr->held);
+    }
+    s_held *e = &tr->held[tr->n_held];
+    e->lc = g->lc, e->off = g->off, e->n = g->n, e->has_msg = 0;
+    if (g->n * 4 >= S_HOLD_MIN && (uintptr_t)g->data % sizeof(float) == 0 &&
+        zmq_msg_init(&e->msg) == 0) {
+        if (zmq_msg_copy(&e->msg, f) == 0) { // shares the buffer: no copy
+            e->has_msg = 1;
+            e->data = zmq_msg_data(&e->msg);
+        } else {
+            zmq_msg_close(&e->msg);
+        }
+    }
+    if (!e->has_msg) {
+        if (!tr->accum)
+            tr->accum = zps_xaligned(64, s->local_total * 4 + 64);
+        float *dst = tr->accum + s->chunks[g->lc].off + g->off;
+        memcpy(dst, g->data, g->n * 4);
+        e->data = dst;
+    }
+    tr->n_held++;
+}
+
 static void s_free_shard(ps_server *s)
 {
     if (s->readers && !s_all_zero(s->readers, s->n_local)) {
@@ -446,8 +516,13 @@ static void s_free_shard(ps_server *s)
     s->recv_n = NULL;
     if (s->trainers)
         for (uint32_t t = 0; t < s->n_trainers; t++) {
-            zps_aligned_free(s->trainers[t].accum);
-            s->trainers[t].accum = NULL;
+            s_trainer *tr = &s->trainers[t];
+            s_held_release(tr, UINT32_MAX);
+            zps_aligned_free(tr->accum);
+            free(tr->held);
+            tr->accum = NULL;
+            tr->held = NULL;
+            tr->cap_held = 0;
         }
     s->initialised = 0;
     s->n_local = 0;
@@ -641,15 +716,23 @@ static void s_sync_try_apply(ps_server *s, uint32_t lc)
     uint32_t *rv = s->recv_n + (size_t)lc * s->n_trainers;
     float *g = s->scratch;
     uint32_t used = 0;
+    /* sum in trainer-id order, whatever the arrival order: bit-reproducible */
     for (uint32_t t = 0; t < s->n_trainers; t++) {
         if (rv[t] != c->count)
             continue;
-        const float *a = s->trainers[t].accum + c->off;
-        if (!used)
-            memcpy(g, a, c->count * 4);
-        else
-            for (uint64_t i = 0; i < c->count; i++)
-                g[i] += a[i];
+        const s_trainer *tr = &s->trainers[t];
+        for (size_t i = 0; i < tr->n_held; i++) {
+            const s_held *e = &tr->held[i];
+            if (e->lc != lc)
+                continue;
+            float *d = g + e->off;
+            const float *a = e->data;
+            if (!used)
+                memcpy(d, a, e->n * 4);
+            else
+                for (uint64_t j = 0; j < e->n; j++)
+                    d[j] += a[j];
+        }
         used++;
     }
     const float nf = (float)used;
@@ -664,6 +747,7 @@ static void s_sync_try_apply(ps_server *s, uint32_t lc)
         if (rv[t] && rv[t] != c->count)
             s->st.stale_dropped++;
         rv[t] = 0;
+        s_held_release(&s->trainers[t], lc);
     }
     c->n_complete = 0;
     s->st.updates++;
@@ -1160,6 +1244,24 @@ static void s_rid_note(s_trainer *tr, uint64_t rid, int status)
 }
 
 /* PUSH and PUSHPULL (the pull half is deferred or answered here). */
+/* async / ssp: applies the n validated ranges of s->ranges, each at its recorded version. */
+static void s_async_apply(ps_server *s, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        const s_range *g = &s->ranges[i];
+        const s_lchunk *c = &s->chunks[g->lc];
+        const float *d = g->data;
+        if ((uintptr_t)d % sizeof(float)) {
+            memcpy(s->scratch, d, g->n * 4);
+            d = s->scratch;
+        }
+        float *sp[2];
+        s_wait_readers(s, g->lc);
+        ps_optim_apply(&s->opt, g->version, s->values + c->off + g->off,
+                       s_slot_ptrs(s, c->off + g->off, sp), d, g->n);
+    }
+}
+
 static void s_op_push(ps_server *s, zmq_msg_t *ident, const Zps__Header *h, int nframes,
                       uint64_t t0)
 {
@@ -1187,6 +1289,7 @@ static void s_op_push(ps_server *s, zmq_msg_t *ident, const Zps__Header *h, int 
     }
     int64_t step = h->step;
     uint32_t stale = 0, ahead = 0;
+    int apply = 0; // async / ssp: ranges to apply (s_async_apply)
     int dup_req = s_rid_seen(tr, h->request_id, &prev);
     if (!dup_req && s->mode == PS_MODE_SYNC) {
         /* Pre-pass: no range may overfill its chunk for this trainer (state is untouched if
@@ -1215,8 +1318,6 @@ static void s_op_push(ps_server *s, zmq_msg_t *ident, const Zps__Header *h, int 
             s_reject(s, ident, op, h->request_id, ZPS_ERR_INVALID, why);
             return;
         }
-        if (!tr->accum)
-            tr->accum = zps_xaligned(64, s->local_total * 4 + 64);
         for (uint32_t i = 0; i < n; i++) {
             s_range *g = &s->ranges[i];
             s_lchunk *c = &s->chunks[g->lc];
@@ -1232,7 +1333,7 @@ static void s_op_push(ps_server *s, zmq_msg_t *ident, const Zps__Header *h, int 
                 continue;
             }
             uint32_t *rv = &s->recv_n[(size_t)g->lc * s->n_trainers + t];
-            memcpy(tr->accum + c->off + g->off, g->data, g->n * 4);
+            s_held_add(s, tr, g, &s->frames[2 + i]);
             *rv += (uint32_t)g->n;
             if (*rv == c->count) {
                 c->n_complete++;
@@ -1240,21 +1341,15 @@ static void s_op_push(ps_server *s, zmq_msg_t *ident, const Zps__Header *h, int 
             }
         }
     } else if (!dup_req) {
-        /* async / ssp: apply each range on arrival. The chunk's version counts the trainer
-         * pushes that covered it whole. */
+        /* async / ssp: each range is applied on arrival. The chunk's version counts the
+         * trainer pushes that covered it whole. The bookkeeping (versions, clocks,
+         * statistics) is done here; the arithmetic in s_async_apply, after the reply of a
+         * PUSH has gone out (below). */
         int64_t maxc = s_max_clock(s);
         for (uint32_t i = 0; i < n; i++) {
             s_range *g = &s->ranges[i];
             s_lchunk *c = &s->chunks[g->lc];
-            const float *d = g->data;
-            if ((uintptr_t)d % sizeof(float)) {
-                memcpy(s->scratch, d, g->n * 4);
-                d = s->scratch;
-            }
-            float *sp[2];
-            s_wait_readers(s, g->lc);
-            ps_optim_apply(&s->opt, c->version, s->values + c->off + g->off,
-                           s_slot_ptrs(s, c->off + g->off, sp), d, g->n);
+            g->version = c->version;
             s->st.pushes++;
             s->st.bytes_in += g->n * 4;
             s_stale_hist(s, s->mode == PS_MODE_ASYNC ? (step >= 0 ? (int64_t)c->version - step : 0)
@@ -1269,6 +1364,7 @@ static void s_op_push(ps_server *s, zmq_msg_t *ident, const Zps__Header *h, int 
         }
         if (step + 1 > tr->clock)
             tr->clock = step + 1;
+        apply = 1;
     }
     int rst = ZPS_OK;
     char msg[160] = "";
@@ -1282,6 +1378,8 @@ static void s_op_push(ps_server *s, zmq_msg_t *ident, const Zps__Header *h, int 
     if (!dup_req)
         s_rid_note(tr, h->request_id, rst);
     if (op == ZPS__OP__OP_PUSHPULL && rst == ZPS_OK) {
+        if (apply)
+            s_async_apply(s, n);
         int64_t need = s->mode == PS_MODE_ASYNC || step < 0 ? -1 : step + 1;
         s_pending p = {.rid = h->request_id, .op = op, .need = need, .n_ranges = n,
                        .ranges = s->ranges};
@@ -1297,9 +1395,14 @@ static void s_op_push(ps_server *s, zmq_msg_t *ident, const Zps__Header *h, int 
             s_maybe_checkpoint(s);
         return;
     }
+    /* The reply goes out before the arithmetic: the trainer's next request travels while
+     * the server applies this one. Nothing can observe the difference: the server handles
+     * one request at a time, so whatever comes after this push sees it applied. */
     s_reply r = {op, h->request_id, rst, msg, s_ranges_version(s, s->ranges, n), 0, 0};
     s_send(s, ident, &r, NULL, 0);
     s_latency(s, op, t0);
+    if (apply)
+        s_async_apply(s, n);
     s_check_pending(s);
     if (s->cfg.checkpoint_every_versions)
         s_maybe_checkpoint(s);
