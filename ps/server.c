@@ -70,6 +70,7 @@ typedef struct s_trainer {
     uint64_t last_seen_ns;
     int64_t clock;           // steps completed: max pushed step + 1
     float *accum;            // sync: (local_total) small or misaligned pushed ranges
+    uint64_t *covered;       // sync: (local_total bits) elements pushed at their chunk's version
     s_held *held;            // sync: ranges pushed for chunks not applied yet
     size_t n_held, cap_held;
     uint64_t rid[S_RID_RING];    // recent push request ids (0 = empty)
@@ -463,6 +464,40 @@ static void s_held_release(s_trainer *tr, uint32_t lc)
     tr->n_held = k;
 }
 
+/* Bits [lo, hi) of a bitmap: any set? */
+static int s_bits_any(const uint64_t *w, uint64_t lo, uint64_t hi)
+{
+    for (uint64_t i = lo; i < hi;) {
+        if (i % 64 == 0 && hi - i >= 64) {
+            if (w[i / 64])
+                return 1;
+            i += 64;
+        } else {
+            if (w[i / 64] >> (i % 64) & 1)
+                return 1;
+            i++;
+        }
+    }
+    return 0;
+}
+
+/* Sets (v = 1) or clears bits [lo, hi). */
+static void s_bits_put(uint64_t *w, uint64_t lo, uint64_t hi, int v)
+{
+    for (uint64_t i = lo; i < hi;) {
+        if (i % 64 == 0 && hi - i >= 64) {
+            w[i / 64] = v ? ~0ull : 0;
+            i += 64;
+        } else {
+            if (v)
+                w[i / 64] |= 1ull << (i % 64);
+            else
+                w[i / 64] &= ~(1ull << (i % 64));
+            i++;
+        }
+    }
+}
+
 /* Frames at least this large and float-aligned are held by reference (s_held). */
 #define S_HOLD_MIN 4096
 
@@ -520,6 +555,8 @@ static void s_free_shard(ps_server *s)
             s_held_release(tr, UINT32_MAX);
             zps_aligned_free(tr->accum);
             free(tr->held);
+            free(tr->covered);
+            tr->covered = NULL;
             tr->accum = NULL;
             tr->held = NULL;
             tr->cap_held = 0;
@@ -748,6 +785,8 @@ static void s_sync_try_apply(ps_server *s, uint32_t lc)
             s->st.stale_dropped++;
         rv[t] = 0;
         s_held_release(&s->trainers[t], lc);
+        if (s->trainers[t].covered)
+            s_bits_put(s->trainers[t].covered, c->off, c->off + c->count, 0);
     }
     c->n_complete = 0;
     s->st.updates++;
@@ -1292,29 +1331,35 @@ static void s_op_push(ps_server *s, zmq_msg_t *ident, const Zps__Header *h, int 
     int apply = 0; // async / ssp: ranges to apply (s_async_apply)
     int dup_req = s_rid_seen(tr, h->request_id, &prev);
     if (!dup_req && s->mode == PS_MODE_SYNC) {
-        /* Pre-pass: no range may overfill its chunk for this trainer (state is untouched if
-         * one does: increments are rolled back). */
+        /* Pre-pass: no range may cover elements this trainer already pushed for the
+         * chunk's current version (in an earlier request or earlier in this one). State is
+         * untouched if one does: the coverage bits set so far are cleared again. */
+        if (!tr->covered)
+            tr->covered = zps_xcalloc((s->local_total + 63) / 64, sizeof *tr->covered);
         uint32_t bad = UINT32_MAX;
         for (uint32_t i = 0; i < n; i++) {
             s_range *g = &s->ranges[i];
             s_lchunk *c = &s->chunks[g->lc];
             if (step != (int64_t)c->version)
                 continue;
-            uint32_t *rv = &s->recv_n[(size_t)g->lc * s->n_trainers + t];
-            if (*rv + g->n > c->count) {
+            uint64_t lo = c->off + g->off;
+            if (s_bits_any(tr->covered, lo, lo + g->n)) {
                 bad = i;
                 break;
             }
-            *rv += (uint32_t)g->n;
-        }
-        for (uint32_t i = 0; i < n && i < (bad == UINT32_MAX ? n : bad); i++) {
-            s_range *g = &s->ranges[i];
-            if (step == (int64_t)s->chunks[g->lc].version)
-                s->recv_n[(size_t)g->lc * s->n_trainers + t] -= (uint32_t)g->n;
+            s_bits_put(tr->covered, lo, lo + g->n, 1);
         }
         if (bad != UINT32_MAX) {
-            snprintf(why, sizeof why, "range %u: chunk %u pushed more than once for step %" PRId64,
-                     bad, s->chunks[s->ranges[bad].lc].key, step);
+            for (uint32_t i = 0; i < bad; i++) {
+                s_range *g = &s->ranges[i];
+                s_lchunk *c = &s->chunks[g->lc];
+                if (step == (int64_t)c->version)
+                    s_bits_put(tr->covered, c->off + g->off, c->off + g->off + g->n, 0);
+            }
+            snprintf(why, sizeof why,
+                     "range %u: elements %" PRIu64 "..%" PRIu64 " of chunk %u pushed more than once "
+                     "for step %" PRId64, bad, s->ranges[bad].off, s->ranges[bad].off + s->ranges[bad].n - 1,
+                     s->chunks[s->ranges[bad].lc].key, step);
             s_reject(s, ident, op, h->request_id, ZPS_ERR_INVALID, why);
             return;
         }

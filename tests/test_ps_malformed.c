@@ -304,6 +304,93 @@ Test(it_ps_malformed, every_bad_request_gets_its_error_and_changes_nothing, .tim
     ps_plan_destroy(&plan);
 }
 
+/* sync: a range overlapping elements the trainer already pushed for this step (in an
+ * earlier request or earlier in the same one) is refused and changes nothing; the trainer's
+ * other ranges still complete the chunk, which is then applied exactly once. */
+Test(it_ps_malformed, sync_overlapping_ranges_are_refused, .timeout = 30)
+{
+    uint64_t seed = pst_seed();
+    ps_plan *plan;
+    cr_assert_eq(ps_plan_new(s_vars, 2, 1, 0, &plan), ZPS_OK);
+    uint64_t n = plan->total;
+    pst_server srv;
+    const char *args[] = {"--mode", "sync", "--num-trainers", "1", NULL};
+    cr_assert_eq(pst_spawn(&srv, NULL, args), 0);
+    const char *uris[1] = {srv.uri};
+    ps_client *c;
+    cr_assert_eq(ps_client_new(uris, 1, 0, NULL, &c), ZPS_OK);
+    cr_assert_eq(ps_client_register(c, plan, NULL, NULL), ZPS_OK);
+    float *init = zps_xmalloc(n * 4), *v = zps_xmalloc(n * 4), *gr = zps_xmalloc(n * 4);
+    uint64_t r = seed;
+    for (uint64_t i = 0; i < n; i++)
+        init[i] = pst_uniform(&r), gr[i] = pst_uniform(&r);
+    ps_optim_config o;
+    ps_optim_default(&o); // sgd, lr 0.01
+    cr_assert_eq(ps_client_init(c, init, &o, NULL), ZPS_OK);
+    cr_assert_eq(plan->n_chunks, 1u);
+    const uint64_t cnt = plan->chunks[0].count;
+    cr_assert(cnt > 4096);
+
+    raw rw = {0};
+    rw.ctx = zmq_ctx_new();
+    rw.sock = zmq_socket(rw.ctx, ZMQ_DEALER);
+    int linger = 0;
+    zmq_setsockopt(rw.sock, ZMQ_LINGER, &linger, sizeof linger);
+    cr_assert_eq(zmq_connect(rw.sock, srv.uri), 0);
+    char msg[512];
+    size_t hl;
+    uint32_t key = plan->chunks[0].key;
+    Zps__KeyRange kr[2];
+    const void *pl[2];
+    size_t pll[2];
+#define PUSH1(off_, cnt_)                                                                  \
+    (kr[0] = s_kr(key, (off_), (cnt_) * 4), pl[0] = gr + (off_), pll[0] = (cnt_) * 4,       \
+     h = s_hdr(&rw, ZPS__OP__OP_PUSH, ZPS_PROTOCOL_VERSION, 0, 0, kr, 1, 0, &hl),           \
+     got = s_send_raw(&rw, h, hl, pl, pll, 1, msg, sizeof msg), free(h), got)
+    uint8_t *h;
+    int got;
+    cr_assert_eq(PUSH1(0, 1024), ZPS_OK, "%s", msg);
+    cr_assert_eq(PUSH1(512, 1024), ZPS_ERR_INVALID, "overlap with an earlier request: %s", msg);
+    cr_assert(strstr(msg, "more than once"), "%s", msg);
+    /* two ranges in one request overlapping each other: refused, and the first one's
+     * elements are not counted as pushed */
+    kr[0] = s_kr(key, 2048, 1024 * 4), pl[0] = gr + 2048, pll[0] = 1024 * 4;
+    kr[1] = s_kr(key, 2560, 1024 * 4), pl[1] = gr + 2560, pll[1] = 1024 * 4;
+    h = s_hdr(&rw, ZPS__OP__OP_PUSH, ZPS_PROTOCOL_VERSION, 0, 0, kr, 2, 0, &hl);
+    got = s_send_raw(&rw, h, hl, pl, pll, 2, msg, sizeof msg);
+    free(h);
+    cr_assert_eq(got, ZPS_ERR_INVALID, "overlap inside one request: %s", msg);
+    cr_assert_eq(PUSH1(1024, 2048), ZPS_OK, "%s", msg);
+    /* nothing applied yet: the chunk is not complete */
+    ps_ticket tk;
+    uint64_t ver = 99;
+    cr_assert_eq(ps_client_pull(c, 0, 2, v, -1, &tk), ZPS_OK);
+    cr_assert_eq(ps_client_wait_version(c, tk, &ver), ZPS_OK);
+    cr_assert_eq(ver, 0);
+    cr_assert(!memcmp(v, init, n * 4), "values changed before the chunk was complete");
+    cr_assert_eq(PUSH1(3072, cnt - 3072), ZPS_OK, "%s", msg);
+#undef PUSH1
+    cr_assert_eq(ps_client_pull(c, 0, 2, v, 1, &tk), ZPS_OK);
+    cr_assert_eq(ps_client_wait_version(c, tk, &ver), ZPS_OK);
+    cr_assert_eq(ver, 1);
+    for (uint64_t i = 0; i < n; i++) {
+        float want = init[i] - 0.01f * gr[i];
+        cr_assert(v[i] == want, "value %llu: %.9g, want %.9g (seed %llu)", (unsigned long long)i,
+                  v[i], want, (unsigned long long)seed);
+    }
+    char *json;
+    cr_assert_eq(ps_client_stats(c, 0, &json), ZPS_OK);
+    cr_expect(strstr(json, "\"ZPS_ERR_INVALID\":2"), "%s", json);
+    cr_expect(strstr(json, "\"updates\":1,"), "%s", json);
+    free(json);
+    zmq_close(rw.sock);
+    zmq_ctx_term(rw.ctx);
+    ps_client_destroy(&c);
+    pst_kill(&srv, SIGTERM);
+    free(init), free(v), free(gr);
+    ps_plan_destroy(&plan);
+}
+
 /* A peer that asks for large pulls and never reads the replies must not stall updates:
  * after a short wait the server moves the values to a fresh copy (values_cow) and goes on;
  * the values stay exactly what the pushes make them. */
