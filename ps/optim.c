@@ -2,6 +2,8 @@
  * keep the operation order as documented, tests compare bits. */
 #include "ps/optim.h"
 
+#include "common/simd.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -125,6 +127,7 @@ double ps_optim_lr(const ps_optim_config *c, uint64_t step)
     }
 }
 
+ZPS_SIMD_CLONES
 void ps_optim_apply(const ps_optim_config *c, uint64_t step, float *restrict w,
                     float *const *slots, const float *restrict g, size_t n)
 {

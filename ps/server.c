@@ -29,6 +29,7 @@
 #include "common/clock.h"
 #include "common/mem.h"
 #include "common/proto.h"
+#include "common/simd.h"
 #include "ps/ckpt.h"
 #include "ps/optim.h"
 
@@ -744,6 +745,20 @@ static float *const *s_slot_ptrs(ps_server *s, uint64_t off, float **buf)
     return buf;
 }
 
+ZPS_SIMD_CLONES
+static void s_add(float *restrict d, const float *restrict a, uint64_t n)
+{
+    for (uint64_t i = 0; i < n; i++)
+        d[i] += a[i];
+}
+
+ZPS_SIMD_CLONES
+static void s_div(float *d, float by, uint64_t n)
+{
+    for (uint64_t i = 0; i < n; i++)
+        d[i] = d[i] / by;
+}
+
 /* sync: applies chunk lc if enough trainers are complete. */
 static void s_sync_try_apply(ps_server *s, uint32_t lc)
 {
@@ -762,19 +777,14 @@ static void s_sync_try_apply(ps_server *s, uint32_t lc)
             const s_held *e = &tr->held[i];
             if (e->lc != lc)
                 continue;
-            float *d = g + e->off;
-            const float *a = e->data;
             if (!used)
-                memcpy(d, a, e->n * 4);
+                memcpy(g + e->off, e->data, e->n * 4);
             else
-                for (uint64_t j = 0; j < e->n; j++)
-                    d[j] += a[j];
+                s_add(g + e->off, e->data, e->n);
         }
         used++;
     }
-    const float nf = (float)used;
-    for (uint64_t i = 0; i < c->count; i++)
-        g[i] = g[i] / nf;
+    s_div(g, (float)used, c->count);
     s_wait_readers(s, lc);
     float *sp[2];
     ps_optim_apply(&s->opt, c->version, s->values + c->off, s_slot_ptrs(s, c->off, sp), g,
@@ -897,6 +907,7 @@ static void s_check_pending(ps_server *s)
 
 #define S_WHY(...) snprintf(why, why_len, __VA_ARGS__)
 
+ZPS_SIMD_CLONES
 static int s_all_finite(const float *p, uint64_t n)
 {
     /* A float is NaN or Inf when its exponent bits are all ones. An OR over integer tests
