@@ -981,6 +981,16 @@ zps_status ps_client_checkpoint(ps_client *c)
     return s_simple(c, ZPS__OP__OP_CHECKPOINT, -1, NULL, NULL);
 }
 
+zps_status ps_client_leave(ps_client *c)
+{
+    if (c->hb_running) { // a heartbeat after LEAVE would not bring us back, but save the traffic
+        atomic_store(&c->hb_stop, 1);
+        pthread_join(c->hb_thread, NULL);
+        c->hb_running = 0;
+    }
+    return s_simple(c, ZPS__OP__OP_LEAVE, -1, NULL, NULL);
+}
+
 zps_status ps_client_shutdown(ps_client *c)
 {
     return s_simple(c, ZPS__OP__OP_SHUTDOWN, -1, NULL, NULL);

@@ -108,6 +108,12 @@ zps_status ps_client_wait_version(ps_client *c, ps_ticket t, uint64_t *version);
 /* Waits for every ticket in flight; returns the first error among tickets not yet waited. */
 zps_status ps_client_wait_all(ps_client *c);
 
+/* LEAVE on every server (blocking): this trainer is done. Sync chunks, ssp pulls and
+ * barriers stop waiting for it at once (no --trainer-timeout needed); it may still wait in
+ * a barrier, and any push, pull or REGISTER later brings it back. Stops the heartbeat
+ * thread. */
+zps_status ps_client_leave(ps_client *c);
+
 /* Returns when every live trainer reached the barrier (held by server 0). */
 zps_status ps_client_barrier(ps_client *c);
 /* HEARTBEAT to every server; *version (may be NULL) = smallest server version. */

@@ -36,14 +36,14 @@
 #define S_MAX_FRAMES (PS_MAX_RANGES + 2)
 #define S_RID_RING 64
 #define S_LAT_BUCKETS 96
-#define S_N_OPS 11
+#define S_N_OPS 12
 #define S_STALE_BUCKETS 8
 /* Reply frames at least this large are sent zero-copy from the values (s_wait_readers). */
 #define S_ZC_MIN 16384
 
 static const char *const s_op_names[S_N_OPS] = {"unknown", "register", "init", "push", "pull",
                                                  "pushpull", "barrier", "heartbeat",
-                                                 "checkpoint", "stats", "shutdown"};
+                                                 "checkpoint", "stats", "shutdown", "leave"};
 static const char *const s_mode_names[4] = {"unset", "sync", "async", "ssp"};
 
 typedef struct s_lchunk {
@@ -67,7 +67,8 @@ typedef struct s_held {
 
 typedef struct s_trainer {
     int registered;
-    int dropped;             // silent past --trainer-timeout (sync/ssp: not waited for)
+    int dropped;             // silent past --trainer-timeout, or left (sync/ssp: not waited for)
+    int left;                // sent LEAVE: heartbeats and barriers do not bring it back
     uint64_t last_seen_ns;
     int64_t clock;           // steps completed: max pushed step + 1
     float *accum;            // sync: (local_total) small or misaligned pushed ranges
@@ -111,7 +112,7 @@ typedef struct s_stats {
     uint64_t staleness[S_STALE_BUCKETS]; // 0,1,2,3,4-7,8-15,16-31,32+
     uint64_t lat[S_N_OPS][S_LAT_BUCKETS];
     uint64_t checkpoints;
-    uint64_t trainers_dropped, trainers_rejoined;
+    uint64_t trainers_dropped, trainers_rejoined, trainers_left;
     uint64_t reader_waits; // updates that waited for zmq to finish sending the old values
     uint64_t values_cow;   // waits that gave up: values moved to a fresh copy (stuck peer)
 } s_stats;
@@ -868,11 +869,15 @@ static void s_pending_add(ps_server *s, zmq_msg_t *ident, uint64_t rid, uint32_t
 
 static void s_check_barrier(ps_server *s)
 {
-    uint32_t arrived = 0;
+    /* Released when every live trainer is waiting in it (trainers that left may wait too;
+     * they are not waited for). */
+    uint32_t arrived = 0, waiting = 0;
     for (size_t i = 0; i < s->n_pending; i++)
-        if (s->pending[i].op == ZPS__OP__OP_BARRIER && !s->trainers[s->pending[i].trainer].dropped)
-            arrived++;
-    if (!arrived || arrived < s_live(s))
+        if (s->pending[i].op == ZPS__OP__OP_BARRIER) {
+            waiting++;
+            arrived += !s->trainers[s->pending[i].trainer].dropped;
+        }
+    if (!waiting || arrived < s_live(s))
         return;
     for (size_t i = 0; i < s->n_pending;) {
         s_pending *p = &s->pending[i];
@@ -1015,6 +1020,7 @@ static void s_seen(ps_server *s, uint32_t t)
 {
     s_trainer *tr = &s->trainers[t];
     tr->last_seen_ns = zps_now_ns();
+    tr->left = 0;
     if (tr->dropped) {
         tr->dropped = 0;
         s->st.trainers_rejoined++;
@@ -1496,12 +1502,14 @@ static size_t s_stats_json(ps_server *s, char *b, size_t cap)
         "\"version\":%" PRIu64 ",\"chunks\":%u,\"values\":%" PRIu64 ",\"pushes\":%" PRIu64
         ",\"pulls\":%" PRIu64 ",\"bytes_in\":%" PRIu64 ",\"bytes_out\":%" PRIu64
         ",\"updates\":%" PRIu64 ",\"stale_dropped\":%" PRIu64 ",\"checkpoints\":%" PRIu64
-        ",\"trainers_dropped\":%" PRIu64 ",\"trainers_rejoined\":%" PRIu64 ",\"pending\":%zu"
+        ",\"trainers_dropped\":%" PRIu64 ",\"trainers_rejoined\":%" PRIu64
+        ",\"trainers_left\":%" PRIu64 ",\"pending\":%zu"
         ",\"reader_waits\":%" PRIu64 ",\"values_cow\":%" PRIu64,
         s->cfg.index, s_mode_names[s->mode], s->n_trainers, s->trainers ? s_live(s) : 0,
         s->initialised ? "true" : "false", s_min_version(s), s->n_local, s->local_total,
         s->st.pushes, s->st.pulls, s->st.bytes_in, s->st.bytes_out, s->st.updates,
         s->st.stale_dropped, s->st.checkpoints, s->st.trainers_dropped, s->st.trainers_rejoined,
+        s->st.trainers_left,
         s->n_pending, s->st.reader_waits, s->st.values_cow);
     S_J(",\"requests\":{");
     for (int i = 1; i < S_N_OPS; i++)
@@ -1535,6 +1543,16 @@ static size_t s_stats_json(ps_server *s, char *b, size_t cap)
     return n;
 }
 
+/* A trainer stopped being waited for (timed out or left): sync chunks may be complete now,
+ * ssp pulls and barriers may be free to go. */
+static void s_after_drop(ps_server *s)
+{
+    if (s->mode == PS_MODE_SYNC && s->initialised && s->recv_n)
+        for (uint32_t lc = 0; lc < s->n_local; lc++)
+            s_sync_try_apply(s, lc);
+    s_check_pending(s); // and barriers
+}
+
 static void s_op_simple(ps_server *s, zmq_msg_t *ident, const Zps__Header *h, uint64_t t0)
 {
     int op = h->op;
@@ -1546,10 +1564,31 @@ static void s_op_simple(ps_server *s, zmq_msg_t *ident, const Zps__Header *h, ui
             s_reject(s, ident, op, h->request_id, st, why);
             return;
         }
-        s_seen(s, h->trainer_id);
+        if (!s->trainers[h->trainer_id].left)
+            s_seen(s, h->trainer_id);
         s_reply r = {op, h->request_id, ZPS_OK, "", s_min_version(s), 0, 0};
         s_send(s, ident, &r, NULL, 0);
         s_check_pending(s);
+        break;
+    }
+    case ZPS__OP__OP_LEAVE: {
+        zps_status st = s_check_trainer(s, h, why, sizeof why);
+        if (st != ZPS_OK) {
+            s_reject(s, ident, op, h->request_id, st, why);
+            return;
+        }
+        s_trainer *tr = &s->trainers[h->trainer_id];
+        if (!tr->left) {
+            tr->left = 1;
+            s->st.trainers_left++;
+            if (!tr->dropped) {
+                tr->dropped = 1;
+                zps_log(ZPS_INFO, "ps", "trainer %u left (%u live)", h->trainer_id, s_live(s));
+            }
+        }
+        s_reply r = {op, h->request_id, ZPS_OK, "", s_min_version(s), 0, 0};
+        s_send(s, ident, &r, NULL, 0);
+        s_after_drop(s);
         break;
     }
     case ZPS__OP__OP_BARRIER: {
@@ -1558,7 +1597,8 @@ static void s_op_simple(ps_server *s, zmq_msg_t *ident, const Zps__Header *h, ui
             s_reject(s, ident, op, h->request_id, st, why);
             return;
         }
-        s_seen(s, h->trainer_id);
+        if (!s->trainers[h->trainer_id].left)
+            s_seen(s, h->trainer_id);
         for (size_t i = 0; i < s->n_pending; i++)
             if (s->pending[i].op == op && s->pending[i].trainer == h->trainer_id) {
                 /* A retried barrier replaces the earlier one. */
@@ -1683,13 +1723,8 @@ static void s_liveness(ps_server *s)
                     t, (double)(now - tr->last_seen_ns) * 1e-9, s_live(s));
         }
     }
-    if (!changed)
-        return;
-    if (s->mode == PS_MODE_SYNC && s->initialised && s->recv_n) {
-        for (uint32_t lc = 0; lc < s->n_local; lc++)
-            s_sync_try_apply(s, lc);
-    }
-    s_check_pending(s);
+    if (changed)
+        s_after_drop(s);
 }
 
 static void s_timers(ps_server *s)

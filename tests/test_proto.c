@@ -9,7 +9,7 @@
 static const Zps__Op s_ops[] = {ZPS__OP__OP_REGISTER, ZPS__OP__OP_INIT,     ZPS__OP__OP_PUSH,
                                 ZPS__OP__OP_PULL,     ZPS__OP__OP_PUSHPULL, ZPS__OP__OP_BARRIER,
                                 ZPS__OP__OP_HEARTBEAT, ZPS__OP__OP_CHECKPOINT,
-                                ZPS__OP__OP_STATS,    ZPS__OP__OP_SHUTDOWN};
+                                ZPS__OP__OP_STATS,    ZPS__OP__OP_SHUTDOWN, ZPS__OP__OP_LEAVE};
 
 /* Packs a header with every field set for op; caller frees the bytes. */
 static uint8_t *s_pack_header(Zps__Op op, size_t *len)

@@ -30,9 +30,12 @@ typedef struct targ {
     char err[256];
 } targ;
 
-/* Runs steps [0, max) as trainer t; reports each finished step on fd (>= 0). */
-static int s_train(const char *uri, const ps_plan *plan, int t, int max, int fd, int *done,
-                   char *err, size_t errlen)
+enum { END_NONE, END_BARRIER, END_LEAVE_BARRIER };
+
+/* Runs steps [0, max) as trainer t; reports each finished step on fd (>= 0); then, per end,
+ * waits in a barrier, or leaves and waits in a barrier. */
+static int s_train_end(const char *uri, const ps_plan *plan, int t, int max, int fd, int *done,
+                       char *err, size_t errlen, int end)
 {
     const char *uris[1] = {uri};
     ps_client_opts o;
@@ -61,6 +64,10 @@ static int s_train(const char *uri, const ps_plan *plan, int t, int max, int fd,
         if (fd >= 0 && write(fd, &s, sizeof s) != sizeof s)
             break;
     }
+    if (end == END_LEAVE_BARRIER && (st = ps_client_leave(c)) != ZPS_OK)
+        goto out;
+    if (end != END_NONE && (st = ps_client_barrier(c)) != ZPS_OK)
+        goto out;
 out:
     if (st != ZPS_OK && err)
         snprintf(err, errlen, "%s: %s", zps_status_name(st), ps_client_last_error(c));
@@ -68,6 +75,12 @@ out:
     free(v);
     free(g);
     return st;
+}
+
+static int s_train(const char *uri, const ps_plan *plan, int t, int max, int fd, int *done,
+                   char *err, size_t errlen)
+{
+    return s_train_end(uri, plan, t, max, fd, done, err, errlen, END_NONE);
 }
 
 static void *s_thread(void *arg)
@@ -144,6 +157,67 @@ Test(it_ps_liveness, sync_continues_after_a_trainer_dies, .timeout = 60)
     char *json;
     cr_assert_eq(ps_client_stats(c, 0, &json), ZPS_OK);
     cr_expect(strstr(json, "\"trainers_dropped\":1,"), "%s", json);
+    char want[32];
+    snprintf(want, sizeof want, "\"version\":%d,", STEPS);
+    cr_expect(strstr(json, want), "%s", json);
+    free(json);
+    ps_client_destroy(&c);
+    pst_kill(&srv, SIGTERM);
+    ps_plan_destroy(&plan);
+}
+
+typedef struct larg {
+    targ a;
+    int steps, end;
+} larg;
+
+static void *s_leave_thread(void *arg)
+{
+    larg *l = arg;
+    l->a.status = s_train_end(l->a.uri, l->a.plan, l->a.t, l->steps, -1, &l->a.steps_done, l->a.err,
+                              sizeof l->a.err, l->end);
+    return NULL;
+}
+
+/* sync, no --trainer-timeout: trainer 1 stops after 2 steps and LEAVEs, then waits in a
+ * barrier; trainer 0 goes on alone to STEPS without waiting for it, and the barrier lets
+ * both go when trainer 0 arrives. Without LEAVE trainer 0 would wait forever. */
+Test(it_ps_liveness, sync_and_barrier_go_on_after_a_trainer_leaves, .timeout = 30)
+{
+    ps_plan *plan;
+    cr_assert_eq(ps_plan_new(s_vars, 2, 1, 0, &plan), ZPS_OK);
+    pst_server srv;
+    const char *args[] = {"--mode", "sync", "--num-trainers", "2", NULL};
+    cr_assert_eq(pst_spawn(&srv, NULL, args), 0);
+    const char *uris[1] = {srv.uri};
+    ps_client *c;
+    cr_assert_eq(ps_client_new(uris, 1, 0, NULL, &c), ZPS_OK);
+    cr_assert_eq(ps_client_register(c, plan, NULL, NULL), ZPS_OK);
+    float *v = zps_xmalloc(plan->total * 4);
+    uint64_t r = pst_seed();
+    for (uint64_t i = 0; i < plan->total; i++)
+        v[i] = pst_uniform(&r);
+    ps_optim_config o;
+    ps_optim_default(&o);
+    cr_assert_eq(ps_client_init(c, v, &o, NULL), ZPS_OK);
+    free(v);
+    pthread_t th[2];
+    larg la[2];
+    for (int t = 0; t < 2; t++) {
+        la[t] = (larg){{srv.uri, plan, t, 0, 0, ""}, t == 0 ? STEPS : 2,
+                       t == 0 ? END_BARRIER : END_LEAVE_BARRIER};
+        pthread_create(&th[t], NULL, s_leave_thread, &la[t]);
+    }
+    for (int t = 0; t < 2; t++)
+        pthread_join(th[t], NULL);
+    for (int t = 0; t < 2; t++)
+        cr_expect_eq(la[t].a.status, 0, "trainer %d: %s", t, la[t].a.err);
+    cr_expect_eq(la[0].a.steps_done, STEPS);
+    cr_expect_eq(la[1].a.steps_done, 2);
+    char *json;
+    cr_assert_eq(ps_client_stats(c, 0, &json), ZPS_OK);
+    cr_expect(strstr(json, "\"trainers_left\":1,"), "%s", json);
+    cr_expect(strstr(json, "\"trainers_dropped\":0,"), "%s", json);
     char want[32];
     snprintf(want, sizeof want, "\"version\":%d,", STEPS);
     cr_expect(strstr(json, want), "%s", json);

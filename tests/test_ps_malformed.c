@@ -327,9 +327,10 @@ Test(it_ps_malformed, sync_overlapping_ranges_are_refused, .timeout = 30)
     ps_optim_config o;
     ps_optim_default(&o); // sgd, lr 0.01
     cr_assert_eq(ps_client_init(c, init, &o, NULL), ZPS_OK);
-    cr_assert_eq(plan->n_chunks, 1u);
+    cr_assert_eq(plan->chunks[0].offset, 0u);
     const uint64_t cnt = plan->chunks[0].count;
-    cr_assert(cnt > 4096);
+    cr_assert(cnt >= 1024); // chunks of at least 1024 elements (ps/plan.h)
+    const uint64_t q = cnt / 4;
 
     raw rw = {0};
     rw.ctx = zmq_ctx_new();
@@ -349,18 +350,18 @@ Test(it_ps_malformed, sync_overlapping_ranges_are_refused, .timeout = 30)
      got = s_send_raw(&rw, h, hl, pl, pll, 1, msg, sizeof msg), free(h), got)
     uint8_t *h;
     int got;
-    cr_assert_eq(PUSH1(0, 1024), ZPS_OK, "%s", msg);
-    cr_assert_eq(PUSH1(512, 1024), ZPS_ERR_INVALID, "overlap with an earlier request: %s", msg);
+    cr_assert_eq(PUSH1(0, q), ZPS_OK, "%s", msg);
+    cr_assert_eq(PUSH1(q / 2, q), ZPS_ERR_INVALID, "overlap with an earlier request: %s", msg);
     cr_assert(strstr(msg, "more than once"), "%s", msg);
     /* two ranges in one request overlapping each other: refused, and the first one's
      * elements are not counted as pushed */
-    kr[0] = s_kr(key, 2048, 1024 * 4), pl[0] = gr + 2048, pll[0] = 1024 * 4;
-    kr[1] = s_kr(key, 2560, 1024 * 4), pl[1] = gr + 2560, pll[1] = 1024 * 4;
+    kr[0] = s_kr(key, 2 * q, q * 4), pl[0] = gr + 2 * q, pll[0] = q * 4;
+    kr[1] = s_kr(key, 2 * q + q / 2, q * 4), pl[1] = gr + 2 * q + q / 2, pll[1] = q * 4;
     h = s_hdr(&rw, ZPS__OP__OP_PUSH, ZPS_PROTOCOL_VERSION, 0, 0, kr, 2, 0, &hl);
     got = s_send_raw(&rw, h, hl, pl, pll, 2, msg, sizeof msg);
     free(h);
     cr_assert_eq(got, ZPS_ERR_INVALID, "overlap inside one request: %s", msg);
-    cr_assert_eq(PUSH1(1024, 2048), ZPS_OK, "%s", msg);
+    cr_assert_eq(PUSH1(q, 2 * q), ZPS_OK, "%s", msg);
     /* nothing applied yet: the chunk is not complete */
     ps_ticket tk;
     uint64_t ver = 99;
@@ -368,8 +369,16 @@ Test(it_ps_malformed, sync_overlapping_ranges_are_refused, .timeout = 30)
     cr_assert_eq(ps_client_wait_version(c, tk, &ver), ZPS_OK);
     cr_assert_eq(ver, 0);
     cr_assert(!memcmp(v, init, n * 4), "values changed before the chunk was complete");
-    cr_assert_eq(PUSH1(3072, cnt - 3072), ZPS_OK, "%s", msg);
+    cr_assert_eq(PUSH1(3 * q, cnt - 3 * q), ZPS_OK, "%s", msg);
 #undef PUSH1
+    for (uint32_t k = 1; k < plan->n_chunks; k++) { // the other chunks, whole
+        const ps_chunk *ch = &plan->chunks[k];
+        kr[0] = s_kr(ch->key, 0, ch->count * 4), pl[0] = gr + ch->offset, pll[0] = ch->count * 4;
+        h = s_hdr(&rw, ZPS__OP__OP_PUSH, ZPS_PROTOCOL_VERSION, 0, 0, kr, 1, 0, &hl);
+        got = s_send_raw(&rw, h, hl, pl, pll, 1, msg, sizeof msg);
+        free(h);
+        cr_assert_eq(got, ZPS_OK, "chunk %u: %s", k, msg);
+    }
     cr_assert_eq(ps_client_pull(c, 0, 2, v, 1, &tk), ZPS_OK);
     cr_assert_eq(ps_client_wait_version(c, tk, &ver), ZPS_OK);
     cr_assert_eq(ver, 1);
@@ -381,7 +390,9 @@ Test(it_ps_malformed, sync_overlapping_ranges_are_refused, .timeout = 30)
     char *json;
     cr_assert_eq(ps_client_stats(c, 0, &json), ZPS_OK);
     cr_expect(strstr(json, "\"ZPS_ERR_INVALID\":2"), "%s", json);
-    cr_expect(strstr(json, "\"updates\":1,"), "%s", json);
+    char want[32];
+    snprintf(want, sizeof want, "\"updates\":%u,", plan->n_chunks);
+    cr_expect(strstr(json, want), "%s", json);
     free(json);
     zmq_close(rw.sock);
     zmq_ctx_term(rw.ctx);

@@ -794,6 +794,9 @@ zps_status tr_run(const tr_config *cfg, tr_result *res)
         S_STEP(nn_model_save(j->model, cfg->export_path));
         zps_log(ZPS_INFO, "trainer", "wrote %s", cfg->export_path);
     }
+    /* LEAVE: peers (sync, ssp) and barriers stop waiting for this trainer at once */
+    if (j->ps_mode)
+        S_STEP(ps_client_leave(j->client));
     if (j->ps_mode && cfg->shutdown_servers) {
         S_STEP(ps_client_barrier(j->client));
         if (j->id == 0)
