@@ -174,6 +174,8 @@ static int s_spawn_raw(proc *p)
     return rc;
 }
 
+static int s_zps_io_threads = 1; // --server-io-threads
+
 static int s_spawn_zps(proc *p, int n_clients)
 {
     char bin[PATH_MAX];
@@ -188,8 +190,9 @@ static int s_spawn_zps(proc *p, int n_clients)
         char *slash = strrchr(bin, '/');
         snprintf(slash + 1, sizeof bin - (size_t)(slash + 1 - bin), "zps-server");
     }
-    char nt[16];
+    char nt[16], io[16];
     snprintf(nt, sizeof nt, "%d", n_clients);
+    snprintf(io, sizeof io, "%d", s_zps_io_threads);
     int fds[2];
     if (pipe(fds) == -1)
         return -1;
@@ -203,7 +206,7 @@ static int s_spawn_zps(proc *p, int n_clients)
         close(fds[1]);
         execl(bin, bin, "--bind", "tcp://127.0.0.1:0", "--mode", "async", "--num-trainers", nt,
               "--stats-every", "0", "--log-level", "warn", "--max-message-bytes", "1073741824",
-              (char *)NULL);
+              "--io-threads", io, (char *)NULL);
         _exit(127);
     }
     close(fds[1]);
@@ -236,6 +239,7 @@ typedef struct run {
     int servers, clients, op, iters, warmup;
     size_t bytes;
     uint64_t msg_bytes;
+    int streams;
     const ps_plan *plan;
     const char *uris[MAX_SERVERS];
     pid_t pids[MAX_SERVERS]; // the servers' processes, for their CPU time
@@ -304,6 +308,7 @@ static void *s_zps_client(void *arg)
     ps_client_opts_default(&o);
     o.heartbeat_ms = 0;
     o.msg_bytes = r->msg_bytes;
+    o.streams = r->streams;
     ps_client *c = NULL;
     zps_status st = ps_client_new(r->uris, r->servers, (uint32_t)a->id, &o, &c);
     if (st == ZPS_OK)
@@ -498,7 +503,9 @@ static void s_usage(FILE *f)
                "  --bytes B      only this payload size\n"
                "  --op, --shape  only this op / shape\n"
                "  --msg-bytes B  client message size (ps_client_opts.msg_bytes, default 1 MiB)\n"
-               "  --only zps|raw run one side only (for profiling; ratio printed as 0)\n");
+               "  --only zps|raw run one side only (for profiling; ratio printed as 0)\n"
+               "  --streams N    zps: TCP connections per server (ps_client_opts.streams, default 1)\n"
+               "  --server-io-threads N  zps-server --io-threads (default 1)\n");
 }
 
 ZPS_BENCH(pushpull, "zps push/pull/pushpull vs raw ZeroMQ DEALER/ROUTER, 1x1 and 2x2")
@@ -506,6 +513,7 @@ ZPS_BENCH(pushpull, "zps push/pull/pushpull vs raw ZeroMQ DEALER/ROUTER, 1x1 and
     int quick = 0, reps = 3, op_mask = 7, shape_mask = 3, only = 0; // only: 1 zps, 2 raw
     size_t max_bytes = 64u << 20, only_bytes = 0;
     uint64_t msg_bytes = 1u << 20;
+    int streams = 1;
     static const struct option opts[] = {{"quick", no_argument, 0, 'q'},
                                          {"reps", required_argument, 0, 'r'},
                                          {"max-bytes", required_argument, 0, 'm'},
@@ -514,6 +522,8 @@ ZPS_BENCH(pushpull, "zps push/pull/pushpull vs raw ZeroMQ DEALER/ROUTER, 1x1 and
                                          {"shape", required_argument, 0, 's'},
                                          {"msg-bytes", required_argument, 0, 'M'},
                                          {"only", required_argument, 0, 'O'},
+                                         {"streams", required_argument, 0, 'S'},
+                                         {"server-io-threads", required_argument, 0, 'I'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     int ch;
@@ -532,6 +542,10 @@ ZPS_BENCH(pushpull, "zps push/pull/pushpull vs raw ZeroMQ DEALER/ROUTER, 1x1 and
             shape_mask = !strcmp(optarg, "1x1") ? 1 : 2;
         else if (ch == 'M')
             msg_bytes = strtoull(optarg, NULL, 10);
+        else if (ch == 'S')
+            streams = atoi(optarg);
+        else if (ch == 'I')
+            s_zps_io_threads = atoi(optarg) > 0 ? atoi(optarg) : 1;
         else if (ch == 'O' && (!strcmp(optarg, "zps") || !strcmp(optarg, "raw")))
             only = optarg[0] == 'z' ? 1 : 2;
         else {
@@ -595,7 +609,7 @@ ZPS_BENCH(pushpull, "zps push/pull/pushpull vs raw ZeroMQ DEALER/ROUTER, 1x1 and
                 }
                 run r = {.servers = ns, .clients = nc, .op = op, .iters = iters,
                          .warmup = iters / 8 + 2, .bytes = bytes, .plan = plan,
-                         .msg_bytes = msg_bytes};
+                         .msg_bytes = msg_bytes, .streams = streams};
                 double rg[16];
                 for (int s = 0; s < ns; s++)
                     r.uris[s] = zs[s].uri, r.pids[s] = zs[s].pid;

@@ -154,11 +154,21 @@ void ps_client_opts_default(ps_client_opts *o)
     o->backoff_ms = 50;
     o->heartbeat_ms = 1000;
     o->msg_bytes = 1u << 20;
+    o->streams = 1;
     o->heartbeat_thread = 0;
 }
 
 const char *ps_client_last_error(const ps_client *c) { return c->err; }
 int ps_client_num_servers(const ps_client *c) { return c->n; }
+
+/* Connects socket s to server i opts.streams times: one TCP connection each. */
+static int s_connect_streams(ps_client *c, void *s, int i)
+{
+    for (int k = 0; k < c->o.streams; k++)
+        if (zmq_connect(s, c->uris[i]) == -1)
+            return -1;
+    return 0;
+}
 
 static zps_status s_open_socket(ps_client *c, int i)
 {
@@ -170,7 +180,7 @@ static zps_status s_open_socket(ps_client *c, int i)
         zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger) == -1 ||
         zmq_setsockopt(s, ZMQ_RECONNECT_IVL, &ivl, sizeof ivl) == -1 ||
         zmq_setsockopt(s, ZMQ_RECONNECT_IVL_MAX, &ivlmax, sizeof ivlmax) == -1 ||
-        zmq_connect(s, c->uris[i]) == -1) {
+        s_connect_streams(c, s, i) == -1) {
         zps_log(ZPS_ERROR, "client", "cannot connect to %s: %s", c->uris[i],
                 zmq_strerror(zmq_errno()));
         zmq_close(s);
@@ -193,10 +203,19 @@ zps_status ps_client_new(const char *const *server_uris, int n_servers, uint32_t
         ps_client_opts_default(&c->o);
     c->n = n_servers;
     c->trainer = trainer_id;
+    if (c->o.streams < 1 || c->o.streams > 8) {
+        free(c);
+        return ZPS_ERR_INVALID;
+    }
     c->ctx = zmq_ctx_new();
     if (!c->ctx) {
         free(c);
         ZPS_CHECK_PTR(NULL, ZPS_ERR_ZMQ);
+    }
+    if (c->o.streams > 1 && zmq_ctx_set(c->ctx, ZMQ_IO_THREADS, c->o.streams) == -1) {
+        zmq_ctx_term(c->ctx);
+        free(c);
+        ZPS_CHECK_ZMQ(-1);
     }
     c->socks = zps_xcalloc((size_t)n_servers, sizeof *c->socks);
     c->uris = zps_xcalloc((size_t)n_servers, sizeof *c->uris);

@@ -55,6 +55,11 @@ typedef struct ps_client_opts {
                           // trainer to --trainer-timeout (default 0: only while waiting)
     uint64_t msg_bytes; // cut each server's part of a push/pull into messages of about this
                         // many bytes (default 1 MiB; 0 = one message per server)
+    int streams;        // TCP connections per server (default 1, at most 8): messages go out
+                        // round-robin over them, each connection on its own ZeroMQ I/O
+                        // thread. With more than 1, a server may handle a trainer's requests
+                        // out of order (replies are matched by id; sync and ssp waits hold,
+                        // but an async pull may miss the trainer's own push just before it)
 } ps_client_opts;
 
 /* What the trainer asks for at REGISTER; zeros mean "whatever the server has". */

@@ -175,6 +175,7 @@ void ps_server_config_default(ps_server_config *c)
     c->staleness = -1;
     c->max_message_bytes = 1ull << 30;
     c->stats_every_s = 30;
+    c->io_threads = 1;
 }
 
 static unsigned s_lat_bucket(uint64_t ns)
@@ -1875,7 +1876,10 @@ zps_status ps_server_new(const ps_server_config *cfg, ps_server **out)
         ps_server_destroy(&s);
         ZPS_CHECK_PTR(NULL, ZPS_ERR_ZMQ);
     }
-    zmq_ctx_set(s->ctx, ZMQ_IO_THREADS, 1);
+    if (zmq_ctx_set(s->ctx, ZMQ_IO_THREADS, cfg->io_threads > 0 ? cfg->io_threads : 1) == -1) {
+        ps_server_destroy(&s);
+        ZPS_CHECK_ZMQ(-1);
+    }
     s->sock = zmq_socket(s->ctx, ZMQ_ROUTER);
     if (!s->sock) {
         ps_server_destroy(&s);

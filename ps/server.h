@@ -47,6 +47,7 @@ typedef struct ps_server_config {
     int allow_reinit;             // accept a second INIT (replaces values, resets versions)
     uint64_t max_message_bytes;   // payload bytes per request
     double stats_every_s;         // periodic one-line log; 0 = off
+    int io_threads;               // ZeroMQ I/O threads (default 1)
 } ps_server_config;
 
 typedef struct ps_server ps_server;

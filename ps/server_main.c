@@ -41,6 +41,7 @@ static void s_usage(FILE *f)
             "  --allow-reinit             accept a second INIT (replaces values, resets versions)\n"
             "  --max-message-bytes B      payload limit per request (default 1073741824)\n"
             "  --stats-every SEC          periodic one-line stats log (default 30, 0 = off)\n"
+            "  --io-threads N             ZeroMQ I/O threads: connections are spread over them (default 1)\n"
             "  --log-level trace|debug|info|warn|error|off\n"
             "  --help\n");
 }
@@ -64,7 +65,7 @@ int main(int argc, char **argv)
     const char *cluster = NULL, *bind = NULL;
     int index = -1;
     enum { O_BIND = 256, O_CLUSTER, O_INDEX, O_MODE, O_NT, O_R, O_S, O_TO, O_CD, O_CEV, O_CES,
-           O_RESTORE, O_REINIT, O_MAX, O_STATS, O_LOG, O_HELP };
+           O_RESTORE, O_REINIT, O_MAX, O_STATS, O_LOG, O_IO, O_HELP };
     static const struct option opts[] = {
         {"bind", required_argument, 0, O_BIND},
         {"cluster", required_argument, 0, O_CLUSTER},
@@ -81,6 +82,7 @@ int main(int argc, char **argv)
         {"allow-reinit", no_argument, 0, O_REINIT},
         {"max-message-bytes", required_argument, 0, O_MAX},
         {"stats-every", required_argument, 0, O_STATS},
+        {"io-threads", required_argument, 0, O_IO},
         {"log-level", required_argument, 0, O_LOG},
         {"help", no_argument, 0, O_HELP},
         {0, 0, 0, 0}};
@@ -156,6 +158,11 @@ int main(int argc, char **argv)
         case O_STATS:
             if (!s_num("--stats-every", optarg, 0, 1e9, &cfg.stats_every_s))
                 return 2;
+            break;
+        case O_IO:
+            if (!s_num("--io-threads", optarg, 1, 16, &d))
+                return 2;
+            cfg.io_threads = (int)d;
             break;
         case O_LOG:
             if (zps_log_set_level_str(optarg) != ZPS_OK) {
