@@ -5,6 +5,12 @@
  * its slot in O(1) and a reply to a slot that has since been reused (a late duplicate) is
  * recognised and dropped. Push frames point into the caller's gradient buffer (zero-copy);
  * frames_out counts the frames zmq still holds, and a slot is only recycled once it is 0.
+ *
+ * Handshakes: each DEALER has a socket monitor whose PAIR reader (mons[i]) is read, without
+ * blocking, by s_timeouts (at most every 2 ms while the client is driven). It only carries
+ * handshake verdicts, which happen once per connection, so plaintext traffic costs nothing
+ * more; a refusal fails every request to that server with ZPS_ERR_UNAUTHORIZED
+ * (s_refuse) instead of leaving it to the 30 s timeout.
  */
 #include "ps/client.h"
 
@@ -20,12 +26,17 @@
 #include "common/clock.h"
 #include "common/mem.h"
 #include "common/proto.h"
+#include "ps/curve.h"
 
 #define S_SLOT_BITS 12
 #define S_SLOTS (1u << S_SLOT_BITS)
 #define S_TICKETS 4096u
 /* Push frames smaller than this are copied (cheaper than a zero-copy message). */
 #define S_ZC_MIN 16384
+/* Handshake events the client watches on each DEALER. */
+#define S_HS_EVENTS                                                                    \
+    (ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |            \
+     ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
 
 typedef struct s_slot {
     uint64_t rid;         // 0 when free
@@ -89,7 +100,24 @@ struct ps_client {
     pthread_t hb_thread;   // heartbeat_thread: own sockets, started by register
     int hb_running;
     atomic_int hb_stop;
+    int curve;             // the o.curve_* keys are set: every socket is a CURVE client
+    void **mons;           // (n) PAIR reading socks[i]'s handshake events; NULL with socks[i]
+    unsigned mon_gen;      // keeps monitor endpoints unique across reopened sockets
+    int *hs_silent;        // (n) handshakes server i closed without a reason since a success
+    char (*refused)[320];  // (n) why server i refused our handshake ("": it has not)
 };
+
+/* CURVE client options on a new socket (nothing without keys). -1 on failure. */
+static int s_curve_sockopts(const ps_client *c, void *s)
+{
+    if (!c->curve)
+        return 0;
+    if (zmq_setsockopt(s, ZMQ_CURVE_SERVERKEY, c->o.curve_server_key, PS_CURVE_KEY_LEN + 1) == -1 ||
+        zmq_setsockopt(s, ZMQ_CURVE_PUBLICKEY, c->o.curve_public_key, PS_CURVE_KEY_LEN + 1) == -1 ||
+        zmq_setsockopt(s, ZMQ_CURVE_SECRETKEY, c->o.curve_secret_key, PS_CURVE_KEY_LEN + 1) == -1)
+        return -1;
+    return 0;
+}
 
 /* The heartbeat thread: its own DEALER per server (sockets are not shared across threads),
  * a HEARTBEAT to each every heartbeat_ms; replies are read and dropped. */
@@ -103,7 +131,7 @@ static void *s_hb_main(void *arg)
         if (!socks[i])
             continue;
         zmq_setsockopt(socks[i], ZMQ_LINGER, &zero, sizeof zero);
-        if (zmq_connect(socks[i], c->uris[i]) == -1) {
+        if (s_curve_sockopts(c, socks[i]) == -1 || zmq_connect(socks[i], c->uris[i]) == -1) {
             zmq_close(socks[i]);
             socks[i] = NULL;
         }
@@ -149,6 +177,7 @@ static void *s_hb_main(void *arg)
 
 void ps_client_opts_default(ps_client_opts *o)
 {
+    memset(o, 0, sizeof *o);
     o->timeout_ms = 30000;
     o->max_retries = 4;
     o->backoff_ms = 50;
@@ -170,24 +199,50 @@ static int s_connect_streams(ps_client *c, void *s, int i)
     return 0;
 }
 
+/* Opens server i's DEALER and its handshake monitor. The monitor's reader is connected
+ * before the DEALER connects, so no verdict is lost. */
 static zps_status s_open_socket(ps_client *c, int i)
 {
     void *s = zmq_socket(c->ctx, ZMQ_DEALER);
     ZPS_CHECK_PTR(s, ZPS_ERR_ZMQ);
+    void *mon = NULL;
+    char mon_ep[96];
+    snprintf(mon_ep, sizeof mon_ep, "inproc://zps-client-monitor-%p-%d-%u", (void *)c, i,
+             c->mon_gen++);
     int zero = 0, linger = 1000, ivl = 100, ivlmax = 2000;
     if (zmq_setsockopt(s, ZMQ_SNDHWM, &zero, sizeof zero) == -1 ||
         zmq_setsockopt(s, ZMQ_RCVHWM, &zero, sizeof zero) == -1 ||
         zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger) == -1 ||
         zmq_setsockopt(s, ZMQ_RECONNECT_IVL, &ivl, sizeof ivl) == -1 ||
         zmq_setsockopt(s, ZMQ_RECONNECT_IVL_MAX, &ivlmax, sizeof ivlmax) == -1 ||
-        s_connect_streams(c, s, i) == -1) {
+        s_curve_sockopts(c, s) == -1 || zmq_socket_monitor(s, mon_ep, S_HS_EVENTS) == -1 ||
+        !(mon = zmq_socket(c->ctx, ZMQ_PAIR)) ||
+        zmq_setsockopt(mon, ZMQ_LINGER, &zero, sizeof zero) == -1 ||
+        zmq_connect(mon, mon_ep) == -1 || s_connect_streams(c, s, i) == -1) {
         zps_log(ZPS_ERROR, "client", "cannot connect to %s: %s", c->uris[i],
                 zmq_strerror(zmq_errno()));
+        if (mon)
+            zmq_close(mon);
         zmq_close(s);
         return ZPS_ERR_ZMQ;
     }
     c->socks[i] = s;
+    c->mons[i] = mon;
+    c->hs_silent[i] = 0;
     return ZPS_OK;
+}
+
+/* Closes server i's DEALER (dropping whatever it still holds) and its monitor reader. */
+static void s_close_socket(ps_client *c, int i)
+{
+    int zero = 0;
+    if (c->socks[i]) {
+        zmq_setsockopt(c->socks[i], ZMQ_LINGER, &zero, sizeof zero);
+        zmq_close(c->socks[i]);
+    }
+    if (c->mons[i])
+        zmq_close(c->mons[i]);
+    c->socks[i] = c->mons[i] = NULL;
 }
 
 zps_status ps_client_new(const char *const *server_uris, int n_servers, uint32_t trainer_id,
@@ -196,11 +251,33 @@ zps_status ps_client_new(const char *const *server_uris, int n_servers, uint32_t
     *out = NULL;
     if (n_servers < 1 || !server_uris)
         return ZPS_ERR_INVALID;
+    int curve = 0;
+    if (opts) {
+        const char *keys[3] = {opts->curve_server_key, opts->curve_public_key,
+                               opts->curve_secret_key};
+        int given = 0, valid = 0;
+        for (int k = 0; k < 3; k++) {
+            size_t len = strnlen(keys[k], PS_CURVE_KEY_LEN + 1);
+            given += len > 0;
+            valid += ps_curve_key_valid(keys[k], len);
+        }
+        if (given && valid != 3) {
+            zps_log(ZPS_ERROR, "client", "CURVE wants the server key, the public key and the "
+                    "secret key together, each 40 Z85 characters (%d of 3 valid)", valid);
+            return ZPS_ERR_INVALID;
+        }
+        if (given && !zmq_has("curve")) {
+            zps_log(ZPS_ERROR, "client", "CURVE keys given, but this libzmq has no CURVE");
+            return ZPS_ERR_UNSUPPORTED;
+        }
+        curve = given > 0;
+    }
     ps_client *c = zps_xcalloc(1, sizeof *c);
     if (opts)
         c->o = *opts;
     else
         ps_client_opts_default(&c->o);
+    c->curve = curve;
     c->n = n_servers;
     c->trainer = trainer_id;
     if (c->o.streams < 1 || c->o.streams > 8) {
@@ -222,6 +299,9 @@ zps_status ps_client_new(const char *const *server_uris, int n_servers, uint32_t
     c->last_sent_ns = zps_xcalloc((size_t)n_servers, sizeof *c->last_sent_ns);
     c->reg_inflight = zps_xcalloc((size_t)n_servers, sizeof *c->reg_inflight);
     c->next_piece = zps_xcalloc((size_t)n_servers, sizeof *c->next_piece);
+    c->mons = zps_xcalloc((size_t)n_servers, sizeof *c->mons);
+    c->hs_silent = zps_xcalloc((size_t)n_servers, sizeof *c->hs_silent);
+    c->refused = zps_xcalloc((size_t)n_servers, sizeof *c->refused);
     c->slots = zps_xcalloc(S_SLOTS, sizeof *c->slots);
     c->free_slots = zps_xmalloc(S_SLOTS * sizeof *c->free_slots);
     for (uint32_t i = 0; i < S_SLOTS; i++)
@@ -252,11 +332,7 @@ void ps_client_destroy(ps_client **pc)
         pthread_join(c->hb_thread, NULL);
     }
     for (int i = 0; i < c->n; i++)
-        if (c->socks[i]) {
-            int zero = 0;
-            zmq_setsockopt(c->socks[i], ZMQ_LINGER, &zero, sizeof zero);
-            zmq_close(c->socks[i]);
-        }
+        s_close_socket(c, i);
     if (c->ctx)
         zmq_ctx_term(c->ctx); // returns once zmq released every zero-copy frame
     for (uint32_t i = 0; i < S_SLOTS; i++)
@@ -268,6 +344,9 @@ void ps_client_destroy(ps_client **pc)
     free(c->last_sent_ns);
     free(c->reg_inflight);
     free(c->next_piece);
+    free(c->mons);
+    free(c->hs_silent);
+    free(c->refused);
     free(c->kr);
     free(c->krp);
     free(c->slots);
@@ -278,6 +357,7 @@ void ps_client_destroy(ps_client **pc)
     free(c->stats_json);
     if (c->reg_job_reply)
         zps__job_config__free_unpacked(c->reg_job_reply, NULL);
+    explicit_bzero(c->o.curve_secret_key, sizeof c->o.curve_secret_key);
     free(c);
     *pc = NULL;
 }
@@ -311,6 +391,8 @@ static void s_fill_job(const ps_client *c, Zps__JobConfig *j)
 static zps_status s_send_slot(ps_client *c, s_slot *sl, const ps_optim_config *opt)
 {
     void *sock = c->socks[sl->server];
+    if (c->refused[sl->server][0])
+        return ZPS_ERR_UNAUTHORIZED;
     if (!sock)
         return ZPS_ERR_ZMQ;
     Zps__Header h = ZPS__HEADER__INIT;
@@ -424,11 +506,9 @@ static void s_slot_release_ex(ps_client *c, s_slot *sl, int failed)
     for (int spins = 0; atomic_load(&sl->frames_out) > 0 && (!failed || spins < 20); spins++)
         zps_sleep_ns(spins < 20 ? 50000 : 1000000);
     if (atomic_load(&sl->frames_out) > 0) {
-        int zero = 0, srv = sl->server;
+        int srv = sl->server;
         zps_log(ZPS_WARN, "client", "dropping unsent frames to %s: reopening the socket", c->uris[srv]);
-        zmq_setsockopt(c->socks[srv], ZMQ_LINGER, &zero, sizeof zero);
-        zmq_close(c->socks[srv]);
-        c->socks[srv] = NULL;
+        s_close_socket(c, srv);
         for (int spins = 0; atomic_load(&sl->frames_out) > 0 && spins < 10000; spins++)
             zps_sleep_ns(1000000);
         if (s_open_socket(c, srv) != ZPS_OK)
@@ -478,6 +558,12 @@ static zps_status s_ticket_new(ps_client *c, ps_ticket *out)
     tk->version = UINT64_MAX;
     *out = t;
     return ZPS_OK;
+}
+
+/* The message for a slot whose send failed with st. */
+static const char *s_send_err(const ps_client *c, int server, zps_status st)
+{
+    return st == ZPS_ERR_UNAUTHORIZED ? c->refused[server] : "send failed";
 }
 
 /* Completes one slot of its ticket. */
@@ -560,9 +646,11 @@ static zps_status s_range_op(ps_client *c, int op, int first_var, int n_vars, co
             tk->open++;
             st = s_send_slot(c, sl, NULL);
             if (st != ZPS_OK)
-                s_slot_finish(c, sl, st, "send failed", UINT64_MAX);
+                s_slot_finish(c, sl, st, s_send_err(c, s, st), UINT64_MAX);
         }
     }
+    if (st != ZPS_OK)
+        snprintf(c->err, sizeof c->err, "%s", tk->msg);
     *out = t;
     return st;
 }
@@ -608,8 +696,10 @@ static void s_reregistered(ps_client *c, int server, int status, const char *msg
         if (!sl->rid || sl->server != server || !sl->await_reg)
             continue;
         sl->await_reg = 0;
-        if (status != ZPS_OK || s_send_slot(c, sl, NULL) != ZPS_OK)
-            s_slot_finish(c, sl, status ? status : ZPS_ERR_ZMQ, msg, UINT64_MAX);
+        zps_status st = status != ZPS_OK ? (zps_status)status : s_send_slot(c, sl, NULL);
+        if (st != ZPS_OK)
+            s_slot_finish(c, sl, st, status != ZPS_OK ? msg : s_send_err(c, server, st),
+                          UINT64_MAX);
     }
 }
 
@@ -718,6 +808,103 @@ static zps_status s_drain(ps_client *c, int server)
     }
 }
 
+/* Server refused our handshake: every request to it fails now, and so will later ones
+ * until a handshake succeeds (libzmq does not reconnect after a ZAP refusal). */
+static void s_refuse(ps_client *c, int server, const char *why)
+{
+    if (!c->refused[server][0])
+        zps_log(ZPS_ERROR, "client", "server %d (%s): %s", server, c->uris[server], why);
+    snprintf(c->refused[server], sizeof c->refused[server], "%s", why);
+    for (uint32_t i = 0; i < S_SLOTS; i++) {
+        s_slot *sl = &c->slots[i];
+        if (!sl->rid || sl->server != server)
+            continue;
+        if (sl->ticket)
+            s_slot_finish(c, sl, ZPS_ERR_UNAUTHORIZED, c->refused[server], UINT64_MAX);
+        else
+            s_slot_release(c, sl);
+    }
+    c->reg_inflight[server] = 0;
+}
+
+/* One handshake verdict on server i's socket. */
+static void s_handshake_event(ps_client *c, int i, unsigned ev, uint32_t val)
+{
+    char why[320];
+    if (ev == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
+        c->hs_silent[i] = 0;
+        if (c->refused[i][0])
+            zps_log(ZPS_INFO, "client", "server %d (%s) accepts the handshake again", i,
+                    c->uris[i]);
+        c->refused[i][0] = 0;
+        return;
+    }
+    if (ev == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) {
+        if (c->curve)
+            snprintf(why, sizeof why,
+                     "the server refused this trainer's CURVE key %.8s... (ZAP status %u): "
+                     "add its public key to the server's --curve-allow file",
+                     c->o.curve_public_key, val);
+        else
+            snprintf(why, sizeof why, "the server refused this client (ZAP status %u)", val);
+    } else if (ev == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL &&
+               val == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH) {
+        snprintf(why, sizeof why, "%s",
+                 c->curve ? "the server does not use CURVE but this client does (security "
+                            "mechanism mismatch): start the server with --curve-key, or "
+                            "connect without keys"
+                          : "the server requires CURVE and this client has no keys (security "
+                            "mechanism mismatch): give the server's public key and a trainer "
+                            "key pair (zps-trainer --curve-server-key, --curve-key)");
+    } else if (ev == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) {
+        snprintf(why, sizeof why, "the %s handshake failed (ZMTP protocol error 0x%x)%s",
+                 c->curve ? "CURVE" : "ZMTP", val,
+                 c->curve ? ": is the server key given to this client (--curve-server-key) "
+                            "the server's?"
+                          : "");
+    } else { /* no detail: the server closed the connection; once may be chance. A plaintext
+              * client never takes it as a refusal: a server killed and restarted during a
+              * handshake looks the same, and must not end the trainer. */
+        if (!c->curve || ++c->hs_silent[i] < 2)
+            return;
+        snprintf(why, sizeof why, "%s",
+                 c->curve ? "the server closed the connection during the CURVE handshake, "
+                            "twice: either it does not use CURVE, or its public key is not the "
+                            "one given to this client (--curve-server-key)"
+                          : "the server closed the connection during the handshake, twice: it "
+                            "probably requires CURVE (zps-trainer --curve-server-key, "
+                            "--curve-key)");
+    }
+    s_refuse(c, i, why);
+}
+
+/* Reads every pending handshake event of every socket (never blocks). */
+static void s_handshakes(ps_client *c)
+{
+    for (int i = 0; i < c->n; i++)
+        while (c->mons[i]) {
+            zmq_msg_t ev, ep;
+            zmq_msg_init(&ev);
+            if (zmq_msg_recv(&ev, c->mons[i], ZMQ_DONTWAIT) == -1) {
+                zmq_msg_close(&ev);
+                break;
+            }
+            int more = zmq_msg_more(&ev);
+            uint16_t id = 0;
+            uint32_t val = 0;
+            if (zmq_msg_size(&ev) >= 6) { /* event id (16 bits), value (32 bits), native order */
+                memcpy(&id, zmq_msg_data(&ev), 2);
+                memcpy(&val, (const char *)zmq_msg_data(&ev) + 2, 4);
+            }
+            zmq_msg_close(&ev);
+            zmq_msg_init(&ep); /* the endpoint frame; a multipart message arrives whole */
+            if (more)
+                zmq_msg_recv(&ep, c->mons[i], ZMQ_DONTWAIT);
+            zmq_msg_close(&ep);
+            s_handshake_event(c, i, id, val);
+        }
+}
+
 /* Resends or fails slots whose deadline passed; heartbeats quiet servers. */
 static void s_timeouts(ps_client *c)
 {
@@ -725,13 +912,15 @@ static void s_timeouts(ps_client *c)
     if (now - c->last_timeouts_ns < 2000000ull)
         return;
     c->last_timeouts_ns = now;
+    s_handshakes(c);
     for (uint32_t i = 0; i < S_SLOTS; i++) {
         s_slot *sl = &c->slots[i];
         if (!sl->rid)
             continue;
         if (sl->resend_at_ns) {
-            if (now >= sl->resend_at_ns && s_send_slot(c, sl, NULL) != ZPS_OK)
-                s_slot_finish(c, sl, ZPS_ERR_ZMQ, "resend failed", UINT64_MAX);
+            zps_status st = now >= sl->resend_at_ns ? s_send_slot(c, sl, NULL) : ZPS_OK;
+            if (st != ZPS_OK)
+                s_slot_finish(c, sl, st, s_send_err(c, sl->server, st), UINT64_MAX);
             continue;
         }
         if (now < sl->deadline_ns)
@@ -865,8 +1054,9 @@ static zps_status s_simple(ps_client *c, int op, int only_server, uint64_t *vers
         if (!sl)
             return ZPS_ERR_BUSY;
         tk->open++;
-        if (s_send_slot(c, sl, NULL) != ZPS_OK)
-            s_slot_finish(c, sl, ZPS_ERR_ZMQ, "send failed", UINT64_MAX);
+        zps_status sst = s_send_slot(c, sl, NULL);
+        if (sst != ZPS_OK)
+            s_slot_finish(c, sl, sst, s_send_err(c, s, sst), UINT64_MAX);
     }
     zps_status st = s_wait_ticket(c, t, version, 1);
     if (accept && accept(st))
@@ -952,8 +1142,9 @@ zps_status ps_client_init(ps_client *c, const float *values, const ps_optim_conf
         }
         sl->src = values;
         tk->open++;
-        if (s_send_slot(c, sl, opt) != ZPS_OK)
-            s_slot_finish(c, sl, ZPS_ERR_ZMQ, "send failed", UINT64_MAX);
+        zps_status sst = s_send_slot(c, sl, opt);
+        if (sst != ZPS_OK)
+            s_slot_finish(c, sl, sst, s_send_err(c, s, sst), UINT64_MAX);
         st = s_wait_ticket(c, t, NULL, 1);
         if (st == ZPS_OK)
             accepted++;

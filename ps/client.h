@@ -30,6 +30,14 @@
  * then fails with ZPS_ERR_TIMEOUT. A server that lost the trainer's registration (it was
  * restarted) is re-registered automatically and the request resent.
  *
+ * Security: with the three curve_* keys set, every socket of the client (the DEALERs, the
+ * heartbeat thread's, sockets reopened after a failure) is a CURVE client (docs/ps.md
+ * "Security"). Whether keys are set or not, a handshake the server refuses — a key not in
+ * its allow-list, CURVE on one side only, a wrong server key — fails the requests to that
+ * server with ZPS_ERR_UNAUTHORIZED and a message saying which it was, within about
+ * 0.1 s of the verdict (two handshakes when the server just closes the connection), never
+ * after a timeout; later requests to that server fail at once until a handshake succeeds.
+ *
  * Not thread-safe: one client per thread (the optional heartbeat thread has its own
  * sockets).
  */
@@ -60,6 +68,10 @@ typedef struct ps_client_opts {
                         // thread. With more than 1, a server may handle a trainer's requests
                         // out of order (replies are matched by id; sync and ssp waits hold,
                         // but an async pull may miss the trainer's own push just before it)
+    /* CURVE (Z85 text, ps/curve.h): all three or none ("" = plaintext, the default). */
+    char curve_server_key[41]; // the servers' public key (one key pair for the fleet)
+    char curve_public_key[41]; // this trainer's key pair
+    char curve_secret_key[41];
 } ps_client_opts;
 
 /* What the trainer asks for at REGISTER; zeros mean "whatever the server has". */
@@ -75,7 +87,8 @@ typedef struct ps_client ps_client;
 void ps_client_opts_default(ps_client_opts *o);
 
 /* Connects a DEALER to each server (server_uris[i] is server i of the plan). opts may be
- * NULL (defaults). *out is the caller's (ps_client_destroy). */
+ * NULL (defaults). *out is the caller's (ps_client_destroy). ZPS_ERR_INVALID when only some
+ * curve keys are set or one is not Z85; ZPS_ERR_UNSUPPORTED when libzmq lacks CURVE. */
 zps_status ps_client_new(const char *const *server_uris, int n_servers, uint32_t trainer_id,
                          const ps_client_opts *opts, ps_client **out);
 /* Waits for nothing; drops whatever is in flight. */

@@ -31,6 +31,7 @@
 #include "common/proto.h"
 #include "common/simd.h"
 #include "ps/ckpt.h"
+#include "ps/curve.h"
 #include "ps/optim.h"
 
 #define S_MAX_FRAMES (PS_MAX_RANGES + 2)
@@ -164,6 +165,8 @@ struct ps_server {
     uint64_t last_ckpt_version;
     double last_ckpt_s, last_stats_s, last_liveness_s;
     s_stats st;
+
+    ps_curve_zap *zap;    // CURVE: the ZAP handler thread (NULL: plaintext)
 };
 
 /* ------------------------------------------------------------------------- helpers */
@@ -1512,6 +1515,12 @@ static size_t s_stats_json(ps_server *s, char *b, size_t cap)
         s->st.stale_dropped, s->st.checkpoints, s->st.trainers_dropped, s->st.trainers_rejoined,
         s->st.trainers_left,
         s->n_pending, s->st.reader_waits, s->st.values_cow);
+    ps_curve_counts cc = {0, 0, 0};
+    if (s->zap)
+        ps_curve_zap_counts(s->zap, &cc);
+    S_J(",\"curve\":%s,\"auth_accepted\":%" PRIu64 ",\"auth_rejected\":%" PRIu64
+        ",\"handshake_failed\":%" PRIu64,
+        s->zap ? "true" : "false", cc.accepted, cc.rejected, cc.handshake_failed);
     S_J(",\"requests\":{");
     for (int i = 1; i < S_N_OPS; i++)
         S_J("%s\"%s\":%" PRIu64, i > 1 ? "," : "", s_op_names[i], s->st.requests[i]);
@@ -1846,6 +1855,50 @@ void ps_server_stop(ps_server *s) { s->stop = 1; }
 
 const char *ps_server_endpoint(const ps_server *s) { return s->endpoint; }
 
+/* CURVE server mode on s->sock (before bind): the key pair, then the ZAP handler that
+ * admits the allow-list's keys. Every key file problem is logged with the file's name. */
+static zps_status s_setup_curve(ps_server *s)
+{
+    const ps_server_config *cfg = &s->cfg;
+    char why[768], pub[PS_CURVE_KEY_LEN + 1], sec[PS_CURVE_KEY_LEN + 1];
+    if (!zmq_has("curve")) {
+        zps_log(ZPS_ERROR, "ps", "--curve-key: this libzmq has no CURVE support");
+        return ZPS_ERR_UNSUPPORTED;
+    }
+    ps_curve_allow *allow = NULL;
+    zps_status st = ZPS_OK;
+    if (!cfg->curve_allow_any)
+        st = ps_curve_allow_load(cfg->curve_allow, &allow, why, sizeof why);
+    if (st == ZPS_OK)
+        st = ps_curve_load_keypair(cfg->curve_key, pub, sec, why, sizeof why);
+    if (st != ZPS_OK) {
+        zps_log(ZPS_ERROR, "ps", "%s", why);
+        ps_curve_allow_destroy(&allow);
+        return st;
+    }
+    int one = 1;
+    int rc = zmq_setsockopt(s->sock, ZMQ_CURVE_SERVER, &one, sizeof one);
+    if (rc != -1)
+        rc = zmq_setsockopt(s->sock, ZMQ_CURVE_SECRETKEY, sec, PS_CURVE_KEY_LEN + 1);
+    if (rc != -1)
+        rc = zmq_setsockopt(s->sock, ZMQ_ZAP_DOMAIN, "zps", 3);
+    explicit_bzero(sec, sizeof sec);
+    if (rc == -1) {
+        zps_log(ZPS_ERROR, "ps", "CURVE socket options: %s", zmq_strerror(zmq_errno()));
+        ps_curve_allow_destroy(&allow);
+        return ZPS_ERR_ZMQ;
+    }
+    size_t n_allow = ps_curve_allow_count(allow);
+    ZPS_TRY(ps_curve_zap_new(s->ctx, s->sock, &allow, &s->zap));
+    if (cfg->curve_allow_any)
+        zps_log(ZPS_WARN, "ps", "CURVE on (server key %.8s...) with --curve-allow-any: traffic is "
+                "encrypted but any client key is admitted", pub);
+    else
+        zps_log(ZPS_INFO, "ps", "CURVE on (server key %.8s...): %zu trainer key(s) allowed from %s",
+                pub, n_allow, cfg->curve_allow);
+    return ZPS_OK;
+}
+
 zps_status ps_server_new(const ps_server_config *cfg, ps_server **out)
 {
     *out = NULL;
@@ -1858,6 +1911,16 @@ zps_status ps_server_new(const ps_server_config *cfg, ps_server **out)
     if ((cfg->restore || cfg->checkpoint_every_seconds > 0 || cfg->checkpoint_every_versions) &&
         !cfg->checkpoint_dir[0]) {
         zps_log(ZPS_ERROR, "ps", "--restore and --checkpoint-every-* need --checkpoint-dir");
+        return ZPS_ERR_INVALID;
+    }
+    int allow_flags = (cfg->curve_allow[0] != 0) + (cfg->curve_allow_any != 0);
+    if (cfg->curve_key[0] && allow_flags != 1) {
+        zps_log(ZPS_ERROR, "ps", "--curve-key needs exactly one of --curve-allow FILE and "
+                "--curve-allow-any");
+        return ZPS_ERR_INVALID;
+    }
+    if (!cfg->curve_key[0] && allow_flags) {
+        zps_log(ZPS_ERROR, "ps", "--curve-allow and --curve-allow-any need --curve-key FILE");
         return ZPS_ERR_INVALID;
     }
     ps_server *s = zps_xcalloc(1, sizeof *s);
@@ -1892,6 +1955,10 @@ zps_status ps_server_new(const ps_server_config *cfg, ps_server **out)
     size_t bl = strlen(bind);
     if (bl > 2 && !strcmp(bind + bl - 2, ":0"))
         snprintf(bind + bl - 1, sizeof bind - (bl - 1), "*");
+    if (cfg->curve_key[0] && (st = s_setup_curve(s)) != ZPS_OK) {
+        ps_server_destroy(&s);
+        return st;
+    }
     if (zmq_setsockopt(s->sock, ZMQ_SNDHWM, &zero, sizeof zero) == -1 ||
         zmq_setsockopt(s->sock, ZMQ_RCVHWM, &zero, sizeof zero) == -1 ||
         zmq_setsockopt(s->sock, ZMQ_LINGER, &linger, sizeof linger) == -1 ||
@@ -1928,6 +1995,7 @@ void ps_server_destroy(ps_server **ps)
     free(s->pending);
     if (s->sock)
         zmq_close(s->sock);
+    ps_curve_zap_destroy(&s->zap); // its sockets must be closed before the context ends
     if (s->ctx)
         zmq_ctx_term(s->ctx); // returns once zmq released every zero-copy reply frame
     s_free_shard(s);

@@ -48,14 +48,22 @@ typedef struct ps_server_config {
     uint64_t max_message_bytes;   // payload bytes per request
     double stats_every_s;         // periodic one-line log; 0 = off
     int io_threads;               // ZeroMQ I/O threads (default 1)
+    char curve_key[512];          // CURVE key pair file (ps/curve.h); "" = plaintext
+    char curve_allow[512];        // trainer public keys allowed in; needed with curve_key
+                                  // unless curve_allow_any
+    int curve_allow_any;          // CURVE without an allow-list: any trainer key (still
+                                  // encrypted, but anyone may connect)
 } ps_server_config;
 
 typedef struct ps_server ps_server;
 
 void ps_server_config_default(ps_server_config *c);
 
-/* Binds, and restores when asked. On success *out is the caller's. Errors: ZPS_ERR_ZMQ
- * (bind), ZPS_ERR_CORRUPT / ZPS_ERR_IO (checkpoint), ZPS_ERR_INVALID (config). */
+/* Binds, and restores when asked. With curve_key, the socket is a CURVE server and a ZAP
+ * handler thread admits the keys of curve_allow (docs/ps.md "Security"). On success *out is
+ * the caller's. Errors: ZPS_ERR_ZMQ (bind), ZPS_ERR_CORRUPT / ZPS_ERR_IO (checkpoint),
+ * ZPS_ERR_INVALID (config), ZPS_ERR_NOT_FOUND / ZPS_ERR_PARSE / ZPS_ERR_INVALID (key files:
+ * the log line names the file and the reason). */
 zps_status ps_server_new(const ps_server_config *cfg, ps_server **out);
 /* The endpoint actually bound (ephemeral port resolved), e.g. tcp://127.0.0.1:40123. */
 const char *ps_server_endpoint(const ps_server *s);

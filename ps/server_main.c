@@ -1,7 +1,8 @@
 /* server_main.c — zps-server: parses flags, binds, serves until SHUTDOWN or a signal.
  * Flags are documented in docs/ps.md and by --help. Prints
  *     zps-server listening on tcp://HOST:PORT
- * on stdout (flushed) once bound, so scripts and tests can learn an ephemeral port. */
+ * on stdout (flushed) once bound, so scripts and tests can learn an ephemeral port.
+ * `zps-server --keygen PREFIX` only writes a CURVE key pair (ps/curve.h) and exits. */
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
@@ -11,6 +12,7 @@
 #include "common/mem.h"
 #include "common/cluster.h"
 #include "common/log.h"
+#include "ps/curve.h"
 #include "ps/server.h"
 
 static ps_server *s_srv;
@@ -43,7 +45,22 @@ static void s_usage(FILE *f)
             "  --stats-every SEC          periodic one-line stats log (default 30, 0 = off)\n"
             "  --io-threads N             ZeroMQ I/O threads: connections are spread over them (default 1)\n"
             "  --log-level trace|debug|info|warn|error|off\n"
+            "security (CURVE authentication and encryption; docs/ps.md \"Security\"):\n"
+            "  --curve-key FILE           this server's key pair (from --keygen): clients must use CURVE\n"
+            "  --curve-allow FILE         trainer public keys admitted, one Z85 key per line (# comments)\n"
+            "  --curve-allow-any          admit any trainer key instead (encrypted, not authenticated)\n"
+            "  --keygen PREFIX            write a new key pair to PREFIX.key (mode 0600) and its public\n"
+            "                             key to PREFIX.pub, then exit; never overwrites\n"
             "  --help\n");
+}
+
+/* 1 for tcp://127.x.x.x:P, tcp://[::1]:P, tcp://localhost:P and non-tcp endpoints. */
+static int s_loopback(const char *ep)
+{
+    if (strncmp(ep, "tcp://", 6) != 0)
+        return 1;
+    ep += 6;
+    return !strncmp(ep, "127.", 4) || !strncmp(ep, "[::1]:", 6) || !strncmp(ep, "localhost:", 10);
 }
 
 static int s_num(const char *flag, const char *v, double lo, double hi, double *out)
@@ -65,7 +82,8 @@ int main(int argc, char **argv)
     const char *cluster = NULL, *bind = NULL;
     int index = -1;
     enum { O_BIND = 256, O_CLUSTER, O_INDEX, O_MODE, O_NT, O_R, O_S, O_TO, O_CD, O_CEV, O_CES,
-           O_RESTORE, O_REINIT, O_MAX, O_STATS, O_LOG, O_IO, O_HELP };
+           O_RESTORE, O_REINIT, O_MAX, O_STATS, O_LOG, O_IO, O_HELP, O_CKEY, O_CALLOW, O_CANY,
+           O_KEYGEN };
     static const struct option opts[] = {
         {"bind", required_argument, 0, O_BIND},
         {"cluster", required_argument, 0, O_CLUSTER},
@@ -85,7 +103,12 @@ int main(int argc, char **argv)
         {"io-threads", required_argument, 0, O_IO},
         {"log-level", required_argument, 0, O_LOG},
         {"help", no_argument, 0, O_HELP},
+        {"curve-key", required_argument, 0, O_CKEY},
+        {"curve-allow", required_argument, 0, O_CALLOW},
+        {"curve-allow-any", no_argument, 0, O_CANY},
+        {"keygen", required_argument, 0, O_KEYGEN},
         {0, 0, 0, 0}};
+    const char *keygen = NULL;
     int c;
     double d;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -170,6 +193,20 @@ int main(int argc, char **argv)
                 return 2;
             }
             break;
+        case O_CKEY:
+        case O_CALLOW:
+            if (strlen(optarg) >= sizeof cfg.curve_key) {
+                fprintf(stderr, "zps-server: %s path is too long\n", c == O_CKEY ? "--curve-key" : "--curve-allow");
+                return 2;
+            }
+            snprintf(c == O_CKEY ? cfg.curve_key : cfg.curve_allow, sizeof cfg.curve_key, "%s", optarg);
+            break;
+        case O_CANY:
+            cfg.curve_allow_any = 1;
+            break;
+        case O_KEYGEN:
+            keygen = optarg;
+            break;
         case O_HELP:
         case 'h':
             s_usage(stdout);
@@ -181,6 +218,30 @@ int main(int argc, char **argv)
     }
     if (optind < argc) {
         fprintf(stderr, "zps-server: unexpected argument '%s'\n", argv[optind]);
+        return 2;
+    }
+    if (keygen) {
+        char why[4200];
+        zps_status st = ps_curve_keygen(keygen, why, sizeof why);
+        if (st != ZPS_OK) {
+            fprintf(stderr, "zps-server: --keygen: %s\n", why);
+            return 1;
+        }
+        printf("zps-server: wrote %s.key (key pair, mode 0600: keep it secret) and %s.pub "
+               "(public key)\n", keygen, keygen);
+        return 0;
+    }
+    if (cfg.curve_key[0] && !cfg.curve_allow[0] && !cfg.curve_allow_any) {
+        fprintf(stderr, "zps-server: --curve-key needs --curve-allow FILE (the trainers' public "
+                        "keys), or --curve-allow-any to admit any key\n");
+        return 2;
+    }
+    if (cfg.curve_allow[0] && cfg.curve_allow_any) {
+        fprintf(stderr, "zps-server: give --curve-allow or --curve-allow-any, not both\n");
+        return 2;
+    }
+    if (!cfg.curve_key[0] && (cfg.curve_allow[0] || cfg.curve_allow_any)) {
+        fprintf(stderr, "zps-server: --curve-allow and --curve-allow-any need --curve-key FILE\n");
         return 2;
     }
     if (cluster && bind) {
@@ -231,7 +292,12 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     printf("zps-server listening on %s\n", ps_server_endpoint(s_srv));
     fflush(stdout);
-    zps_log(ZPS_INFO, "ps", "listening on %s", ps_server_endpoint(s_srv));
+    zps_log(ZPS_INFO, "ps", "listening on %s%s", ps_server_endpoint(s_srv),
+            cfg.curve_key[0] ? " (CURVE)" : "");
+    if (!cfg.curve_key[0] && !s_loopback(ps_server_endpoint(s_srv)))
+        zps_log(ZPS_WARN, "ps", "listening beyond this machine without CURVE: anyone who can "
+                "reach %s can read and change the model (see --curve-key)",
+                ps_server_endpoint(s_srv));
     st = ps_server_run(s_srv);
     ps_server_destroy(&s_srv);
     if (st != ZPS_OK) {

@@ -55,6 +55,23 @@ Test(tr_config, a_full_ps_command_line)
     cr_assert_eq(c.input_size, 75);
 }
 
+Test(tr_config, curve_flags)
+{
+    tr_config c;
+    zps_status st;
+    const char *a[] = {"--data", "/d", "--mode", "async", "--servers", "tcp://127.0.0.1:1",
+                       "--curve-server-key", "keys/server.pub", "--curve-key",
+                       "keys/trainer-0.key", NULL};
+    cr_assert_eq(s_parse(&c, a, &st), -1);
+    cr_assert_eq(st, ZPS_OK);
+    cr_assert_str_eq(c.curve_server_key, "keys/server.pub");
+    cr_assert_str_eq(c.curve_key, "keys/trainer-0.key");
+    const char *plain[] = {"--data", "/d", NULL};
+    cr_assert_eq(s_parse(&c, plain, &st), -1);
+    cr_assert_str_eq(c.curve_server_key, "", "no keys by default: plaintext");
+    cr_assert_str_eq(c.curve_key, "");
+}
+
 Test(tr_config, help_exits_zero, .init = cr_redirect_stdout)
 {
     tr_config c;
@@ -76,6 +93,8 @@ static const struct {
     {{"--data", "/d", "--eval-only", NULL}, "--eval-only needs --init-weights"},
     {{"--data", "/d", "--optimizer", "lion", NULL}, "--optimizer wants"},
     {{"--data", "/d", "extra", NULL}, "unexpected argument 'extra'"},
+    {{"--data", "/d", "--curve-key", "t.key", NULL}, "--curve-server-key and --curve-key go together"},
+    {{"--data", "/d", "--curve-server-key", "s.pub", NULL}, "--curve-server-key and --curve-key go together"},
 };
 
 Test(tr_config, bad_command_lines_exit_2_and_name_the_flag, .init = cr_redirect_stderr)

@@ -94,6 +94,10 @@ static void s_usage(FILE *f)
         "  --job NAME              job name: all-reduce segment (default: the zps-launch run\n"
         "                          folder's name, else zps)\n"
         "  --timeout-ms MS         PS request timeout before a resend (default 30000)\n"
+        "  --curve-server-key FILE the servers' CURVE public key (their .pub): encrypt and\n"
+        "                          authenticate PS traffic; needs --curve-key\n"
+        "  --curve-key FILE        this trainer's CURVE key pair (zps-server --keygen PREFIX\n"
+        "                          writes PREFIX.key; the servers list PREFIX.pub in --curve-allow)\n"
         "work:\n"
         "  --batch-size N          images per step per trainer (default 64)\n"
         "  --steps N               steps to run (overrides --epochs)\n"
@@ -168,6 +172,7 @@ enum {
     O_TLIMIT, O_STOPACC, O_OPT, O_LR, O_MOM, O_NEST, O_RHO, O_EPS, O_B1, O_B2, O_WD, O_IACC,
     O_SCHED, O_DRATE, O_DSTEPS, O_STAIR, O_TSTEPS, O_MINLR, O_WARM, O_EVERY, O_EBATCH,
     O_EALL, O_METRICS, O_EXPORT, O_RESUME, O_SHUT, O_NOPROG, O_SEED, O_LOG, O_HELP, O_EVALONLY,
+    O_CSKEY, O_CKEY,
 };
 
 static const struct option s_opts[] = {
@@ -180,6 +185,7 @@ static const struct option s_opts[] = {
     {"trainer-id", 1, 0, O_TID}, {"num-trainers", 1, 0, O_NTR},
     {"replicas-to-aggregate", 1, 0, O_R2A}, {"staleness", 1, 0, O_STALE},
     {"chunk-bytes", 1, 0, O_CHUNK}, {"job", 1, 0, O_JOB}, {"timeout-ms", 1, 0, O_TIMEOUT},
+    {"curve-server-key", 1, 0, O_CSKEY}, {"curve-key", 1, 0, O_CKEY},
     {"batch-size", 1, 0, O_BATCH}, {"steps", 1, 0, O_STEPS}, {"epochs", 1, 0, O_EPOCHS},
     {"accumulate", 1, 0, O_ACC}, {"time-limit", 1, 0, O_TLIMIT},
     {"stop-accuracy", 1, 0, O_STOPACC}, {"optimizer", 1, 0, O_OPT}, {"lr", 1, 0, O_LR},
@@ -246,6 +252,8 @@ zps_status tr_config_parse(tr_config *c, int argc, char **argv, int *exit_code)
         case O_CHUNK: ok = s_int("--chunk-bytes", optarg, 4, 1ll << 32, &i); c->chunk_bytes = (uint64_t)i; break;
         case O_JOB: ok = s_str("--job", optarg, c->job, sizeof c->job); break;
         case O_TIMEOUT: ok = s_int("--timeout-ms", optarg, 10, 86400000, &i); c->timeout_ms = (int)i; break;
+        case O_CSKEY: ok = s_str("--curve-server-key", optarg, c->curve_server_key, sizeof c->curve_server_key); break;
+        case O_CKEY: ok = s_str("--curve-key", optarg, c->curve_key, sizeof c->curve_key); break;
         case O_BATCH: ok = s_int("--batch-size", optarg, 1, 1 << 20, &i); c->batch = (int)i; break;
         case O_STEPS: ok = s_int("--steps", optarg, 1, 1ll << 40, &i); c->steps = i; break;
         case O_EPOCHS: ok = s_dbl("--epochs", optarg, 1e-6, 1e6, &c->epochs); break;
@@ -322,6 +330,11 @@ zps_status tr_config_parse(tr_config *c, int argc, char **argv, int *exit_code)
     if (ok && ps_mode && !c->cluster[0] && !c->servers[0]) {
         fprintf(stderr, "zps-trainer: --mode %s needs --cluster FILE or --servers URI,...\n",
                 tr_mode_name(c->mode));
+        ok = 0;
+    }
+    if (ok && !c->curve_server_key[0] != !c->curve_key[0]) {
+        fprintf(stderr, "zps-trainer: --curve-server-key and --curve-key go together (the "
+                        "servers' public key and this trainer's key pair)\n");
         ok = 0;
     }
     if (ok && c->opt.kind == PS_OPT_MOMENTUM && !momentum_set)

@@ -56,6 +56,8 @@ typedef struct tr_config {
     uint64_t chunk_bytes;     // PS chunk size (0: default 4 MiB)
     char job[64];             // job name (all-reduce shared-memory segment, metrics)
     int timeout_ms;           // PS request timeout before a resend
+    char curve_server_key[512]; // PS: the servers' CURVE public key file ("" = plaintext)
+    char curve_key[512];      // PS: this trainer's CURVE key pair file (with the above)
     /* schedule of work */
     int batch;                // images per step per trainer
     int64_t steps;            // steps to run (0: use epochs)

@@ -23,6 +23,7 @@
 #include "kernels/device.h"
 #include "kernels/kernels.h"
 #include "ps/client.h"
+#include "ps/curve.h"
 #include "ps/optim.h"
 #include "ps/plan.h"
 #include "trainer/allreduce.h"
@@ -334,8 +335,23 @@ static zps_status s_ps_setup(s_job *j)
     ps_client_opts_default(&co);
     co.timeout_ms = c->timeout_ms;
     co.heartbeat_thread = 1; /* a long step must not look like a dead trainer */
-    ZPS_TRY(ps_client_new((const char *const *)j->uris, j->n_uris, (uint32_t)j->id, &co,
-                          &j->client));
+    if (c->curve_key[0]) {
+        char why[1200];
+        st = ps_curve_load_public(c->curve_server_key, co.curve_server_key, why, sizeof why);
+        if (st == ZPS_OK)
+            st = ps_curve_load_keypair(c->curve_key, co.curve_public_key, co.curve_secret_key,
+                                       why, sizeof why);
+        if (st != ZPS_OK) {
+            zps_log(ZPS_ERROR, "trainer", "%s", why);
+            return st;
+        }
+        zps_log(ZPS_INFO, "trainer", "CURVE on: trainer key %.8s..., server key %.8s...",
+                co.curve_public_key, co.curve_server_key);
+    }
+    st = ps_client_new((const char *const *)j->uris, j->n_uris, (uint32_t)j->id, &co,
+                       &j->client);
+    explicit_bzero(co.curve_secret_key, sizeof co.curve_secret_key);
+    ZPS_TRY(st);
     ps_job want = {0}, got = {0};
     want.mode = c->mode == TR_MODE_SYNC ? PS_MODE_SYNC
                 : c->mode == TR_MODE_ASYNC ? PS_MODE_ASYNC
