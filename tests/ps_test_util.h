@@ -6,6 +6,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "ps/client.h"
+
 typedef struct pst_server {
     pid_t pid;      // 0 when not running
     char uri[256];  // the bound endpoint, from the "listening on" line
@@ -25,6 +27,10 @@ uint64_t pst_seed(void);
 float pst_uniform(uint64_t *state);
 /* A temporary directory path (mkdtemp) into buf. */
 void pst_tmpdir(char *buf, size_t len);
+/* Trainer 0's client to the single server at uri: registered for plan and INIT with values
+ * uniform in [-1, 1) from seed (copied into values when not NULL) and the default
+ * optimizer (sgd, lr 0.01). Asserts on failure; the caller destroys the client. */
+ps_client *pst_client_init(const char *uri, const ps_plan *plan, uint64_t seed, float *values);
 /* rm -r of a directory holding only files. */
 void pst_rmdir(const char *dir);
 

@@ -98,21 +98,8 @@ Test(it_ps_liveness, sync_continues_after_a_trainer_dies, .timeout = 60)
     const char *args[] = {"--mode", "sync", "--num-trainers", "3", "--trainer-timeout", "1", NULL};
     cr_assert_eq(pst_spawn(&srv, NULL, args), 0);
     /* trainer 0 initialises; the others need values before their first pull */
-    {
-        const char *uris[1] = {srv.uri};
-        ps_client *c;
-        cr_assert_eq(ps_client_new(uris, 1, 0, NULL, &c), ZPS_OK);
-        cr_assert_eq(ps_client_register(c, plan, NULL, NULL), ZPS_OK);
-        float *v = zps_xmalloc(plan->total * 4);
-        uint64_t r = pst_seed();
-        for (uint64_t i = 0; i < plan->total; i++)
-            v[i] = pst_uniform(&r);
-        ps_optim_config o;
-        ps_optim_default(&o);
-        cr_assert_eq(ps_client_init(c, v, &o, NULL), ZPS_OK);
-        free(v);
-        ps_client_destroy(&c);
-    }
+    ps_client *c0 = pst_client_init(srv.uri, plan, pst_seed(), NULL);
+    ps_client_destroy(&c0);
     int fds[2];
     cr_assert_eq(pipe(fds), 0);
     pid_t child = fork();
@@ -189,18 +176,7 @@ Test(it_ps_liveness, sync_and_barrier_go_on_after_a_trainer_leaves, .timeout = 3
     pst_server srv;
     const char *args[] = {"--mode", "sync", "--num-trainers", "2", NULL};
     cr_assert_eq(pst_spawn(&srv, NULL, args), 0);
-    const char *uris[1] = {srv.uri};
-    ps_client *c;
-    cr_assert_eq(ps_client_new(uris, 1, 0, NULL, &c), ZPS_OK);
-    cr_assert_eq(ps_client_register(c, plan, NULL, NULL), ZPS_OK);
-    float *v = zps_xmalloc(plan->total * 4);
-    uint64_t r = pst_seed();
-    for (uint64_t i = 0; i < plan->total; i++)
-        v[i] = pst_uniform(&r);
-    ps_optim_config o;
-    ps_optim_default(&o);
-    cr_assert_eq(ps_client_init(c, v, &o, NULL), ZPS_OK);
-    free(v);
+    ps_client *c = pst_client_init(srv.uri, plan, pst_seed(), NULL);
     pthread_t th[2];
     larg la[2];
     for (int t = 0; t < 2; t++) {

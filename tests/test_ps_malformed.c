@@ -316,17 +316,11 @@ Test(it_ps_malformed, sync_overlapping_ranges_are_refused, .timeout = 30)
     pst_server srv;
     const char *args[] = {"--mode", "sync", "--num-trainers", "1", NULL};
     cr_assert_eq(pst_spawn(&srv, NULL, args), 0);
-    const char *uris[1] = {srv.uri};
-    ps_client *c;
-    cr_assert_eq(ps_client_new(uris, 1, 0, NULL, &c), ZPS_OK);
-    cr_assert_eq(ps_client_register(c, plan, NULL, NULL), ZPS_OK);
     float *init = zps_xmalloc(n * 4), *v = zps_xmalloc(n * 4), *gr = zps_xmalloc(n * 4);
-    uint64_t r = seed;
+    ps_client *c = pst_client_init(srv.uri, plan, seed, init); // sgd, lr 0.01
+    uint64_t r = ~seed;
     for (uint64_t i = 0; i < n; i++)
-        init[i] = pst_uniform(&r), gr[i] = pst_uniform(&r);
-    ps_optim_config o;
-    ps_optim_default(&o); // sgd, lr 0.01
-    cr_assert_eq(ps_client_init(c, init, &o, NULL), ZPS_OK);
+        gr[i] = pst_uniform(&r);
     cr_assert_eq(plan->chunks[0].offset, 0u);
     const uint64_t cnt = plan->chunks[0].count;
     cr_assert(cnt >= 1024); // chunks of at least 1024 elements (ps/plan.h)

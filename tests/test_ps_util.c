@@ -12,8 +12,28 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <criterion/criterion.h>
+
 #include "common/clock.h"
+#include "common/mem.h"
 #include "tests/ps_test_util.h"
+
+ps_client *pst_client_init(const char *uri, const ps_plan *plan, uint64_t seed, float *values)
+{
+    const char *uris[1] = {uri};
+    ps_client *c;
+    cr_assert_eq(ps_client_new(uris, 1, 0, NULL, &c), ZPS_OK);
+    cr_assert_eq(ps_client_register(c, plan, NULL, NULL), ZPS_OK);
+    float *v = values ? values : zps_xmalloc(plan->total * 4);
+    for (uint64_t i = 0; i < plan->total; i++)
+        v[i] = pst_uniform(&seed);
+    ps_optim_config o;
+    ps_optim_default(&o);
+    cr_assert_eq(ps_client_init(c, v, &o, NULL), ZPS_OK, "INIT: %s", ps_client_last_error(c));
+    if (!values)
+        free(v);
+    return c;
+}
 
 int pst_spawn(pst_server *s, const char *bind, const char *const *args)
 {
