@@ -495,6 +495,55 @@ Test(k_cpu, batchnorm_matches_ref_on_random_shapes, .init = s_seed_init, .timeou
     }
 }
 
+/* Batch statistics of channels whose mean is far from zero, as after Inception's stem: ~10^4
+ * values per channel, |mean| 10-50 times the std, plain and blocked layouts. ref sums in double
+ * and rounds once; the cpu back-end must do as well (oneDNN 2.6 sums in float: its means were
+ * off by several float roundings, shifting whole channels, see s_bn_stats in cpu.c).
+ * Tolerances: mean and variance within 2 float roundings (2.4e-7 relative); y within
+ * 4e-7 * (1 + |y|), a few roundings of y (off by up to ~3e-5 before). */
+Test(k_cpu, batchnorm_statistics_exact_on_offset_channels, .init = s_seed_init, .timeout = 60)
+{
+    const k_backend *cpu = k_backend_cpu(), *ref = k_backend_ref();
+    for (int iter = 0; iter < 4; iter++) {
+        int hw = zt_irand(28, 37);
+        k_bn d = {.n = 8, .c = 16 * zt_irand(1, 3), .h = hw, .w = hw, .eps = 1e-3f,
+                  .momentum = 0.1f, .relu = iter % 2, .blocked = iter / 2}, dr = d;
+        dr.blocked = 0;
+        size_t n = (size_t)d.n * d.c * d.h * d.w, nc = (size_t)d.c, plane = (size_t)hw * hw;
+        float *x = s_zeros(n), *xb = s_zeros(n), *g = s_randv(nc, 0.5f, 1.5f);
+        float *b = s_randv(nc, -0.5f, 0.5f), *y = s_zeros(n), *yp = s_zeros(n), *yr = s_zeros(n);
+        float *m = s_zeros(nc), *v = s_zeros(nc), *mr = s_zeros(nc), *vr = s_zeros(nc);
+        for (int c = 0; c < d.c; c++) {
+            float sd = zt_unif(0.5f, 2), mu = zt_unif(10, 50) * sd * (zt_rand() % 2 ? 1 : -1);
+            for (int i = 0; i < d.n; i++)
+                for (size_t j = 0; j < plane; j++)
+                    x[((size_t)i * d.c + c) * plane + j] = mu + sd * zt_unif(-1.7f, 1.7f);
+        }
+        if (d.blocked)
+            k_to_blocked(d.n, d.c, d.h, d.w, x, xb);
+        else
+            memcpy(xb, x, n * sizeof *x);
+        cr_assert_eq(k_bn_fwd_train(cpu, &d, xb, g, b, y, m, v, NULL, NULL), ZPS_OK);
+        k_bn_fwd_train(ref, &dr, x, g, b, yr, mr, vr, NULL, NULL);
+        if (d.blocked)
+            k_from_blocked(d.n, d.c, d.h, d.w, y, yp);
+        else
+            memcpy(yp, y, n * sizeof *y);
+        for (int c = 0; c < d.c; c++) {
+            cr_assert(fabs(m[c] - mr[c]) <= 2.4e-7 * fabs(mr[c]),
+                      "bn mean[%d] %.9g, ref %.9g (%s %dx%d; seed %llu)", c, m[c], mr[c],
+                      d.blocked ? "blocked" : "plain", hw, hw, (unsigned long long)s_seed);
+            cr_assert(fabs(v[c] - vr[c]) <= 2.4e-7 * vr[c],
+                      "bn var[%d] %.9g, ref %.9g (%s %dx%d; seed %llu)", c, v[c], vr[c],
+                      d.blocked ? "blocked" : "plain", hw, hw, (unsigned long long)s_seed);
+        }
+        s_close(d.blocked ? "blocked offset bn y" : "offset bn y", yp, yr, n, 4e-7, 4e-7);
+        k_op_release(cpu, &d.impl);
+        free(x), free(xb), free(g), free(b), free(y), free(yp), free(yr), free(m), free(v);
+        free(mr), free(vr);
+    }
+}
+
 Test(k_cpu, pooling_matches_ref_on_random_shapes, .init = s_seed_init, .timeout = 60)
 {
     const k_backend *cpu = k_backend_cpu(), *ref = k_backend_ref();

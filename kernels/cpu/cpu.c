@@ -8,11 +8,15 @@
  * Tensors are plain NCHW/KCRS at this API; oneDNN picks its own kernels for those layouts and
  * uses every core (its OpenMP runtime).
  *
+ * Batchnorm's batch statistics are summed here, in double, and handed to oneDNN: its own float
+ * sums are not accurate enough (s_bn_stats says why).
+ *
  * oneDNN backward-weights primitives overwrite their output, but the kernels API accumulates
  * into parameter gradients: they write into a thread-local scratch that is then added.
  * Backward ops accumulate (+=) into parameter gradients and overwrite input gradients.
  */
 #include <dnnl.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -435,17 +439,95 @@ static zps_status s_conv2d_bwd(k_conv2d *d, const float *x, const float *w, cons
 
 typedef struct s_bn_impl {
     s_head head;
-    s_prim fwd;           // training: src, scale, shift, dst, mean, variance [+ workspace]
+    s_prim fwd;           // training, statistics given: src, mean, variance, scale, shift, dst
+                          // [+ workspace]
     s_prim infer;         // inference: src, mean, variance, scale, shift, dst
     s_prim bwd;           // src, mean, variance, diff_dst, scale, diff_src, diff_scale,
                           // diff_shift [+ workspace]
     dnnl_memory_t ws;     // ReLU mask from the training forward (owned), or NULL
+    double *acc;          // (4, c) scratch: s_bn_stats (3 c), then the mean's residual (c)
+    float *beta;          // (c) shift given to the training forward (s_bn_fwd_train)
     int have_infer;       // infer created
 } s_bn_impl;
 
 static unsigned s_bn_flags(const k_bn *d)
 {
     return dnnl_use_scale | dnnl_use_shift | (d->relu ? dnnl_fuse_norm_relu : 0);
+}
+
+/* Batch mean and biased variance of every channel, summed in double; resid (c) receives
+ * mean - (float)mean, the part of the mean that float cannot hold.
+ *
+ * Why not oneDNN's: batchnorm 2.6 sums a channel in float, so over ~10^4 values its mean is
+ * off by ~1e-6 of the channel's std for every unit of |mean|/std (up to ~6 in Inception's
+ * early layers; ref and this function are within one float rounding). That error shifts a
+ * whole channel coherently, and Inception-v3 at 75x75 batch 8 (batchnorm over 8 values in
+ * Mixed_7) amplifies it into percent-level errors of Mixed_7 gradients. The training forward
+ * therefore gets these statistics as inputs (use_global_stats); its backward still
+ * differentiates through them (it is created without that flag).
+ *
+ * One pass over x - shift, shift being the channel's first value, so that the sum of squares
+ * minus the squared sum does not cancel (in double even |mean - shift| = 1000 std would lose
+ * only ~1e-10). acc: 3 * c doubles of scratch.
+ *
+ * On x86-64 it is compiled for AVX-512, AVX2 and the baseline, picked at load time (a GCC and
+ * Clang ifunc): the build targets the baseline, where these double sums run 2 wide, and this
+ * pass is one more read of every batchnorm input per step. */
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+static void s_bn_stats(const k_bn *d, const float *x, double *acc, float *mean, float *var,
+                       double *resid)
+{
+    const int c = d->c;
+    const size_t hw = (size_t)d->h * d->w;
+    double *sum = acc, *sq = acc + c, *shift = acc + 2 * c;
+    for (int k = 0; k < c; k++)
+        shift[k] = d->blocked ? x[(size_t)(k / 16) * hw * 16 + k % 16] : x[(size_t)k * hw];
+    if (d->blocked) { /* nChw16c: 16 channels side by side, one vector lane each */
+        for (int cb = 0; cb < c / 16; cb++) {
+            double s[16] = {0}, q[16] = {0}, *sh = shift + cb * 16;
+            for (int n = 0; n < d->n; n++) {
+                const float *p = x + ((size_t)n * (c / 16) + cb) * hw * 16;
+                for (size_t i = 0; i < hw; i++)
+                    for (int l = 0; l < 16; l++) {
+                        double t = (double)p[i * 16 + l] - sh[l];
+                        s[l] += t;
+                        q[l] += t * t;
+                    }
+            }
+            for (int l = 0; l < 16; l++)
+                sum[cb * 16 + l] = s[l], sq[cb * 16 + l] = q[l];
+        }
+    } else { /* NCHW: four interleaved sums per channel */
+        for (int k = 0; k < c; k++) {
+            double s[4] = {0}, q[4] = {0}, sh = shift[k];
+            for (int n = 0; n < d->n; n++) {
+                const float *p = x + ((size_t)n * c + k) * hw;
+                size_t i = 0;
+                for (; i + 4 <= hw; i += 4)
+                    for (int l = 0; l < 4; l++) {
+                        double t = (double)p[i + l] - sh;
+                        s[l] += t;
+                        q[l] += t * t;
+                    }
+                for (; i < hw; i++) {
+                    double t = (double)p[i] - sh;
+                    s[0] += t;
+                    q[0] += t * t;
+                }
+            }
+            sum[k] = (s[0] + s[1]) + (s[2] + s[3]);
+            sq[k] = (q[0] + q[1]) + (q[2] + q[3]);
+        }
+    }
+    const double cnt = (double)d->n * hw;
+    for (int k = 0; k < c; k++) {
+        double m = sum[k] / cnt, v = sq[k] / cnt - m * m;
+        mean[k] = (float)(shift[k] + m);
+        resid[k] = (shift[k] + m) - mean[k];
+        var[k] = (float)(v > 0 ? v : 0);
+    }
 }
 
 static zps_status s_bn_get(k_bn *d, s_bn_impl **out)
@@ -461,16 +543,15 @@ static zps_status s_bn_get(k_bn *d, s_bn_impl **out)
     d->impl = im;
     dnnl_memory_desc_t data;
     ZPS_TRY(s_md4(&data, d->n, d->c, d->h, d->w, s_act_tag(d->blocked)));
+    im->acc = zps_xmalloc(sizeof(double) * 4 * (size_t)d->c);
+    im->beta = zps_xmalloc(sizeof(float) * (size_t)d->c);
+    /* training forward with the statistics as inputs 1 and 2 (s_bn_stats computes them) */
     dnnl_batch_normalization_desc_t bd;
     S_DNNL(dnnl_batch_normalization_forward_desc_init(&bd, dnnl_forward_training, &data, d->eps,
-                                                      s_bn_flags(d)));
+                                                      s_bn_flags(d) | dnnl_use_global_stats));
     ZPS_TRY(s_prim_create(&im->fwd, &bd, NULL));
     ZPS_TRY(s_prim_arg(&im->fwd, DNNL_ARG_SRC, dnnl_query_src_md));
-    ZPS_TRY(s_prim_arg(&im->fwd, DNNL_ARG_SCALE, dnnl_query_weights_md));
-    ZPS_TRY(s_prim_arg(&im->fwd, DNNL_ARG_SHIFT, dnnl_query_weights_md));
-    ZPS_TRY(s_prim_arg(&im->fwd, DNNL_ARG_DST, dnnl_query_dst_md));
-    /* mean and variance are outputs 1 and 2 of the training forward */
-    const dnnl_memory_desc_t *mmd = dnnl_primitive_desc_query_md(im->fwd.pd, dnnl_query_dst_md, 1);
+    const dnnl_memory_desc_t *mmd = dnnl_primitive_desc_query_md(im->fwd.pd, dnnl_query_src_md, 1);
     for (int i = 0; i < 2; i++) {
         dnnl_memory_t m;
         S_DNNL(dnnl_memory_create(&m, mmd, s_engine, DNNL_MEMORY_NONE));
@@ -478,7 +559,15 @@ static zps_status s_bn_get(k_bn *d, s_bn_impl **out)
         im->fwd.args[im->fwd.nargs].memory = m;
         im->fwd.shared[im->fwd.nargs++] = 0;
     }
+    ZPS_TRY(s_prim_arg(&im->fwd, DNNL_ARG_SCALE, dnnl_query_weights_md));
+    ZPS_TRY(s_prim_arg(&im->fwd, DNNL_ARG_SHIFT, dnnl_query_weights_md));
+    ZPS_TRY(s_prim_arg(&im->fwd, DNNL_ARG_DST, dnnl_query_dst_md));
     ZPS_TRY(s_workspace(&im->fwd, &im->ws));
+    if (d->relu && !im->ws) { /* the backward needs the forward's ReLU mask */
+        zps_log(ZPS_ERROR, "kernels", "batchnorm+ReLU %dx%dx%dx%d: no workspace", d->n, d->c,
+                d->h, d->w);
+        return ZPS_ERR_DNNL;
+    }
     if (im->ws)
         s_prim_shared(&im->fwd, DNNL_ARG_WORKSPACE, im->ws);
 
@@ -512,7 +601,15 @@ static zps_status s_bn_fwd_train(k_bn *d, const float *x, const float *gamma,
 {
     s_bn_impl *im;
     ZPS_TRY(s_bn_get(d, &im));
-    const void *ptrs[6] = {x, gamma, beta, y, mean, var};
+    /* The float mean is off by resid; oneDNN normalises with it, so the shift makes up for
+     * that: gamma (x - mean - resid) / sd + beta = gamma (x - mean) / sd + (beta - gamma
+     * resid / sd). Without this a channel with |mean|/std = 50 would be off by ~3e-6 of its
+     * std, all in the same direction; with it y is within float rounding of ref's. */
+    double *resid = im->acc + 3 * d->c;
+    s_bn_stats(d, x, im->acc, mean, var, resid);
+    for (int c = 0; c < d->c; c++)
+        im->beta[c] = (float)(beta[c] - gamma[c] * resid[c] / sqrt((double)var[c] + d->eps));
+    const void *ptrs[6] = {x, mean, var, gamma, im->beta, y};
     ZPS_TRY(s_prim_run(&im->fwd, ptrs, 6));
     float cnt = (float)d->n * d->h * d->w, m = d->momentum;
     float unbias = cnt > 1 ? cnt / (cnt - 1) : 1.0f;
@@ -774,6 +871,8 @@ static void s_release(void **impl)
         s_prim_free(&im->bwd);
         if (im->ws)
             dnnl_memory_destroy(im->ws);
+        free(im->acc);
+        free(im->beta);
         break;
     }
     case S_POOL: {
