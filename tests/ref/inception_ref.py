@@ -2,14 +2,15 @@
 """inception_ref.py - PyTorch reference for zps's Inception-v3 (tests/test_nn_inception.c).
 
 Loads a zps weights file (format in docs/kernels.md) into torchvision's Inception3 by name,
-runs one training-mode forward and backward three times and writes, for each, raw
+runs one training-mode forward and backward several times and writes, for each, raw
 little-endian float64 values: the loss, the logits (n x classes), the gradient of every
 trainable variable in the file's order, the batchnorm running statistics after the step in
 the file's order.
     PREFIX.f64   in float64 on the batch: the truth the test measures errors against
     PREFIX.f32   in float32 on the batch: how far float32 arithmetic alone moves each tensor
-    PREFIX.pert  in float32 on the batch times (1 + p * u), u uniform in [-1, 1],
-                 p = --perturb: how far rounding-sized input noise moves each tensor
+    PREFIX.pertK in float32 on the batch times (1 + p_K * u_K), u_K uniform in [-1, 1] (its
+                 own draw for each K), p_K the K-th value of --perturb (comma-separated):
+                 how far input noise of float32's size moves each tensor
 Loss = CE(logits) + aux_weight * CE(aux_logits) when the aux head is on. Dropout is off.
 Runs under Debian's /usr/bin/python3 (python3-torch, python3-torchvision).
 """
@@ -62,7 +63,7 @@ def main():
     ap.add_argument("--classes", type=int, required=True)
     ap.add_argument("--aux", type=int, required=True)
     ap.add_argument("--aux-weight", type=float, default=0.4)
-    ap.add_argument("--perturb", type=float, default=1e-6)
+    ap.add_argument("--perturb", default="1e-6", help="comma-separated relative sizes")
     ap.add_argument("--out", required=True, help="output prefix")
     a = ap.parse_args()
     torch.set_num_threads(2)
@@ -71,8 +72,10 @@ def main():
     x = np.fromfile(a.input, dtype="<f4").reshape(n, a.channels, s, s)
     y = torch.from_numpy(np.fromfile(a.labels, dtype="<i4").astype(np.int64))
     rng = np.random.default_rng(12345)
-    x_pert = (x * (1 + a.perturb * rng.uniform(-1, 1, size=x.shape))).astype(np.float32)
-    runs = ((x, "f32", torch.float32), (x_pert, "pert", torch.float32), (x, "f64", torch.float64))
+    runs = [(x, "f64", torch.float64), (x, "f32", torch.float32)]
+    for k, p in enumerate(float(v) for v in a.perturb.split(",")):
+        x_pert = (x * (1 + p * rng.uniform(-1, 1, size=x.shape))).astype(np.float32)
+        runs.append((x_pert, f"pert{k}", torch.float32))
     for xin, suffix, dtype in runs:
         model = torchvision.models.inception_v3(weights=None, aux_logits=bool(a.aux),
                                                 init_weights=False, num_classes=a.classes,
