@@ -3,20 +3,23 @@
  * The C side builds the model on the cpu back-end (ZPS_INCEPTION_BACKEND=ref: the oracle),
  * writes its weights, a random batch and labels; the script loads them into torchvision's
  * Inception3 and writes the loss, the logits, every variable's gradient and the running
- * statistics after one training step, computed three ways: in float64 (the truth), in
- * float32, and in float32 on the batch perturbed by 1e-6 relative. Shapes: 299x299 batch 2
- * with the aux head, 75x75 batch 8 without.
+ * statistics after one training step, computed five ways: in float64 (the truth), in
+ * float32, and in float32 on the batch perturbed by three noise draws (S_PERTURB: 1e-6, 1e-5,
+ * 1e-5 relative). Shapes: 299x299 batch 2 with the aux head, 75x75 batch 8 without.
  *
  * Bound, for every tensor (logits, each gradient, each running statistic), as relative L2
  * error against the float64 truth:
- *     err_zps <= 1e-3 + 4 * max(err_f32, err_pert)
- * err_f32 and err_pert being how far PyTorch's own float32 results are from the truth. Where
- * float32 can compute a tensor (PyTorch within 2.5e-4) zps is held to 2e-3 or better. Where
+ *     err_zps <= 1e-3 + 4 * max(err_f32, err_pert1, err_pert2, err_pert3)
+ * the err_* being how far PyTorch's own float32 results are from the truth. Where float32
+ * can compute a tensor (PyTorch within 2.5e-4) zps is held to 2e-3 or better. Where
  * it cannot, zps may be as far off as 4x PyTorch: a randomly initialised Inception-v3 with
  * batchnorm in training mode is chaotic (batchnorm over 2 values in the aux head at 299, over
  * 8 in Mixed_7 at 75; gradients explode with depth at initialisation; ReLU masks flip), and
  * PyTorch's float32 gradients of some variables are several percent from float64 on the
- * same input. Any tensor outside its bound fails the test, by name. The loss must agree to
+ * same input; at 75x75 float32's forward error in Mixed_6e-7c (1e-5 to 3e-4) flips a few
+ * near-zero ReLU masks in any float32 implementation, which is why the noise goes up to
+ * 1e-5 and is drawn three times (docs/kernels.md). Any tensor outside its bound fails the
+ * test, by name. The loss must agree to
  * 1e-4 relative + 4 times PyTorch's own float32 deviation.
  */
 #include <criterion/criterion.h>
