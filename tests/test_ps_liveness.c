@@ -137,7 +137,9 @@ Test(it_ps_liveness, sync_continues_after_a_trainer_dies, .timeout = 60)
         cr_expect_eq(ta[t].status, 0, "trainer %d: %s", t, ta[t].err);
         cr_expect_eq(ta[t].steps_done, STEPS);
     }
-    cr_expect(took >= 0.9, "the survivors went on before the timeout (%.2f s)", took);
+    /* Trainer 2 was last seen at most one heartbeat (0.2 s) before the kill, and the server
+     * checks liveness every 0.05 s: the survivors may go on from 1 - 0.2 s after the kill. */
+    cr_expect(took >= 0.75, "the survivors went on before the timeout (%.2f s)", took);
     const char *uris[1] = {srv.uri};
     ps_client *c;
     cr_assert_eq(ps_client_new(uris, 1, 0, NULL, &c), ZPS_OK);
