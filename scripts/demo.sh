@@ -9,7 +9,7 @@
 #
 # Environment overrides (defaults are what the README states):
 #   DEMO_WIDTH (0.25)  DEMO_SIZE (75)  DEMO_BATCH (32)  DEMO_LR (0.002, adam)
-#   DEMO_TIME (270 s of training per trainer)  DEMO_TARGET (0.85)  DEMO_DECAY_STEPS (2600)
+#   DEMO_TIME (360 s of training per trainer)  DEMO_TARGET (0.85)  DEMO_DECAY_STEPS (3500)
 set -eu
 B=${1:-build}
 BIN=$(cd "$B/bin" && pwd)
@@ -17,10 +17,10 @@ WIDTH=${DEMO_WIDTH:-0.25}
 SIZE=${DEMO_SIZE:-75}
 BATCH=${DEMO_BATCH:-32}
 LR=${DEMO_LR:-0.002}
-TIME=${DEMO_TIME:-270}
+TIME=${DEMO_TIME:-360}
 TARGET=${DEMO_TARGET:-0.85}
 # server versions (pushes of both trainers) over which the learning rate decays to its floor
-STEPS=${DEMO_DECAY_STEPS:-2600}
+STEPS=${DEMO_DECAY_STEPS:-3500}
 # The trainers measure 2048 test images (sampling error about 0.8%); they stop at the target
 # plus half a point so that the whole test split, measured at the end, is at the target.
 STOP=$(awk -v t="$TARGET" 'BEGIN { printf "%.4f", t + 0.005 }')
