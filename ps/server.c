@@ -1566,27 +1566,26 @@ static void s_after_drop(ps_server *s)
 static void s_op_simple(ps_server *s, zmq_msg_t *ident, const Zps__Header *h, uint64_t t0)
 {
     int op = h->op;
-    char why[512];
-    switch (op) {
-    case ZPS__OP__OP_HEARTBEAT: {
+    if (op == ZPS__OP__OP_HEARTBEAT || op == ZPS__OP__OP_LEAVE || op == ZPS__OP__OP_BARRIER) {
+        char why[512];
         zps_status st = s_check_trainer(s, h, why, sizeof why);
         if (st != ZPS_OK) {
             s_reject(s, ident, op, h->request_id, st, why);
             return;
         }
-        if (!s->trainers[h->trainer_id].left)
+        /* any word from a trainer counts as seen, except that heartbeats and barriers do not
+         * bring back one that left */
+        if (op != ZPS__OP__OP_LEAVE && !s->trainers[h->trainer_id].left)
             s_seen(s, h->trainer_id);
+    }
+    switch (op) {
+    case ZPS__OP__OP_HEARTBEAT: {
         s_reply r = {op, h->request_id, ZPS_OK, "", s_min_version(s), 0, 0};
         s_send(s, ident, &r, NULL, 0);
         s_check_pending(s);
         break;
     }
     case ZPS__OP__OP_LEAVE: {
-        zps_status st = s_check_trainer(s, h, why, sizeof why);
-        if (st != ZPS_OK) {
-            s_reject(s, ident, op, h->request_id, st, why);
-            return;
-        }
         s_trainer *tr = &s->trainers[h->trainer_id];
         if (!tr->left) {
             tr->left = 1;
@@ -1602,13 +1601,6 @@ static void s_op_simple(ps_server *s, zmq_msg_t *ident, const Zps__Header *h, ui
         break;
     }
     case ZPS__OP__OP_BARRIER: {
-        zps_status st = s_check_trainer(s, h, why, sizeof why);
-        if (st != ZPS_OK) {
-            s_reject(s, ident, op, h->request_id, st, why);
-            return;
-        }
-        if (!s->trainers[h->trainer_id].left)
-            s_seen(s, h->trainer_id);
         for (size_t i = 0; i < s->n_pending; i++)
             if (s->pending[i].op == op && s->pending[i].trainer == h->trainer_id) {
                 /* A retried barrier replaces the earlier one. */
