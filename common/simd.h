@@ -3,9 +3,10 @@
  *
  * The build targets the baseline (it must run on any x86-64), so without this the server's
  * per-element streams run as SSE2: the NaN/Inf check of a 1 MiB push took 35 us as SSE2 and
- * 17 us as AVX-512 on the 2-core machine, data in cache. Only for loops whose result does not
- * depend on the vector width: elementwise arithmetic, no reductions in float. -std=c11 keeps
- * -ffp-contract=off, so no clone fuses a multiply and an add: every clone gives the same bits.
+ * 17 us as AVX-512 on the 2-core machine, data in cache. Every clone gives the same bits:
+ * without -ffast-math the compiler never reorders floating-point additions (so a reduction
+ * vectorises only across lanes the code spells out, as kernels/cpu's batchnorm sums do), and
+ * -std=c11 keeps -ffp-contract=off, so no clone fuses a multiply and an add.
  */
 #ifndef ZPS_COMMON_SIMD_H
 #define ZPS_COMMON_SIMD_H

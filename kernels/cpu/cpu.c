@@ -24,6 +24,7 @@
 #include "common/check.h"
 #include "common/log.h"
 #include "common/mem.h"
+#include "common/simd.h"
 #include "kernels/kernels.h"
 #include "kernels/ref/ref.h"
 
@@ -473,9 +474,7 @@ static unsigned s_bn_flags(const k_bn *d)
  * On x86-64 it is compiled for AVX-512, AVX2 and the baseline, picked at load time (a GCC and
  * Clang ifunc): the build targets the baseline, where these double sums run 2 wide, and this
  * pass is one more read of every batchnorm input per step. */
-#if defined(__x86_64__) && defined(__GNUC__)
-__attribute__((target_clones("avx512f", "avx2", "default")))
-#endif
+ZPS_SIMD_CLONES
 static void s_bn_stats(const k_bn *d, const float *x, double *acc, float *mean, float *var,
                        double *resid)
 {
