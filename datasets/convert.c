@@ -109,20 +109,30 @@ static void s_split_dir(const ds_convert_opts *o, const char *split, char *buf, 
     snprintf(buf, n, "%s/%s", o->out, split);
 }
 
+/* OUT/split into dir, its shard writer and an image codec (both the caller's). */
+static zps_status s_open_split(const ds_convert_opts *o, const char *split, char *dir,
+                               size_t dir_len, ds_writer **wr, ds_codec **codec)
+{
+    s_split_dir(o, split, dir, dir_len);
+    ZPS_TRY(ds_writer_new(dir, split, o->shards, o->overwrite, wr));
+    *codec = ds_codec_new();
+    if (!*codec) {
+        zps_log(ZPS_ERROR, "ds", "cannot create an image codec");
+        ds_writer_destroy(wr);
+        return ZPS_ERR_INTERNAL;
+    }
+    return ZPS_OK;
+}
+
 /* Writes count items (h, w, c) u8 with labels into OUT/split with o's encoding. */
 static zps_status s_write_images(const ds_convert_opts *o, const char *split,
                                  const uint8_t *images, const uint8_t *labels, size_t count,
                                  int h, int w, int c, uint64_t *written)
 {
     char dir[4096];
-    s_split_dir(o, split, dir, sizeof dir);
     ds_writer *wr;
-    ZPS_TRY(ds_writer_new(dir, split, o->shards, o->overwrite, &wr));
-    ds_codec *codec = ds_codec_new();
-    if (!codec) {
-        ds_writer_destroy(&wr);
-        return ZPS_ERR_INTERNAL;
-    }
+    ds_codec *codec;
+    ZPS_TRY(s_open_split(o, split, dir, sizeof dir, &wr, &codec));
     zps_status st = ZPS_OK;
     size_t px = (size_t)h * w * c;
     for (size_t i = 0; i < count && st == ZPS_OK; i++) {
@@ -399,14 +409,9 @@ static zps_status s_detection_split(const ds_convert_opts *o, const ds_detection
                                     size_t n_src, uint64_t count, uint64_t seed)
 {
     char dir[4096];
-    s_split_dir(o, split, dir, sizeof dir);
     ds_writer *wr;
-    ZPS_TRY(ds_writer_new(dir, split, o->shards, o->overwrite, &wr));
-    ds_codec *codec = ds_codec_new();
-    if (!codec) {
-        ds_writer_destroy(&wr);
-        return ZPS_ERR_INTERNAL;
-    }
+    ds_codec *codec;
+    ZPS_TRY(s_open_split(o, split, dir, sizeof dir, &wr, &codec));
     const int S = d->canvas;
     uint8_t *canvas = zps_xmalloc((size_t)S * S);
     uint8_t *item = zps_xmalloc((size_t)S * S);
