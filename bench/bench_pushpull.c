@@ -542,7 +542,7 @@ ZPS_BENCH(pushpull, "zps push/pull/pushpull vs raw ZeroMQ DEALER/ROUTER, 1x1 and
             shape_mask = !strcmp(optarg, "1x1") ? 1 : 2;
         else if (ch == 'M')
             msg_bytes = strtoull(optarg, NULL, 10);
-        else if (ch == 'S')
+        else if (ch == 'S' && atoi(optarg) >= 1 && atoi(optarg) <= 8)
             streams = atoi(optarg);
         else if (ch == 'I')
             s_zps_io_threads = atoi(optarg) > 0 ? atoi(optarg) : 1;

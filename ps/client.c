@@ -175,6 +175,16 @@ static void *s_hb_main(void *arg)
     return NULL;
 }
 
+/* Stops the heartbeat thread if it runs. */
+static void s_hb_stop(ps_client *c)
+{
+    if (!c->hb_running)
+        return;
+    atomic_store(&c->hb_stop, 1);
+    pthread_join(c->hb_thread, NULL);
+    c->hb_running = 0;
+}
+
 void ps_client_opts_default(ps_client_opts *o)
 {
     memset(o, 0, sizeof *o);
@@ -281,6 +291,8 @@ zps_status ps_client_new(const char *const *server_uris, int n_servers, uint32_t
     c->n = n_servers;
     c->trainer = trainer_id;
     if (c->o.streams < 1 || c->o.streams > 8) {
+        zps_log(ZPS_ERROR, "client", "streams %d: want 1..8 TCP connections per server",
+                c->o.streams);
         free(c);
         return ZPS_ERR_INVALID;
     }
@@ -327,10 +339,7 @@ void ps_client_destroy(ps_client **pc)
     if (!pc || !*pc)
         return;
     ps_client *c = *pc;
-    if (c->hb_running) {
-        atomic_store(&c->hb_stop, 1);
-        pthread_join(c->hb_thread, NULL);
-    }
+    s_hb_stop(c);
     for (int i = 0; i < c->n; i++)
         s_close_socket(c, i);
     if (c->ctx)
@@ -1193,11 +1202,7 @@ zps_status ps_client_checkpoint(ps_client *c)
 
 zps_status ps_client_leave(ps_client *c)
 {
-    if (c->hb_running) { // a heartbeat after LEAVE would not bring us back, but save the traffic
-        atomic_store(&c->hb_stop, 1);
-        pthread_join(c->hb_thread, NULL);
-        c->hb_running = 0;
-    }
+    s_hb_stop(c); // a heartbeat after LEAVE would not bring us back, but save the traffic
     return s_simple(c, ZPS__OP__OP_LEAVE, -1, NULL, NULL);
 }
 

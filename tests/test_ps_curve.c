@@ -425,6 +425,23 @@ Test(ps_curve, client_wants_all_three_keys)
     ps_client_destroy(&c);
 }
 
+Test(ps_curve, client_refuses_streams_outside_1_to_8)
+{
+    ps_client_opts o;
+    ps_client_opts_default(&o);
+    const char *uris[1] = {"tcp://127.0.0.1:9"};
+    ps_client *c = NULL;
+    static const int bad[] = {0, 9};
+    for (int k = 0; k < 2; k++) {
+        o.streams = bad[k];
+        cr_assert_eq(ps_client_new(uris, 1, 0, &o, &c), ZPS_ERR_INVALID, "streams %d", o.streams);
+        cr_assert_null(c);
+    }
+    o.streams = 8;
+    cr_assert_eq(ps_client_new(uris, 1, 0, &o, &c), ZPS_OK);
+    ps_client_destroy(&c);
+}
+
 /* ------------------------------------------------------------------------- processes */
 
 TestSuite(it_ps_curve, .timeout = 60);
