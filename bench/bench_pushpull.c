@@ -9,12 +9,16 @@
  *   zps_gbps / raw_gbps: payload bytes moved by all clients / wall time (pushpull counts
  *                        both directions), median of --reps repetitions
  *   *_p50_us, *_p99_us:  per-request latency over all repetitions
- *   ratio:               zps_gbps / raw_gbps
- * The raw server is a forked process that never touches the payload: it replies to a push
+ *   ratio:               median over the repetitions of zps / raw; the repetitions
+ *                        alternate (zps, raw, zps, raw, ...) so each pair shares the
+ *                        machine's mood of the moment
+ * The raw server is a separate process that never touches the payload: it replies to a push
  * with an empty ack and to a pull with zero-copy frames of a static buffer; the raw client
- * copies pulled frames into the destination buffer like the zps client does. Both the zps
- * and the raw server run with glibc's default allocator settings except that zps-server
- * calls zps_malloc_keep_warm(); the bench process (both clients) calls it too.
+ * copies pulled frames into the destination buffer like the zps client does. The raw
+ * server runs with glibc's default allocator settings (it is exec'd afresh, so nothing of
+ * this process carries over); zps-server calls zps_malloc_keep_warm(), which is part of
+ * what zps does; --raw-warm gives the raw server the same settings. The bench process
+ * (both sides' clients) calls zps_malloc_keep_warm() too.
  * Output: a table on stdout and $ZPS_BENCH_DIR/pushpull.json.
  */
 #include <getopt.h>
@@ -154,8 +158,32 @@ static int s_read_line(int fd, char *buf, size_t len, const char *tag, double ti
     return -1;
 }
 
-static int s_spawn_raw(proc *p)
+/* This program's own path (for re-running it as a raw server) or zps-server's. */
+static int s_bin_path(char *bin, size_t len, const char *name)
 {
+    const char *dir = getenv("ZPS_BIN");
+    if (name && dir && *dir) {
+        snprintf(bin, len, "%s/%s", dir, name);
+        return 0;
+    }
+    ssize_t k = readlink("/proc/self/exe", bin, len - 32);
+    if (k <= 0)
+        return -1;
+    bin[k] = 0;
+    char *slash = strrchr(bin, '/');
+    if (name && slash)
+        snprintf(slash + 1, len - (size_t)(slash + 1 - bin), "%s", name);
+    return 0;
+}
+
+/* The raw server is a fresh exec of this program (`zps-bench pushpull --raw-server-fd N`),
+ * so it runs with glibc's default allocator settings: a fork would inherit the
+ * zps_malloc_keep_warm() of this process, which is zps logic. */
+static int s_spawn_raw(proc *p, int warm)
+{
+    char bin[PATH_MAX];
+    if (s_bin_path(bin, sizeof bin, NULL))
+        return -1;
     int fds[2];
     if (pipe(fds) == -1)
         return -1;
@@ -165,7 +193,11 @@ static int s_spawn_raw(proc *p)
     if (pid == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         close(fds[0]);
-        s_raw_server(fds[1]);
+        char fd[16];
+        snprintf(fd, sizeof fd, "%d", fds[1]);
+        execl(bin, bin, "pushpull", "--raw-server-fd", fd, warm ? "--raw-warm" : NULL,
+              (char *)NULL);
+        _exit(127);
     }
     close(fds[1]);
     p->pid = pid;
@@ -179,17 +211,8 @@ static int s_zps_io_threads = 1; // --server-io-threads
 static int s_spawn_zps(proc *p, int n_clients)
 {
     char bin[PATH_MAX];
-    const char *dir = getenv("ZPS_BIN");
-    if (dir && *dir)
-        snprintf(bin, sizeof bin, "%s/zps-server", dir);
-    else {
-        ssize_t k = readlink("/proc/self/exe", bin, sizeof bin - 32);
-        if (k <= 0)
-            return -1;
-        bin[k] = 0;
-        char *slash = strrchr(bin, '/');
-        snprintf(slash + 1, sizeof bin - (size_t)(slash + 1 - bin), "zps-server");
-    }
+    if (s_bin_path(bin, sizeof bin, "zps-server"))
+        return -1;
     char nt[16], io[16];
     snprintf(nt, sizeof nt, "%d", n_clients);
     snprintf(io, sizeof io, "%d", s_zps_io_threads);
@@ -454,42 +477,63 @@ typedef struct result {
     int ok;
 } result;
 
-static result s_measure(run *r, double *rep_gbps, int reps)
+/* One side's repetitions of a cell, gathered as they run (s_rep) and summed up at the end
+ * (s_result). The two sides' repetitions alternate, zps then raw, so that a slow spell of
+ * this noisy machine falls on both. */
+typedef struct acc {
+    double gbps[64];
+    double *lat; // (reps * clients * iters)
+    size_t nlat;
+    double cpu, moved;
+    int reps, ok;
+} acc;
+
+static void s_acc_init(acc *a, const run *r, int reps)
 {
-    result res = {0, 0, 0, 0, 1};
-    double *all = zps_xmalloc(sizeof(double) * (size_t)(reps * r->clients * r->iters));
-    size_t na = 0;
-    double cpu = 0, moved = 0;
-    for (int rep = 0; rep < reps; rep++) {
-        pthread_t th[MAX_CLIENTS];
-        carg ca[MAX_CLIENTS];
-        pthread_barrier_init(&r->start, NULL, (unsigned)r->clients);
-        r->lat_us = zps_xcalloc((size_t)(r->clients * r->iters), sizeof(double));
-        r->failed = 0;
-        for (int c = 0; c < r->clients; c++) {
-            ca[c] = (carg){r, c};
-            pthread_create(&th[c], NULL, r->raw ? s_raw_client : s_zps_client, &ca[c]);
-        }
-        for (int c = 0; c < r->clients; c++)
-            pthread_join(th[c], NULL);
-        pthread_barrier_destroy(&r->start);
-        if (r->failed) {
-            fprintf(stderr, "pushpull: zps run failed: %s\n", r->err);
-            res.ok = 0;
-        }
-        double bytes = (double)r->bytes * (r->op == OP_PUSHPULL ? 2 : 1) * r->clients * r->iters;
-        rep_gbps[rep] = bytes / (r->t1 - r->t0) / 1e9;
-        moved += bytes;
-        cpu += r->cpu1 - r->cpu0;
-        memcpy(all + na, r->lat_us, sizeof(double) * (size_t)(r->clients * r->iters));
-        na += (size_t)(r->clients * r->iters);
-        free(r->lat_us);
+    memset(a, 0, sizeof *a);
+    a->lat = zps_xmalloc(sizeof(double) * (size_t)(reps * r->clients * r->iters));
+    a->ok = 1;
+}
+
+static void s_rep(run *r, acc *a)
+{
+    pthread_t th[MAX_CLIENTS];
+    carg ca[MAX_CLIENTS];
+    pthread_barrier_init(&r->start, NULL, (unsigned)r->clients);
+    r->lat_us = zps_xcalloc((size_t)(r->clients * r->iters), sizeof(double));
+    r->failed = 0;
+    for (int c = 0; c < r->clients; c++) {
+        ca[c] = (carg){r, c};
+        pthread_create(&th[c], NULL, r->raw ? s_raw_client : s_zps_client, &ca[c]);
     }
-    res.cpu_s_per_gb = cpu / (moved / 1e9);
-    res.gbps = bench_median(rep_gbps, (size_t)reps);
-    res.p50 = bench_percentile(all, na, 50);
-    res.p99 = bench_percentile(all, na, 99);
-    free(all);
+    for (int c = 0; c < r->clients; c++)
+        pthread_join(th[c], NULL);
+    pthread_barrier_destroy(&r->start);
+    if (r->failed) {
+        fprintf(stderr, "pushpull: zps run failed: %s\n", r->err);
+        a->ok = 0;
+    }
+    double bytes = (double)r->bytes * (r->op == OP_PUSHPULL ? 2 : 1) * r->clients * r->iters;
+    a->gbps[a->reps++] = bytes / (r->t1 - r->t0) / 1e9;
+    a->moved += bytes;
+    a->cpu += r->cpu1 - r->cpu0;
+    memcpy(a->lat + a->nlat, r->lat_us, sizeof(double) * (size_t)(r->clients * r->iters));
+    a->nlat += (size_t)(r->clients * r->iters);
+    free(r->lat_us);
+}
+
+static result s_result(acc *a)
+{
+    result res = {0, 0, 0, 0, a->ok};
+    if (a->reps) {
+        double g[64];
+        memcpy(g, a->gbps, sizeof(double) * (size_t)a->reps); // bench_median sorts
+        res.cpu_s_per_gb = a->cpu / (a->moved / 1e9);
+        res.gbps = bench_median(g, (size_t)a->reps);
+        res.p50 = bench_percentile(a->lat, a->nlat, 50);
+        res.p99 = bench_percentile(a->lat, a->nlat, 99);
+    }
+    free(a->lat);
     return res;
 }
 
@@ -498,22 +542,26 @@ static void s_usage(FILE *f)
     fprintf(f, "usage: zps-bench pushpull [--quick] [--reps N] [--max-bytes B] [--bytes B]\n"
                "                          [--op push|pull|pushpull] [--shape 1x1|2x2] [--msg-bytes B]\n"
                "  --quick        4 KiB, 1 MiB and 16 MiB only, fewer iterations\n"
-               "  --reps N       repetitions per cell (median; default 3)\n"
+               "  --reps N       repetitions per cell, zps and raw alternating (1..64, default 3)\n"
                "  --max-bytes B  largest payload (default 64 MiB)\n"
                "  --bytes B      only this payload size\n"
                "  --op, --shape  only this op / shape\n"
                "  --msg-bytes B  client message size (ps_client_opts.msg_bytes, default 1 MiB)\n"
-               "  --only zps|raw run one side only (for profiling; ratio printed as 0)\n"
+               "  --only zps|raw|raw-warm  run one side only (for profiling; ratios printed as 0)\n"
                "  --streams N    zps: TCP connections per server (ps_client_opts.streams, default 1)\n"
-               "  --server-io-threads N  zps-server --io-threads (default 1)\n");
+               "  --server-io-threads N  zps-server --io-threads (default 1)\n"
+               "Each cell runs three sides, their repetitions alternating: zps; raw ZeroMQ with\n"
+               "glibc's allocator defaults (the issue's limit: 'ratio'); raw ZeroMQ whose server\n"
+               "keeps freed memory warm as zps-server does (the stricter 'ratio_warm').\n");
 }
 
 ZPS_BENCH(pushpull, "zps push/pull/pushpull vs raw ZeroMQ DEALER/ROUTER, 1x1 and 2x2")
 {
-    int quick = 0, reps = 3, op_mask = 7, shape_mask = 3, only = 0; // only: 1 zps, 2 raw
+    int quick = 0, reps = 3, op_mask = 7, shape_mask = 3, sides = 7; // bits: zps, raw, raw-warm
+    int raw_warm = 0;
     size_t max_bytes = 64u << 20, only_bytes = 0;
     uint64_t msg_bytes = 1u << 20;
-    int streams = 1;
+    int streams = 1, raw_fd = -1;
     static const struct option opts[] = {{"quick", no_argument, 0, 'q'},
                                          {"reps", required_argument, 0, 'r'},
                                          {"max-bytes", required_argument, 0, 'm'},
@@ -524,6 +572,8 @@ ZPS_BENCH(pushpull, "zps push/pull/pushpull vs raw ZeroMQ DEALER/ROUTER, 1x1 and
                                          {"only", required_argument, 0, 'O'},
                                          {"streams", required_argument, 0, 'S'},
                                          {"server-io-threads", required_argument, 0, 'I'},
+                                         {"raw-warm", no_argument, 0, 'W'},
+                                         {"raw-server-fd", required_argument, 0, 'F'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     int ch;
@@ -531,7 +581,7 @@ ZPS_BENCH(pushpull, "zps push/pull/pushpull vs raw ZeroMQ DEALER/ROUTER, 1x1 and
         if (ch == 'q')
             quick = 1;
         else if (ch == 'r')
-            reps = atoi(optarg) > 0 ? atoi(optarg) : 1;
+            reps = atoi(optarg) > 0 ? (atoi(optarg) < 64 ? atoi(optarg) : 64) : 1;
         else if (ch == 'm')
             max_bytes = (size_t)strtoull(optarg, NULL, 10);
         else if (ch == 'b')
@@ -546,12 +596,22 @@ ZPS_BENCH(pushpull, "zps push/pull/pushpull vs raw ZeroMQ DEALER/ROUTER, 1x1 and
             streams = atoi(optarg);
         else if (ch == 'I')
             s_zps_io_threads = atoi(optarg) > 0 ? atoi(optarg) : 1;
-        else if (ch == 'O' && (!strcmp(optarg, "zps") || !strcmp(optarg, "raw")))
-            only = optarg[0] == 'z' ? 1 : 2;
+        else if (ch == 'W')
+            raw_warm = 1;
+        else if (ch == 'F')
+            raw_fd = atoi(optarg);
+        else if (ch == 'O' && (!strcmp(optarg, "zps") || !strcmp(optarg, "raw") ||
+                               !strcmp(optarg, "raw-warm")))
+            sides = !strcmp(optarg, "zps") ? 1 : !strcmp(optarg, "raw") ? 2 : 4;
         else {
             s_usage(ch == 'h' ? stdout : stderr);
             return ch == 'h' ? 0 : 2;
         }
+    }
+    if (raw_fd >= 0) { // internal: this process is a raw server (s_spawn_raw)
+        if (raw_warm)
+            zps_malloc_keep_warm();
+        s_raw_server(raw_fd);
     }
     zps_malloc_keep_warm();
     signal(SIGPIPE, SIG_IGN);
@@ -570,17 +630,18 @@ ZPS_BENCH(pushpull, "zps push/pull/pushpull vs raw ZeroMQ DEALER/ROUTER, 1x1 and
     }
     fprintf(js, "[\n");
     int first = 1, failed = 0;
-    printf("%-5s %-9s %-9s %9s %9s %6s %9s %9s %9s %9s %8s %8s\n", "shape", "bytes", "op", "zps GB/s",
-           "raw GB/s", "ratio", "zps p50us", "raw p50us", "zps p99us", "raw p99us", "zps cpu", "raw cpu");
+    printf("%-5s %-9s %-9s %9s %9s %6s %9s %6s %9s %9s %9s %9s %8s %8s\n", "shape", "bytes", "op",
+           "zps GB/s", "raw GB/s", "ratio", "warm GB/s", "ratio", "zps p50us", "raw p50us",
+           "zps p99us", "raw p99us", "zps cpu", "raw cpu");
     for (int sh = 0; sh < 2; sh++) {
         if (!(shape_mask & (1 << sh)))
             continue;
         int ns = shapes[sh][0], nc = shapes[sh][1];
         /* the raw servers are forked before any ZeroMQ context exists in this thread's
          * clients; each shape gets fresh servers */
-        proc raw[MAX_SERVERS] = {{0}}, zs[MAX_SERVERS] = {{0}};
+        proc raw[MAX_SERVERS] = {{0}}, warm[MAX_SERVERS] = {{0}}, zs[MAX_SERVERS] = {{0}};
         for (int s = 0; s < ns; s++)
-            if (s_spawn_raw(&raw[s]) || s_spawn_zps(&zs[s], nc)) {
+            if (s_spawn_raw(&raw[s], 0) || s_spawn_raw(&warm[s], 1) || s_spawn_zps(&zs[s], nc)) {
                 fprintf(stderr, "pushpull: cannot start servers\n");
                 return 1;
             }
@@ -607,41 +668,54 @@ ZPS_BENCH(pushpull, "zps push/pull/pushpull vs raw ZeroMQ DEALER/ROUTER, 1x1 and
                         return 1;
                     }
                 }
-                run r = {.servers = ns, .clients = nc, .op = op, .iters = iters,
-                         .warmup = iters / 8 + 2, .bytes = bytes, .plan = plan,
-                         .msg_bytes = msg_bytes, .streams = streams};
-                double rg[16];
-                for (int s = 0; s < ns; s++)
-                    r.uris[s] = zs[s].uri, r.pids[s] = zs[s].pid;
-                r.raw = 0;
-                result z = {0}, w = {0};
-                z.ok = 1;
-                if (only != 2)
-                    z = s_measure(&r, rg, reps);
-                for (int s = 0; s < ns; s++)
-                    r.uris[s] = raw[s].uri, r.pids[s] = raw[s].pid;
-                r.raw = 1;
-                if (only != 1)
-                    w = s_measure(&r, rg, reps);
+                /* sides: 0 zps, 1 raw, 2 raw with warm memory; their repetitions alternate */
+                run rs[3];
+                const proc *srv[3] = {zs, raw, warm};
+                acc ac[3];
+                double pair[2][64];
+                for (int k = 0; k < 3; k++) {
+                    rs[k] = (run){.servers = ns, .clients = nc, .op = op, .iters = iters,
+                                  .warmup = iters / 8 + 2, .bytes = bytes, .plan = plan,
+                                  .msg_bytes = msg_bytes, .streams = streams, .raw = k > 0};
+                    for (int s = 0; s < ns; s++)
+                        rs[k].uris[s] = srv[k][s].uri, rs[k].pids[s] = srv[k][s].pid;
+                    s_acc_init(&ac[k], &rs[k], reps);
+                }
+                for (int rep = 0; rep < reps; rep++) {
+                    for (int k = 0; k < 3; k++)
+                        if (sides & (1 << k))
+                            s_rep(&rs[k], &ac[k]);
+                    for (int k = 1; k < 3; k++)
+                        if ((sides & 1) && (sides & (1 << k)))
+                            pair[k - 1][rep] = ac[0].gbps[rep] / ac[k].gbps[rep];
+                }
+                result z = s_result(&ac[0]), w = s_result(&ac[1]), m = s_result(&ac[2]);
                 failed |= !z.ok;
-                double ratio = w.gbps > 0 ? z.gbps / w.gbps : 0;
-                printf("%dx%-3d %-9zu %-9s %9.3f %9.3f %6.2f %9.1f %9.1f %9.1f %9.1f %8.3f %8.3f\n", ns,
-                       nc, bytes, s_ops[op], z.gbps, w.gbps, ratio, z.p50, w.p50, z.p99, w.p99,
-                       z.cpu_s_per_gb, w.cpu_s_per_gb);
+                /* the median of the paired repetitions' ratios: a slow spell moves both
+                 * halves of a pair, not the ratio */
+                double ratio = (sides & 3) == 3 ? bench_median(pair[0], (size_t)reps) : 0;
+                double ratio_w = (sides & 5) == 5 ? bench_median(pair[1], (size_t)reps) : 0;
+                printf("%dx%-3d %-9zu %-9s %9.3f %9.3f %6.2f %9.3f %6.2f %9.1f %9.1f %9.1f %9.1f %8.3f %8.3f\n",
+                       ns, nc, bytes, s_ops[op], z.gbps, w.gbps, ratio, m.gbps, ratio_w, z.p50, w.p50,
+                       z.p99, w.p99, z.cpu_s_per_gb, w.cpu_s_per_gb);
                 fflush(stdout);
                 fprintf(js,
                         "%s  {\"servers\": %d, \"clients\": %d, \"bytes\": %zu, \"op\": \"%s\", "
-                        "\"zps_gbps\": %.4f, \"raw_gbps\": %.4f, \"ratio\": %.4f, \"zps_p50_us\": %.1f, "
-                        "\"raw_p50_us\": %.1f, \"zps_p99_us\": %.1f, \"raw_p99_us\": %.1f, "
-                        "\"zps_cpu_s_per_gb\": %.4f, \"raw_cpu_s_per_gb\": %.4f}",
-                        first ? "" : ",\n", ns, nc, bytes, s_ops[op], z.gbps, w.gbps, ratio, z.p50,
-                        w.p50, z.p99, w.p99, z.cpu_s_per_gb, w.cpu_s_per_gb);
+                        "\"zps_gbps\": %.4f, \"raw_gbps\": %.4f, \"ratio\": %.4f, "
+                        "\"raw_warm_gbps\": %.4f, \"ratio_warm\": %.4f, \"zps_p50_us\": %.1f, "
+                        "\"raw_p50_us\": %.1f, \"raw_warm_p50_us\": %.1f, \"zps_p99_us\": %.1f, "
+                        "\"raw_p99_us\": %.1f, \"zps_cpu_s_per_gb\": %.4f, \"raw_cpu_s_per_gb\": %.4f, "
+                        "\"raw_warm_cpu_s_per_gb\": %.4f}",
+                        first ? "" : ",\n", ns, nc, bytes, s_ops[op], z.gbps, w.gbps, ratio, m.gbps,
+                        ratio_w, z.p50, w.p50, m.p50, z.p99, w.p99, z.cpu_s_per_gb, w.cpu_s_per_gb,
+                        m.cpu_s_per_gb);
                 first = 0;
             }
             ps_plan_destroy(&plan);
         }
         for (int s = 0; s < ns; s++) {
             s_reap(&raw[s]);
+            s_reap(&warm[s]);
             s_reap(&zs[s]);
         }
     }
