@@ -1,0 +1,132 @@
+/* test_bench.c — `zps-bench pushpull` end to end (suite it_bench: runs $ZPS_BIN/zps-bench):
+ * one small cell with all three sides (zps, raw, raw with warm memory) exits 0 and writes
+ * build/bench-style JSON with every documented field, filled; bad options are usage errors.
+ * No figure is judged here: speed is the benchmark's business, not a test's. */
+#include <criterion/criterion.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/clock.h"
+#include "tests/testutil.h"
+
+static char s_dir[256];
+
+static void s_setup(void) { zt_mktmp(s_dir, sizeof s_dir, "zps-bench"); }
+static void s_teardown(void) { zt_rmtmp(s_dir); }
+
+TestSuite(it_bench, .init = s_setup, .fini = s_teardown, .timeout = 150);
+
+/* Runs zps-bench with args (NULL-terminated), $ZPS_BENCH_DIR = s_dir, output into
+ * s_dir/out.txt; waits at most timeout_s (then SIGKILL, which fails the test). Returns the
+ * exit status; *out is the output (caller frees). */
+static int s_bench(char **out, double timeout_s, const char *const *args)
+{
+    const char *bin = getenv("ZPS_BIN");
+    char exe[512], logp[512];
+    snprintf(exe, sizeof exe, "%s/zps-bench", bin ? bin : "build/bin");
+    snprintf(logp, sizeof logp, "%s/out.txt", s_dir);
+    const char *argv[32] = {exe};
+    int n = 1;
+    for (; args[n - 1] && n < 31; n++)
+        argv[n] = args[n - 1];
+    argv[n] = NULL;
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0) {
+        int fd = open(logp, O_CREAT | O_TRUNC | O_WRONLY, 0644);
+        if (fd < 0)
+            _exit(126);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        setenv("ZPS_BENCH_DIR", s_dir, 1);
+        execv(exe, (char *const *)argv);
+        _exit(127);
+    }
+    int status = 0;
+    double end = zps_now_s() + timeout_s;
+    pid_t w;
+    while ((w = waitpid(pid, &status, WNOHANG)) == 0 && zps_now_s() < end)
+        zps_sleep_ns(20 * 1000 * 1000);
+    if (w == 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        cr_assert_fail("zps-bench did not finish within %.0f s", timeout_s);
+    }
+    FILE *f = fopen(logp, "r");
+    cr_assert_not_null(f);
+    *out = calloc(1, 1 << 16);
+    cr_assert_not_null(*out);
+    size_t got = fread(*out, 1, (1 << 16) - 1, f);
+    (*out)[got] = 0;
+    fclose(f);
+    cr_assert(WIFEXITED(status), "zps-bench did not exit normally:\n%s", *out);
+    return WEXITSTATUS(status);
+}
+
+/* The number after "key": in the JSON text js (asserts that the key is there). */
+static double s_num(const char *js, const char *key)
+{
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\": ", key);
+    const char *at = strstr(js, pat);
+    cr_assert_not_null(at, "pushpull.json has no %s:\n%s", key, js);
+    char *endp;
+    double v = strtod(at + strlen(pat), &endp);
+    cr_assert(endp != at + strlen(pat), "%s is not a number in:\n%s", key, js);
+    return v;
+}
+
+Test(it_bench, pushpull_writes_every_documented_field)
+{
+    char *out;
+    const char *const args[] = {"pushpull", "--quick", "--bytes", "65536", "--op", "push",
+                                "--shape", "1x1", "--reps", "2", NULL};
+    int rc = s_bench(&out, 120, args);
+    cr_assert_eq(rc, 0, "zps-bench pushpull exited %d:\n%s", rc, out);
+    cr_assert_not_null(strstr(out, "1x1   65536     push"), "no result row in:\n%s", out);
+    free(out);
+
+    char path[512];
+    snprintf(path, sizeof path, "%s/pushpull.json", s_dir);
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f, "no %s", path);
+    char js[8192];
+    size_t got = fread(js, 1, sizeof js - 1, f);
+    js[got] = 0;
+    fclose(f);
+    /* one cell: one object */
+    cr_assert_eq(strchr(js, '{'), strrchr(js, '{'), "more than one cell in:\n%s", js);
+    cr_assert_eq(s_num(js, "servers"), 1);
+    cr_assert_eq(s_num(js, "clients"), 1);
+    cr_assert_eq(s_num(js, "bytes"), 65536);
+    cr_assert_not_null(strstr(js, "\"op\": \"push\""), "%s", js);
+    /* every side ran: its throughput, latency and CPU figures are filled in */
+    const char *pos[] = {"zps_gbps", "raw_gbps", "raw_warm_gbps", "ratio", "ratio_warm",
+                         "zps_p50_us", "raw_p50_us", "raw_warm_p50_us", "zps_p99_us",
+                         "raw_p99_us", "zps_cpu_s_per_gb", "raw_cpu_s_per_gb",
+                         "raw_warm_cpu_s_per_gb"};
+    for (size_t i = 0; i < sizeof pos / sizeof *pos; i++)
+        cr_expect_gt(s_num(js, pos[i]), 0, "%s is not > 0 in:\n%s", pos[i], js);
+    cr_expect_geq(s_num(js, "zps_p99_us"), s_num(js, "zps_p50_us"));
+    cr_expect_geq(s_num(js, "raw_p99_us"), s_num(js, "raw_p50_us"));
+}
+
+Test(it_bench, pushpull_refuses_bad_options)
+{
+    const char *const bad[][4] = {{"pushpull", "--only", "both", NULL},
+                                  {"pushpull", "--streams", "9", NULL},
+                                  {"pushpull", "--no-such-option", NULL, NULL}};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char *out;
+        int rc = s_bench(&out, 30, bad[i]);
+        cr_expect_eq(rc, 2, "%s %s: exit %d, want 2 (usage):\n%s", bad[i][1], bad[i][2] ? bad[i][2] : "",
+                     rc, out);
+        cr_expect_not_null(strstr(out, "usage: zps-bench pushpull"), "no usage text in:\n%s", out);
+        free(out);
+    }
+}
