@@ -40,6 +40,7 @@
 #include "common/log.h"
 #include "common/mem.h"
 #include "ps/client.h"
+#include "ps/dtype.h"
 #include "ps/plan.h"
 #include "ps/server.h"
 
@@ -262,6 +263,7 @@ typedef struct run {
     int servers, clients, op, iters, warmup;
     size_t bytes;
     uint64_t msg_bytes;
+    ps_dtype dtype; // push direction on the wire (--push-dtype)
     int streams;
     const ps_plan *plan;
     const char *uris[MAX_SERVERS];
@@ -332,6 +334,7 @@ static void *s_zps_client(void *arg)
     o.heartbeat_ms = 0;
     o.msg_bytes = r->msg_bytes;
     o.streams = r->streams;
+    o.push_dtype = r->dtype;
     ps_client *c = NULL;
     zps_status st = ps_client_new(r->uris, r->servers, (uint32_t)a->id, &o, &c);
     if (st == ZPS_OK)
@@ -430,7 +433,8 @@ static void *s_raw_client(void *arg)
             for (size_t i = 0; i < np; i++) {
                 if (pc[i].server != (uint32_t)s)
                     continue;
-                zmq_msg_init_data(&m, grad + pc[i].flat_offset, pc[i].count * 4, s_noop_free, NULL);
+                zmq_msg_init_data(&m, grad + pc[i].flat_offset, pc[i].count * ps_dtype_size(r->dtype),
+                                  s_noop_free, NULL);
                 zmq_msg_send(&m, socks[s], ++k < h->nframes ? ZMQ_SNDMORE : 0);
             }
         }
@@ -549,6 +553,8 @@ static void s_usage(FILE *f)
                "  --msg-bytes B  client message size (ps_client_opts.msg_bytes, default 1 MiB)\n"
                "  --only zps|raw|raw-warm  run one side only (for profiling; ratios printed as 0)\n"
                "  --streams N    zps: TCP connections per server (ps_client_opts.streams, default 1)\n"
+               "  --push-dtype f32|bf16  gradients on the wire (default f32); with bf16 both sides\n"
+               "                 push half the bytes, and GB/s still counts 4 bytes per value\n"
                "  --server-io-threads N  zps-server --io-threads (default 1)\n"
                "Each cell runs three sides, their repetitions alternating: zps; raw ZeroMQ with\n"
                "glibc's allocator defaults (the issue's limit: 'ratio'); raw ZeroMQ whose server\n"
@@ -562,6 +568,7 @@ ZPS_BENCH(pushpull, "zps push/pull/pushpull vs raw ZeroMQ DEALER/ROUTER, 1x1 and
     size_t max_bytes = 64u << 20, only_bytes = 0;
     uint64_t msg_bytes = 1u << 20;
     int streams = 1, raw_fd = -1;
+    ps_dtype dtype = PS_DTYPE_F32;
     static const struct option opts[] = {{"quick", no_argument, 0, 'q'},
                                          {"reps", required_argument, 0, 'r'},
                                          {"max-bytes", required_argument, 0, 'm'},
@@ -571,6 +578,7 @@ ZPS_BENCH(pushpull, "zps push/pull/pushpull vs raw ZeroMQ DEALER/ROUTER, 1x1 and
                                          {"msg-bytes", required_argument, 0, 'M'},
                                          {"only", required_argument, 0, 'O'},
                                          {"streams", required_argument, 0, 'S'},
+                                         {"push-dtype", required_argument, 0, 'D'},
                                          {"server-io-threads", required_argument, 0, 'I'},
                                          {"raw-warm", no_argument, 0, 'W'},
                                          {"raw-server-fd", required_argument, 0, 'F'},
@@ -592,6 +600,8 @@ ZPS_BENCH(pushpull, "zps push/pull/pushpull vs raw ZeroMQ DEALER/ROUTER, 1x1 and
             shape_mask = !strcmp(optarg, "1x1") ? 1 : 2;
         else if (ch == 'M')
             msg_bytes = strtoull(optarg, NULL, 10);
+        else if (ch == 'D' && ps_dtype_parse(optarg, &dtype) == 0)
+            ;
         else if (ch == 'S' && atoi(optarg) >= 1 && atoi(optarg) <= 8)
             streams = atoi(optarg);
         else if (ch == 'I')
@@ -676,7 +686,8 @@ ZPS_BENCH(pushpull, "zps push/pull/pushpull vs raw ZeroMQ DEALER/ROUTER, 1x1 and
                 for (int k = 0; k < 3; k++) {
                     rs[k] = (run){.servers = ns, .clients = nc, .op = op, .iters = iters,
                                   .warmup = iters / 8 + 2, .bytes = bytes, .plan = plan,
-                                  .msg_bytes = msg_bytes, .streams = streams, .raw = k > 0};
+                                  .msg_bytes = msg_bytes, .streams = streams, .raw = k > 0,
+                                  .dtype = dtype};
                     for (int s = 0; s < ns; s++)
                         rs[k].uris[s] = srv[k][s].uri, rs[k].pids[s] = srv[k][s].pid;
                     s_acc_init(&ac[k], &rs[k], reps);
@@ -701,12 +712,13 @@ ZPS_BENCH(pushpull, "zps push/pull/pushpull vs raw ZeroMQ DEALER/ROUTER, 1x1 and
                 fflush(stdout);
                 fprintf(js,
                         "%s  {\"servers\": %d, \"clients\": %d, \"bytes\": %zu, \"op\": \"%s\", "
+                        "\"push_dtype\": \"%s\", "
                         "\"zps_gbps\": %.4f, \"raw_gbps\": %.4f, \"ratio\": %.4f, "
                         "\"raw_warm_gbps\": %.4f, \"ratio_warm\": %.4f, \"zps_p50_us\": %.1f, "
                         "\"raw_p50_us\": %.1f, \"raw_warm_p50_us\": %.1f, \"zps_p99_us\": %.1f, "
                         "\"raw_p99_us\": %.1f, \"zps_cpu_s_per_gb\": %.4f, \"raw_cpu_s_per_gb\": %.4f, "
                         "\"raw_warm_cpu_s_per_gb\": %.4f}",
-                        first ? "" : ",\n", ns, nc, bytes, s_ops[op], z.gbps, w.gbps, ratio, m.gbps,
+                        first ? "" : ",\n", ns, nc, bytes, s_ops[op], ps_dtype_name(dtype), z.gbps, w.gbps, ratio, m.gbps,
                         ratio_w, z.p50, w.p50, m.p50, z.p99, w.p99, z.cpu_s_per_gb, w.cpu_s_per_gb,
                         m.cpu_s_per_gb);
                 first = 0;

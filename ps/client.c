@@ -195,6 +195,7 @@ void ps_client_opts_default(ps_client_opts *o)
     o->msg_bytes = 1u << 20;
     o->streams = 1;
     o->heartbeat_thread = 0;
+    o->push_dtype = PS_DTYPE_F32;
 }
 
 const char *ps_client_last_error(const ps_client *c) { return c->err; }
@@ -293,6 +294,12 @@ zps_status ps_client_new(const char *const *server_uris, int n_servers, uint32_t
     if (c->o.streams < 1 || c->o.streams > 8) {
         zps_log(ZPS_ERROR, "client", "streams %d: want 1..8 TCP connections per server",
                 c->o.streams);
+        free(c);
+        return ZPS_ERR_INVALID;
+    }
+    if (!ps_dtype_name(c->o.push_dtype)) {
+        zps_log(ZPS_ERROR, "client", "push_dtype %d: want PS_DTYPE_F32 or PS_DTYPE_BF16",
+                (int)c->o.push_dtype);
         free(c);
         return ZPS_ERR_INVALID;
     }
@@ -423,6 +430,10 @@ static zps_status s_send_slot(ps_client *c, s_slot *sl, const ps_optim_config *o
         ps_optim_to_proto(opt, &om, &sm);
         h.optimizer = &om;
     }
+    /* gradients may travel as bfloat16; INIT's values never do */
+    ps_dtype dt = sl->op == ZPS__OP__OP_PUSH || sl->op == ZPS__OP__OP_PUSHPULL
+                      ? c->o.push_dtype
+                      : PS_DTYPE_F32;
     Zps__KeyRange *rs = NULL, **rp = NULL;
     if (sl->n_pieces) {
         if (sl->n_pieces > c->cap_kr) {
@@ -436,8 +447,8 @@ static zps_status s_send_slot(ps_client *c, s_slot *sl, const ps_optim_config *o
             zps__key_range__init(&rs[i]);
             rs[i].key = sl->pieces[i].key;
             rs[i].offset = sl->pieces[i].chunk_offset;
-            rs[i].length = sl->pieces[i].count * 4;
-            rs[i].dtype = ZPS__DTYPE__DTYPE_F32;
+            rs[i].length = sl->pieces[i].count * ps_dtype_size(dt);
+            rs[i].dtype = dt == PS_DTYPE_BF16 ? ZPS__DTYPE__DTYPE_BF16 : ZPS__DTYPE__DTYPE_F32;
             rp[i] = &rs[i];
         }
         h.n_ranges = sl->n_pieces;
@@ -461,13 +472,19 @@ static zps_status s_send_slot(ps_client *c, s_slot *sl, const ps_optim_config *o
     if (has_data) {
         for (size_t i = 0; i < sl->n_pieces; i++) {
             const float *p = sl->src + sl->pieces[i].flat_offset;
-            size_t nb = sl->pieces[i].count * 4;
+            size_t cnt = sl->pieces[i].count, nb = cnt * ps_dtype_size(dt);
             int more = i + 1 < sl->n_pieces ? ZMQ_SNDMORE : 0;
-            if (nb >= S_ZC_MIN) {
+            if (dt == PS_DTYPE_F32 && nb >= S_ZC_MIN) {
                 atomic_fetch_add(&sl->frames_out, 1);
                 zmq_msg_init_data(&m, (void *)p, nb, s_frame_done, sl);
+            } else if (zmq_msg_init_size(&m, nb) == -1) {
+                st = ZPS_ERR_ZMQ;
+                goto out;
+            } else if (dt == PS_DTYPE_BF16) {
+                /* converted into ZeroMQ's own buffer: a resend converts again from the
+                 * caller's gradients, which stay untouched until the ticket completes */
+                ps_f32_to_bf16(zmq_msg_data(&m), p, cnt);
             } else {
-                zmq_msg_init_size(&m, nb);
                 memcpy(zmq_msg_data(&m), p, nb);
             }
             if (zmq_msg_send(&m, sock, more) == -1) {

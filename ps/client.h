@@ -47,6 +47,7 @@
 #include <stdint.h>
 
 #include "common/status.h"
+#include "ps/dtype.h"
 #include "ps/optim.h"
 #include "ps/plan.h"
 #include "ps/server.h"
@@ -68,6 +69,9 @@ typedef struct ps_client_opts {
                         // thread. With more than 1, a server may handle a trainer's requests
                         // out of order (replies are matched by id; sync and ssp waits hold,
                         // but an async pull may miss the trainer's own push just before it)
+    ps_dtype push_dtype; // PS_DTYPE_F32 (default) or PS_DTYPE_BF16: the gradients of push and
+                         // pushpull go on the wire as bfloat16, half the bytes (ps/dtype.h);
+                         // values (INIT, pull) are always f32
     /* CURVE (Z85 text, ps/curve.h): all three or none ("" = plaintext, the default). */
     char curve_server_key[41]; // the servers' public key (one key pair for the fleet)
     char curve_public_key[41]; // this trainer's key pair

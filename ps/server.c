@@ -31,6 +31,7 @@
 #include "common/proto.h"
 #include "common/simd.h"
 #include "ps/ckpt.h"
+#include "ps/dtype.h"
 #include "ps/curve.h"
 #include "ps/optim.h"
 
@@ -86,8 +87,9 @@ typedef struct s_range {
     uint32_t lc;
     uint64_t off;
     uint64_t n;
-    const float *data;
-    uint64_t version; // async/ssp push: the chunk's version the range is applied at
+    const float *data; // f32 payload (push), or NULL when it came as bfloat16:
+    const void *bf16;  // bfloat16 payload (ps_client_opts.push_dtype), any alignment
+    uint64_t version;  // async/ssp push: the chunk's version the range is applied at
 } s_range;
 
 /* A request whose reply waits: sync/ssp pulls and barriers. */
@@ -518,7 +520,7 @@ static void s_held_add(ps_server *s, s_trainer *tr, const s_range *g, zmq_msg_t 
     }
     s_held *e = &tr->held[tr->n_held];
     e->lc = g->lc, e->off = g->off, e->n = g->n, e->has_msg = 0;
-    if (g->n * 4 >= S_HOLD_MIN && (uintptr_t)g->data % sizeof(float) == 0 &&
+    if (g->data && g->n * 4 >= S_HOLD_MIN && (uintptr_t)g->data % sizeof(float) == 0 &&
         zmq_msg_init(&e->msg) == 0) {
         if (zmq_msg_copy(&e->msg, f) == 0) { // shares the buffer: no copy
             e->has_msg = 1;
@@ -531,7 +533,10 @@ static void s_held_add(ps_server *s, s_trainer *tr, const s_range *g, zmq_msg_t 
         if (!tr->accum)
             tr->accum = zps_xaligned(64, s->local_total * 4 + 64);
         float *dst = tr->accum + s->chunks[g->lc].off + g->off;
-        memcpy(dst, g->data, g->n * 4);
+        if (g->bf16)
+            ps_bf16_to_f32(dst, g->bf16, g->n);
+        else
+            memcpy(dst, g->data, g->n * 4);
         e->data = dst;
     }
     tr->n_held++;
@@ -951,17 +956,20 @@ static zps_status s_check_ranges(ps_server *s, const Zps__Header *h, int nframes
     uint64_t total = 0;
     for (size_t i = 0; i < h->n_ranges; i++) {
         const Zps__KeyRange *r = h->ranges[i];
-        if (r->dtype != ZPS__DTYPE__DTYPE_F32) {
-            S_WHY("range %zu: dtype %d (only f32 is served)", i, (int)r->dtype);
+        int bf16 = r->dtype == ZPS__DTYPE__DTYPE_BF16;
+        if (r->dtype != ZPS__DTYPE__DTYPE_F32 && !(bf16 && has_data)) {
+            S_WHY("range %zu: dtype %d (served: f32, and bf16 for pushed gradients)", i,
+                  (int)r->dtype);
             return ZPS_ERR_DTYPE;
         }
+        uint64_t es = bf16 ? 2 : 4;
         if (r->key >= s->num_chunks || s->key_to_local[r->key] < 0) {
             S_WHY("range %zu: key %u is not held by server %d", i, r->key, s->cfg.index);
             return ZPS_ERR_KEY;
         }
         const s_lchunk *c = &s->chunks[s->key_to_local[r->key]];
-        if (r->length == 0 || r->length % 4 || r->offset > c->count ||
-            r->length / 4 > c->count - r->offset) {
+        if (r->length == 0 || r->length % es || r->offset > c->count ||
+            r->length / es > c->count - r->offset) {
             S_WHY("range %zu: key %u offset %" PRIu64 " length %" PRIu64
                   " B is outside the chunk of %" PRIu64 " values",
                   i, r->key, r->offset, r->length, c->count);
@@ -976,8 +984,9 @@ static zps_status s_check_ranges(ps_server *s, const Zps__Header *h, int nframes
         s_range *g = &s->ranges[i];
         g->lc = (uint32_t)s->key_to_local[r->key];
         g->off = r->offset;
-        g->n = r->length / 4;
+        g->n = r->length / es;
         g->data = NULL;
+        g->bf16 = NULL;
         if (has_data) {
             zmq_msg_t *f = &s->frames[2 + i];
             if (zmq_msg_size(f) != r->length) {
@@ -985,14 +994,22 @@ static zps_status s_check_ranges(ps_server *s, const Zps__Header *h, int nframes
                       r->length);
                 return ZPS_ERR_FRAMES;
             }
-            g->data = zmq_msg_data(f);
+            if (bf16)
+                g->bf16 = zmq_msg_data(f);
+            else
+                g->data = zmq_msg_data(f);
         }
     }
     if (has_data) {
         /* Misaligned payload (zmq keeps very small messages inline) goes through scratch. */
         for (size_t i = 0; i < h->n_ranges; i++) {
             s_range *g = &s->ranges[i];
-            if ((uintptr_t)g->data % sizeof(float)) {
+            if (g->bf16) {
+                if (!ps_bf16_all_finite(g->bf16, g->n)) {
+                    S_WHY("range %zu (key %u): NaN or Inf in the payload", i, h->ranges[i]->key);
+                    return ZPS_ERR_NONFINITE;
+                }
+            } else if ((uintptr_t)g->data % sizeof(float)) {
                 memcpy(s->scratch, g->data, g->n * 4);
                 if (!s_all_finite(s->scratch, g->n)) {
                     S_WHY("range %zu (key %u): NaN or Inf in the payload", i, h->ranges[i]->key);
@@ -1303,6 +1320,9 @@ static void s_rid_note(s_trainer *tr, uint64_t rid, int status)
     tr->rid_pos++;
 }
 
+/* bfloat16 pushes are widened and applied in blocks of this many values (32 KiB of f32). */
+#define S_BF16_BLOCK 8192
+
 /* PUSH and PUSHPULL (the pull half is deferred or answered here). */
 /* async / ssp: applies the n validated ranges of s->ranges, each at its recorded version. */
 static void s_async_apply(ps_server *s, uint32_t n)
@@ -1310,13 +1330,23 @@ static void s_async_apply(ps_server *s, uint32_t n)
     for (uint32_t i = 0; i < n; i++) {
         const s_range *g = &s->ranges[i];
         const s_lchunk *c = &s->chunks[g->lc];
+        float *sp[2];
+        s_wait_readers(s, g->lc);
+        if (g->bf16) {
+            /* widened a block at a time, so the f32 copy is read back from L1/L2 */
+            for (uint64_t b = 0; b < g->n; b += S_BF16_BLOCK) {
+                uint64_t k = g->n - b < S_BF16_BLOCK ? g->n - b : S_BF16_BLOCK;
+                ps_bf16_to_f32(s->scratch, (const uint8_t *)g->bf16 + 2 * b, k);
+                ps_optim_apply(&s->opt, g->version, s->values + c->off + g->off + b,
+                               s_slot_ptrs(s, c->off + g->off + b, sp), s->scratch, k);
+            }
+            continue;
+        }
         const float *d = g->data;
         if ((uintptr_t)d % sizeof(float)) {
             memcpy(s->scratch, d, g->n * 4);
             d = s->scratch;
         }
-        float *sp[2];
-        s_wait_readers(s, g->lc);
         ps_optim_apply(&s->opt, g->version, s->values + c->off + g->off,
                        s_slot_ptrs(s, c->off + g->off, sp), d, g->n);
     }
@@ -1388,7 +1418,7 @@ static void s_op_push(ps_server *s, zmq_msg_t *ident, const Zps__Header *h, int 
             s_range *g = &s->ranges[i];
             s_lchunk *c = &s->chunks[g->lc];
             s->st.pushes++;
-            s->st.bytes_in += g->n * 4;
+            s->st.bytes_in += g->n * (g->bf16 ? 2 : 4);
             if (step < (int64_t)c->version) {
                 stale++;
                 s->st.stale_dropped++;
@@ -1417,7 +1447,7 @@ static void s_op_push(ps_server *s, zmq_msg_t *ident, const Zps__Header *h, int 
             s_lchunk *c = &s->chunks[g->lc];
             g->version = c->version;
             s->st.pushes++;
-            s->st.bytes_in += g->n * 4;
+            s->st.bytes_in += g->n * (g->bf16 ? 2 : 4);
             s_stale_hist(s, s->mode == PS_MODE_ASYNC ? (step >= 0 ? (int64_t)c->version - step : 0)
                                                      : maxc - (step + 1));
             uint32_t *rv = &s->recv_n[(size_t)g->lc * s->n_trainers + t];

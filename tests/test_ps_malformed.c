@@ -221,6 +221,46 @@ Test(it_ps_malformed, every_bad_request_gets_its_error_and_changes_nothing, .tim
     got = s_send_raw(&rw, h, hl, pl, pll, 1, msg, sizeof msg);
     EXPECT(ZPS_ERR_DTYPE, "f16 dtype");
 
+    /* bfloat16 is served for pushed gradients only: 2 bytes a value, finite */
+    kr[0] = s_kr(plan->chunks[0].key, 0, 4096);
+    kr[0].dtype = ZPS__DTYPE__DTYPE_BF16;
+    h = s_hdr(&rw, ZPS__OP__OP_PULL, ZPS_PROTOCOL_VERSION, 0, 0, kr, 1, 0, &hl);
+    got = s_send_raw(&rw, h, hl, NULL, NULL, 0, msg, sizeof msg);
+    EXPECT(ZPS_ERR_DTYPE, "bf16 dtype on a pull");
+    kr[0].length = 2047;
+    pll[0] = 2047;
+    h = s_hdr(&rw, ZPS__OP__OP_PUSH, ZPS_PROTOCOL_VERSION, 0, 0, kr, 1, 0, &hl);
+    got = s_send_raw(&rw, h, hl, pl, pll, 1, msg, sizeof msg);
+    EXPECT(ZPS_ERR_RANGE, "bf16 length not a whole number of values");
+    kr[0].length = 2 * chunk0 + 2;
+    pll[0] = 2 * chunk0 + 2;
+    h = s_hdr(&rw, ZPS__OP__OP_PUSH, ZPS_PROTOCOL_VERSION, 0, 0, kr, 1, 0, &hl);
+    got = s_send_raw(&rw, h, hl, pl, pll, 1, msg, sizeof msg);
+    EXPECT(ZPS_ERR_RANGE, "bf16 range one value past its chunk");
+    kr[0].length = 2048;
+    pll[0] = 1024;
+    h = s_hdr(&rw, ZPS__OP__OP_PUSH, ZPS_PROTOCOL_VERSION, 0, 0, kr, 1, 0, &hl);
+    got = s_send_raw(&rw, h, hl, pl, pll, 1, msg, sizeof msg);
+    EXPECT(ZPS_ERR_FRAMES, "bf16 frame of half its range's bytes");
+    pll[0] = 2048;
+    uint16_t *b16 = zps_xmalloc(2048);
+    for (int i = 0; i < 1024; i++)
+        b16[i] = 0x3f80; // 1.0
+    b16[999] = 0x7fc0;  // NaN
+    pl[0] = b16;
+    h = s_hdr(&rw, ZPS__OP__OP_PUSH, ZPS_PROTOCOL_VERSION, 0, 0, kr, 1, 0, &hl);
+    got = s_send_raw(&rw, h, hl, pl, pll, 1, msg, sizeof msg);
+    EXPECT(ZPS_ERR_NONFINITE, "NaN in bf16 gradients");
+    b16[999] = 0x3f80;
+    b16[7] = 0xff80; // -Inf
+    pl[0] = b16;
+    h = s_hdr(&rw, ZPS__OP__OP_PUSHPULL, ZPS_PROTOCOL_VERSION, 0, 0, kr, 1, 0, &hl);
+    got = s_send_raw(&rw, h, hl, pl, pll, 1, msg, sizeof msg);
+    EXPECT(ZPS_ERR_NONFINITE, "-Inf in bf16 gradients (pushpull)");
+    free(b16);
+    pl[0] = good;
+    pll[0] = 4096;
+
     kr[0] = s_kr(plan->chunks[0].key, 0, 4096);
     float *bad = zps_xmalloc(4096);
     memcpy(bad, good, 4096);
@@ -288,8 +328,8 @@ Test(it_ps_malformed, every_bad_request_gets_its_error_and_changes_nothing, .tim
     char want[64];
     snprintf(want, sizeof want, "\"rejected_total\":%d,", expected + 1);
     cr_expect(strstr(json, want), "want %s in %s", want, json);
-    cr_expect(strstr(json, "\"ZPS_ERR_NONFINITE\":2"), "%s", json);
-    cr_expect(strstr(json, "\"ZPS_ERR_FRAMES\":6"), "%s", json);
+    cr_expect(strstr(json, "\"ZPS_ERR_NONFINITE\":4"), "%s", json);
+    cr_expect(strstr(json, "\"ZPS_ERR_FRAMES\":7"), "%s", json);
     cr_expect(strstr(json, "\"updates\":0,"), "%s", json);
     free(json);
 

@@ -12,6 +12,7 @@
 
 #include "common/mem.h"
 #include "ps/client.h"
+#include "ps/dtype.h"
 #include "ps/optim.h"
 #include "ps/plan.h"
 #include "tests/ps_test_util.h"
@@ -19,11 +20,13 @@
 static const ps_var s_vars[] = {{"w1", 3000}, {"b1", 7}, {"w2", 1500}, {"b2", 3}};
 #define NV 4
 
-Test(it_ps_modes, async_applies_pushes_in_arrival_order, .timeout = 30)
+/* Two trainers push in turn (wire dtype dt); the values equal the pushes applied one by one
+ * in arrival order, each gradient as the server received it (bf16: rounded, then widened). */
+static void s_async_case(const ps_var *vars, int nv, uint64_t chunk_bytes, ps_dtype dt)
 {
     uint64_t seed = pst_seed();
     ps_plan *plan;
-    cr_assert_eq(ps_plan_new(s_vars, NV, 2, 4096, &plan), ZPS_OK);
+    cr_assert_eq(ps_plan_new(vars, nv, 2, chunk_bytes, &plan), ZPS_OK);
     uint64_t n = plan->total;
     pst_server srv[2];
     const char *args[] = {"--mode", "async", "--num-trainers", "2", NULL};
@@ -33,8 +36,11 @@ Test(it_ps_modes, async_applies_pushes_in_arrival_order, .timeout = 30)
         uris[i] = srv[i].uri;
     }
     ps_client *c[2];
+    ps_client_opts co;
+    ps_client_opts_default(&co);
+    co.push_dtype = dt;
     for (int t = 0; t < 2; t++) {
-        cr_assert_eq(ps_client_new(uris, 2, (uint32_t)t, NULL, &c[t]), ZPS_OK);
+        cr_assert_eq(ps_client_new(uris, 2, (uint32_t)t, &co, &c[t]), ZPS_OK);
         ps_job eff;
         cr_assert_eq(ps_client_register(c[t], plan, NULL, &eff), ZPS_OK);
         cr_assert_eq(eff.mode, PS_MODE_ASYNC);
@@ -45,6 +51,7 @@ Test(it_ps_modes, async_applies_pushes_in_arrival_order, .timeout = 30)
     o.lr = 0.01;
     float *ref = zps_xmalloc(n * 4), *v[2], *g = zps_xmalloc(n * 4);
     float *slots[2] = {zps_xcalloc(n, 4), zps_xcalloc(n, 4)};
+    uint16_t *wire = zps_xmalloc(n * 2);
     uint64_t r = seed;
     for (uint64_t i = 0; i < n; i++)
         ref[i] = pst_uniform(&r);
@@ -56,7 +63,7 @@ Test(it_ps_modes, async_applies_pushes_in_arrival_order, .timeout = 30)
     ps_ticket tk;
     for (int t = 0; t < 2; t++) {
         v[t] = zps_xmalloc(n * 4);
-        cr_assert_eq(ps_client_pull(c[t], 0, NV, v[t], 0, &tk), ZPS_OK);
+        cr_assert_eq(ps_client_pull(c[t], 0, nv, v[t], 0, &tk), ZPS_OK);
         cr_assert_eq(ps_client_wait_version(c[t], tk, &ver[t]), ZPS_OK);
     }
     const int pushes = 12;
@@ -66,19 +73,23 @@ Test(it_ps_modes, async_applies_pushes_in_arrival_order, .timeout = 30)
         /* gradient from the trainer's (maybe stale) copy */
         for (uint64_t i = 0; i < n; i++)
             g[i] = 0.5f * v[t][i] + pst_uniform(&r);
-        cr_assert_eq(ps_client_push(c[t], 0, NV, g, (int64_t)ver[t], &tk), ZPS_OK);
+        cr_assert_eq(ps_client_push(c[t], 0, nv, g, (int64_t)ver[t], &tk), ZPS_OK);
         cr_assert_eq(ps_client_wait(c[t], tk), ZPS_OK, "%s", ps_client_last_error(c[t]));
+        if (dt == PS_DTYPE_BF16) { // what went on the wire
+            ps_f32_to_bf16(wire, g, n);
+            ps_bf16_to_f32(g, wire, n);
+        }
         ps_optim_apply(&o, applied++, ref, slots, g, n);
         /* Only sometimes refresh, so later pushes are stale. */
         if (k % 2 == 0) {
-            cr_assert_eq(ps_client_pull(c[t], 0, NV, v[t], 0, &tk), ZPS_OK);
+            cr_assert_eq(ps_client_pull(c[t], 0, nv, v[t], 0, &tk), ZPS_OK);
             cr_assert_eq(ps_client_wait_version(c[t], tk, &ver[t]), ZPS_OK);
             cr_assert_eq(ver[t], applied);
             cr_assert(!memcmp(v[t], ref, n * 4), "push %d: values differ (seed %llu)", k,
                       (unsigned long long)seed);
         }
     }
-    cr_assert_eq(ps_client_pull(c[0], 0, NV, v[0], 0, &tk), ZPS_OK);
+    cr_assert_eq(ps_client_pull(c[0], 0, nv, v[0], 0, &tk), ZPS_OK);
     cr_assert_eq(ps_client_wait(c[0], tk), ZPS_OK);
     cr_assert(!memcmp(v[0], ref, n * 4), "final values differ (seed %llu)", (unsigned long long)seed);
     char *json;
@@ -94,9 +105,23 @@ Test(it_ps_modes, async_applies_pushes_in_arrival_order, .timeout = 30)
         pst_kill(&srv[i], SIGTERM);
     free(ref);
     free(g);
+    free(wire);
     free(slots[0]);
     free(slots[1]);
     ps_plan_destroy(&plan);
+}
+
+Test(it_ps_modes, async_applies_pushes_in_arrival_order, .timeout = 30)
+{
+    s_async_case(s_vars, NV, 4096, PS_DTYPE_F32);
+}
+
+/* bf16 gradients. The plan cuts chunks of total / 64 values (ps/plan.h): about 9,450 here,
+ * so a chunk spans two of the server's widening blocks (8192 values). */
+Test(it_ps_modes, async_applies_bf16_pushes_as_received, .timeout = 30)
+{
+    static const ps_var vars[] = {{"w1", 3000}, {"b1", 7}, {"w2", 600000}, {"b2", 3}};
+    s_async_case(vars, 4, 4u << 20, PS_DTYPE_BF16);
 }
 
 Test(it_ps_modes, ssp_blocks_fast_trainer_three_clocks_ahead, .timeout = 30)

@@ -12,6 +12,7 @@
 
 #include "common/mem.h"
 #include "ps/client.h"
+#include "ps/dtype.h"
 #include "ps/optim.h"
 #include "ps/plan.h"
 #include "tests/ps_test_util.h"
@@ -27,6 +28,7 @@ typedef struct job {
     uint64_t seed;
     ps_optim_config opt;
     int streams;      // ps_client_opts.streams
+    ps_dtype dtype;   // ps_client_opts.push_dtype
     ps_plan *plan;
     const char *uris[NS];
     float **ref;      // (STEPS + 1) x total reference values
@@ -58,6 +60,7 @@ static void s_reference(job *j)
     uint64_t n = j->plan->total;
     float *v = zps_xmalloc(n * 4), *g = zps_xmalloc(n * 4), *acc = zps_xmalloc(n * 4);
     float *slots[2] = {zps_xmalloc(n * 4), zps_xmalloc(n * 4)};
+    uint16_t *wire = zps_xmalloc(n * 2);
     for (int k = 0; k < 2; k++)
         for (uint64_t i = 0; i < n; i++)
             slots[k][i] = ps_optim_slot_init(&j->opt, k);
@@ -65,6 +68,10 @@ static void s_reference(job *j)
     for (int s = 0; s < STEPS; s++) {
         for (int t = 0; t < NT; t++) {
             s_grad(j, t, s, v, g);
+            if (j->dtype == PS_DTYPE_BF16) { // the gradient as it went on the wire
+                ps_f32_to_bf16(wire, g, n);
+                ps_bf16_to_f32(g, wire, n);
+            }
             for (uint64_t i = 0; i < n; i++)
                 acc[i] = t ? acc[i] + g[i] : g[i];
         }
@@ -76,6 +83,7 @@ static void s_reference(job *j)
     free(v);
     free(g);
     free(acc);
+    free(wire);
     free(slots[0]);
     free(slots[1]);
 }
@@ -105,6 +113,7 @@ static void *s_trainer(void *arg)
     ps_client_opts_default(&o);
     o.timeout_ms = 20000;
     o.streams = j->streams;
+    o.push_dtype = j->dtype;
     o.msg_bytes = 4096; // several messages per push: with 2 streams they interleave
     zps_status st = ps_client_new(j->uris, NS, (uint32_t)t, &o, &c);
     if (st != ZPS_OK) {
@@ -154,13 +163,14 @@ out:
     return NULL;
 }
 
-static void s_run_streams(const ps_optim_config *opt, const char *name, int streams)
+static void s_run_job(const ps_optim_config *opt, const char *name, int streams, ps_dtype dtype)
 {
     job j;
     memset(&j, 0, sizeof j);
     j.seed = pst_seed();
     j.opt = *opt;
     j.streams = streams;
+    j.dtype = dtype;
     cr_assert_eq(ps_plan_new(s_vars, NV, NS, 4096, &j.plan), ZPS_OK);
     uint64_t n = j.plan->total;
     j.ref = zps_xcalloc(STEPS + 1, sizeof *j.ref);
@@ -198,7 +208,24 @@ static void s_run_streams(const ps_optim_config *opt, const char *name, int stre
     ps_plan_destroy(&j.plan);
 }
 
-static void s_run(const ps_optim_config *opt, const char *name) { s_run_streams(opt, name, 1); }
+static void s_run(const ps_optim_config *opt, const char *name)
+{
+    s_run_job(opt, name, 1, PS_DTYPE_F32);
+}
+
+/* bfloat16 gradients (ps_client_opts.push_dtype): the server sums the widened gradients in
+ * trainer-id order, so the run is as bit-reproducible as with f32. */
+Test(it_ps_sync, bitwise_equal_to_reference_with_bf16_gradients, .timeout = 30)
+{
+    ps_optim_config o;
+    ps_optim_default(&o);
+    o.kind = PS_OPT_RMSPROP;
+    o.lr = 0.01;
+    o.decay = 0.9;
+    o.momentum = 0.9;
+    o.epsilon = 1.0;
+    s_run_job(&o, "rmsprop, bf16 gradients", 1, PS_DTYPE_BF16);
+}
 
 /* Two TCP connections per server: requests of one trainer may be handled out of order; the
  * sync result must not change by a bit. */
@@ -209,7 +236,7 @@ Test(it_ps_sync, bitwise_equal_to_reference_with_two_streams, .timeout = 30)
     o.kind = PS_OPT_MOMENTUM;
     o.lr = 0.02;
     o.momentum = 0.9;
-    s_run_streams(&o, "momentum, 2 streams", 2);
+    s_run_job(&o, "momentum, 2 streams", 2, PS_DTYPE_F32);
 }
 
 Test(it_ps_sync, bitwise_equal_to_reference_for_every_optimizer, .timeout = 60)

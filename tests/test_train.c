@@ -333,7 +333,8 @@ static void s_wait_step(const char *fifo, int step)
     cr_assert(seen, "the trainer ended before step %d", step);
 }
 
-static void s_reach_85(const char *mode)
+/* A 2-trainer fleet in mode reaches 85% test accuracy; dtype: --push-dtype. */
+static void s_reach_85(const char *mode, const char *dtype)
 {
     s_make_data_full();
     s_fleet f = {0};
@@ -342,7 +343,7 @@ static void s_reach_85(const char *mode)
     const char *extra[] = {"--mode", mode, "--model", "convnet", "--batch-size", "32",
                            "--optimizer", "momentum", "--lr", "0.02", "--epochs", "3",
                            "--eval-every", "50", "--eval-batches", "8", "--stop-accuracy",
-                           "0.85", "--staleness", "2", NULL};
+                           "0.85", "--staleness", "2", "--push-dtype", dtype, NULL};
     for (int r = 0; r < 2; r++)
         s_fleet_trainer(&f, r, extra);
     s_expect_ok(&f.tr[0], f.log[0], 400);
@@ -352,12 +353,17 @@ static void s_reach_85(const char *mode)
     s_fleet_stop(&f);
     double acc = s_summary(f.metrics[0], "best_accuracy");
     double t85 = s_summary(f.metrics[0], "time_to_target");
-    cr_log_info("%s: best accuracy %.4f, time to 85%% %.1f s", mode, acc, t85);
-    cr_assert(acc >= 0.85, "%s fleet reached only %.4f test accuracy", mode, acc);
+    cr_log_info("%s, %s gradients: best accuracy %.4f, time to 85%% %.1f s", mode, dtype, acc, t85);
+    cr_assert(acc >= 0.85, "%s fleet (%s gradients) reached only %.4f test accuracy", mode,
+              dtype, acc);
 }
 
-Test(it_train, async_fleet_reaches_85_percent, .timeout = 450) { s_reach_85("async"); }
-Test(it_train, ssp_fleet_reaches_85_percent, .timeout = 450) { s_reach_85("ssp"); }
+Test(it_train, async_fleet_reaches_85_percent, .timeout = 450) { s_reach_85("async", "f32"); }
+/* ssp also carries the bfloat16 wire format end to end: half the bytes, same target */
+Test(it_train, ssp_fleet_with_bf16_gradients_reaches_85_percent, .timeout = 450)
+{
+    s_reach_85("ssp", "bf16");
+}
 
 /* async: kill -9 one trainer mid-run; the other finishes all its steps. */
 Test(it_train, async_survives_a_killed_trainer)

@@ -98,6 +98,8 @@ static void s_usage(FILE *f)
         "                          authenticate PS traffic; needs --curve-key\n"
         "  --curve-key FILE        this trainer's CURVE key pair (zps-server --keygen PREFIX\n"
         "                          writes PREFIX.key; the servers list PREFIX.pub in --curve-allow)\n"
+        "  --push-dtype f32|bf16   gradients on the wire (default f32); bf16 halves the bytes\n"
+        "                          pushed, rounding each gradient to 8 mantissa bits\n"
         "work:\n"
         "  --batch-size N          images per step per trainer (default 64)\n"
         "  --steps N               steps to run (overrides --epochs)\n"
@@ -172,7 +174,7 @@ enum {
     O_TLIMIT, O_STOPACC, O_OPT, O_LR, O_MOM, O_NEST, O_RHO, O_EPS, O_B1, O_B2, O_WD, O_IACC,
     O_SCHED, O_DRATE, O_DSTEPS, O_STAIR, O_TSTEPS, O_MINLR, O_WARM, O_EVERY, O_EBATCH,
     O_EALL, O_METRICS, O_EXPORT, O_RESUME, O_SHUT, O_NOPROG, O_SEED, O_LOG, O_HELP, O_EVALONLY,
-    O_CSKEY, O_CKEY,
+    O_CSKEY, O_CKEY, O_PDTYPE,
 };
 
 static const struct option s_opts[] = {
@@ -186,6 +188,7 @@ static const struct option s_opts[] = {
     {"replicas-to-aggregate", 1, 0, O_R2A}, {"staleness", 1, 0, O_STALE},
     {"chunk-bytes", 1, 0, O_CHUNK}, {"job", 1, 0, O_JOB}, {"timeout-ms", 1, 0, O_TIMEOUT},
     {"curve-server-key", 1, 0, O_CSKEY}, {"curve-key", 1, 0, O_CKEY},
+    {"push-dtype", 1, 0, O_PDTYPE},
     {"batch-size", 1, 0, O_BATCH}, {"steps", 1, 0, O_STEPS}, {"epochs", 1, 0, O_EPOCHS},
     {"accumulate", 1, 0, O_ACC}, {"time-limit", 1, 0, O_TLIMIT},
     {"stop-accuracy", 1, 0, O_STOPACC}, {"optimizer", 1, 0, O_OPT}, {"lr", 1, 0, O_LR},
@@ -254,6 +257,12 @@ zps_status tr_config_parse(tr_config *c, int argc, char **argv, int *exit_code)
         case O_TIMEOUT: ok = s_int("--timeout-ms", optarg, 10, 86400000, &i); c->timeout_ms = (int)i; break;
         case O_CSKEY: ok = s_str("--curve-server-key", optarg, c->curve_server_key, sizeof c->curve_server_key); break;
         case O_CKEY: ok = s_str("--curve-key", optarg, c->curve_key, sizeof c->curve_key); break;
+        case O_PDTYPE:
+            if (ps_dtype_parse(optarg, &c->push_dtype)) {
+                fprintf(stderr, "zps-trainer: --push-dtype wants f32 or bf16, got '%s'\n", optarg);
+                ok = 0;
+            }
+            break;
         case O_BATCH: ok = s_int("--batch-size", optarg, 1, 1 << 20, &i); c->batch = (int)i; break;
         case O_STEPS: ok = s_int("--steps", optarg, 1, 1ll << 40, &i); c->steps = i; break;
         case O_EPOCHS: ok = s_dbl("--epochs", optarg, 1e-6, 1e6, &c->epochs); break;

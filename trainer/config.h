@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "common/status.h"
+#include "ps/dtype.h"
 #include "ps/optim.h"
 
 typedef enum tr_mode {
@@ -58,6 +59,7 @@ typedef struct tr_config {
     int timeout_ms;           // PS request timeout before a resend
     char curve_server_key[512]; // PS: the servers' CURVE public key file ("" = plaintext)
     char curve_key[512];      // PS: this trainer's CURVE key pair file (with the above)
+    ps_dtype push_dtype;      // PS: gradients on the wire as f32 (default) or bf16
     /* schedule of work */
     int batch;                // images per step per trainer
     int64_t steps;            // steps to run (0: use epochs)

@@ -335,6 +335,7 @@ static zps_status s_ps_setup(s_job *j)
     ps_client_opts_default(&co);
     co.timeout_ms = c->timeout_ms;
     co.heartbeat_thread = 1; /* a long step must not look like a dead trainer */
+    co.push_dtype = c->push_dtype;
     if (c->curve_key[0]) {
         char why[1200];
         st = ps_curve_load_public(c->curve_server_key, co.curve_server_key, why, sizeof why);
@@ -376,9 +377,9 @@ static zps_status s_ps_setup(s_job *j)
                 ps_client_last_error(j->client));
         return st;
     }
-    zps_log(ZPS_INFO, "trainer", "%s %d servers (%u chunks, plan %016llx), mode %s",
+    zps_log(ZPS_INFO, "trainer", "%s %d servers (%u chunks, plan %016llx), mode %s, %s gradients",
             first ? "initialised" : "joined", j->n_uris, j->plan->n_chunks,
-            (unsigned long long)j->plan->hash, tr_mode_name(c->mode));
+            (unsigned long long)j->plan->hash, tr_mode_name(c->mode), ps_dtype_name(c->push_dtype));
     /* Start from the servers' values (another trainer may have initialised them, or a
      * restored server may be far ahead). */
     ps_ticket t;
