@@ -114,6 +114,33 @@ static void s_pull_all(void)
     }
 }
 
+/* The header frame of the request under test, for s_die. */
+static uint8_t s_last[8192];
+static size_t s_last_len;
+static int s_last_frames;
+
+/* Aborts (a finding) after saying why and what the request was. */
+static void s_die(const char *why)
+{
+    fprintf(stderr, "fuzz_server: %s; request of %d frames", why, s_last_frames);
+    Zps__Header *h = zps__header__unpack(NULL, s_last_len, s_last);
+    if (h) {
+        fprintf(stderr, ": op %d trainer %u step %lld rid %llu, %zu ranges:", (int)h->op,
+                h->trainer_id, (long long)h->step, (unsigned long long)h->request_id, h->n_ranges);
+        for (size_t i = 0; i < h->n_ranges; i++)
+            fprintf(stderr, " [key %u off %llu len %llu dtype %d]", h->ranges[i]->key,
+                    (unsigned long long)h->ranges[i]->offset,
+                    (unsigned long long)h->ranges[i]->length, (int)h->ranges[i]->dtype);
+        zps__header__free_unpacked(h, NULL);
+    } else {
+        fprintf(stderr, ", a header frame of %zu bytes that is no Header:", s_last_len);
+        for (size_t i = 0; i < s_last_len && i < 64; i++)
+            fprintf(stderr, " %02x", s_last[i]);
+    }
+    fprintf(stderr, "\n");
+    abort();
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -143,7 +170,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 r[i].key = q[0] % 16;
                 r[i].offset = (uint64_t)q[1] | ((uint64_t)q[2] << 8);
                 r[i].length = (uint64_t)q[3] | ((uint64_t)q[4] << 8) | ((uint64_t)q[5] << 16);
-                r[i].dtype = (Zps__DType)(q[6] % 3);
+                r[i].dtype = (Zps__DType)(q[6] % 4); // unknown, f32, f16, bf16
                 rp[i] = &r[i];
             }
             h.version = ZPS_PROTOCOL_VERSION;
@@ -156,6 +183,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             len = zps__header__pack(&h, hbuf);
             p = hbuf;
         }
+        if (f == 0) { // kept to say what went wrong (s_die)
+            s_last_len = len < sizeof s_last ? len : sizeof s_last;
+            memcpy(s_last, p, s_last_len);
+            s_last_frames = nframes;
+        }
         zmq_send(s_dealer, p, len, f + 1 < nframes ? ZMQ_SNDMORE : 0);
         at += (f == 0 && structured) ? (size_t)0 : len;
     }
@@ -163,17 +195,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     for (int tries = 0; !handled && tries < 50; tries++)
         ps_server_run_once(s_srv, 100, &handled);
     if (!handled)
-        abort(); // the message never arrived as a whole
+        s_die("the message never arrived as a whole");
     /* Every request gets a reply (pulls may wait in ssp/sync; this server is async). */
     zmq_pollitem_t it = {s_dealer, 0, ZMQ_POLLIN, 0};
     if (zmq_poll(&it, 1, 2000) != 1)
-        abort();
+        s_die("no reply within 2 s");
     zmq_msg_t m;
     zmq_msg_init(&m);
     zmq_msg_recv(&m, s_dealer, 0);
     Zps__Header *rh = zps__header__unpack(NULL, zmq_msg_size(&m), zmq_msg_data(&m));
     if (!rh || !rh->is_reply || rh->status > 0 || rh->status <= -ZPS_STATUS_COUNT)
-        abort();
+        s_die("not a well-formed reply");
     int rejected = rh->status != 0 && rh->status != ZPS_ERR_STALE;
     zps__header__free_unpacked(rh, NULL);
     int more = zmq_msg_more(&m);
@@ -188,7 +220,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         /* A rejected request changes nothing. */
         s_pull_all();
         if (memcmp(s_check, s_values, s_plan->total * 4))
-            abort();
+            s_die("a rejected request changed the values");
     } else {
         s_pull_all();
         memcpy(s_values, s_check, s_plan->total * 4);
