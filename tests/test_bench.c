@@ -3,15 +3,10 @@
  * build/bench-style JSON with every documented field, filled; bad options are usage errors.
  * No figure is judged here: speed is the benchmark's business, not a test's. */
 #include <criterion/criterion.h>
-#include <fcntl.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include "common/clock.h"
 #include "tests/testutil.h"
 
 static char s_dir[256];
@@ -21,51 +16,15 @@ static void s_teardown(void) { zt_rmtmp(s_dir); }
 
 TestSuite(it_bench, .init = s_setup, .fini = s_teardown, .timeout = 150);
 
-/* Runs zps-bench with args (NULL-terminated), $ZPS_BENCH_DIR = s_dir, output into
- * s_dir/out.txt; waits at most timeout_s (then SIGKILL, which fails the test). Returns the
- * exit status; *out is the output (caller frees). */
+/* Runs zps-bench with args (NULL-terminated), $ZPS_BENCH_DIR = s_dir, within timeout_s.
+ * Returns the exit status; *out is the output (caller frees). */
 static int s_bench(char **out, double timeout_s, const char *const *args)
 {
-    const char *bin = getenv("ZPS_BIN");
-    char exe[512], logp[512];
-    snprintf(exe, sizeof exe, "%s/zps-bench", bin ? bin : "build/bin");
+    char logp[512], envd[600];
     snprintf(logp, sizeof logp, "%s/out.txt", s_dir);
-    const char *argv[32] = {exe};
-    int n = 1;
-    for (; args[n - 1] && n < 31; n++)
-        argv[n] = args[n - 1];
-    argv[n] = NULL;
-    pid_t pid = fork();
-    cr_assert(pid >= 0);
-    if (pid == 0) {
-        int fd = open(logp, O_CREAT | O_TRUNC | O_WRONLY, 0644);
-        if (fd < 0)
-            _exit(126);
-        dup2(fd, 1);
-        dup2(fd, 2);
-        setenv("ZPS_BENCH_DIR", s_dir, 1);
-        execv(exe, (char *const *)argv);
-        _exit(127);
-    }
-    int status = 0;
-    double end = zps_now_s() + timeout_s;
-    pid_t w;
-    while ((w = waitpid(pid, &status, WNOHANG)) == 0 && zps_now_s() < end)
-        zps_sleep_ns(20 * 1000 * 1000);
-    if (w == 0) {
-        kill(pid, SIGKILL);
-        waitpid(pid, &status, 0);
-        cr_assert_fail("zps-bench did not finish within %.0f s", timeout_s);
-    }
-    FILE *f = fopen(logp, "r");
-    cr_assert_not_null(f);
-    *out = calloc(1, 1 << 16);
-    cr_assert_not_null(*out);
-    size_t got = fread(*out, 1, (1 << 16) - 1, f);
-    (*out)[got] = 0;
-    fclose(f);
-    cr_assert(WIFEXITED(status), "zps-bench did not exit normally:\n%s", *out);
-    return WEXITSTATUS(status);
+    snprintf(envd, sizeof envd, "ZPS_BENCH_DIR=%s", s_dir);
+    const char *env[] = {envd, NULL};
+    return zt_run("zps-bench", args, env, logp, timeout_s, out);
 }
 
 /* The number after "key": in the JSON text js (asserts that the key is there). */

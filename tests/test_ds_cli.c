@@ -44,34 +44,9 @@ static uint64_t s_seed(void)
  * Returns the exit status. */
 static int s_run(char **out, const char *const *args)
 {
-    const char *bin = getenv("ZPS_BIN");
-    char exe[512], logp[128];
-    snprintf(exe, sizeof exe, "%s/zps-data", bin ? bin : "build/bin");
+    char logp[128];
     snprintf(logp, sizeof logp, "%s/out.txt", s_dir);
-    const char *argv[32] = {exe};
-    int n = 1;
-    for (; args[n - 1]; n++)
-        argv[n] = args[n - 1];
-    argv[n] = NULL;
-    pid_t pid = fork();
-    cr_assert(pid >= 0);
-    if (pid == 0) {
-        int fd = open(logp, O_CREAT | O_TRUNC | O_WRONLY, 0644);
-        dup2(fd, 1);
-        dup2(fd, 2);
-        execv(exe, (char *const *)argv);
-        _exit(127);
-    }
-    int status;
-    cr_assert_eq(waitpid(pid, &status, 0), pid);
-    FILE *f = fopen(logp, "r");
-    *out = calloc(1, 1 << 20);
-    size_t got = fread(*out, 1, (1 << 20) - 1, f);
-    (*out)[got] = 0;
-    fclose(f);
-    fprintf(stderr, "%s", *out);
-    cr_assert(WIFEXITED(status), "zps-data did not exit normally");
-    return WEXITSTATUS(status);
+    return zt_run("zps-data", args, NULL, logp, 300, out);
 }
 
 TestSuite(it_ds, .init = s_mktmp, .fini = s_rmtmp, .timeout = 60);

@@ -1,6 +1,9 @@
 /* test_util.c — the shared test helpers declared in testutil.h (no tests of its own). */
+#include <criterion/criterion.h>
 #include <fcntl.h>
 #include <lmdb.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -98,4 +101,56 @@ void zt_shard_corrupt(const char *shard_dir, uint64_t idx, size_t at, uint8_t ma
     cr_assert_eq(mdb_txn_commit(txn), 0);
     mdb_env_close(env);
     free(copy);
+}
+
+int zt_run(const char *prog, const char *const *args, const char *const *env,
+           const char *log_path, double timeout_s, char **out)
+{
+    const char *bin = getenv("ZPS_BIN");
+    char exe[512];
+    snprintf(exe, sizeof exe, "%s/%s", bin ? bin : "build/bin", prog);
+    const char *argv[64] = {exe};
+    int n = 1;
+    for (; args[n - 1] && n < 63; n++)
+        argv[n] = args[n - 1];
+    argv[n] = NULL;
+    pid_t pid = fork();
+    cr_assert(pid >= 0, "fork failed");
+    if (pid == 0) {
+        int fd = open(log_path, O_CREAT | O_TRUNC | O_WRONLY, 0644);
+        if (fd < 0)
+            _exit(126);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        for (int i = 0; env && env[i]; i++)
+            putenv((char *)env[i]);
+        execv(exe, (char *const *)argv);
+        _exit(127);
+    }
+    int status = 0;
+    struct timespec t0, now, nap = {0, 20 * 1000 * 1000};
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    pid_t w;
+    for (;;) {
+        w = waitpid(pid, &status, WNOHANG);
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if (w != 0 || (double)(now.tv_sec - t0.tv_sec) + 1e-9 * (double)(now.tv_nsec - t0.tv_nsec) > timeout_s)
+            break;
+        nanosleep(&nap, NULL); // polling a bounded wait for the child to exit
+    }
+    if (w == 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        cr_assert_fail("%s did not finish within %.0f s", prog, timeout_s);
+    }
+    FILE *f = fopen(log_path, "r");
+    cr_assert_not_null(f, "no output file %s", log_path);
+    *out = calloc(1, 1 << 20);
+    cr_assert_not_null(*out);
+    size_t got = fread(*out, 1, (1 << 20) - 1, f);
+    (*out)[got] = 0;
+    fclose(f);
+    fprintf(stderr, "%s", *out);
+    cr_assert(WIFEXITED(status), "%s did not exit normally (status %d)", prog, status);
+    return WEXITSTATUS(status);
 }

@@ -42,4 +42,11 @@ char *zt_capture_end(void);
  * idx in an LMDB shard directory, committing the change: a corrupt record for tests. */
 void zt_shard_corrupt(const char *shard_dir, uint64_t idx, size_t at, uint8_t mask);
 
+/* Runs $ZPS_BIN/<prog> (build/bin without it) with args (NULL-terminated) and the "NAME=value"
+ * strings of env (NULL-terminated, or NULL), stdout and stderr into log_path; waits at most
+ * timeout_s, then kills it and fails. Asserts it exited normally; echoes the output to
+ * stderr; returns the exit status, and the output in *out (caller frees). */
+int zt_run(const char *prog, const char *const *args, const char *const *env,
+           const char *log_path, double timeout_s, char **out);
+
 #endif
