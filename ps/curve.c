@@ -136,8 +136,31 @@ static size_t s_token_len(const char *s, size_t len)
 
 struct ps_curve_allow {
     uint8_t (*keys)[32]; // (n) binary public keys
-    size_t n, cap;
+    int32_t *ids;        // (n) the trainer id each key is bound to, or -1 (any)
+    size_t n, cap, n_bound;
 };
+
+/* After a key: "trainer=N" (N in 0..4095) sets *id; anything else but a comment is wrong. */
+static int s_parse_binding(const char *rest, size_t rl, int32_t *id)
+{
+    *id = -1;
+    while (rl && (*rest == ' ' || *rest == '\t'))
+        rest++, rl--;
+    if (rl >= 8 && !strncmp(rest, "trainer=", 8)) {
+        rest += 8, rl -= 8;
+        int32_t v = 0;
+        size_t d = 0;
+        while (d < rl && rest[d] >= '0' && rest[d] <= '9' && v <= 4095)
+            v = v * 10 + (rest[d++] - '0');
+        if (!d || v > 4095)
+            return -1;
+        *id = v;
+        rest += d, rl -= d;
+        while (rl && (*rest == ' ' || *rest == '\t'))
+            rest++, rl--;
+    }
+    return rl && *rest != '#' ? -1 : 0;
+}
 
 zps_status ps_curve_allow_parse(const char *text, const char *name, ps_curve_allow **out,
                                 char *why, size_t wl)
@@ -153,13 +176,12 @@ zps_status ps_curve_allow_parse(const char *text, const char *name, ps_curve_all
             continue;
         size_t tl = s_token_len(line, len);
         if (tl == PS_CURVE_KEY_LEN && ps_curve_key_valid(line, tl)) {
-            const char *rest = line + tl;
-            size_t rl = len - tl;
-            while (rl && (*rest == ' ' || *rest == '\t'))
-                rest++, rl--;
-            if (rl && *rest != '#') {
-                snprintf(why, wl, "%s:%d: text after the key (a comment starts with '#')", name,
-                         no);
+            int32_t id;
+            if (s_parse_binding(line + tl, len - tl, &id)) {
+                snprintf(why, wl,
+                         "%s:%d: text after the key (want nothing, 'trainer=N' with N in "
+                         "0..4095, or a comment starting with '#')",
+                         name, no);
                 st = ZPS_ERR_PARSE;
                 break;
             }
@@ -169,12 +191,22 @@ zps_status ps_curve_allow_parse(const char *text, const char *name, ps_curve_all
             if (a->n == a->cap) {
                 a->cap = a->cap ? 2 * a->cap : 16;
                 a->keys = zps_xrealloc(a->keys, a->cap * sizeof *a->keys);
+                a->ids = zps_xrealloc(a->ids, a->cap * sizeof *a->ids);
             }
             if (!zmq_z85_decode(a->keys[a->n], z)) {
                 snprintf(why, wl, "%s:%d: the key does not decode", name, no);
                 st = ZPS_ERR_PARSE;
                 break;
             }
+            int32_t had = ps_curve_allow_trainer(a, a->keys[a->n]);
+            if (had != -2 && had != id) {
+                snprintf(why, wl, "%s:%d: this key is listed before with another trainer binding "
+                         "(%d there, %d here; -1: none)", name, no, (int)had, (int)id);
+                st = ZPS_ERR_PARSE;
+                break;
+            }
+            a->ids[a->n] = id;
+            a->n_bound += id >= 0;
             a->n++;
             continue;
         }
@@ -220,17 +252,25 @@ size_t ps_curve_allow_count(const ps_curve_allow *a) { return a ? a->n : 0; }
 
 int ps_curve_allow_has(const ps_curve_allow *a, const uint8_t key[32])
 {
+    return ps_curve_allow_trainer(a, key) != -2;
+}
+
+int32_t ps_curve_allow_trainer(const ps_curve_allow *a, const uint8_t key[32])
+{
     for (size_t i = 0; i < a->n; i++)
         if (!memcmp(a->keys[i], key, 32))
-            return 1;
-    return 0;
+            return a->ids[i];
+    return -2;
 }
+
+size_t ps_curve_allow_bound(const ps_curve_allow *a) { return a ? a->n_bound : 0; }
 
 void ps_curve_allow_destroy(ps_curve_allow **pa)
 {
     if (!pa || !*pa)
         return;
     free((*pa)->keys);
+    free((*pa)->ids);
     free(*pa);
     *pa = NULL;
 }
@@ -607,6 +647,8 @@ zps_status ps_curve_zap_new(void *ctx, void *sock, ps_curve_allow **allow, ps_cu
     *out = z;
     return ZPS_OK;
 }
+
+const ps_curve_allow *ps_curve_zap_allow(const ps_curve_zap *z) { return z ? z->allow : NULL; }
 
 void ps_curve_zap_counts(const ps_curve_zap *z, ps_curve_counts *out)
 {

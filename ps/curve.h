@@ -6,7 +6,9 @@
  *   PREFIX.key  a key pair, mode 0600: lines "public = KEY" and "secret = KEY"
  *   PREFIX.pub  the public key alone: one line "KEY"
  * An allow-list holds one public key per line, with '#' comment lines and blank lines, so
- * `cat trainer-*.pub > allow.txt` makes one; `KEY  # comment` is allowed too. ('#' is a Z85
+ * `cat trainer-*.pub > allow.txt` makes one; `KEY  # comment` is allowed too, and
+ * `KEY trainer=N` binds the key to trainer id N: the server then refuses any request made
+ * with that key that says another trainer id (ZPS_ERR_UNAUTHORIZED). ('#' is a Z85
  * character, but never the first of a key: a 5-character group starting with '#' would
  * exceed 2^32, so a line starting with '#' is always a comment.)
  *
@@ -67,6 +69,11 @@ zps_status ps_curve_allow_load(const char *path, ps_curve_allow **out, char *why
 size_t ps_curve_allow_count(const ps_curve_allow *a);
 /* 1 when the binary key is listed. */
 int ps_curve_allow_has(const ps_curve_allow *a, const uint8_t key[32]);
+/* The trainer id key is bound to ("KEY trainer=N"), -1 when it may speak for any trainer,
+ * -2 when it is not in the list. */
+int32_t ps_curve_allow_trainer(const ps_curve_allow *a, const uint8_t key[32]);
+/* How many keys are bound to a trainer id (0 for NULL). */
+size_t ps_curve_allow_bound(const ps_curve_allow *a);
 void ps_curve_allow_destroy(ps_curve_allow **pa);
 
 typedef struct ps_curve_zap ps_curve_zap;
@@ -84,6 +91,9 @@ typedef struct ps_curve_counts {
     uint64_t handshake_failed; // failed before ZAP: no CURVE on the client, wrong server key
 } ps_curve_counts;
 
+/* The allow-list the handler consumed (NULL: any key). It never changes, so the server
+ * loop may read it while the handler runs. */
+const ps_curve_allow *ps_curve_zap_allow(const ps_curve_zap *z);
 /* Safe from any thread while the handler runs. */
 void ps_curve_zap_counts(const ps_curve_zap *z, ps_curve_counts *out);
 /* Stops and joins the thread, closes its sockets. Call before zmq_ctx_term. */

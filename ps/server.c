@@ -1672,6 +1672,28 @@ static void s_op_simple(ps_server *s, zmq_msg_t *ident, const Zps__Header *h, ui
     s_latency(s, op, t0);
 }
 
+/* CURVE with trainer-bound keys (--curve-allow "KEY trainer=N"): 1 (and why) when the
+ * request says another trainer id than its connection's key is bound to. */
+static int s_key_mismatch(ps_server *s, const Zps__Header *h, char *why, size_t len)
+{
+    const ps_curve_allow *a = ps_curve_zap_allow(s->zap);
+    if (!ps_curve_allow_bound(a))
+        return 0;
+    const char *uid = zmq_msg_gets(&s->frames[1], "User-Id"); // the key, set by ZAP
+    uint8_t key[32];
+    if (!uid || strlen(uid) != PS_CURVE_KEY_LEN || !zmq_z85_decode(key, uid)) {
+        snprintf(why, len, "no authenticated CURVE key on this connection");
+        return 1;
+    }
+    int32_t id = ps_curve_allow_trainer(a, key);
+    if (id >= 0 && (uint32_t)id != h->trainer_id) {
+        snprintf(why, len, "key %.8s... is bound to trainer %d in --curve-allow; this request "
+                 "says trainer %u", uid, (int)id, h->trainer_id);
+        return 1;
+    }
+    return 0;
+}
+
 /* One received message: frames[0] identity, frames[1] header, frames[2..] payload. */
 static void s_handle(ps_server *s, int nframes, int overflow, uint64_t bytes, uint64_t t0)
 {
@@ -1695,8 +1717,8 @@ static void s_handle(ps_server *s, int nframes, int overflow, uint64_t bytes, ui
         return;
     }
     int op = (int)h->op;
+    char why[256];
     if (h->version != ZPS_PROTOCOL_VERSION) {
-        char why[96];
         snprintf(why, sizeof why, "protocol version %u, server speaks %u", h->version,
                  ZPS_PROTOCOL_VERSION);
         s_reject(s, ident, op, h->request_id, ZPS_ERR_VERSION, why);
@@ -1704,7 +1726,6 @@ static void s_handle(ps_server *s, int nframes, int overflow, uint64_t bytes, ui
         s_reject(s, ident, op < 0 || op >= S_N_OPS ? 0 : op, h->request_id, ZPS_ERR_OP,
                  h->is_reply ? "a reply sent to the server" : "unknown op");
     } else if (bytes > s->cfg.max_message_bytes + ZPS_HEADER_MAX_BYTES) {
-        char why[128];
         snprintf(why, sizeof why, "message of %" PRIu64 " bytes (limit --max-message-bytes %" PRIu64 ")",
                  bytes, s->cfg.max_message_bytes);
         s_reject(s, ident, op, h->request_id, ZPS_ERR_TOO_LARGE, why);
@@ -1712,6 +1733,8 @@ static void s_handle(ps_server *s, int nframes, int overflow, uint64_t bytes, ui
                nframes != 2) {
         s_reject(s, ident, op, h->request_id, ZPS_ERR_FRAMES,
                  "payload frames on an op that carries none");
+    } else if (s_key_mismatch(s, h, why, sizeof why)) {
+        s_reject(s, ident, op, h->request_id, ZPS_ERR_UNAUTHORIZED, why);
     } else {
         s->st.requests[op]++;
         switch (op) {
@@ -1910,14 +1933,14 @@ static zps_status s_setup_curve(ps_server *s)
         ps_curve_allow_destroy(&allow);
         return ZPS_ERR_ZMQ;
     }
-    size_t n_allow = ps_curve_allow_count(allow);
+    size_t n_allow = ps_curve_allow_count(allow), n_bound = ps_curve_allow_bound(allow);
     ZPS_TRY(ps_curve_zap_new(s->ctx, s->sock, &allow, &s->zap));
     if (cfg->curve_allow_any)
         zps_log(ZPS_WARN, "ps", "CURVE on (server key %.8s...) with --curve-allow-any: traffic is "
                 "encrypted but any client key is admitted", pub);
     else
-        zps_log(ZPS_INFO, "ps", "CURVE on (server key %.8s...): %zu trainer key(s) allowed from %s",
-                pub, n_allow, cfg->curve_allow);
+        zps_log(ZPS_INFO, "ps", "CURVE on (server key %.8s...): %zu trainer key(s) allowed from %s, "
+                "%zu of them bound to one trainer id", pub, n_allow, cfg->curve_allow, n_bound);
     return ZPS_OK;
 }
 

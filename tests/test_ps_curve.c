@@ -307,10 +307,36 @@ Test(ps_curve, allow_list_parser)
         cr_assert_not_null(strstr(why, bad[i].want), "case %zu: '%s' not in '%s'", i,
                            bad[i].want, why);
     }
-    /* text after a key that is not a comment */
-    snprintf(text, sizeof text, "%s trainer-1\n", k[0]);
-    cr_assert_eq(ps_curve_allow_parse(text, "allow.txt", &a, why, sizeof why), ZPS_ERR_PARSE);
-    cr_assert_not_null(strstr(why, "allow.txt:1: text after the key"), "%s", why);
+    /* text after a key that is neither a binding nor a comment */
+    const char *after[] = {"trainer-1", "trainer=", "trainer=4096", "trainer=x", "trainer=3 x",
+                           "trainer=-1"};
+    for (size_t i = 0; i < sizeof after / sizeof *after; i++) {
+        snprintf(text, sizeof text, "%s %s\n", k[0], after[i]);
+        cr_assert_eq(ps_curve_allow_parse(text, "allow.txt", &a, why, sizeof why), ZPS_ERR_PARSE,
+                     "'%s' accepted", after[i]);
+        cr_assert_not_null(strstr(why, "allow.txt:1: text after the key"), "%s", why);
+    }
+
+    /* trainer bindings: "KEY trainer=N", with or without a comment; unbound keys stay -1;
+     * a key listed twice must say the same */
+    snprintf(text, sizeof text, "%s trainer=0\n%s\ttrainer=4095   # the last one\n%s\n%s trainer=0\n",
+             k[0], k[1], k[2], k[0]);
+    cr_assert_eq(ps_curve_allow_parse(text, "allow.txt", &a, why, sizeof why), ZPS_OK, "%s", why);
+    cr_assert_eq(ps_curve_allow_trainer(a, zmq_z85_decode(bin, k[0])), 0);
+    cr_assert_eq(ps_curve_allow_trainer(a, zmq_z85_decode(bin, k[1])), 4095);
+    cr_assert_eq(ps_curve_allow_trainer(a, zmq_z85_decode(bin, k[2])), -1);
+    cr_assert_eq(ps_curve_allow_trainer(a, zmq_z85_decode(bin, other)), -2);
+    cr_assert_eq(ps_curve_allow_bound(a), 3);
+    ps_curve_allow_destroy(&a);
+    const char *conflicts[][2] = {{"trainer=0", "trainer=7"}, {"trainer=2", ""}, {"", "trainer=2"}};
+    for (size_t i = 0; i < sizeof conflicts / sizeof *conflicts; i++) {
+        snprintf(text, sizeof text, "%s %s\n%s\n%s %s\n", k[0], conflicts[i][0], k[1], k[0],
+                 conflicts[i][1]);
+        cr_assert_eq(ps_curve_allow_parse(text, "allow.txt", &a, why, sizeof why), ZPS_ERR_PARSE,
+                     "conflict %zu accepted", i);
+        cr_assert_not_null(strstr(why, "allow.txt:3: this key is listed before with another "
+                                       "trainer binding"), "%s", why);
+    }
 }
 
 Test(ps_curve, keygen_round_trip_and_no_overwrite)
@@ -565,6 +591,67 @@ Test(it_ps_curve, allowed_trainer_trains_refused_one_fails_fast)
     free(v);
     free(g);
     ps_client_destroy(&good);
+    pst_kill(&srv, SIGTERM);
+    ps_plan_destroy(&plan);
+    zt_rmtmp(dir);
+}
+
+/* "KEY trainer=N" in --curve-allow: a key speaks for its own trainer id only. */
+Test(it_ps_curve, bound_key_speaks_only_for_its_trainer)
+{
+    uint64_t seed = pst_seed();
+    char dir[256], path[600], why[1024], pub[2][41];
+    zt_mktmp(dir, sizeof dir, "zps-curve");
+    s_keygen(dir, "server");
+    const char *names[2] = {"t0", "t1"};
+    for (int i = 0; i < 2; i++) {
+        s_keygen(dir, names[i]);
+        snprintf(path, sizeof path, "%s/%s.pub", dir, names[i]);
+        cr_assert_eq(ps_curve_load_public(path, pub[i], why, sizeof why), ZPS_OK, "%s", why);
+    }
+    char text[256];
+    snprintf(text, sizeof text, "# bound keys\n%s trainer=0\n%s trainer=1 # t1\n", pub[0], pub[1]);
+    snprintf(path, sizeof path, "%s/allow.txt", dir);
+    s_write(path, text, 0644);
+    char key[600];
+    snprintf(key, sizeof key, "%s/server.key", dir);
+    const char *args[] = {"--mode", "async", "--num-trainers", "2", "--curve-key", key,
+                          "--curve-allow", path, NULL};
+    pst_server srv;
+    cr_assert_eq(pst_spawn(&srv, NULL, args), 0, "CURVE server did not start");
+    ps_plan *plan;
+    cr_assert_eq(ps_plan_new(s_vars, NV, 1, 0, &plan), ZPS_OK);
+
+    /* t1's key saying trainer 0: admitted by ZAP, refused request by request, at once */
+    ps_client *liar;
+    cr_assert_eq(s_client(srv.uri, dir, "server", "t1", 0, 0, &liar), ZPS_OK);
+    double t0 = zps_now_s();
+    zps_status st = ps_client_register(liar, plan, NULL, NULL);
+    cr_assert_eq(st, ZPS_ERR_UNAUTHORIZED, "got %s: %s", zps_status_name(st),
+                 ps_client_last_error(liar));
+    cr_assert_lt(zps_now_s() - t0, FAST_S);
+    cr_assert_not_null(strstr(ps_client_last_error(liar), "is bound to trainer 1 in --curve-allow; "
+                                                          "this request says trainer 0"),
+                       "%s", ps_client_last_error(liar));
+    char *json = NULL;
+    cr_assert_eq(ps_client_stats(liar, 0, &json), ZPS_ERR_UNAUTHORIZED);
+    ps_client_destroy(&liar);
+
+    /* each key as its own trainer works: t0 initialises and trains, t1 joins and pulls */
+    ps_client *c0, *c1;
+    cr_assert_eq(s_client(srv.uri, dir, "server", "t0", 0, 0, &c0), ZPS_OK);
+    s_train_round(c0, plan, seed, 0);
+    cr_assert_eq(s_client(srv.uri, dir, "server", "t1", 1, 0, &c1), ZPS_OK);
+    cr_assert_eq(ps_client_register(c1, plan, NULL, NULL), ZPS_OK, "%s", ps_client_last_error(c1));
+    float *v = zps_xmalloc(plan->total * 4);
+    ps_ticket t;
+    cr_assert_eq(ps_client_pull(c1, 0, NV, v, 0, &t), ZPS_OK);
+    cr_assert_eq(ps_client_wait(c1, t), ZPS_OK, "%s", ps_client_last_error(c1));
+    cr_assert_eq(s_stat(c0, "ZPS_ERR_UNAUTHORIZED"), 2, "both refusals are counted");
+    cr_assert_eq(s_stat(c0, "auth_rejected"), 0, "ZAP refused nobody: the keys are allowed");
+    free(v);
+    ps_client_destroy(&c0);
+    ps_client_destroy(&c1);
     pst_kill(&srv, SIGTERM);
     ps_plan_destroy(&plan);
     zt_rmtmp(dir);
@@ -892,6 +979,12 @@ Test(it_ps_curve, launch_curve_fleet, .timeout = 200)
     log = s_slurp(path);
     cr_assert_not_null(strstr(log, "CURVE on"), "%s", log);
     cr_assert_not_null(strstr(log, "2 trainer key(s) allowed"), "%s", log);
+    cr_assert_not_null(strstr(log, "2 of them bound to one trainer id"), "%s", log);
+    free(log);
+    snprintf(path, sizeof path, "%s/run/keys/allow.txt", dir);
+    log = s_slurp(path);
+    cr_assert_not_null(strstr(log, " trainer=0  # trainer-0\n"), "%s", log);
+    cr_assert_not_null(strstr(log, " trainer=1  # trainer-1\n"), "%s", log);
     free(log);
     snprintf(path, sizeof path, "%s/run/trainer-1.log", dir);
     log = s_slurp(path);
