@@ -182,8 +182,8 @@ zps_status zps_cluster_parse(const char *text, zps_cluster **out, zps_parse_erro
         if (*p == '\n')
             p++;
     }
-    if (st == ZPS_OK && c->n_servers == 0)
-        st = s_fail(err, 0, "no 'server = HOST:PORT' line");
+    /* no server line is allowed: an all-reduce fleet has none (zps-server and the PS modes
+     * of zps-trainer say so when they need one) */
     if (st == ZPS_OK && c->n_trainers == 0)
         st = s_fail(err, 0, "no 'trainer = HOST' line");
     if (st != ZPS_OK) {

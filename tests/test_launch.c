@@ -26,6 +26,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tests/testutil.h"
 #include "trainer/metrics.h"
 
 #define S_OUT 65536
@@ -252,6 +253,47 @@ Test(it_launch, normal_completion_and_summary, .timeout = 30)
     cr_assert(strstr(text, want), "trainer-2.log: %s\nwant: %s", text, want);
     snprintf(path, sizeof path, "%s/run/summary.json", r.dir);
     cr_assert_eq(access(path, R_OK), 0, "summary.json");
+    s_cleanup(&r);
+}
+
+/* --servers 0: an all-reduce fleet, trainers only; the real zps-trainer refuses such a
+ * cluster file in a PS mode, naming the file. */
+Test(it_launch, fleet_without_servers, .timeout = 30)
+{
+    s_run r;
+    s_setup(&r, 1);
+    const char *args[] = {"--servers", "0", "--trainers", "2", "--run-dir", "run", NULL};
+    s_launch(&r, 0, NULL, args);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    cr_assert_eq(r.n_pids, 2, "%s", r.out);
+    for (int i = 0; i < 2; i++)
+        cr_assert_str_eq(s_row_status(&r, "trainer", i), "ok", "%s", r.out);
+    cr_assert_str_eq(s_row_status(&r, "server", 0), "", "a server row:\n%s", r.out);
+    cr_assert(strstr(r.out, "0 server(s), 2 trainer(s)"), "%s", r.out);
+    s_assert_all_gone(&r);
+    char path[256], text[4096];
+    snprintf(path, sizeof path, "%s/run/cluster.txt", r.dir);
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f, "no cluster file in the run folder");
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    text[n] = 0;
+    fclose(f);
+    cr_assert_null(strstr(text, "server ="), "%s", text);
+
+    const char *neg[] = {"--servers", "-1", "--trainers", "2", NULL};
+    s_launch(&r, 0, NULL, neg);
+    cr_assert_eq(r.code, 2, "%s", r.out);
+    cr_assert(strstr(r.out, "--servers must be >= 0"), "%s", r.out);
+
+    /* the real trainer with that cluster file */
+    char *out, logp[300];
+    snprintf(logp, sizeof logp, "%s/trainer.txt", r.dir);
+    const char *targs[] = {"--mode", "async", "--cluster", path, "--trainer-id", "0", "--data",
+                           "/nonexistent-zps-data", NULL}; // the servers are looked up first
+    int code = zt_run("zps-trainer", targs, NULL, logp, 20, &out);
+    cr_assert_neq(code, 0, "a PS trainer ran without servers:\n%s", out);
+    cr_assert(strstr(out, "lists no server: --mode async needs at least one"), "%s", out);
+    free(out);
     s_cleanup(&r);
 }
 

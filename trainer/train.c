@@ -130,6 +130,13 @@ static zps_status s_servers(s_job *j)
                     err.msg);
             return st;
         }
+        if (!cl->n_servers && c->mode != TR_MODE_LOCAL && c->mode != TR_MODE_ALLREDUCE) {
+            zps_log(ZPS_ERROR, "trainer", "cluster file %s lists no server: --mode %s needs at "
+                    "least one (only local and allreduce run without)", c->cluster,
+                    tr_mode_name(c->mode));
+            zps_cluster_destroy(&cl);
+            return ZPS_ERR_CONFIG;
+        }
         j->n_uris = cl->n_servers;
         j->uris = zps_xcalloc((size_t)cl->n_servers, sizeof *j->uris);
         for (int i = 0; i < cl->n_servers; i++) {
