@@ -164,6 +164,17 @@ static void s_launch(s_run *r, int sig, const char *wait_for, const char *const 
     s_parse_pids(r);
 }
 
+/* The text of the file at path (asserts it exists) into buf[cap]. */
+static char *s_read_file(const char *path, char *buf, size_t cap)
+{
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f, "%s", path);
+    size_t n = fread(buf, 1, cap - 1, f);
+    buf[n] = 0;
+    fclose(f);
+    return buf;
+}
+
 static void s_assert_all_gone(const s_run *r)
 {
     for (int i = 0; i < r->n_pids; i++) {
@@ -222,11 +233,7 @@ Test(it_launch, normal_completion_and_summary, .timeout = 30)
     /* the cluster file: two distinct loopback ports, three trainers */
     char path[256], text[4096];
     snprintf(path, sizeof path, "%s/run/cluster.txt", r.dir);
-    FILE *f = fopen(path, "r");
-    cr_assert_not_null(f, "no cluster file in the run folder");
-    size_t n = fread(text, 1, sizeof text - 1, f);
-    text[n] = 0;
-    fclose(f);
+    s_read_file(path, text, sizeof text);
     int p0 = 0, p1 = 0, trainers = 0;
     const char *s1 = strstr(text, "server = 127.0.0.1:");
     cr_assert_not_null(s1, "%s", text);
@@ -242,11 +249,7 @@ Test(it_launch, normal_completion_and_summary, .timeout = 30)
 
     /* the command line of trainer 2: cluster file, id and the pass-through arguments */
     snprintf(path, sizeof path, "%s/run/trainer-2.log", r.dir);
-    f = fopen(path, "r");
-    cr_assert_not_null(f, "no log for trainer 2");
-    n = fread(text, 1, sizeof text - 1, f);
-    text[n] = 0;
-    fclose(f);
+    s_read_file(path, text, sizeof text);
     char want[512];
     snprintf(want, sizeof want, "--cluster %s/run/cluster.txt --trainer-id 2 --extra 2 --n 3",
              r.dir);
@@ -273,11 +276,7 @@ Test(it_launch, fleet_without_servers, .timeout = 30)
     s_assert_all_gone(&r);
     char path[256], text[4096];
     snprintf(path, sizeof path, "%s/run/cluster.txt", r.dir);
-    FILE *f = fopen(path, "r");
-    cr_assert_not_null(f, "no cluster file in the run folder");
-    size_t n = fread(text, 1, sizeof text - 1, f);
-    text[n] = 0;
-    fclose(f);
+    s_read_file(path, text, sizeof text);
     cr_assert_null(strstr(text, "server ="), "%s", text);
 
     const char *neg[] = {"--servers", "-1", "--trainers", "2", NULL};
@@ -480,16 +479,6 @@ static void s_run_compare(s_run *r, const char *const *args)
     int st = 0;
     cr_assert_eq(waitpid(pid, &st, 0), pid);
     r->code = WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
-}
-
-static char *s_read_file(const char *path, char *buf, size_t cap)
-{
-    FILE *f = fopen(path, "r");
-    cr_assert_not_null(f, "%s", path);
-    size_t n = fread(buf, 1, cap - 1, f);
-    buf[n] = 0;
-    fclose(f);
-    return buf;
 }
 
 /* number after "key": inside the compare.json entry of mode (NAN for null / absent) */
