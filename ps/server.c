@@ -1673,7 +1673,9 @@ static void s_op_simple(ps_server *s, zmq_msg_t *ident, const Zps__Header *h, ui
 }
 
 /* CURVE with trainer-bound keys (--curve-allow "KEY trainer=N"): 1 (and why) when the
- * request says another trainer id than its connection's key is bound to. */
+ * request says another trainer id than its connection's key is bound to, or is a SHUTDOWN
+ * from another trainer than 0 (the chief, who alone sends it: zps-trainer
+ * --shutdown-servers). */
 static int s_key_mismatch(ps_server *s, const Zps__Header *h, char *why, size_t len)
 {
     const ps_curve_allow *a = ps_curve_zap_allow(s->zap);
@@ -1689,6 +1691,11 @@ static int s_key_mismatch(ps_server *s, const Zps__Header *h, char *why, size_t 
     if (id >= 0 && (uint32_t)id != h->trainer_id) {
         snprintf(why, len, "key %.8s... is bound to trainer %d in --curve-allow; this request "
                  "says trainer %u", uid, (int)id, h->trainer_id);
+        return 1;
+    }
+    if (h->op == ZPS__OP__OP_SHUTDOWN && h->trainer_id != 0) {
+        snprintf(why, len, "SHUTDOWN from trainer %u: with trainer-bound keys only trainer 0 "
+                 "(the chief) may shut the servers down", h->trainer_id);
         return 1;
     }
     return 0;

@@ -596,7 +596,8 @@ Test(it_ps_curve, allowed_trainer_trains_refused_one_fails_fast)
     zt_rmtmp(dir);
 }
 
-/* "KEY trainer=N" in --curve-allow: a key speaks for its own trainer id only. */
+/* "KEY trainer=N" in --curve-allow: a key speaks for its own trainer id only, and only
+ * trainer 0 may shut the servers down. */
 Test(it_ps_curve, bound_key_speaks_only_for_its_trainer)
 {
     uint64_t seed = pst_seed();
@@ -649,10 +650,23 @@ Test(it_ps_curve, bound_key_speaks_only_for_its_trainer)
     cr_assert_eq(ps_client_wait(c1, t), ZPS_OK, "%s", ps_client_last_error(c1));
     cr_assert_eq(s_stat(c0, "ZPS_ERR_UNAUTHORIZED"), 2, "both refusals are counted");
     cr_assert_eq(s_stat(c0, "auth_rejected"), 0, "ZAP refused nobody: the keys are allowed");
+
+    /* SHUTDOWN is the chief's: trainer 1 is refused and the server stays up; trainer 0 may */
+    st = ps_client_shutdown(c1);
+    cr_assert_eq(st, ZPS_ERR_UNAUTHORIZED, "got %s", zps_status_name(st));
+    cr_assert_not_null(strstr(ps_client_last_error(c1), "only trainer 0 (the chief) may shut"),
+                       "%s", ps_client_last_error(c1));
+    cr_assert_eq(pst_wait(&srv, 0), -1, "the server exited on trainer 1's SHUTDOWN");
+    cr_assert_eq(s_stat(c0, "ZPS_ERR_UNAUTHORIZED"), 3);
+    cr_assert_eq(ps_client_shutdown(c0), ZPS_OK, "%s", ps_client_last_error(c0));
+    int ws = pst_wait(&srv, 10);
+    if (ws == -1)
+        pst_kill(&srv, SIGKILL); // reaped before the verdict
+    cr_assert(ws != -1 && WIFEXITED(ws) && WEXITSTATUS(ws) == 0, "the server did not stop "
+              "cleanly on trainer 0's SHUTDOWN (status %d)", ws);
     free(v);
     ps_client_destroy(&c0);
     ps_client_destroy(&c1);
-    pst_kill(&srv, SIGTERM);
     ps_plan_destroy(&plan);
     zt_rmtmp(dir);
 }
