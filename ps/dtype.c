@@ -51,6 +51,21 @@ void ps_bf16_to_f32(float *dst, const void *src, size_t n)
 }
 
 ZPS_SIMD_CLONES
+int ps_f32_all_finite(const void *src, size_t n)
+{
+    /* A float is NaN or Inf when its exponent bits are all ones. An OR over integer tests
+     * has no dependency chain through a float add, so it vectorises. */
+    const uint8_t *s = src;
+    uint32_t bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, s + 4 * i, 4);
+        bad |= (u & 0x7f800000u) == 0x7f800000u;
+    }
+    return !bad;
+}
+
+ZPS_SIMD_CLONES
 int ps_bf16_all_finite(const void *src, size_t n)
 {
     const uint8_t *s = src;

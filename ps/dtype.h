@@ -23,5 +23,8 @@ void ps_f32_to_bf16(void *dst, const float *src, size_t n);
 void ps_bf16_to_f32(float *dst, const void *src, size_t n);
 /* 1 when no element of src (bfloat16, any alignment) is NaN or Inf. */
 int ps_bf16_all_finite(const void *src, size_t n);
+/* The same for n f32 values at src, any alignment (ZeroMQ keeps frames of up to 33 bytes
+ * inside the message, at any address). */
+int ps_f32_all_finite(const void *src, size_t n);
 
 #endif

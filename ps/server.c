@@ -87,8 +87,8 @@ typedef struct s_range {
     uint32_t lc;
     uint64_t off;
     uint64_t n;
-    const float *data; // f32 payload (push), or NULL when it came as bfloat16:
-    const void *bf16;  // bfloat16 payload (ps_client_opts.push_dtype), any alignment
+    const void *data;  // push: the payload frame's bytes (NULL for a pull), any alignment
+    int bf16;          // the payload is bfloat16 (ps_client_opts.push_dtype), else f32
     uint64_t version;  // async/ssp push: the chunk's version the range is applied at
 } s_range;
 
@@ -506,6 +506,22 @@ static void s_bits_put(uint64_t *w, uint64_t lo, uint64_t hi, int v)
     }
 }
 
+/* Values [b, b + k) of pushed range g as f32 into dst: widened (bf16) or copied. */
+static void s_range_to_f32(const s_range *g, uint64_t b, uint64_t k, float *dst)
+{
+    if (g->bf16)
+        ps_bf16_to_f32(dst, (const uint8_t *)g->data + 2 * b, k);
+    else
+        memcpy(dst, (const uint8_t *)g->data + 4 * b, k * 4);
+}
+
+/* The frame of g can be read as f32 where it lies: f32 and float-aligned (ZeroMQ keeps
+ * frames of up to 33 bytes inside the message, at any address). */
+static int s_range_in_place(const s_range *g)
+{
+    return !g->bf16 && (uintptr_t)g->data % sizeof(float) == 0;
+}
+
 /* Frames at least this large and float-aligned are held by reference (s_held). */
 #define S_HOLD_MIN 4096
 
@@ -520,8 +536,7 @@ static void s_held_add(ps_server *s, s_trainer *tr, const s_range *g, zmq_msg_t 
     }
     s_held *e = &tr->held[tr->n_held];
     e->lc = g->lc, e->off = g->off, e->n = g->n, e->has_msg = 0;
-    if (g->data && g->n * 4 >= S_HOLD_MIN && (uintptr_t)g->data % sizeof(float) == 0 &&
-        zmq_msg_init(&e->msg) == 0) {
+    if (s_range_in_place(g) && g->n * 4 >= S_HOLD_MIN && zmq_msg_init(&e->msg) == 0) {
         if (zmq_msg_copy(&e->msg, f) == 0) { // shares the buffer: no copy
             e->has_msg = 1;
             e->data = zmq_msg_data(&e->msg);
@@ -533,10 +548,7 @@ static void s_held_add(ps_server *s, s_trainer *tr, const s_range *g, zmq_msg_t 
         if (!tr->accum)
             tr->accum = zps_xaligned(64, s->local_total * 4 + 64);
         float *dst = tr->accum + s->chunks[g->lc].off + g->off;
-        if (g->bf16)
-            ps_bf16_to_f32(dst, g->bf16, g->n);
-        else
-            memcpy(dst, g->data, g->n * 4);
+        s_range_to_f32(g, 0, g->n, dst);
         e->data = dst;
     }
     tr->n_held++;
@@ -921,20 +933,6 @@ static void s_check_pending(ps_server *s)
 
 #define S_WHY(...) snprintf(why, why_len, __VA_ARGS__)
 
-ZPS_SIMD_CLONES
-static int s_all_finite(const float *p, uint64_t n)
-{
-    /* A float is NaN or Inf when its exponent bits are all ones. An OR over integer tests
-     * has no dependency chain through a float add, so it vectorises. */
-    uint32_t bad = 0;
-    for (uint64_t i = 0; i < n; i++) {
-        uint32_t u;
-        memcpy(&u, p + i, sizeof u);
-        bad |= (u & 0x7f800000u) == 0x7f800000u;
-    }
-    return !bad;
-}
-
 /* Validates ranges of a PUSH / PULL / PUSHPULL into s->ranges. Payload frames start at
  * frames[2]; push: one per range; pull: none. */
 static zps_status s_check_ranges(ps_server *s, const Zps__Header *h, int nframes, int has_data,
@@ -986,7 +984,7 @@ static zps_status s_check_ranges(ps_server *s, const Zps__Header *h, int nframes
         g->off = r->offset;
         g->n = r->length / es;
         g->data = NULL;
-        g->bf16 = NULL;
+        g->bf16 = bf16;
         if (has_data) {
             zmq_msg_t *f = &s->frames[2 + i];
             if (zmq_msg_size(f) != r->length) {
@@ -994,31 +992,14 @@ static zps_status s_check_ranges(ps_server *s, const Zps__Header *h, int nframes
                       r->length);
                 return ZPS_ERR_FRAMES;
             }
-            if (bf16)
-                g->bf16 = zmq_msg_data(f);
-            else
-                g->data = zmq_msg_data(f);
+            g->data = zmq_msg_data(f);
         }
     }
-    if (has_data) {
-        /* Misaligned payload (zmq keeps very small messages inline) goes through scratch. */
-        for (size_t i = 0; i < h->n_ranges; i++) {
-            s_range *g = &s->ranges[i];
-            if (g->bf16) {
-                if (!ps_bf16_all_finite(g->bf16, g->n)) {
-                    S_WHY("range %zu (key %u): NaN or Inf in the payload", i, h->ranges[i]->key);
-                    return ZPS_ERR_NONFINITE;
-                }
-            } else if ((uintptr_t)g->data % sizeof(float)) {
-                memcpy(s->scratch, g->data, g->n * 4);
-                if (!s_all_finite(s->scratch, g->n)) {
-                    S_WHY("range %zu (key %u): NaN or Inf in the payload", i, h->ranges[i]->key);
-                    return ZPS_ERR_NONFINITE;
-                }
-            } else if (!s_all_finite(g->data, g->n)) {
-                S_WHY("range %zu (key %u): NaN or Inf in the payload", i, h->ranges[i]->key);
-                return ZPS_ERR_NONFINITE;
-            }
+    for (size_t i = 0; has_data && i < h->n_ranges; i++) {
+        const s_range *g = &s->ranges[i];
+        if (!(g->bf16 ? ps_bf16_all_finite(g->data, g->n) : ps_f32_all_finite(g->data, g->n))) {
+            S_WHY("range %zu (key %u): NaN or Inf in the payload", i, h->ranges[i]->key);
+            return ZPS_ERR_NONFINITE;
         }
     }
     return ZPS_OK;
@@ -1253,14 +1234,10 @@ static void s_op_init(ps_server *s, zmq_msg_t *ident, const Zps__Header *h, int 
             snprintf(why, sizeof why, "INIT larger than --max-message-bytes %" PRIu64,
                      s->cfg.max_message_bytes);
         } else {
-            const void *d = zmq_msg_data(&s->frames[2 + i]);
-            float *tmp = zps_xmalloc(r->length);
-            memcpy(tmp, d, r->length);
-            if (!s_all_finite(tmp, r->length / 4)) {
+            if (!ps_f32_all_finite(zmq_msg_data(&s->frames[2 + i]), r->length / 4)) {
                 st = ZPS_ERR_NONFINITE;
                 snprintf(why, sizeof why, "range %zu: NaN or Inf in initial values", i);
             }
-            free(tmp);
             seen[r->key] = 1;
             keys[i] = r->key;
             counts[i] = r->length / 4;
@@ -1320,10 +1297,10 @@ static void s_rid_note(s_trainer *tr, uint64_t rid, int status)
     tr->rid_pos++;
 }
 
-/* bfloat16 pushes are widened and applied in blocks of this many values (32 KiB of f32). */
-#define S_BF16_BLOCK 8192
+/* A pushed range that cannot be read as f32 in place is converted and applied in blocks of
+ * this many values (32 KiB of f32), so the converted copy is read back from L1/L2. */
+#define S_CONVERT_BLOCK 8192
 
-/* PUSH and PUSHPULL (the pull half is deferred or answered here). */
 /* async / ssp: applies the n validated ranges of s->ranges, each at its recorded version. */
 static void s_async_apply(ps_server *s, uint32_t n)
 {
@@ -1332,26 +1309,22 @@ static void s_async_apply(ps_server *s, uint32_t n)
         const s_lchunk *c = &s->chunks[g->lc];
         float *sp[2];
         s_wait_readers(s, g->lc);
-        if (g->bf16) {
-            /* widened a block at a time, so the f32 copy is read back from L1/L2 */
-            for (uint64_t b = 0; b < g->n; b += S_BF16_BLOCK) {
-                uint64_t k = g->n - b < S_BF16_BLOCK ? g->n - b : S_BF16_BLOCK;
-                ps_bf16_to_f32(s->scratch, (const uint8_t *)g->bf16 + 2 * b, k);
-                ps_optim_apply(&s->opt, g->version, s->values + c->off + g->off + b,
-                               s_slot_ptrs(s, c->off + g->off + b, sp), s->scratch, k);
+        int in_place = s_range_in_place(g);
+        uint64_t blk = in_place ? g->n : S_CONVERT_BLOCK;
+        for (uint64_t b = 0; b < g->n; b += blk) {
+            uint64_t k = g->n - b < blk ? g->n - b : blk;
+            const float *d = (const float *)g->data + b;
+            if (!in_place) {
+                s_range_to_f32(g, b, k, s->scratch);
+                d = s->scratch;
             }
-            continue;
+            uint64_t at = c->off + g->off + b;
+            ps_optim_apply(&s->opt, g->version, s->values + at, s_slot_ptrs(s, at, sp), d, k);
         }
-        const float *d = g->data;
-        if ((uintptr_t)d % sizeof(float)) {
-            memcpy(s->scratch, d, g->n * 4);
-            d = s->scratch;
-        }
-        ps_optim_apply(&s->opt, g->version, s->values + c->off + g->off,
-                       s_slot_ptrs(s, c->off + g->off, sp), d, g->n);
     }
 }
 
+/* PUSH and PUSHPULL (the pull half is deferred or answered here). */
 static void s_op_push(ps_server *s, zmq_msg_t *ident, const Zps__Header *h, int nframes,
                       uint64_t t0)
 {

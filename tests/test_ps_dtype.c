@@ -1,6 +1,7 @@
 /* test_ps_dtype.c — bfloat16 conversions (ps/dtype.h) against an oracle that picks the
  * nearer of the two neighbouring bfloat16 values in double arithmetic (ties to the even one),
- * on random bit patterns of every exponent; specials; any alignment; the finite check. */
+ * on random bit patterns of every exponent; specials; any alignment; the finite checks of
+ * bf16 and f32. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdint.h>
@@ -132,6 +133,34 @@ Test(ps_dtype, finite_check_finds_every_nan_and_inf)
             cr_assert(!ps_bf16_all_finite(buf + off, N), "0x%04x at %d (offset %d)", bad[k], at, off);
             cr_assert(ps_bf16_all_finite(buf + off, (size_t)at), "the part before it is finite");
             memcpy(buf + off + 2 * at, &keep, 2);
+        }
+    }
+}
+
+Test(ps_dtype, f32_finite_check_at_any_alignment)
+{
+    zt_seed_init();
+    enum { N = 1029 };
+    uint8_t buf[4 * N + 3];
+    static const uint32_t bad[] = {0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc00001u,
+                                   0x7f800001u};
+    for (int off = 0; off < 4; off++) {
+        for (int i = 0; i < N; i++) {
+            uint32_t u = zt_rand();
+            if ((u & 0x7f800000u) == 0x7f800000u)
+                u &= 0xbfffffffu; // an exponent that is not all ones: every finite kind
+            memcpy(buf + off + 4 * i, &u, 4);
+        }
+        cr_assert(ps_f32_all_finite(buf + off, N), "offset %d", off);
+        for (size_t k = 0; k < sizeof bad / sizeof *bad; k++) {
+            int at = zt_irand(0, N - 1);
+            uint8_t keep[4];
+            memcpy(keep, buf + off + 4 * at, 4);
+            memcpy(buf + off + 4 * at, &bad[k], 4);
+            cr_assert(!ps_f32_all_finite(buf + off, N), "0x%08x at %d (offset %d)", bad[k], at,
+                      off);
+            cr_assert(ps_f32_all_finite(buf + off, (size_t)at), "the part before it is finite");
+            memcpy(buf + off + 4 * at, keep, 4);
         }
     }
 }
