@@ -47,6 +47,9 @@ typedef struct s_slot {
     ps_piece *pieces;     // (n_pieces) owned, reused
     size_t n_pieces, cap_pieces;
     const float *src;     // push: flat gradient buffer
+    uint16_t *wire;       // push_dtype bf16: the pieces' gradients converted, back to back
+    size_t cap_wire;      // (owned, reused; filled once per slot use, resends send it again)
+    int wire_ready;
     float *dst;           // pull: flat value buffer
     int attempts;
     uint64_t deadline_ns; // resend when passed
@@ -351,8 +354,10 @@ void ps_client_destroy(ps_client **pc)
         s_close_socket(c, i);
     if (c->ctx)
         zmq_ctx_term(c->ctx); // returns once zmq released every zero-copy frame
-    for (uint32_t i = 0; i < S_SLOTS; i++)
+    for (uint32_t i = 0; i < S_SLOTS; i++) {
         free(c->slots[i].pieces);
+        free(c->slots[i].wire);
+    }
     for (int i = 0; i < c->n; i++)
         free(c->uris[i]);
     free(c->uris);
@@ -404,6 +409,26 @@ static void s_fill_job(const ps_client *c, Zps__JobConfig *j)
 }
 
 /* Sends (or resends) slot sl. INIT's optimizer comes from opt. */
+/* push_dtype bf16: the slot's gradients rounded into its wire buffer, once per use of the
+ * slot. The buffer is the slot's and only grows, so the per-message path allocates nothing;
+ * zero-copy frames point into it, and a slot is recycled only once ZeroMQ let go of them. */
+static void s_slot_convert(s_slot *sl)
+{
+    size_t total = 0;
+    for (size_t i = 0; i < sl->n_pieces; i++)
+        total += sl->pieces[i].count;
+    if (total > sl->cap_wire) {
+        sl->cap_wire = total;
+        sl->wire = zps_xrealloc(sl->wire, total * sizeof *sl->wire);
+    }
+    size_t woff = 0;
+    for (size_t i = 0; i < sl->n_pieces; i++) {
+        ps_f32_to_bf16(sl->wire + woff, sl->src + sl->pieces[i].flat_offset, sl->pieces[i].count);
+        woff += sl->pieces[i].count;
+    }
+    sl->wire_ready = 1;
+}
+
 static zps_status s_send_slot(ps_client *c, s_slot *sl, const ps_optim_config *opt)
 {
     void *sock = c->socks[sl->server];
@@ -469,21 +494,26 @@ static zps_status s_send_slot(ps_client *c, s_slot *sl, const ps_optim_config *o
         st = ZPS_ERR_ZMQ;
         goto out;
     }
+    if (has_data && dt == PS_DTYPE_BF16 && !sl->wire_ready)
+        s_slot_convert(sl);
     if (has_data) {
+        size_t woff = 0; // into sl->wire
         for (size_t i = 0; i < sl->n_pieces; i++) {
-            const float *p = sl->src + sl->pieces[i].flat_offset;
             size_t cnt = sl->pieces[i].count, nb = cnt * ps_dtype_size(dt);
+            const void *p = dt == PS_DTYPE_BF16 ? (const void *)(sl->wire + woff)
+                                                : (const void *)(sl->src + sl->pieces[i].flat_offset);
+            woff += cnt;
             int more = i + 1 < sl->n_pieces ? ZMQ_SNDMORE : 0;
-            if (dt == PS_DTYPE_F32 && nb >= S_ZC_MIN) {
+            if (nb >= S_ZC_MIN) {
                 atomic_fetch_add(&sl->frames_out, 1);
-                zmq_msg_init_data(&m, (void *)p, nb, s_frame_done, sl);
+                if (zmq_msg_init_data(&m, (void *)p, nb, s_frame_done, sl) == -1) {
+                    atomic_fetch_sub(&sl->frames_out, 1);
+                    st = ZPS_ERR_ZMQ;
+                    goto out;
+                }
             } else if (zmq_msg_init_size(&m, nb) == -1) {
                 st = ZPS_ERR_ZMQ;
                 goto out;
-            } else if (dt == PS_DTYPE_BF16) {
-                /* converted into ZeroMQ's own buffer: a resend converts again from the
-                 * caller's gradients, which stay untouched until the ticket completes */
-                ps_f32_to_bf16(zmq_msg_data(&m), p, cnt);
             } else {
                 memcpy(zmq_msg_data(&m), p, nb);
             }
@@ -516,6 +546,7 @@ static s_slot *s_slot_new(ps_client *c, int server, ps_ticket t, int op, int64_t
     sl->n_pieces = 0;
     sl->src = NULL;
     sl->dst = NULL;
+    sl->wire_ready = 0;
     sl->attempts = 0;
     sl->await_reg = 0;
     sl->done = 0;
