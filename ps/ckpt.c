@@ -12,6 +12,7 @@
 #include <zlib.h>
 
 #include "common/check.h"
+#include "common/fileio.h"
 #include "common/mem.h"
 
 #define S_MAGIC "ZPSCKPT1"
@@ -31,17 +32,7 @@ typedef struct s_writer {
 
 static zps_status s_put(s_writer *w, const void *p, size_t n)
 {
-    const unsigned char *b = p;
-    size_t left = n;
-    while (left) {
-        size_t part = left > (1u << 30) ? (1u << 30) : left;
-        ssize_t k = write(w->fd, b, part);
-        if (k < 0 && errno == EINTR)
-            continue;
-        ZPS_CHECK_FILE(k, w->path);
-        b += k;
-        left -= (size_t)k;
-    }
+    ZPS_CHECK_FILE(zps_write_full(w->fd, p, n), w->path);
     /* crc32's length argument is uInt; feed it in pieces. */
     const unsigned char *c = p;
     for (size_t off = 0; off < n;) {
@@ -178,20 +169,15 @@ zps_status ps_ckpt_read(const char *path, ps_ckpt *out, char *why, size_t why_le
     }
     size_t size = (size_t)stt.st_size;
     unsigned char *buf = zps_xmalloc(size ? size : 1);
-    size_t got = 0;
-    while (got < size) {
-        ssize_t k = read(fd, buf + got, size - got);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k <= 0)
-            break;
-        got += (size_t)k;
-    }
+    ssize_t got = zps_read_full(fd, buf, size);
+    int read_errno = errno;
     close(fd);
     zps_status st = ZPS_OK;
     ps_ckpt c = {0};
-    if (got != size)
-        S_CORRUPT("short read (%zu of %zu bytes)", got, size);
+    if (got < 0)
+        S_CORRUPT("cannot read it: %s", strerror(read_errno));
+    if ((size_t)got != size)
+        S_CORRUPT("short read (%zd of %zu bytes)", got, size);
     if (size < 8 + 12 + 8)
         S_CORRUPT("file of %zu bytes is too short to be a checkpoint", size);
     if (memcmp(buf, S_MAGIC, 8))

@@ -17,6 +17,7 @@
 #include <zmq.h>
 
 #include "common/log.h"
+#include "common/fileio.h"
 #include "common/mem.h"
 
 #define S_MAX_FILE (1 << 20)
@@ -75,23 +76,17 @@ static zps_status s_read_file(const char *path, unsigned *mode, char **text, cha
         close(fd);
         return ZPS_ERR_PARSE;
     }
-    size_t cap = (size_t)sb.st_size + 1, n = 0;
+    size_t cap = (size_t)sb.st_size + 1;
     char *buf = zps_xmalloc(cap);
-    while (n < cap - 1) {
-        ssize_t k = read(fd, buf + n, cap - 1 - n);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k < 0) {
-            snprintf(why, wl, "cannot read %s: %s", path, strerror(errno));
-            explicit_bzero(buf, cap);
-            free(buf);
-            close(fd);
-            return ZPS_ERR_IO;
-        }
-        if (k == 0)
-            break;
-        n += (size_t)k;
+    ssize_t got = zps_read_full(fd, buf, cap - 1);
+    if (got < 0) {
+        snprintf(why, wl, "cannot read %s: %s", path, strerror(errno));
+        explicit_bzero(buf, cap);
+        free(buf);
+        close(fd);
+        return ZPS_ERR_IO;
     }
+    size_t n = (size_t)got;
     close(fd);
     buf[n] = 0;
     if (strlen(buf) != n) {
@@ -388,16 +383,7 @@ static zps_status s_write_new(const char *path, mode_t mode, const char *text, c
             snprintf(why, wl, "cannot create %s: %s", path, strerror(e));
         return e == EEXIST ? ZPS_ERR_EXISTS : ZPS_ERR_IO;
     }
-    size_t n = strlen(text), off = 0;
-    while (off < n) {
-        ssize_t k = write(fd, text + off, n - off);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k <= 0)
-            break;
-        off += (size_t)k;
-    }
-    int bad = off != n || fsync(fd) == -1;
+    int bad = zps_write_full(fd, text, strlen(text)) == -1 || fsync(fd) == -1;
     int e = errno;
     if (close(fd) == -1)
         bad = 1;
