@@ -174,8 +174,12 @@ zps_status ps_ckpt_read(const char *path, ps_ckpt *out, char *why, size_t why_le
     close(fd);
     zps_status st = ZPS_OK;
     ps_ckpt c = {0};
-    if (got < 0)
-        S_CORRUPT("cannot read it: %s", strerror(read_errno));
+    if (got < 0) { // the file may be fine: an I/O error, not corruption
+        snprintf(why, why_len, "cannot read it: %s", strerror(read_errno));
+        zps_log(ZPS_ERROR, "ckpt", "%s: %s", path, why);
+        st = ZPS_ERR_IO;
+        goto out;
+    }
     if ((size_t)got != size)
         S_CORRUPT("short read (%zd of %zu bytes)", got, size);
     if (size < 8 + 12 + 8)

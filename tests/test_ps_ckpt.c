@@ -96,6 +96,9 @@ Test(ps_ckpt, round_trip_and_corruption)
     fputs("this is not a checkpoint at all, just some text of a plausible length\n", f);
     fclose(f);
     cr_assert_eq(ps_ckpt_read(path, &d, why, sizeof why), ZPS_ERR_CORRUPT);
+    /* a checkpoint path that cannot be read is an I/O error with its reason, not corruption */
+    cr_assert_eq(ps_ckpt_read(dir, &d, why, sizeof why), ZPS_ERR_IO, "%s", why);
+    cr_assert_not_null(strstr(why, "cannot read it: Is a directory"), "%s", why);
     free(all);
     free(c.chunks);
     zps_aligned_free(c.values);
