@@ -451,7 +451,7 @@ Test(ps_curve, client_wants_all_three_keys)
     ps_client_destroy(&c);
 }
 
-Test(ps_curve, client_refuses_streams_outside_1_to_8)
+Test(ps_curve, client_refuses_bad_streams_and_push_dtype)
 {
     ps_client_opts o;
     ps_client_opts_default(&o);
@@ -464,6 +464,12 @@ Test(ps_curve, client_refuses_streams_outside_1_to_8)
         cr_assert_null(c);
     }
     o.streams = 8;
+    cr_assert_eq(ps_client_new(uris, 1, 0, &o, &c), ZPS_OK);
+    ps_client_destroy(&c);
+    o.push_dtype = (ps_dtype)2; // neither f32 nor bf16
+    cr_assert_eq(ps_client_new(uris, 1, 0, &o, &c), ZPS_ERR_INVALID);
+    cr_assert_null(c);
+    o.push_dtype = PS_DTYPE_BF16;
     cr_assert_eq(ps_client_new(uris, 1, 0, &o, &c), ZPS_OK);
     ps_client_destroy(&c);
 }
