@@ -79,6 +79,7 @@ Test(it_bench, pushpull_refuses_bad_options)
 {
     const char *const bad[][4] = {{"pushpull", "--only", "both", NULL},
                                   {"pushpull", "--streams", "9", NULL},
+                                  {"pushpull", "--push-dtype", "f16", NULL},
                                   {"pushpull", "--no-such-option", NULL, NULL}};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         char *out;

@@ -55,7 +55,7 @@ Test(tr_config, a_full_ps_command_line)
     cr_assert_eq(c.input_size, 75);
 }
 
-Test(tr_config, curve_flags)
+Test(tr_config, curve_and_push_dtype_flags)
 {
     tr_config c;
     zps_status st;
@@ -70,6 +70,10 @@ Test(tr_config, curve_flags)
     cr_assert_eq(s_parse(&c, plain, &st), -1);
     cr_assert_str_eq(c.curve_server_key, "", "no keys by default: plaintext");
     cr_assert_str_eq(c.curve_key, "");
+    cr_assert_eq(c.push_dtype, PS_DTYPE_F32, "f32 gradients by default");
+    const char *bf[] = {"--data", "/d", "--push-dtype", "bf16", NULL};
+    cr_assert_eq(s_parse(&c, bf, &st), -1);
+    cr_assert_eq(c.push_dtype, PS_DTYPE_BF16);
 }
 
 Test(tr_config, help_exits_zero, .init = cr_redirect_stdout)
@@ -95,6 +99,7 @@ static const struct {
     {{"--data", "/d", "extra", NULL}, "unexpected argument 'extra'"},
     {{"--data", "/d", "--curve-key", "t.key", NULL}, "--curve-server-key and --curve-key go together"},
     {{"--data", "/d", "--curve-server-key", "s.pub", NULL}, "--curve-server-key and --curve-key go together"},
+    {{"--data", "/d", "--push-dtype", "f16", NULL}, "--push-dtype wants f32 or bf16, got 'f16'"},
 };
 
 Test(tr_config, bad_command_lines_exit_2_and_name_the_flag, .init = cr_redirect_stderr)
