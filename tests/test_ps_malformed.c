@@ -76,6 +76,17 @@ static uint8_t *s_hdr(raw *r, int op, uint32_t version, uint32_t trainer, int64_
     return b;
 }
 
+/* A current-version request of op from trainer 0 at step 0 with ranges kr[0..n) and
+ * payload frames pl/pll[0..npl): *h gets the packed header (freed by EXPECT); returns the
+ * reply status as s_send_raw does. */
+static int s_req(raw *r, uint8_t **h, int op, const Zps__KeyRange *kr, int n,
+                 const void *const *pl, const size_t *pll, int npl, char *msg, size_t msg_len)
+{
+    size_t hl;
+    *h = s_hdr(r, op, ZPS_PROTOCOL_VERSION, 0, 0, kr, n, 0, &hl);
+    return s_send_raw(r, *h, hl, pl, pll, npl, msg, msg_len);
+}
+
 static Zps__KeyRange s_kr(uint32_t key, uint64_t off, uint64_t len)
 {
     Zps__KeyRange k = ZPS__KEY_RANGE__INIT;
@@ -177,8 +188,7 @@ Test(it_ps_malformed, every_bad_request_gets_its_error_and_changes_nothing, .tim
     EXPECT(ZPS_ERR_TRAINER, "unregistered trainer");
 
     kr[1] = s_kr(plan->chunks[1].key, 0, 4096);
-    h = s_hdr(&rw, ZPS__OP__OP_PUSH, ZPS_PROTOCOL_VERSION, 0, 0, kr, 2, 0, &hl);
-    got = s_send_raw(&rw, h, hl, pl, pll, 1, msg, sizeof msg);
+    got = s_req(&rw, &h, ZPS__OP__OP_PUSH, kr, 2, pl, pll, 1, msg, sizeof msg);
     EXPECT(ZPS_ERR_FRAMES, "fewer frames than ranges");
 
     h = s_hdr(&rw, ZPS__OP__OP_PUSH, ZPS_PROTOCOL_VERSION, 0, 0, kr, 1, 0, &hl);
@@ -188,59 +198,49 @@ Test(it_ps_malformed, every_bad_request_gets_its_error_and_changes_nothing, .tim
     EXPECT(ZPS_ERR_FRAMES, "more frames than ranges");
 
     pll[0] = 4092;
-    h = s_hdr(&rw, ZPS__OP__OP_PUSH, ZPS_PROTOCOL_VERSION, 0, 0, kr, 1, 0, &hl);
-    got = s_send_raw(&rw, h, hl, pl, pll, 1, msg, sizeof msg);
+    got = s_req(&rw, &h, ZPS__OP__OP_PUSH, kr, 1, pl, pll, 1, msg, sizeof msg);
     EXPECT(ZPS_ERR_FRAMES, "frame shorter than its range");
     pll[0] = 4096;
 
     kr[0] = s_kr(plan->n_chunks + 5, 0, 4096);
-    h = s_hdr(&rw, ZPS__OP__OP_PUSH, ZPS_PROTOCOL_VERSION, 0, 0, kr, 1, 0, &hl);
-    got = s_send_raw(&rw, h, hl, pl, pll, 1, msg, sizeof msg);
+    got = s_req(&rw, &h, ZPS__OP__OP_PUSH, kr, 1, pl, pll, 1, msg, sizeof msg);
     EXPECT(ZPS_ERR_KEY, "unknown key");
 
     kr[0] = s_kr(plan->chunks[0].key, chunk0 - 10, 4096);
-    h = s_hdr(&rw, ZPS__OP__OP_PUSH, ZPS_PROTOCOL_VERSION, 0, 0, kr, 1, 0, &hl);
-    got = s_send_raw(&rw, h, hl, pl, pll, 1, msg, sizeof msg);
+    got = s_req(&rw, &h, ZPS__OP__OP_PUSH, kr, 1, pl, pll, 1, msg, sizeof msg);
     EXPECT(ZPS_ERR_RANGE, "range past the end of its chunk");
 
     kr[0] = s_kr(plan->chunks[0].key, UINT64_MAX - 2, 4096);
-    h = s_hdr(&rw, ZPS__OP__OP_PUSH, ZPS_PROTOCOL_VERSION, 0, 0, kr, 1, 0, &hl);
-    got = s_send_raw(&rw, h, hl, pl, pll, 1, msg, sizeof msg);
+    got = s_req(&rw, &h, ZPS__OP__OP_PUSH, kr, 1, pl, pll, 1, msg, sizeof msg);
     EXPECT(ZPS_ERR_RANGE, "offset that overflows");
 
     kr[0] = s_kr(plan->chunks[0].key, 0, 4094);
     pll[0] = 4094;
-    h = s_hdr(&rw, ZPS__OP__OP_PUSH, ZPS_PROTOCOL_VERSION, 0, 0, kr, 1, 0, &hl);
-    got = s_send_raw(&rw, h, hl, pl, pll, 1, msg, sizeof msg);
+    got = s_req(&rw, &h, ZPS__OP__OP_PUSH, kr, 1, pl, pll, 1, msg, sizeof msg);
     EXPECT(ZPS_ERR_RANGE, "length not a whole number of floats");
     pll[0] = 4096;
 
     kr[0] = s_kr(plan->chunks[0].key, 0, 4096);
     kr[0].dtype = ZPS__DTYPE__DTYPE_F16;
-    h = s_hdr(&rw, ZPS__OP__OP_PUSH, ZPS_PROTOCOL_VERSION, 0, 0, kr, 1, 0, &hl);
-    got = s_send_raw(&rw, h, hl, pl, pll, 1, msg, sizeof msg);
+    got = s_req(&rw, &h, ZPS__OP__OP_PUSH, kr, 1, pl, pll, 1, msg, sizeof msg);
     EXPECT(ZPS_ERR_DTYPE, "f16 dtype");
 
     /* bfloat16 is served for pushed gradients only: 2 bytes a value, finite */
     kr[0] = s_kr(plan->chunks[0].key, 0, 4096);
     kr[0].dtype = ZPS__DTYPE__DTYPE_BF16;
-    h = s_hdr(&rw, ZPS__OP__OP_PULL, ZPS_PROTOCOL_VERSION, 0, 0, kr, 1, 0, &hl);
-    got = s_send_raw(&rw, h, hl, NULL, NULL, 0, msg, sizeof msg);
+    got = s_req(&rw, &h, ZPS__OP__OP_PULL, kr, 1, NULL, NULL, 0, msg, sizeof msg);
     EXPECT(ZPS_ERR_DTYPE, "bf16 dtype on a pull");
     kr[0].length = 2047;
     pll[0] = 2047;
-    h = s_hdr(&rw, ZPS__OP__OP_PUSH, ZPS_PROTOCOL_VERSION, 0, 0, kr, 1, 0, &hl);
-    got = s_send_raw(&rw, h, hl, pl, pll, 1, msg, sizeof msg);
+    got = s_req(&rw, &h, ZPS__OP__OP_PUSH, kr, 1, pl, pll, 1, msg, sizeof msg);
     EXPECT(ZPS_ERR_RANGE, "bf16 length not a whole number of values");
     kr[0].length = 2 * chunk0 + 2;
     pll[0] = 2 * chunk0 + 2;
-    h = s_hdr(&rw, ZPS__OP__OP_PUSH, ZPS_PROTOCOL_VERSION, 0, 0, kr, 1, 0, &hl);
-    got = s_send_raw(&rw, h, hl, pl, pll, 1, msg, sizeof msg);
+    got = s_req(&rw, &h, ZPS__OP__OP_PUSH, kr, 1, pl, pll, 1, msg, sizeof msg);
     EXPECT(ZPS_ERR_RANGE, "bf16 range one value past its chunk");
     kr[0].length = 2048;
     pll[0] = 1024;
-    h = s_hdr(&rw, ZPS__OP__OP_PUSH, ZPS_PROTOCOL_VERSION, 0, 0, kr, 1, 0, &hl);
-    got = s_send_raw(&rw, h, hl, pl, pll, 1, msg, sizeof msg);
+    got = s_req(&rw, &h, ZPS__OP__OP_PUSH, kr, 1, pl, pll, 1, msg, sizeof msg);
     EXPECT(ZPS_ERR_FRAMES, "bf16 frame of half its range's bytes");
     pll[0] = 2048;
     uint16_t *b16 = zps_xmalloc(2048);
@@ -248,14 +248,12 @@ Test(it_ps_malformed, every_bad_request_gets_its_error_and_changes_nothing, .tim
         b16[i] = 0x3f80; // 1.0
     b16[999] = 0x7fc0;  // NaN
     pl[0] = b16;
-    h = s_hdr(&rw, ZPS__OP__OP_PUSH, ZPS_PROTOCOL_VERSION, 0, 0, kr, 1, 0, &hl);
-    got = s_send_raw(&rw, h, hl, pl, pll, 1, msg, sizeof msg);
+    got = s_req(&rw, &h, ZPS__OP__OP_PUSH, kr, 1, pl, pll, 1, msg, sizeof msg);
     EXPECT(ZPS_ERR_NONFINITE, "NaN in bf16 gradients");
     b16[999] = 0x3f80;
     b16[7] = 0xff80; // -Inf
     pl[0] = b16;
-    h = s_hdr(&rw, ZPS__OP__OP_PUSHPULL, ZPS_PROTOCOL_VERSION, 0, 0, kr, 1, 0, &hl);
-    got = s_send_raw(&rw, h, hl, pl, pll, 1, msg, sizeof msg);
+    got = s_req(&rw, &h, ZPS__OP__OP_PUSHPULL, kr, 1, pl, pll, 1, msg, sizeof msg);
     EXPECT(ZPS_ERR_NONFINITE, "-Inf in bf16 gradients (pushpull)");
     free(b16);
     pl[0] = good;
@@ -266,13 +264,11 @@ Test(it_ps_malformed, every_bad_request_gets_its_error_and_changes_nothing, .tim
     memcpy(bad, good, 4096);
     bad[517] = NAN;
     pl[0] = bad;
-    h = s_hdr(&rw, ZPS__OP__OP_PUSH, ZPS_PROTOCOL_VERSION, 0, 0, kr, 1, 0, &hl);
-    got = s_send_raw(&rw, h, hl, pl, pll, 1, msg, sizeof msg);
+    got = s_req(&rw, &h, ZPS__OP__OP_PUSH, kr, 1, pl, pll, 1, msg, sizeof msg);
     EXPECT(ZPS_ERR_NONFINITE, "NaN in gradients");
     bad[517] = 1.0f;
     bad[1000] = -INFINITY;
-    h = s_hdr(&rw, ZPS__OP__OP_PUSHPULL, ZPS_PROTOCOL_VERSION, 0, 0, kr, 1, 0, &hl);
-    got = s_send_raw(&rw, h, hl, pl, pll, 1, msg, sizeof msg);
+    got = s_req(&rw, &h, ZPS__OP__OP_PUSHPULL, kr, 1, pl, pll, 1, msg, sizeof msg);
     EXPECT(ZPS_ERR_NONFINITE, "-Inf in gradients (pushpull)");
     pl[0] = good;
 
@@ -286,17 +282,14 @@ Test(it_ps_malformed, every_bad_request_gets_its_error_and_changes_nothing, .tim
         nr++;
     }
     cr_assert(plan->chunks[0].count * 4 * (uint64_t)nr > 300000);
-    h = s_hdr(&rw, ZPS__OP__OP_PUSH, ZPS_PROTOCOL_VERSION, 0, 0, kr, nr, 0, &hl);
-    got = s_send_raw(&rw, h, hl, pl, pll, nr, msg, sizeof msg);
+    got = s_req(&rw, &h, ZPS__OP__OP_PUSH, kr, nr, pl, pll, nr, msg, sizeof msg);
     EXPECT(ZPS_ERR_TOO_LARGE, "oversized message");
 
     kr[0] = s_kr(plan->chunks[0].key, 0, 4096);
-    h = s_hdr(&rw, ZPS__OP__OP_PULL, ZPS_PROTOCOL_VERSION, 0, 0, kr, 1, 0, &hl);
-    got = s_send_raw(&rw, h, hl, pl, pll, 1, msg, sizeof msg);
+    got = s_req(&rw, &h, ZPS__OP__OP_PULL, kr, 1, pl, pll, 1, msg, sizeof msg);
     EXPECT(ZPS_ERR_FRAMES, "pull with a payload frame");
 
-    h = s_hdr(&rw, ZPS__OP__OP_PULL, ZPS_PROTOCOL_VERSION, 0, 0, kr, 0, 0, &hl);
-    got = s_send_raw(&rw, h, hl, NULL, NULL, 0, msg, sizeof msg);
+    got = s_req(&rw, &h, ZPS__OP__OP_PULL, kr, 0, NULL, NULL, 0, msg, sizeof msg);
     EXPECT(ZPS_ERR_FRAMES, "pull of no ranges");
 
     h = s_hdr(&rw, ZPS__OP__OP_HEARTBEAT, ZPS_PROTOCOL_VERSION, 0, 0, NULL, 0, 0, &hl);
@@ -391,8 +384,7 @@ Test(it_ps_malformed, sync_overlapping_ranges_are_refused, .timeout = 30)
      * elements are not counted as pushed */
     kr[0] = s_kr(key, 2 * q, q * 4), pl[0] = gr + 2 * q, pll[0] = q * 4;
     kr[1] = s_kr(key, 2 * q + q / 2, q * 4), pl[1] = gr + 2 * q + q / 2, pll[1] = q * 4;
-    h = s_hdr(&rw, ZPS__OP__OP_PUSH, ZPS_PROTOCOL_VERSION, 0, 0, kr, 2, 0, &hl);
-    got = s_send_raw(&rw, h, hl, pl, pll, 2, msg, sizeof msg);
+    got = s_req(&rw, &h, ZPS__OP__OP_PUSH, kr, 2, pl, pll, 2, msg, sizeof msg);
     free(h);
     cr_assert_eq(got, ZPS_ERR_INVALID, "overlap inside one request: %s", msg);
     cr_assert_eq(PUSH1(q, 2 * q), ZPS_OK, "%s", msg);
