@@ -6,6 +6,8 @@
 #   make bench      benchmarks; JSON under build/bench/
 #   make demo       the main job (see README.md)
 #   make fuzz       libFuzzer targets under tests/fuzz (clang)
+#   make gpu-bundle build here and pack bin, libs, tests and data for a GPU machine (.gpu/)
+#   make test-gpu   on a GPU machine: the GPU suite from that bundle (docs/gpu.md)
 #   make SAN=address|undefined ...   sanitizer build in build-SAN/
 #   make CUDA=0     never build the CUDA library (default CUDA=auto)
 #   make clean
@@ -72,7 +74,7 @@ TEST_BIN := $(B)/tests/zps-tests
 TEST_JOBS ?= 2
 TEST_ARGS ?=
 
-.PHONY: all deps test test-unit bench demo fuzz clean parts
+.PHONY: all deps test test-unit bench demo fuzz clean parts gpu-bundle test-gpu
 .DEFAULT_GOAL := all
 .DELETE_ON_ERROR:
 
@@ -155,6 +157,15 @@ bench: all
 
 demo: all
 	ZPS_BIN=$(abspath $(B)/bin) ZPS_ROOT=$(CURDIR) bash scripts/demo.sh $(B)
+
+# The GPU suite runs on a machine with none of our Debian libraries and no package registry:
+# gpu-bundle packs everything here, test-gpu (no build, no deps check) runs it there.
+GPU_BUNDLE ?= .gpu
+gpu-bundle: $(B)/.deps-ok
+	bash scripts/gpu-bundle $(GPU_BUNDLE)
+
+test-gpu:
+	bash scripts/test-gpu.sh $(GPU_BUNDLE)
 
 FUZZ_SRC := $(wildcard tests/fuzz/fuzz_*.c)
 fuzz: $(B)/.deps-ok $(GEN_H)

@@ -44,7 +44,8 @@ static void s_usage(FILE *f)
             "  --limit N         at most N records per split\n"
             "  --seed S          shuffle (folder) / composition (detection) seed (default 1)\n"
             "  --force           replace existing shards\n"
-            "  --src DIR         Fashion-MNIST directory (default " DS_FMNIST_DIR ")\n"
+            "  --src DIR         Fashion-MNIST directory (default $ZPS_FASHION_MNIST_DIR, else\n"
+            "                    " DS_FMNIST_DIR ")\n"
             "folder:     --name NAME (default train), --resize HxW\n"
             "detection:  --canvas PX (128), --train N (10000), --test N (2000), --min-items N (1),\n"
             "            --max-items N (6), --min-scale F (0.2), --max-scale F (0.5), --max-iou F (0.3)\n"
@@ -107,7 +108,8 @@ static bool s_num(const char *s, double lo, double hi, double *out)
 /* Returns 0 on success, 2 on a usage error (reported). */
 static int s_parse(int argc, char **argv, args *a)
 {
-    *a = (args){.src = DS_FMNIST_DIR, .name = "train", .shards = 4, .quality = 95, .seed = 1,
+    const char *fm = getenv("ZPS_FASHION_MNIST_DIR");
+    *a = (args){.src = fm && *fm ? fm : DS_FMNIST_DIR, .name = "train", .shards = 4, .quality = 95, .seed = 1,
                 .dump = -1, .trainer_n = 1, .batch = 32, .out_h = 28, .out_w = 28, .out_c = 1,
                 .threads = 1,
                 .det = {.canvas = 128, .min_items = 1, .max_items = 6, .n_train = 10000,

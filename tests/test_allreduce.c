@@ -468,7 +468,7 @@ static int s_nccl_child(int rank, void *p)
     return rc;
 }
 
-Test(it_allreduce, nccl_variant_when_a_gpu_exists, .timeout = 60)
+Test(it_gpu_nccl, allreduce_matches_the_sum, .timeout = 60)
 {
     s_seq_ctx c = {.n = 1, .seed = s_seed()};
     const char *bin = getenv("ZPS_BIN");
@@ -481,14 +481,14 @@ Test(it_allreduce, nccl_variant_when_a_gpu_exists, .timeout = 60)
     int codes[2];
     s_fork_ranks(1, s_nccl_child, &c, codes); // one rank: any single GPU
     if (codes[0] == 77) {
-        ZPS_TEST_SKIP("no CUDA device (or no CUDA library): NCCL all-reduce not run");
+        ZPS_GPU_SKIP("no CUDA device (or no CUDA library): NCCL all-reduce not run");
     }
     cr_assert_eq(codes[0], 0, "1-rank NCCL exit %d", codes[0]);
     c.n = 2;
     s_job(c.job, sizeof c.job, "nccl2", c.seed);
     s_fork_ranks(2, s_nccl_child, &c, codes);
     if (codes[0] == 77 || codes[1] == 77) {
-        ZPS_TEST_SKIP("fewer than 2 CUDA devices: 2-rank NCCL all-reduce not run");
+        ZPS_GPU_SKIP("fewer than 2 CUDA devices: 2-rank NCCL all-reduce not run");
     }
     cr_assert(codes[0] == 0 && codes[1] == 0, "2-rank NCCL exits %d %d", codes[0], codes[1]);
 }

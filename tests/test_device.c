@@ -49,6 +49,6 @@ Test(device, cuda_library_loads_when_built)
     cr_assert_not_null(k_device_cuda_lib(), "libzps_cuda.so did not load: %s", info.reason);
     cr_log_info("CUDA library loaded; %s", info.reason);
 #else
-    ZPS_TEST_SKIP("zps built without CUDA (CUDA=0 or no nvcc/cuDNN): no CUDA library to load");
+    ZPS_GPU_SKIP("zps built without CUDA (CUDA=0 or no nvcc/cuDNN): no CUDA library to load");
 #endif
 }

@@ -25,7 +25,7 @@ static void s_init(void)
     char why[256] = "";
     s_gpu = k_backend_cuda(why, sizeof why);
     if (!s_gpu)
-        ZPS_TEST_SKIP("no CUDA device: %s", why);
+        ZPS_GPU_SKIP("no CUDA device: %s", why);
 }
 
 static uint32_t s_rand(void)

@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #define ZPS_TEST_SKIP(...)                                                             \
     do {                                                                               \
@@ -17,6 +18,20 @@
         fprintf(stderr, __VA_ARGS__);                                                  \
         fputc('\n', stderr);                                                           \
         cr_skip_test("skipped");                                                       \
+    } while (0)
+
+/* A GPU test that cannot run: SKIP as above, except under the GPU suite (`make test-gpu`
+ * sets ZPS_REQUIRE_GPU=1), where a missing device or library is a failure, not a skip. */
+#define ZPS_GPU_SKIP(...)                                                              \
+    do {                                                                               \
+        const char *req_ = getenv("ZPS_REQUIRE_GPU");                                  \
+        if (req_ && *req_ && *req_ != '0') {                                           \
+            fprintf(stderr, "[FAIL] GPU required (ZPS_REQUIRE_GPU): ");                 \
+            fprintf(stderr, __VA_ARGS__);                                              \
+            fputc('\n', stderr);                                                       \
+            cr_assert_fail("GPU test could not run under ZPS_REQUIRE_GPU");           \
+        }                                                                              \
+        ZPS_TEST_SKIP(__VA_ARGS__);                                                    \
     } while (0)
 
 /* Seeded test randomness (tests/test_util.c): zt_seed_init() takes $ZPS_TEST_SEED, else a
