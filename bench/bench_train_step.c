@@ -23,6 +23,7 @@
 #include "bench/bench.h"
 #include "common/clock.h"
 #include "common/log.h"
+#include "ps/optim.h"
 #include "trainer/models/models.h"
 
 typedef struct s_shape {
@@ -55,21 +56,27 @@ static int s_zps_child(const s_shape *sh, int warmup, int steps, int fd)
     }
     for (int i = 0; i < sh->batch; i++)
         y[i] = i % 1000;
+    /* SGD momentum through the one optimizer (ps/optim.c), as the trainer applies it */
+    ps_optim_config opt;
+    ps_optim_default(&opt);
+    opt.kind = PS_OPT_MOMENTUM, opt.lr = 0.001, opt.momentum = 0.9;
+    size_t np = nn_model_param_count(m);
+    float *mom = calloc(np, sizeof *mom);
     double *t = calloc((size_t)steps, sizeof *t);
     for (int s = 0; s < warmup + steps; s++) {
         double t0 = s_now();
         float loss;
         if (nn_model_forward(m, x, y, sh->batch, 1, &loss, NULL) != ZPS_OK ||
-            nn_model_backward(m, NULL, NULL) != ZPS_OK ||
-            nn_model_sgd(m, 0.001f, 0.9f, 0.0f, 0) != ZPS_OK)
+            nn_model_backward(m, NULL, NULL) != ZPS_OK)
             return 1;
+        ps_optim_apply(&opt, (uint64_t)s, nn_model_params(m), &mom, nn_model_grads(m), np);
         if (s >= warmup)
             t[s - warmup] = s_now() - t0;
     }
     double ips = sh->batch / bench_median(t, (size_t)steps);
     if (write(fd, &ips, sizeof ips) != (ssize_t)sizeof ips)
         return 1;
-    free(t), free(x), free(y);
+    free(t), free(x), free(y), free(mom);
     nn_model_destroy(&m);
     return 0;
 }

@@ -59,8 +59,6 @@ static const k_backend s_ref = {
     .axpy = k_ref_axpy,
     .sum = k_ref_sum,
     .sumsq = k_ref_sumsq,
-    .sgd = k_ref_sgd,
-    .momentum = k_ref_momentum,
 };
 
 const k_backend *k_backend_ref(void) { return &s_ref; }
@@ -329,14 +327,4 @@ zps_status k_sum(const k_backend *be, size_t n, const float *x, double *out)
 zps_status k_sumsq(const k_backend *be, size_t n, const float *x, double *out)
 {
     S_CALL(be, sumsq, n, x, out);
-}
-zps_status k_sgd(const k_backend *be, size_t n, float lr, float weight_decay, float *w,
-                 const float *g)
-{
-    S_CALL(be, sgd, n, lr, weight_decay, w, g);
-}
-zps_status k_momentum(const k_backend *be, size_t n, float lr, float mu, float weight_decay,
-                      int nesterov, float *w, const float *g, float *v)
-{
-    S_CALL(be, momentum, n, lr, mu, weight_decay, nesterov, w, g, v);
 }

@@ -54,7 +54,6 @@ typedef enum k_op_kind {
     K_OP_SOFTMAX_XENT,
     K_OP_SMOOTH_L1,
     K_OP_ELEMENTWISE, /* fill, add, scale, axpy, reductions */
-    K_OP_OPTIMIZER,   /* sgd, momentum */
     K_OP_COUNT
 } k_op_kind;
 
@@ -152,9 +151,6 @@ struct k_backend {
     zps_status (*axpy)(size_t n, float alpha, const float *x, float *y);
     zps_status (*sum)(size_t n, const float *x, double *out);
     zps_status (*sumsq)(size_t n, const float *x, double *out);
-    zps_status (*sgd)(size_t n, float lr, float weight_decay, float *w, const float *g);
-    zps_status (*momentum)(size_t n, float lr, float mu, float weight_decay, int nesterov,
-                           float *w, const float *g, float *v);
 };
 
 /* Back-ends. ref and cpu always exist; cuda is NULL when the library or a device is absent
@@ -233,12 +229,6 @@ zps_status k_axpy(const k_backend *be, size_t n, float alpha, const float *x, fl
 /* Reductions into a host double. */
 zps_status k_sum(const k_backend *be, size_t n, const float *x, double *out);
 zps_status k_sumsq(const k_backend *be, size_t n, const float *x, double *out);
-/* w -= lr * (g + wd * w). */
-zps_status k_sgd(const k_backend *be, size_t n, float lr, float weight_decay, float *w,
-                 const float *g);
-/* PyTorch's SGD momentum: d = g + wd*w; v = mu*v + d; w -= lr * (nesterov ? d + mu*v : v). */
-zps_status k_momentum(const k_backend *be, size_t n, float lr, float mu, float weight_decay,
-                      int nesterov, float *w, const float *g, float *v);
 
 /* NCHW <-> nChw16c on the host (c a multiple of 16); src and dst must not overlap. */
 void k_to_blocked(int n, int c, int h, int w, const float *src, float *dst);

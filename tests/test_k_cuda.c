@@ -161,10 +161,6 @@ Test(k_cuda, elementwise_losses_dropout_match_ref, .init = s_init, .timeout = 60
     cr_assert_eq(k_sumsq(s_gpu, n, ga, &s1), ZPS_OK);
     k_sumsq(k_backend_ref(), n, a, &s2);
     cr_assert(fabs(s1 - s2) <= 1e-6 * s2 + 1e-9);
-    float *v = calloc(n, 4), *gv = s_up(v, n);
-    cr_assert_eq(k_momentum(s_gpu, n, 0.1f, 0.9f, 0.01f, 1, ga, gb, gv), ZPS_OK);
-    k_momentum(k_backend_ref(), n, 0.1f, 0.9f, 0.01f, 1, a, b, v);
-    s_check("momentum w", ga, a, n, 1e-6);
     int rows = s_irand(1, 9), k = s_irand(2, 20);
     float *z = s_randv((size_t)rows * k), *dz = calloc((size_t)rows * k, 4);
     int32_t lab[9];

@@ -15,6 +15,7 @@
 #include "tests/testutil.h"
 #include "common/log.h"
 #include "kernels/kernels.h"
+#include "ps/optim.h"
 #include "trainer/models/models.h"
 #include "trainer/nn/nn.h"
 
@@ -322,6 +323,12 @@ Test(nn_models, mlp_and_convnet_learn_a_separable_task, .init = s_init, .timeout
         cr_assert_eq(nn_model_create(k_backend_cpu(), &o, &m), ZPS_OK);
         /* class = which quadrant holds the bright blob */
         int n = 32;
+        /* the one optimizer (ps/optim.c), as local training uses it */
+        ps_optim_config opt;
+        ps_optim_default(&opt);
+        opt.kind = PS_OPT_MOMENTUM, opt.lr = 0.05, opt.momentum = 0.9;
+        size_t np = nn_model_param_count(m);
+        float *mom = calloc(np, sizeof *mom);
         float *x = malloc(sizeof(float) * (size_t)n * 144);
         int32_t *lab = malloc(sizeof(int32_t) * (size_t)n);
         int correct = 0;
@@ -338,12 +345,12 @@ Test(nn_models, mlp_and_convnet_learn_a_separable_task, .init = s_init, .timeout
             if (step == 0)
                 first = loss;
             cr_assert_eq(nn_model_backward(m, NULL, NULL), ZPS_OK);
-            cr_assert_eq(nn_model_sgd(m, 0.05f, 0.9f, 0.0f, 0), ZPS_OK);
+            ps_optim_apply(&opt, (uint64_t)step, nn_model_params(m), &mom, nn_model_grads(m), np);
         }
         cr_assert_eq(nn_model_eval(m, x, lab, n, &loss, &correct), ZPS_OK);
         cr_assert(correct >= n * 9 / 10, "%s: %d of %d right after training (loss %g -> %g, seed %llu)",
                   names[k], correct, n, first, loss, (unsigned long long)s_seed);
-        free(x), free(lab);
+        free(x), free(lab), free(mom);
         nn_model_destroy(&m);
     }
 }

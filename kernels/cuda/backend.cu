@@ -88,20 +88,6 @@ __global__ void g_sum(size_t n, const float *x, int sq, double *out)
     S_LOOP(i, n) acc += sq ? (double)x[i] * x[i] : (double)x[i];
     atomicAdd(out, acc);
 }
-__global__ void g_sgd(size_t n, float lr, float wd, float *w, const float *g)
-{
-    S_LOOP(i, n) w[i] -= lr * (g[i] + wd * w[i]);
-}
-__global__ void g_momentum(size_t n, float lr, float mu, float wd, int nesterov, float *w,
-                           const float *g, float *v)
-{
-    S_LOOP(i, n)
-    {
-        float d = g[i] + wd * w[i];
-        v[i] = mu * v[i] + d;
-        w[i] -= lr * (nesterov ? d + mu * v[i] : v[i]);
-    }
-}
 
 /* The same hash as k_hash_u32 (kernels.c), so masks agree across back-ends. */
 __device__ uint32_t d_hash(uint64_t seed, uint64_t index)
@@ -166,19 +152,6 @@ static zps_status s_reduce(size_t n, const float *x, int sq, double *out)
 }
 static zps_status s_sum(size_t n, const float *x, double *out) { return s_reduce(n, x, 0, out); }
 static zps_status s_sumsq(size_t n, const float *x, double *out) { return s_reduce(n, x, 1, out); }
-static zps_status s_sgd(size_t n, float lr, float wd, float *w, const float *g)
-{
-    g_sgd<<<s_blocks(n), S_T>>>(n, lr, wd, w, g);
-    S_LAUNCHED();
-    return ZPS_OK;
-}
-static zps_status s_momentum(size_t n, float lr, float mu, float wd, int nesterov, float *w,
-                             const float *g, float *v)
-{
-    g_momentum<<<s_blocks(n), S_T>>>(n, lr, mu, wd, nesterov, w, g, v);
-    S_LAUNCHED();
-    return ZPS_OK;
-}
 static zps_status s_dropout_fwd(size_t n, float p, uint64_t seed, const float *x, float *y)
 {
     uint64_t thr = (uint64_t)((double)p * 4294967296.0);
@@ -753,8 +726,6 @@ extern "C" const struct k_backend *k_cuda_backend(void)
     s_cuda.axpy = s_axpy;
     s_cuda.sum = s_sum;
     s_cuda.sumsq = s_sumsq;
-    s_cuda.sgd = s_sgd;
-    s_cuda.momentum = s_momentum;
     ok = 1;
     return &s_cuda;
 }

@@ -462,20 +462,3 @@ zps_status k_ref_sumsq(size_t n, const float *x, double *out)
     return ZPS_OK;
 }
 
-zps_status k_ref_sgd(size_t n, float lr, float weight_decay, float *w, const float *g)
-{
-    for (size_t i = 0; i < n; i++)
-        w[i] -= lr * (g[i] + weight_decay * w[i]);
-    return ZPS_OK;
-}
-
-zps_status k_ref_momentum(size_t n, float lr, float mu, float weight_decay, int nesterov,
-                          float *w, const float *g, float *v)
-{
-    for (size_t i = 0; i < n; i++) {
-        float d = g[i] + weight_decay * w[i];
-        v[i] = mu * v[i] + d;
-        w[i] -= lr * (nesterov ? d + mu * v[i] : v[i]);
-    }
-    return ZPS_OK;
-}

@@ -48,8 +48,5 @@ zps_status k_ref_scale(size_t n, float alpha, float *x);
 zps_status k_ref_axpy(size_t n, float alpha, const float *x, float *y);
 zps_status k_ref_sum(size_t n, const float *x, double *out);
 zps_status k_ref_sumsq(size_t n, const float *x, double *out);
-zps_status k_ref_sgd(size_t n, float lr, float weight_decay, float *w, const float *g);
-zps_status k_ref_momentum(size_t n, float lr, float mu, float weight_decay, int nesterov,
-                          float *w, const float *g, float *v);
 
 #endif

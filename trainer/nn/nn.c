@@ -75,7 +75,7 @@ struct nn_model {
     nn_var *vars, *stats;   // tables
     size_t nvars, nstats, cap_v, cap_s;
     size_t nparams, nstatf; // floats
-    float *params, *grads, *slots, *statbuf;
+    float *params, *grads, *statbuf;
     int train_only;         // current building section
     zps_status err;         // first building error
     int finished;
@@ -194,7 +194,6 @@ void nn_model_destroy(nn_model **pm)
         m->be->free(m->dev_block);
         m->be->free(m->params);
         m->be->free(m->grads);
-        m->be->free(m->slots);
         m->be->free(m->statbuf);
         if (!m->be->host_memory)
             m->be->free(m->labels);
@@ -918,20 +917,6 @@ zps_status nn_model_backward(nn_model *m, nn_grad_hook hook, void *ctx)
     }
     m->have_forward = 0;
     return ZPS_OK;
-}
-
-zps_status nn_model_sgd(nn_model *m, float lr, float momentum, float weight_decay, int nesterov)
-{
-    if (momentum == 0.0f && !nesterov)
-        return k_sgd(m->be, m->nparams, lr, weight_decay, m->params, m->grads);
-    if (!m->slots) {
-        m->slots = s_be_alloc(m->be, m->nparams);
-        if (!m->slots)
-            return ZPS_ERR_NOMEM;
-        ZPS_TRY(k_fill(m->be, m->nparams, 0.0f, m->slots));
-    }
-    return k_momentum(m->be, m->nparams, lr, momentum, weight_decay, nesterov, m->params,
-                      m->grads, m->slots);
 }
 
 /* ---- weights files ---- */

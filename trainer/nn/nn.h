@@ -1,12 +1,13 @@
 /* nn.h — models as ordered graphs of layers over one flat parameter buffer.
  *
- * A model owns three flat float buffers, all in its back-end's memory:
+ * A model owns two flat float buffers, both in its back-end's memory:
  *   params  the trainable variables, in declaration order (torchvision's state_dict order for
  *           inception_v3), described by the variable table: variable i is at offset
  *           sum(count[0..i-1]), so the table is contiguous and a PS shard is an offset range;
- *   grads   the same layout; nn_model_backward() overwrites it every step;
- *   slots   the same layout, created on first nn_model_sgd() with momentum (local optimizer).
- * Batchnorm running statistics (running_mean, running_var per batchnorm) are a fourth buffer
+ *   grads   the same layout; nn_model_backward() overwrites it every step.
+ * The model has no optimizer: updates are ps/optim.c's (servers, local and all-reduce
+ * training alike), and its slots belong to whoever applies them.
+ * Batchnorm running statistics (running_mean, running_var per batchnorm) are a third buffer
  * with its own table; they are not trainable and are never pushed to servers.
  *
  * Activations, their gradients and per-layer scratch live in one block planned for the
@@ -129,9 +130,6 @@ zps_status nn_model_backward(nn_model *m, nn_grad_hook hook, void *ctx);
 /* Evaluation forward (inference batchnorm): nn_model_forward with train = 0. */
 zps_status nn_model_eval(nn_model *m, const float *x, const int32_t *labels, int n, float *loss,
                          int *correct);
-/* Local update of params from grads: plain SGD when momentum == 0, else PyTorch's momentum
- * SGD (optionally Nesterov) with the model's slot buffer; weight decay on every variable. */
-zps_status nn_model_sgd(nn_model *m, float lr, float momentum, float weight_decay, int nesterov);
 
 /* ---- weights files ----
  * Little-endian binary:
