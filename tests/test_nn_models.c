@@ -1,7 +1,8 @@
 /* test_nn_models.c — the layer graph and models: Inception-v3's variable table equals
  * torchvision's (tests/ref/inception_v3_variables.tsv) name by name, with the exact counts;
  * whole-graph gradients against finite differences (branches, concat, shared inputs);
- * cpu model gradients against ref; gradient hooks; weights files; a small net learns.
+ * cpu model gradients against ref; gradient hooks; weights files; the plan per batch size;
+ * a small net learns.
  * Fresh seed per run, printed on failure (ZPS_TEST_SEED reproduces). */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -310,6 +311,42 @@ Test(nn_models, weights_file_round_trip_and_rejections, .init = s_init, .timeout
     unlink(path);
     free(x), free(labels);
     nn_model_destroy(&a), nn_model_destroy(&b), nn_model_destroy(&c);
+}
+
+/* The planner's contract (nn.h): nothing is planned before a forward, a batch size plans
+ * once and later steps of that size reuse the same buffers, a new size re-plans. */
+Test(nn_models, a_batch_size_is_planned_once, .init = s_init, .timeout = 30)
+{
+    nn_model_opts o;
+    nn_model_opts_default(&o, "convnet");
+    o.seed = zt_rand();
+    nn_model *m;
+    cr_assert_eq(nn_model_create(k_backend_cpu(), &o, &m), ZPS_OK);
+    cr_assert_eq(nn_model_activation_bytes(m), 0u);
+    float *x, *t, *t2;
+    int32_t *labels;
+    int tn, tc, th, tw;
+    s_batch(m, 8, &x, &labels);
+    float loss;
+    cr_assert_eq(nn_model_forward(m, x, labels, 8, 1, &loss, NULL), ZPS_OK);
+    cr_assert_eq(nn_model_backward(m, NULL, NULL), ZPS_OK);
+    size_t b8 = nn_model_activation_bytes(m);
+    cr_assert_eq(nn_model_tensor(m, "conv2", &t, &tn, &tc, &th, &tw), ZPS_OK);
+    cr_assert_eq(tn, 8);
+    cr_assert_eq(nn_model_forward(m, x, labels, 8, 1, &loss, NULL), ZPS_OK);
+    cr_assert_eq(nn_model_backward(m, NULL, NULL), ZPS_OK);
+    cr_assert_eq(nn_model_eval(m, x, labels, 8, &loss, NULL), ZPS_OK);
+    cr_assert_eq(nn_model_activation_bytes(m), b8);
+    cr_assert_eq(nn_model_tensor(m, "conv2", &t2, &tn, &tc, &th, &tw), ZPS_OK);
+    cr_assert_eq(t2, t, "the same batch size must not plan again");
+    cr_assert_eq(nn_model_eval(m, x, labels, 5, &loss, NULL), ZPS_OK);
+    cr_assert_eq(nn_model_tensor(m, "conv2", &t2, &tn, &tc, &th, &tw), ZPS_OK);
+    cr_assert_eq(tn, 5);
+    cr_assert_lt(nn_model_activation_bytes(m), b8);
+    cr_assert_eq(nn_model_forward(m, x, labels, 8, 1, &loss, NULL), ZPS_OK);
+    cr_assert_eq(nn_model_activation_bytes(m), b8);
+    free(x), free(labels);
+    nn_model_destroy(&m);
 }
 
 Test(nn_models, mlp_and_convnet_learn_a_separable_task, .init = s_init, .timeout = 60)

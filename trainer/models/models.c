@@ -62,48 +62,56 @@ static int s_bc1(s_inc *b, const char *br, int in, int k, int r, int stride, int
     return s_bc(b, br, in, k, r, r, stride, pad, pad, 0.1f);
 }
 
-static int s_pool_name(s_inc *b, char *buf, size_t len)
+/* Starts block name: the layers added next are named name.branch, the concat name. */
+static void s_block(s_inc *b, const char *name)
 {
-    snprintf(buf, len, "%s.pool", b->block);
-    return 0;
+    snprintf(b->block, sizeof b->block, "%s", name);
+}
+
+/* The pool branch of InceptionA, C and E: 3x3 average pool (stride 1), 1x1 BasicConv2d. */
+static int s_avg_branch(s_inc *b, int x, int features)
+{
+    char pn[96];
+    snprintf(pn, sizeof pn, "%s.pool", b->block);
+    int bp = nn_avgpool(b->m, pn, x, 3, 1, 1);
+    return s_bc1(b, "branch_pool", bp, features, 1, 1, 0);
+}
+
+/* The pool branch of InceptionB and D: 3x3 max pool, stride 2. */
+static int s_max_branch(s_inc *b, int x)
+{
+    char pn[96];
+    snprintf(pn, sizeof pn, "%s.pool", b->block);
+    return nn_maxpool(b->m, pn, x, 3, 2, 0);
 }
 
 static int s_inception_a(s_inc *b, const char *name, int x, int pool_features)
 {
-    snprintf(b->block, sizeof b->block, "%s", name);
-    char pn[96];
-    s_pool_name(b, pn, sizeof pn);
+    s_block(b, name);
     int b1 = s_bc1(b, "branch1x1", x, 64, 1, 1, 0);
     int b5 = s_bc1(b, "branch5x5_1", x, 48, 1, 1, 0);
     b5 = s_bc1(b, "branch5x5_2", b5, 64, 5, 1, 2);
     int b3 = s_bc1(b, "branch3x3dbl_1", x, 64, 1, 1, 0);
     b3 = s_bc1(b, "branch3x3dbl_2", b3, 96, 3, 1, 1);
     b3 = s_bc1(b, "branch3x3dbl_3", b3, 96, 3, 1, 1);
-    int bp = nn_avgpool(b->m, pn, x, 3, 1, 1);
-    bp = s_bc1(b, "branch_pool", bp, pool_features, 1, 1, 0);
-    int ins[4] = {b1, b5, b3, bp};
-    return nn_concat(b->m, name, 4, ins);
+    int bp = s_avg_branch(b, x, pool_features);
+    return nn_concat(b->m, name, 4, (int[]){b1, b5, b3, bp});
 }
 
 static int s_inception_b(s_inc *b, const char *name, int x)
 {
-    snprintf(b->block, sizeof b->block, "%s", name);
-    char pn[96];
-    s_pool_name(b, pn, sizeof pn);
+    s_block(b, name);
     int b3 = s_bc1(b, "branch3x3", x, 384, 3, 2, 0);
     int bd = s_bc1(b, "branch3x3dbl_1", x, 64, 1, 1, 0);
     bd = s_bc1(b, "branch3x3dbl_2", bd, 96, 3, 1, 1);
     bd = s_bc1(b, "branch3x3dbl_3", bd, 96, 3, 2, 0);
-    int bp = nn_maxpool(b->m, pn, x, 3, 2, 0);
-    int ins[3] = {b3, bd, bp};
-    return nn_concat(b->m, name, 3, ins);
+    int bp = s_max_branch(b, x);
+    return nn_concat(b->m, name, 3, (int[]){b3, bd, bp});
 }
 
 static int s_inception_c(s_inc *b, const char *name, int x, int c7)
 {
-    snprintf(b->block, sizeof b->block, "%s", name);
-    char pn[96];
-    s_pool_name(b, pn, sizeof pn);
+    s_block(b, name);
     int b1 = s_bc1(b, "branch1x1", x, 192, 1, 1, 0);
     int b7 = s_bc1(b, "branch7x7_1", x, c7, 1, 1, 0);
     b7 = s_bc(b, "branch7x7_2", b7, c7, 1, 7, 1, 0, 3, 0.1f);
@@ -113,34 +121,27 @@ static int s_inception_c(s_inc *b, const char *name, int x, int c7)
     bd = s_bc(b, "branch7x7dbl_3", bd, c7, 1, 7, 1, 0, 3, 0.1f);
     bd = s_bc(b, "branch7x7dbl_4", bd, c7, 7, 1, 1, 3, 0, 0.1f);
     bd = s_bc(b, "branch7x7dbl_5", bd, 192, 1, 7, 1, 0, 3, 0.1f);
-    int bp = nn_avgpool(b->m, pn, x, 3, 1, 1);
-    bp = s_bc1(b, "branch_pool", bp, 192, 1, 1, 0);
-    int ins[4] = {b1, b7, bd, bp};
-    return nn_concat(b->m, name, 4, ins);
+    int bp = s_avg_branch(b, x, 192);
+    return nn_concat(b->m, name, 4, (int[]){b1, b7, bd, bp});
 }
 
 static int s_inception_d(s_inc *b, const char *name, int x)
 {
-    snprintf(b->block, sizeof b->block, "%s", name);
-    char pn[96];
-    s_pool_name(b, pn, sizeof pn);
+    s_block(b, name);
     int b3 = s_bc1(b, "branch3x3_1", x, 192, 1, 1, 0);
     b3 = s_bc1(b, "branch3x3_2", b3, 320, 3, 2, 0);
     int b7 = s_bc1(b, "branch7x7x3_1", x, 192, 1, 1, 0);
     b7 = s_bc(b, "branch7x7x3_2", b7, 192, 1, 7, 1, 0, 3, 0.1f);
     b7 = s_bc(b, "branch7x7x3_3", b7, 192, 7, 1, 1, 3, 0, 0.1f);
     b7 = s_bc1(b, "branch7x7x3_4", b7, 192, 3, 2, 0);
-    int bp = nn_maxpool(b->m, pn, x, 3, 2, 0);
-    int ins[3] = {b3, b7, bp};
-    return nn_concat(b->m, name, 3, ins);
+    int bp = s_max_branch(b, x);
+    return nn_concat(b->m, name, 3, (int[]){b3, b7, bp});
 }
 
 /* InceptionE: the two inner concats are flattened into one (same channel order). */
 static int s_inception_e(s_inc *b, const char *name, int x)
 {
-    snprintf(b->block, sizeof b->block, "%s", name);
-    char pn[96];
-    s_pool_name(b, pn, sizeof pn);
+    s_block(b, name);
     int b1 = s_bc1(b, "branch1x1", x, 320, 1, 1, 0);
     int b3 = s_bc1(b, "branch3x3_1", x, 384, 1, 1, 0);
     int b3a = s_bc(b, "branch3x3_2a", b3, 384, 1, 3, 1, 0, 1, 0.1f);
@@ -149,10 +150,50 @@ static int s_inception_e(s_inc *b, const char *name, int x)
     bd = s_bc1(b, "branch3x3dbl_2", bd, 384, 3, 1, 1);
     int bda = s_bc(b, "branch3x3dbl_3a", bd, 384, 1, 3, 1, 0, 1, 0.1f);
     int bdb = s_bc(b, "branch3x3dbl_3b", bd, 384, 3, 1, 1, 1, 0, 0.1f);
-    int bp = nn_avgpool(b->m, pn, x, 3, 1, 1);
-    bp = s_bc1(b, "branch_pool", bp, 192, 1, 1, 0);
-    int ins[6] = {b1, b3a, b3b, bda, bdb, bp};
-    return nn_concat(b->m, name, 6, ins);
+    int bp = s_avg_branch(b, x, 192);
+    return nn_concat(b->m, name, 6, (int[]){b1, b3a, b3b, bda, bdb, bp});
+}
+
+/* torchvision's InceptionAux on x = Mixed_6e, training only; *logits is -1 when it is off.
+ * ZPS_ERR_INVALID when asked for where Mixed_6e is too small for its 5x5/3 pool and 5x5
+ * conv. */
+static zps_status s_aux_head(s_inc *b, const nn_model_opts *o, int x, int *logits)
+{
+    *logits = -1;
+    if (x < 0)
+        return ZPS_OK; // a layer call failed; nn_model_finish reports it
+    float *d;
+    int n, c, h, w;
+    nn_model_tensor(b->m, "Mixed_6e", &d, &n, &c, &h, &w);
+    int fits = h >= 17 && w >= 17;
+    int aux = o->aux < 0 ? fits : o->aux;
+    if (aux && !fits) {
+        zps_log(ZPS_ERROR, "models", "inception_v3 aux head needs Mixed_6e at least 17x17 "
+                "(input 299); it is %dx%d at input %d", h, w, o->in_size);
+        return ZPS_ERR_INVALID;
+    }
+    if (!aux)
+        return ZPS_OK;
+    nn_model_train_only(b->m, 1);
+    s_block(b, "AuxLogits");
+    int a = nn_avgpool(b->m, "AuxLogits.pool", x, 5, 3, 0);
+    a = s_bc(b, "conv0", a, 128, 1, 1, 1, 0, 0, 0.1f);
+    a = s_bc(b, "conv1", a, 768, 5, 5, 1, 0, 0, 0.01f);
+    a = nn_gap(b->m, "AuxLogits.gap", a);
+    *logits = nn_dense(b->m, "AuxLogits.fc", a, o->classes, 0, 0.001f);
+    nn_model_train_only(b->m, 0);
+    return ZPS_OK;
+}
+
+static zps_status s_finish(nn_model *m, const nn_model_opts *o, nn_model **out)
+{
+    zps_status st = nn_model_finish(m, o->seed);
+    if (st != ZPS_OK) {
+        nn_model_destroy(&m);
+        return st;
+    }
+    *out = m;
+    return ZPS_OK;
 }
 
 static zps_status s_inception_v3(const k_backend *be, const nn_model_opts *o, nn_model **out)
@@ -180,29 +221,11 @@ static zps_status s_inception_v3(const k_backend *be, const nn_model_opts *o, nn
     x = s_inception_c(&b, "Mixed_6c", x, 160);
     x = s_inception_c(&b, "Mixed_6d", x, 160);
     x = s_inception_c(&b, "Mixed_6e", x, 192);
-    int aux_logits = -1;
-    if (x >= 0) {
-        float *d;
-        int n, c, h, w;
-        nn_model_tensor(m, "Mixed_6e", &d, &n, &c, &h, &w);
-        int fits = h >= 17 && w >= 17;
-        int aux = o->aux < 0 ? fits : o->aux;
-        if (aux && !fits) {
-            zps_log(ZPS_ERROR, "models", "inception_v3 aux head needs Mixed_6e at least 17x17 "
-                    "(input 299); it is %dx%d at input %d", h, w, o->in_size);
-            nn_model_destroy(&m);
-            return ZPS_ERR_INVALID;
-        }
-        if (aux) {
-            nn_model_train_only(m, 1);
-            snprintf(b.block, sizeof b.block, "AuxLogits");
-            int a = nn_avgpool(m, "AuxLogits.pool", x, 5, 3, 0);
-            a = s_bc(&b, "conv0", a, 128, 1, 1, 1, 0, 0, 0.1f);
-            a = s_bc(&b, "conv1", a, 768, 5, 5, 1, 0, 0, 0.01f);
-            a = nn_gap(m, "AuxLogits.gap", a);
-            aux_logits = nn_dense(m, "AuxLogits.fc", a, o->classes, 0, 0.001f);
-            nn_model_train_only(m, 0);
-        }
+    int aux_logits;
+    zps_status st = s_aux_head(&b, o, x, &aux_logits);
+    if (st != ZPS_OK) {
+        nn_model_destroy(&m);
+        return st;
     }
     x = s_inception_d(&b, "Mixed_7a", x);
     x = s_inception_e(&b, "Mixed_7b", x);
@@ -213,24 +236,7 @@ static zps_status s_inception_v3(const k_backend *be, const nn_model_opts *o, nn
     nn_model_head(m, x, 1.0f);
     if (aux_logits >= 0)
         nn_model_head(m, aux_logits, o->aux_weight);
-    zps_status st = nn_model_finish(m, o->seed);
-    if (st != ZPS_OK) {
-        nn_model_destroy(&m);
-        return st;
-    }
-    *out = m;
-    return ZPS_OK;
-}
-
-static zps_status s_finish(nn_model *m, const nn_model_opts *o, nn_model **out)
-{
-    zps_status st = nn_model_finish(m, o->seed);
-    if (st != ZPS_OK) {
-        nn_model_destroy(&m);
-        return st;
-    }
-    *out = m;
-    return ZPS_OK;
+    return s_finish(m, o, out);
 }
 
 zps_status nn_model_create(const k_backend *be, const nn_model_opts *o, nn_model **out)

@@ -1,0 +1,326 @@
+/* memplan.c — the memory plan of a model for one batch size (see nn.h, nn_int.h).
+ *
+ * One block holds, in this order: every tensor's activation, each conv+bn node's scratch
+ * (pre-batchnorm output, batch mean and variance), the two step scratches (tmp_pre: the
+ * largest conv output, tmp_acc: the largest tensor) and the gradient pool. Every piece is
+ * rounded to 16 floats (64 bytes), so a piece's place depends only on the shapes before it.
+ *
+ * Invariants:
+ *   - a plan is made for one batch size and kept until the size changes: the same size never
+ *     allocates again (the arena is reset and asked for the same bytes, so it does not grow;
+ *     a device block is only freed and taken again on a new size);
+ *   - a gradient buffer is live from its tensor's first consumer's backward (in backward
+ *     order; the loss heads first) to its producer's backward, and buffers whose lives do not
+ *     overlap share pool space (first fit); the input (tensor 0) has no gradient;
+ *   - the layouts are chosen for the whole graph at once: either every edge agrees on the
+ *     back-end's blocked layout where it prefers it, or everything is plain NCHW.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/check.h"
+#include "common/log.h"
+#include "common/mem.h"
+#include "trainer/nn/nn_int.h"
+
+static size_t s_round(size_t nfloats) { return (nfloats + 15) & ~(size_t)15; }
+
+/* ---- first-fit allocator over a linear pool of floats, for gradient buffers ---- */
+
+typedef struct s_pool_alloc {
+    size_t *off, *len; // free blocks, sorted by offset
+    int n, cap;
+    size_t top;        // end of the highest block in use
+    size_t peak;       // largest top seen: the pool size
+} s_pool_alloc;
+
+/* Removes free block i. */
+static void s_pa_remove(s_pool_alloc *pa, int i)
+{
+    memmove(pa->off + i, pa->off + i + 1, sizeof(size_t) * (size_t)(pa->n - i - 1));
+    memmove(pa->len + i, pa->len + i + 1, sizeof(size_t) * (size_t)(pa->n - i - 1));
+    pa->n--;
+}
+
+static size_t s_pa_alloc(s_pool_alloc *pa, size_t len)
+{
+    for (int i = 0; i < pa->n; i++)
+        if (pa->len[i] >= len) {
+            size_t o = pa->off[i];
+            pa->off[i] += len, pa->len[i] -= len;
+            if (pa->len[i] == 0)
+                s_pa_remove(pa, i);
+            return o;
+        }
+    size_t o = pa->top;
+    pa->top += len;
+    if (pa->top > pa->peak)
+        pa->peak = pa->top;
+    return o;
+}
+
+static void s_pa_free(s_pool_alloc *pa, size_t off, size_t len)
+{
+    if (pa->n == pa->cap) {
+        pa->cap = pa->cap ? 2 * pa->cap : 32;
+        pa->off = zps_xrealloc(pa->off, sizeof(size_t) * (size_t)pa->cap);
+        pa->len = zps_xrealloc(pa->len, sizeof(size_t) * (size_t)pa->cap);
+    }
+    int i = 0;
+    while (i < pa->n && pa->off[i] < off)
+        i++;
+    memmove(pa->off + i + 1, pa->off + i, sizeof(size_t) * (size_t)(pa->n - i));
+    memmove(pa->len + i + 1, pa->len + i, sizeof(size_t) * (size_t)(pa->n - i));
+    pa->off[i] = off, pa->len[i] = len, pa->n++;
+    /* merge with neighbours, and give the end of the pool back to top */
+    if (i + 1 < pa->n && pa->off[i] + pa->len[i] == pa->off[i + 1]) {
+        pa->len[i] += pa->len[i + 1];
+        s_pa_remove(pa, i + 1);
+    }
+    if (i > 0 && pa->off[i - 1] + pa->len[i - 1] == pa->off[i]) {
+        pa->len[i - 1] += pa->len[i];
+        s_pa_remove(pa, i);
+    }
+    if (pa->n > 0 && pa->off[pa->n - 1] + pa->len[pa->n - 1] == pa->top) {
+        pa->top = pa->off[pa->n - 1];
+        pa->n--;
+    }
+}
+
+/* ---- layouts and descriptors ---- */
+
+/* Chooses the blocked layout for every tensor the back-end prefers it for, when the whole
+ * graph can stay blocked between its edges: concat inputs agree, and dense layers read either
+ * plain tensors or 1x1 maps (where blocked equals NCHW). Otherwise everything stays NCHW. */
+static void s_layouts(nn_model *m)
+{
+    int ok = m->be->prefers_blocked != NULL;
+    for (int t = 0; t < m->nt; t++)
+        m->t[t].blocked = 0;
+    for (int i = 0; ok && i < m->nn; i++) {
+        nn_node *nd = &m->nodes[i];
+        nn_tensor *x = &m->t[nd->in[0]], *y = &m->t[nd->out];
+        switch (nd->kind) {
+        case NN_CONV_BN:
+            y->blocked = m->be->prefers_blocked(y->c);
+            break;
+        case NN_CONCAT:
+            for (int j = 1; j < nd->nin; j++)
+                ok &= m->t[nd->in[j]].blocked == x->blocked;
+            y->blocked = x->blocked;
+            break;
+        case NN_DENSE:
+            ok &= !x->blocked || (x->h == 1 && x->w == 1);
+            break;
+        default:
+            y->blocked = x->blocked;
+            break;
+        }
+    }
+    if (!ok)
+        for (int t = 0; t < m->nt; t++)
+            m->t[t].blocked = 0;
+}
+
+/* The op descriptors of node nd for n samples, in the layouts s_layouts chose. */
+static zps_status s_describe(nn_model *m, nn_node *nd, int n)
+{
+    const nn_tensor *x = &m->t[nd->in[0]];
+    switch (nd->kind) {
+    case NN_CONV_BN:
+        ZPS_TRY(k_conv2d_init(&nd->conv, n, x->c, x->h, x->w, nd->k, nd->r, nd->s, nd->sh,
+                              nd->sw, nd->ph, nd->pw));
+        nd->conv.x_blocked = x->blocked;
+        nd->conv.y_blocked = m->t[nd->out].blocked;
+        nd->bn = (k_bn){.n = n, .c = nd->k, .h = nd->conv.oh, .w = nd->conv.ow,
+                        .eps = 0.001f, .momentum = 0.1f, .relu = 1,
+                        .blocked = m->t[nd->out].blocked};
+        return ZPS_OK;
+    case NN_MAXPOOL:
+    case NN_AVGPOOL:
+        ZPS_TRY(k_pool_init(&nd->pool, nd->kind == NN_MAXPOOL ? K_POOL_MAX : K_POOL_AVG, n,
+                            x->c, x->h, x->w, nd->r, nd->s, nd->sh, nd->sw, nd->ph, nd->pw));
+        nd->pool.blocked = x->blocked;
+        return ZPS_OK;
+    case NN_GAP:
+        ZPS_TRY(k_pool_init(&nd->pool, K_POOL_AVG, n, x->c, x->h, x->w, x->h, x->w, 1, 1, 0,
+                            0));
+        nd->pool.blocked = x->blocked;
+        return ZPS_OK;
+    case NN_DENSE:
+        nd->dense = (k_dense){.n = n, .in = x->c * x->h * x->w, .out = nd->k};
+        return ZPS_OK;
+    default:
+        return ZPS_OK;
+    }
+}
+
+static void s_release_descriptors(nn_model *m)
+{
+    for (int i = 0; i < m->nn; i++) {
+        nn_node *nd = &m->nodes[i];
+        k_op_release(m->be, &nd->conv.impl);
+        k_op_release(m->be, &nd->bn.impl);
+        k_op_release(m->be, &nd->pool.impl);
+        k_op_release(m->be, &nd->dense.impl);
+    }
+}
+
+/* ---- placing the pieces of the block ---- */
+
+/* Where each piece goes, in floats from the start of the block. */
+typedef struct s_offsets {
+    size_t *x;      // (nt) activations
+    size_t *g;      // (nt) gradients, from the start of the gradient pool
+    char *has;      // (nt) the tensor gets a gradient buffer
+    size_t *node;   // (nn) conv+bn scratch
+    size_t tmp_pre; // conv+bn gradient before batchnorm
+    size_t tmp_acc; // gradient of a tensor already set
+    size_t gpool;   // the gradient pool
+    size_t total;   // floats in the block
+} s_offsets;
+
+static void s_offsets_free(s_offsets *o)
+{
+    free(o->x), free(o->g), free(o->has), free(o->node);
+}
+
+/* Activations, then the nodes' descriptors and scratch, then the two step scratches. */
+static zps_status s_place_forward(nn_model *m, int n, s_offsets *o)
+{
+    size_t max_pre = 0, max_t = 0;
+    for (int t = 0; t < m->nt; t++) {
+        o->x[t] = o->total;
+        o->total += s_round(nn_tensor_floats(m, t, n));
+        if (nn_tensor_floats(m, t, n) > max_t)
+            max_t = nn_tensor_floats(m, t, n);
+    }
+    for (int i = 0; i < m->nn; i++) {
+        nn_node *nd = &m->nodes[i];
+        o->node[i] = o->total;
+        ZPS_TRY(s_describe(m, nd, n));
+        if (nd->kind != NN_CONV_BN)
+            continue;
+        o->total += s_round(nn_tensor_floats(m, nd->out, n)) + 2 * s_round((size_t)nd->k);
+        if (nn_tensor_floats(m, nd->out, n) > max_pre)
+            max_pre = nn_tensor_floats(m, nd->out, n);
+    }
+    o->tmp_pre = o->total;
+    o->total += s_round(max_pre);
+    o->tmp_acc = o->total;
+    o->total += s_round(max_t);
+    return ZPS_OK;
+}
+
+/* The gradient pool, walking backward: a buffer is taken at its first consumer (the loss
+ * heads are consumed first of all) and given back at its producer. */
+static void s_place_gradients(nn_model *m, int n, s_offsets *o)
+{
+    s_pool_alloc pa = {0};
+    for (int h = 0; h < m->nheads; h++) {
+        int t = m->heads[h].t;
+        o->g[t] = s_pa_alloc(&pa, s_round(nn_tensor_floats(m, t, n)));
+        o->has[t] = 1;
+    }
+    for (int i = m->nn - 1; i >= 0; i--) {
+        nn_node *nd = &m->nodes[i];
+        for (int j = 0; j < nd->nin; j++) {
+            int t = nd->in[j];
+            if (t != 0 && !o->has[t]) {
+                o->g[t] = s_pa_alloc(&pa, s_round(nn_tensor_floats(m, t, n)));
+                o->has[t] = 1;
+            }
+        }
+        if (o->has[nd->out])
+            s_pa_free(&pa, o->g[nd->out], s_round(nn_tensor_floats(m, nd->out, n)));
+    }
+    o->gpool = o->total;
+    o->total += pa.peak;
+    free(pa.off);
+    free(pa.len);
+}
+
+/* The block itself: from the arena on host back-ends (reset, so the same size reuses the
+ * same memory), from the back-end's allocator otherwise, with a device buffer for labels. */
+static zps_status s_take_block(nn_model *m, int n, size_t bytes, float **base)
+{
+    if (m->be->host_memory) {
+        if (!m->arena)
+            m->arena = zps_arena_new(0);
+        zps_arena_reset(m->arena);
+        *base = zps_arena_alloc(m->arena, bytes);
+        return ZPS_OK;
+    }
+    m->be->free(m->dev_block);
+    m->be->free(m->labels);
+    m->dev_block = m->be->alloc(bytes);
+    m->labels = m->be->alloc(sizeof(int32_t) * (size_t)n);
+    if (!m->dev_block || !m->labels)
+        return ZPS_ERR_NOMEM;
+    *base = m->dev_block;
+    return ZPS_OK;
+}
+
+static void s_bind(nn_model *m, int n, const s_offsets *o, float *base)
+{
+    for (int t = 0; t < m->nt; t++) {
+        m->t[t].x = base + o->x[t];
+        m->t[t].has_dx = o->has[t];
+        m->t[t].dx = o->has[t] ? base + o->gpool + o->g[t] : NULL;
+    }
+    for (int i = 0; i < m->nn; i++) {
+        nn_node *nd = &m->nodes[i];
+        if (nd->kind == NN_CONV_BN) {
+            nd->pre = base + o->node[i];
+            nd->mean = nd->pre + s_round(nn_tensor_floats(m, nd->out, n));
+            nd->var = nd->mean + s_round((size_t)nd->k);
+        }
+    }
+    m->tmp_pre = base + o->tmp_pre;
+    m->tmp_acc = base + o->tmp_acc;
+}
+
+zps_status nn_plan(nn_model *m, int n)
+{
+    if (m->plan_n == n)
+        return ZPS_OK;
+    s_release_descriptors(m);
+    m->plan_n = 0, m->plan_bytes = 0;
+    s_layouts(m);
+    s_offsets o = {
+        .x = zps_xcalloc((size_t)m->nt, sizeof(size_t)),
+        .g = zps_xcalloc((size_t)m->nt, sizeof(size_t)),
+        .has = zps_xcalloc((size_t)m->nt, 1),
+        .node = zps_xcalloc((size_t)m->nn, sizeof(size_t)),
+    };
+    zps_status st = s_place_forward(m, n, &o);
+    float *base = NULL;
+    size_t bytes = 0;
+    if (st == ZPS_OK) {
+        s_place_gradients(m, n, &o);
+        bytes = o.total * sizeof(float) + 64;
+        st = s_take_block(m, n, bytes, &base);
+    }
+    if (st == ZPS_OK) {
+        s_bind(m, n, &o, base);
+        m->plan_n = n;
+        m->plan_bytes = bytes;
+        zps_log(ZPS_DEBUG, "nn", "planned batch %d: %.1f MiB of activations and gradients", n,
+                (double)bytes / (1 << 20));
+    }
+    s_offsets_free(&o);
+    return st;
+}
+
+void nn_plan_free(nn_model *m)
+{
+    s_release_descriptors(m);
+    zps_arena_destroy(&m->arena);
+    if (m->be) {
+        m->be->free(m->dev_block);
+        if (!m->be->host_memory)
+            m->be->free(m->labels);
+    }
+    m->dev_block = NULL, m->labels = NULL;
+    m->plan_n = 0;
+}

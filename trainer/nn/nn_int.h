@@ -1,0 +1,119 @@
+/* nn_int.h — what the files of trainer/nn share; not part of the API (that is nn.h).
+ *
+ *   graph.c    building: layer calls, loss heads, variable tables, initialisation, finish,
+ *              introspection, destroy;
+ *   memplan.c  the memory plan: layouts, op descriptors, activation and gradient buffers for
+ *              one batch size;
+ *   nn.c       the step: forward, loss heads, backward with its gradient hooks;
+ *   weights.c  the weights file format and model save/load.
+ *
+ * Invariants every file relies on:
+ *   - nodes run forward in the order they were added and backward in reverse; a node's
+ *     variables are declared when it is added, so backward completes variables in decreasing
+ *     table order and each node's range [var0, var0 + nvars) is contiguous;
+ *   - every tensor has at most one producer; tensor 0 is the input (no gradient);
+ *   - plan_n != 0 means every tensor's x (and dx where has_dx), every node's descriptors and
+ *     scratch, tmp_pre and tmp_acc point into the block planned for plan_n samples.
+ */
+#ifndef ZPS_TRAINER_NN_NN_INT_H
+#define ZPS_TRAINER_NN_NN_INT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/mem.h"
+#include "trainer/nn/nn.h"
+
+enum { NN_MAX_IN = 8, NN_MAX_HEADS = 4 };
+
+typedef enum nn_kind {
+    NN_CONV_BN,
+    NN_MAXPOOL,
+    NN_AVGPOOL,
+    NN_GAP,
+    NN_CONCAT,
+    NN_DROPOUT,
+    NN_DENSE
+} nn_kind;
+
+typedef struct nn_tensor {
+    char name[96];   // name of the producing layer ("input" for tensor 0)
+    int c, h, w;     // per-sample shape
+    float *x;        // (n, c, h, w) activation, planned
+    float *dx;       // gradient, planned (shares the gradient pool)
+    int dx_set;      // gradient written this backward
+    int has_dx;      // the plan gave it a gradient buffer
+    int blocked;     // kept in the back-end's blocked layout (kernels.h)
+} nn_tensor;
+
+typedef struct nn_node {
+    nn_kind kind;
+    char name[96];
+    int in[NN_MAX_IN];  // input tensor ids
+    int nin;            // number of inputs
+    int out;            // output tensor id
+    int train_only;     // skipped in evaluation
+    int k, r, s, sh, sw, ph, pw; // conv / pool geometry (k: out channels or features)
+    int relu;           // dense: ReLU after
+    float p;            // dropout rate
+    float std;          // init standard deviation
+    size_t var0, nvars; // range in the variable table
+    size_t stat0;       // first statistic (batchnorm)
+    k_conv2d conv;      // planned descriptors
+    k_bn bn;
+    k_pool pool;
+    k_dense dense;
+    float *pre;         // conv output before batchnorm (n, k, oh, ow)
+    float *mean, *var;  // batch statistics (k)
+    uint64_t seed;      // dropout seed of the last forward
+} nn_node;
+
+typedef struct nn_head {
+    int t;        // logits tensor
+    float weight; // loss weight
+} nn_head;
+
+struct nn_model {
+    const k_backend *be;
+    nn_tensor *t;           // tensors (nt)
+    int nt, cap_t;
+    nn_node *nodes;         // layers (nn)
+    int nn, cap_n;
+    nn_head heads[NN_MAX_HEADS];
+    int nheads;
+    nn_var *vars, *stats;   // tables
+    size_t nvars, nstats, cap_v, cap_s;
+    size_t nparams, nstatf; // floats
+    float *params, *grads, *statbuf;
+    int train_only;         // current building section
+    zps_status err;         // first building error
+    int finished;
+    /* plan (memplan.c) */
+    int plan_n;             // batch size planned (0: none)
+    size_t plan_bytes;
+    zps_arena *arena;       // host back-ends
+    void *dev_block;        // non-host back-ends
+    float *tmp_pre;         // conv+bn: gradient before batchnorm
+    float *tmp_acc;         // gradient of a tensor already set, before adding
+    int32_t *labels;        // device copy of labels (non-host back-ends)
+    /* step (nn.c) */
+    int have_forward;       // a training forward ran since the last backward
+    uint64_t step;          // forward counter (dropout seeds)
+    uint64_t seed;          // init seed
+    nn_grad_hook fwd_hook;  // called before a layer with parameters runs forward
+    void *fwd_ctx;
+};
+
+/* Floats of tensor t for n samples. */
+static inline size_t nn_tensor_floats(const nn_model *m, int t, int n)
+{
+    return (size_t)n * m->t[t].c * m->t[t].h * m->t[t].w;
+}
+
+/* memplan.c: makes plan_n == n (nothing to do when it already is). On failure no plan is
+ * left (plan_n == 0). */
+zps_status nn_plan(nn_model *m, int n);
+/* memplan.c: everything the plans took (descriptors, block, label buffer); for destroy. */
+void nn_plan_free(nn_model *m);
+
+#endif
