@@ -34,22 +34,57 @@ Test(ps_curve, key_validity)
     cr_assert_not(ps_curve_key_valid(bad, 40));
 }
 
+/* A fresh public key holding '#' into key. '#' is a Z85 character: a key may hold it, just
+ * never first (a group starting with '#' would exceed 2^32), so '#' lines are comments and
+ * '#' inside a key is not. */
+static void s_key_with_hash(char key[41])
+{
+    char sec[41];
+    key[0] = 0;
+    for (int tries = 0; tries < 100000 && !key[0]; tries++) {
+        char p[41];
+        cr_assert_eq(zmq_curve_keypair(p, sec), 0);
+        cr_assert_neq(p[0], '#');
+        if (strchr(p, '#'))
+            memcpy(key, p, 41);
+    }
+    cr_assert_eq(strlen(key), 40, "no key holding '#' in 100000 tries");
+}
+
+/* Trainer bindings: "KEY trainer=N", with or without a comment; unbound keys stay -1; a key
+ * listed twice must say the same. k: three allowed keys, other: one not listed. */
+static void s_check_bindings(char k[3][41], const char *other)
+{
+    char text[1024], why[512] = "";
+    uint8_t bin[32];
+    ps_curve_allow *a = NULL;
+    snprintf(text, sizeof text, "%s trainer=0\n%s\ttrainer=4095   # the last one\n%s\n%s trainer=0\n",
+             k[0], k[1], k[2], k[0]);
+    cr_assert_eq(ps_curve_allow_parse(text, "allow.txt", &a, why, sizeof why), ZPS_OK, "%s", why);
+    cr_assert_eq(ps_curve_allow_trainer(a, zmq_z85_decode(bin, k[0])), 0);
+    cr_assert_eq(ps_curve_allow_trainer(a, zmq_z85_decode(bin, k[1])), 4095);
+    cr_assert_eq(ps_curve_allow_trainer(a, zmq_z85_decode(bin, k[2])), -1);
+    cr_assert_eq(ps_curve_allow_trainer(a, zmq_z85_decode(bin, other)), -2);
+    cr_assert_eq(ps_curve_allow_bound(a), 3);
+    ps_curve_allow_destroy(&a);
+    const char *conflicts[][2] = {{"trainer=0", "trainer=7"}, {"trainer=2", ""}, {"", "trainer=2"}};
+    for (size_t i = 0; i < sizeof conflicts / sizeof *conflicts; i++) {
+        snprintf(text, sizeof text, "%s %s\n%s\n%s %s\n", k[0], conflicts[i][0], k[1], k[0],
+                 conflicts[i][1]);
+        cr_assert_eq(ps_curve_allow_parse(text, "allow.txt", &a, why, sizeof why), ZPS_ERR_PARSE,
+                     "conflict %zu accepted", i);
+        cr_assert_not_null(strstr(why, "allow.txt:3: this key is listed before with another "
+                                       "trainer binding"), "%s", why);
+    }
+}
+
 Test(ps_curve, allow_list_parser)
 {
     char k[3][41], sec[41];
     for (int i = 0; i < 3; i++)
         cr_assert_eq(zmq_curve_keypair(k[i], sec), 0);
-    /* '#' is a Z85 character: a key may hold it, just never first (a group starting with
-     * '#' would exceed 2^32), so '#' lines are comments and '#' inside a key is not */
-    char hashkey[41] = "";
-    for (int tries = 0; tries < 100000 && !hashkey[0]; tries++) {
-        char p[41];
-        cr_assert_eq(zmq_curve_keypair(p, sec), 0);
-        cr_assert_neq(p[0], '#');
-        if (strchr(p, '#'))
-            memcpy(hashkey, p, 41);
-    }
-    cr_assert_eq(strlen(hashkey), 40, "no key holding '#' in 100000 tries");
+    char hashkey[41];
+    s_key_with_hash(hashkey);
     char comment[41];
     memcpy(comment, hashkey, 41);
     comment[0] = '#'; /* 40 characters, the rest Z85: still a comment */
@@ -106,26 +141,7 @@ Test(ps_curve, allow_list_parser)
         cr_assert_not_null(strstr(why, "allow.txt:1: text after the key"), "%s", why);
     }
 
-    /* trainer bindings: "KEY trainer=N", with or without a comment; unbound keys stay -1;
-     * a key listed twice must say the same */
-    snprintf(text, sizeof text, "%s trainer=0\n%s\ttrainer=4095   # the last one\n%s\n%s trainer=0\n",
-             k[0], k[1], k[2], k[0]);
-    cr_assert_eq(ps_curve_allow_parse(text, "allow.txt", &a, why, sizeof why), ZPS_OK, "%s", why);
-    cr_assert_eq(ps_curve_allow_trainer(a, zmq_z85_decode(bin, k[0])), 0);
-    cr_assert_eq(ps_curve_allow_trainer(a, zmq_z85_decode(bin, k[1])), 4095);
-    cr_assert_eq(ps_curve_allow_trainer(a, zmq_z85_decode(bin, k[2])), -1);
-    cr_assert_eq(ps_curve_allow_trainer(a, zmq_z85_decode(bin, other)), -2);
-    cr_assert_eq(ps_curve_allow_bound(a), 3);
-    ps_curve_allow_destroy(&a);
-    const char *conflicts[][2] = {{"trainer=0", "trainer=7"}, {"trainer=2", ""}, {"", "trainer=2"}};
-    for (size_t i = 0; i < sizeof conflicts / sizeof *conflicts; i++) {
-        snprintf(text, sizeof text, "%s %s\n%s\n%s %s\n", k[0], conflicts[i][0], k[1], k[0],
-                 conflicts[i][1]);
-        cr_assert_eq(ps_curve_allow_parse(text, "allow.txt", &a, why, sizeof why), ZPS_ERR_PARSE,
-                     "conflict %zu accepted", i);
-        cr_assert_not_null(strstr(why, "allow.txt:3: this key is listed before with another "
-                                       "trainer binding"), "%s", why);
-    }
+    s_check_bindings(k, other);
 }
 
 Test(ps_curve, keygen_round_trip_and_no_overwrite)
