@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +24,18 @@ void ps_ckpt_path(const char *dir, int index, char *buf, size_t len)
     snprintf(buf, len, "%s/server-%d.ckpt", dir, index);
 }
 
+/* crc32 over n bytes; its length argument is uInt, so it is fed in pieces. */
+static uLong s_crc(uLong crc, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t off = 0; off < n;) {
+        size_t part = n - off > (1u << 30) ? (1u << 30) : n - off;
+        crc = crc32(crc, b + off, (uInt)part);
+        off += part;
+    }
+    return crc;
+}
+
 typedef struct s_writer {
     int fd;
     const char *path;
@@ -33,13 +46,7 @@ typedef struct s_writer {
 static zps_status s_put(s_writer *w, const void *p, size_t n)
 {
     ZPS_CHECK_FILE(zps_write_full(w->fd, p, n), w->path);
-    /* crc32's length argument is uInt; feed it in pieces. */
-    const unsigned char *c = p;
-    for (size_t off = 0; off < n;) {
-        size_t part = n - off > (1u << 30) ? (1u << 30) : n - off;
-        w->crc = crc32(w->crc, c + off, (uInt)part);
-        off += part;
-    }
+    w->crc = s_crc(w->crc, p, n);
     w->len += n;
     return ZPS_OK;
 }
@@ -140,23 +147,23 @@ static int s_get(s_reader *r, void *dst, size_t n)
     return 1;
 }
 
-#define S_CORRUPT(...)                                                                 \
-    do {                                                                               \
-        snprintf(why, why_len, __VA_ARGS__);                                           \
-        zps_log(ZPS_ERROR, "ckpt", "%s: corrupt checkpoint: %s", path, why);           \
-        st = ZPS_ERR_CORRUPT;                                                          \
-        goto out;                                                                      \
-    } while (0)
-
-zps_status ps_ckpt_read(const char *path, ps_ckpt *out, char *why, size_t why_len)
+/* Sets why, logs the checkpoint as corrupt and returns ZPS_ERR_CORRUPT. */
+__attribute__((format(printf, 4, 5))) static zps_status
+s_corrupt(const char *path, char *why, size_t why_len, const char *fmt, ...)
 {
-    char dummy[8];
-    if (!why) {
-        why = dummy;
-        why_len = sizeof dummy;
-    }
-    memset(out, 0, sizeof *out);
-    why[0] = 0;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, why_len, fmt, ap);
+    va_end(ap);
+    zps_log(ZPS_ERROR, "ckpt", "%s: corrupt checkpoint: %s", path, why);
+    return ZPS_ERR_CORRUPT;
+}
+
+/* The whole file into *buf (the caller's, freed here on failure), *size bytes. */
+static zps_status s_load(const char *path, unsigned char **buf, size_t *size, char *why,
+                         size_t why_len)
+{
+    *buf = NULL;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd == -1) {
         snprintf(why, why_len, "%s", strerror(errno));
@@ -167,82 +174,117 @@ zps_status ps_ckpt_read(const char *path, ps_ckpt *out, char *why, size_t why_le
         close(fd);
         ZPS_CHECK_FILE(-1, path);
     }
-    size_t size = (size_t)stt.st_size;
-    unsigned char *buf = zps_xmalloc(size ? size : 1);
-    ssize_t got = zps_read_full(fd, buf, size);
+    *size = (size_t)stt.st_size;
+    unsigned char *b = zps_xmalloc(*size ? *size : 1);
+    ssize_t got = zps_read_full(fd, b, *size);
     int read_errno = errno;
     close(fd);
     zps_status st = ZPS_OK;
-    ps_ckpt c = {0};
     if (got < 0) { // the file may be fine: an I/O error, not corruption
         snprintf(why, why_len, "cannot read it: %s", strerror(read_errno));
         zps_log(ZPS_ERROR, "ckpt", "%s: %s", path, why);
         st = ZPS_ERR_IO;
-        goto out;
+    } else if ((size_t)got != *size) {
+        st = s_corrupt(path, why, why_len, "short read (%zd of %zu bytes)", got, *size);
     }
-    if ((size_t)got != size)
-        S_CORRUPT("short read (%zd of %zu bytes)", got, size);
+    if (st != ZPS_OK) {
+        free(b);
+        return st;
+    }
+    *buf = b;
+    return ZPS_OK;
+}
+
+/* Magic, length field and CRC of a loaded file: what frames the body. */
+static zps_status s_check_frame(const char *path, const unsigned char *buf, size_t size,
+                                char *why, size_t why_len)
+{
     if (size < 8 + 12 + 8)
-        S_CORRUPT("file of %zu bytes is too short to be a checkpoint", size);
+        return s_corrupt(path, why, why_len, "file of %zu bytes is too short to be a checkpoint",
+                         size);
     if (memcmp(buf, S_MAGIC, 8))
-        S_CORRUPT("bad magic (not a zps checkpoint)");
+        return s_corrupt(path, why, why_len, "bad magic (not a zps checkpoint)");
     uint64_t flen;
     uint32_t fcrc;
     memcpy(&flen, buf + size - 12, 8);
     memcpy(&fcrc, buf + size - 4, 4);
     if (flen != size)
-        S_CORRUPT("length field says %llu bytes but the file has %zu (truncated?)",
-                  (unsigned long long)flen, size);
-    uLong crc = crc32(0, Z_NULL, 0);
-    for (size_t off = 0; off < size - 4;) {
-        size_t part = size - 4 - off > (1u << 30) ? (1u << 30) : size - 4 - off;
-        crc = crc32(crc, buf + off, (uInt)part);
-        off += part;
-    }
+        return s_corrupt(path, why, why_len,
+                         "length field says %llu bytes but the file has %zu (truncated?)",
+                         (unsigned long long)flen, size);
+    uLong crc = s_crc(crc32(0, Z_NULL, 0), buf, size - 4);
     if ((uint32_t)crc != fcrc)
-        S_CORRUPT("CRC mismatch (stored %08x, computed %08x)", fcrc, (uint32_t)crc);
-    s_reader r = {buf + 8, size - 8 - 12};
-    uint32_t fmt;
-    if (!s_get(&r, &fmt, 4) || fmt != S_FORMAT)
-        S_CORRUPT("unknown format %u", fmt);
-    if (!s_get(&r, &c.server_index, 4) || !s_get(&r, &c.plan_hash, 8) ||
-        !s_get(&r, &c.n_vars, 4) || !s_get(&r, &c.total, 8) || !s_get(&r, &c.n_servers, 4) ||
-        !s_get(&r, &c.chunk_bytes, 8) || !s_get(&r, &c.num_chunks, 4) ||
-        !s_get(&r, &c.mode, 4) || !s_get(&r, &c.n_local, 4) || !s_get(&r, &c.n_slots, 4) ||
-        !s_get(&r, &c.opt_len, 4))
-        S_CORRUPT("header truncated");
-    if (c.n_slots > 2 || c.n_local > c.num_chunks || c.opt_len > r.left)
-        S_CORRUPT("implausible header (%u slots, %u of %u chunks)", c.n_slots, c.n_local,
-                  c.num_chunks);
-    c.opt = zps_xmalloc(c.opt_len ? c.opt_len : 1);
-    s_get(&r, c.opt, c.opt_len);
-    if ((uint64_t)c.n_local * 24 > r.left)
-        S_CORRUPT("chunk table truncated");
-    c.chunks = zps_xcalloc(c.n_local ? c.n_local : 1, sizeof *c.chunks);
-    for (uint32_t i = 0; i < c.n_local; i++) {
+        return s_corrupt(path, why, why_len, "CRC mismatch (stored %08x, computed %08x)", fcrc,
+                         (uint32_t)crc);
+    return ZPS_OK;
+}
+
+/* The body between magic and trailer into *c (whatever it allocated stays in *c, for
+ * ps_ckpt_free, also on failure). */
+static zps_status s_parse_body(const char *path, s_reader *r, ps_ckpt *c, char *why,
+                               size_t why_len)
+{
+    uint32_t fmt = 0;
+    if (!s_get(r, &fmt, 4) || fmt != S_FORMAT)
+        return s_corrupt(path, why, why_len, "unknown format %u", fmt);
+    if (!s_get(r, &c->server_index, 4) || !s_get(r, &c->plan_hash, 8) ||
+        !s_get(r, &c->n_vars, 4) || !s_get(r, &c->total, 8) || !s_get(r, &c->n_servers, 4) ||
+        !s_get(r, &c->chunk_bytes, 8) || !s_get(r, &c->num_chunks, 4) ||
+        !s_get(r, &c->mode, 4) || !s_get(r, &c->n_local, 4) || !s_get(r, &c->n_slots, 4) ||
+        !s_get(r, &c->opt_len, 4))
+        return s_corrupt(path, why, why_len, "header truncated");
+    if (c->n_slots > 2 || c->n_local > c->num_chunks || c->opt_len > r->left)
+        return s_corrupt(path, why, why_len, "implausible header (%u slots, %u of %u chunks)",
+                         c->n_slots, c->n_local, c->num_chunks);
+    c->opt = zps_xmalloc(c->opt_len ? c->opt_len : 1);
+    s_get(r, c->opt, c->opt_len);
+    if ((uint64_t)c->n_local * 24 > r->left)
+        return s_corrupt(path, why, why_len, "chunk table truncated");
+    c->chunks = zps_xcalloc(c->n_local ? c->n_local : 1, sizeof *c->chunks);
+    for (uint32_t i = 0; i < c->n_local; i++) {
         uint32_t pad;
-        s_get(&r, &c.chunks[i].key, 4);
-        s_get(&r, &pad, 4);
-        s_get(&r, &c.chunks[i].count, 8);
-        s_get(&r, &c.chunks[i].version, 8);
-        if (c.chunks[i].key >= c.num_chunks || c.chunks[i].count == 0 ||
-            c.chunks[i].count > c.total)
-            S_CORRUPT("bad chunk %u (key %u, count %llu)", i, c.chunks[i].key,
-                      (unsigned long long)c.chunks[i].count);
-        c.local_total += c.chunks[i].count;
+        s_get(r, &c->chunks[i].key, 4);
+        s_get(r, &pad, 4);
+        s_get(r, &c->chunks[i].count, 8);
+        s_get(r, &c->chunks[i].version, 8);
+        if (c->chunks[i].key >= c->num_chunks || c->chunks[i].count == 0 ||
+            c->chunks[i].count > c->total)
+            return s_corrupt(path, why, why_len, "bad chunk %u (key %u, count %llu)", i,
+                             c->chunks[i].key, (unsigned long long)c->chunks[i].count);
+        c->local_total += c->chunks[i].count;
     }
-    uint64_t need = c.local_total * 4ull * (1ull + c.n_slots);
-    if (need != r.left)
-        S_CORRUPT("payload is %zu bytes, the chunk table needs %llu", r.left,
-                  (unsigned long long)need);
-    c.values = zps_xaligned(64, c.local_total * 4 + 64);
-    s_get(&r, c.values, c.local_total * 4);
-    c.slots = NULL;
-    if (c.n_slots) {
-        c.slots = zps_xaligned(64, c.local_total * 4 * c.n_slots + 64);
-        s_get(&r, c.slots, c.local_total * 4 * c.n_slots);
+    uint64_t need = c->local_total * 4ull * (1ull + c->n_slots);
+    if (need != r->left)
+        return s_corrupt(path, why, why_len, "payload is %zu bytes, the chunk table needs %llu",
+                         r->left, (unsigned long long)need);
+    c->values = zps_xaligned(64, c->local_total * 4 + 64);
+    s_get(r, c->values, c->local_total * 4);
+    c->slots = NULL;
+    if (c->n_slots) {
+        c->slots = zps_xaligned(64, c->local_total * 4 * c->n_slots + 64);
+        s_get(r, c->slots, c->local_total * 4 * c->n_slots);
     }
-out:
+    return ZPS_OK;
+}
+
+zps_status ps_ckpt_read(const char *path, ps_ckpt *out, char *why, size_t why_len)
+{
+    char dummy[8];
+    if (!why) {
+        why = dummy;
+        why_len = sizeof dummy;
+    }
+    memset(out, 0, sizeof *out);
+    why[0] = 0;
+    unsigned char *buf;
+    size_t size;
+    ZPS_TRY(s_load(path, &buf, &size, why, why_len));
+    ps_ckpt c = {0};
+    zps_status st = s_check_frame(path, buf, size, why, why_len);
+    if (st == ZPS_OK) {
+        s_reader r = {buf + 8, size - 8 - 12};
+        st = s_parse_body(path, &r, &c, why, why_len);
+    }
     free(buf);
     if (st != ZPS_OK) {
         ps_ckpt_free(&c);

@@ -65,26 +65,105 @@ void ps_plan_destroy(ps_plan **pp)
     *pp = NULL;
 }
 
-zps_status ps_plan_new(const ps_var *vars, int n_vars, int n_servers, uint64_t chunk_bytes,
-                       ps_plan **out)
+/* The arguments ps_plan_new accepts; *total gets the element count of the model. */
+static zps_status s_check_args(const ps_var *vars, int n_vars, int n_servers,
+                               uint64_t chunk_bytes, uint64_t *total)
 {
-    *out = NULL;
-    if (!chunk_bytes)
-        chunk_bytes = PS_DEFAULT_CHUNK_BYTES;
     if (!vars || n_vars < 1 || n_servers < 1 || n_servers > 65536 || chunk_bytes < 4) {
         zps_log(ZPS_ERROR, "plan", "bad plan arguments: %d variables, %d servers, chunk %llu B",
                 n_vars, n_servers, (unsigned long long)chunk_bytes);
         return ZPS_ERR_INVALID;
     }
-    uint64_t total = 0;
+    *total = 0;
     for (int i = 0; i < n_vars; i++) {
         if (vars[i].count == 0 || vars[i].count > (1ull << 40)) {
             zps_log(ZPS_ERROR, "plan", "variable %d (%s) has bad count %llu", i,
                     vars[i].name ? vars[i].name : "?", (unsigned long long)vars[i].count);
             return ZPS_ERR_INVALID;
         }
-        total += vars[i].count;
+        *total += vars[i].count;
     }
+    return ZPS_OK;
+}
+
+/* The chunk limit E of rule 1 (plan.h). */
+static uint64_t s_chunk_limit(uint64_t total, int n_servers, uint64_t chunk_bytes)
+{
+    uint64_t e = chunk_bytes / 4;
+    uint64_t bal = (total + 32ull * (uint64_t)n_servers - 1) / (32ull * (uint64_t)n_servers);
+    if (bal < 1024)
+        bal = 1024;
+    if (bal < e)
+        e = bal;
+    if (e < 1)
+        e = 1;
+    return e;
+}
+
+/* Rule 2 over p's variables with limit e: returns the number of chunks, and writes them
+ * (server 0) to chunks unless it is NULL, so one walk both counts and fills. */
+static uint32_t s_cut_chunks(const ps_plan *p, uint64_t e, ps_chunk *chunks)
+{
+    uint32_t n = 0;
+    uint64_t open_start = 0, open_count = 0; // the open chunk (open_count 0: none)
+    for (int i = 0; i < p->n_vars; i++) {
+        uint64_t c = p->var_count[i], vo = p->var_offset[i];
+        if (open_count && open_count + c <= e) {
+            open_count += c;
+            continue;
+        }
+        if (open_count) {
+            if (chunks)
+                chunks[n] = (ps_chunk){n, 0, open_start, open_count};
+            n++;
+            open_count = 0;
+        }
+        if (c <= e) {
+            open_start = vo;
+            open_count = c;
+            continue;
+        }
+        uint64_t k = (c + e - 1) / e, base = c / k, extra = c % k, o = vo;
+        for (uint64_t j = 0; j < k; j++) {
+            uint64_t cnt = base + (j < extra ? 1 : 0);
+            if (chunks)
+                chunks[n] = (ps_chunk){n, 0, o, cnt};
+            n++;
+            o += cnt;
+        }
+    }
+    if (open_count) {
+        if (chunks)
+            chunks[n] = (ps_chunk){n, 0, open_start, open_count};
+        n++;
+    }
+    return n;
+}
+
+/* Rule 3: each chunk in key order to the server with the fewest elements so far. */
+static void s_place_chunks(ps_plan *p)
+{
+    p->server_elems = zps_xcalloc((size_t)p->n_servers, sizeof *p->server_elems);
+    p->server_chunks = zps_xcalloc((size_t)p->n_servers, sizeof *p->server_chunks);
+    for (uint32_t k = 0; k < p->n_chunks; k++) {
+        int best = 0;
+        for (int s = 1; s < p->n_servers; s++)
+            if (p->server_elems[s] < p->server_elems[best])
+                best = s;
+        p->chunks[k].server = (uint32_t)best;
+        p->server_elems[best] += p->chunks[k].count;
+        p->server_chunks[best]++;
+    }
+}
+
+zps_status ps_plan_new(const ps_var *vars, int n_vars, int n_servers, uint64_t chunk_bytes,
+                       ps_plan **out)
+{
+    *out = NULL;
+    if (!chunk_bytes)
+        chunk_bytes = PS_DEFAULT_CHUNK_BYTES;
+    uint64_t total;
+    ZPS_TRY(s_check_args(vars, n_vars, n_servers, chunk_bytes, &total));
     ps_plan *p = zps_xcalloc(1, sizeof *p);
     p->n_vars = n_vars;
     p->names = zps_xcalloc((size_t)n_vars, sizeof *p->names);
@@ -101,68 +180,11 @@ zps_status ps_plan_new(const ps_var *vars, int n_vars, int n_servers, uint64_t c
     p->total = total;
     p->n_servers = n_servers;
     p->chunk_bytes = chunk_bytes;
-
-    uint64_t e = chunk_bytes / 4;
-    uint64_t bal = (total + 32ull * (uint64_t)n_servers - 1) / (32ull * (uint64_t)n_servers);
-    if (bal < 1024)
-        bal = 1024;
-    if (bal < e)
-        e = bal;
-    if (e < 1)
-        e = 1;
-    p->chunk_elems = e;
-
-    /* Pass 1 counts chunks, pass 2 fills them. */
-    for (int pass = 0; pass < 2; pass++) {
-        uint32_t n = 0;
-        uint64_t open_start = 0, open_count = 0; // the open chunk (open_count 0: none)
-        for (int i = 0; i < n_vars; i++) {
-            uint64_t c = vars[i].count, vo = p->var_offset[i];
-            if (open_count && open_count + c <= e) {
-                open_count += c;
-                continue;
-            }
-            if (open_count) {
-                if (pass)
-                    p->chunks[n] = (ps_chunk){n, 0, open_start, open_count};
-                n++;
-                open_count = 0;
-            }
-            if (c <= e) {
-                open_start = vo;
-                open_count = c;
-                continue;
-            }
-            uint64_t k = (c + e - 1) / e, base = c / k, extra = c % k, o = vo;
-            for (uint64_t j = 0; j < k; j++) {
-                uint64_t cnt = base + (j < extra ? 1 : 0);
-                if (pass)
-                    p->chunks[n] = (ps_chunk){n, 0, o, cnt};
-                n++;
-                o += cnt;
-            }
-        }
-        if (open_count) {
-            if (pass)
-                p->chunks[n] = (ps_chunk){n, 0, open_start, open_count};
-            n++;
-        }
-        if (!pass) {
-            p->n_chunks = n;
-            p->chunks = zps_xcalloc(n, sizeof *p->chunks);
-        }
-    }
-    p->server_elems = zps_xcalloc((size_t)n_servers, sizeof *p->server_elems);
-    p->server_chunks = zps_xcalloc((size_t)n_servers, sizeof *p->server_chunks);
-    for (uint32_t k = 0; k < p->n_chunks; k++) {
-        int best = 0;
-        for (int s = 1; s < n_servers; s++)
-            if (p->server_elems[s] < p->server_elems[best])
-                best = s;
-        p->chunks[k].server = (uint32_t)best;
-        p->server_elems[best] += p->chunks[k].count;
-        p->server_chunks[best]++;
-    }
+    p->chunk_elems = s_chunk_limit(total, n_servers, chunk_bytes);
+    p->n_chunks = s_cut_chunks(p, p->chunk_elems, NULL);
+    p->chunks = zps_xcalloc(p->n_chunks, sizeof *p->chunks);
+    s_cut_chunks(p, p->chunk_elems, p->chunks);
+    s_place_chunks(p);
     p->hash = ps_plan_hash(vars, n_vars, n_servers, chunk_bytes);
     *out = p;
     return ZPS_OK;
