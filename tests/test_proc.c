@@ -25,6 +25,18 @@ static void s_reap(pid_t pid)
     cr_assert_eq(waitpid(pid, NULL, 0), pid);
 }
 
+/* The child's stdout ends without the tag line; then the child exits with code. */
+static void s_expect_eof_and_exit(int fd, pid_t pid, int code)
+{
+    char buf[128];
+    cr_assert_eq(zps_proc_read_line(fd, "listening on ", buf, sizeof buf, 10), ZPS_ERR_EOF);
+    close(fd);
+    int st;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == code, "wait status %#x, want exit %d", st,
+              code);
+}
+
 TestSuite(proc, .timeout = 30);
 
 Test(proc, tagged_line_after_other_output)
@@ -54,14 +66,10 @@ Test(proc, exit_before_the_line_is_eof_and_silence_times_out)
 {
     pid_t pid;
     int fd = s_sh("echo no tag here", &pid);
-    char buf[128];
-    cr_assert_eq(zps_proc_read_line(fd, "listening on ", buf, sizeof buf, 10), ZPS_ERR_EOF);
-    close(fd);
-    int st;
-    cr_assert_eq(waitpid(pid, &st, 0), pid);
-    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    s_expect_eof_and_exit(fd, pid, 0);
 
     fd = s_sh("sleep 5", &pid);
+    char buf[128];
     double t0 = zps_now_s();
     cr_assert_eq(zps_proc_read_line(fd, "listening on ", buf, sizeof buf, 0.3), ZPS_ERR_TIMEOUT);
     cr_assert_lt(zps_now_s() - t0, 2.0);
@@ -75,10 +83,5 @@ Test(proc, failed_exec_exits_127)
     pid_t pid;
     int fd;
     cr_assert_eq(zps_proc_start(argv, &pid, &fd), ZPS_OK);
-    char buf[64];
-    cr_assert_eq(zps_proc_read_line(fd, "x", buf, sizeof buf, 10), ZPS_ERR_EOF);
-    close(fd);
-    int st;
-    cr_assert_eq(waitpid(pid, &st, 0), pid);
-    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 127);
+    s_expect_eof_and_exit(fd, pid, 127);
 }
