@@ -10,6 +10,7 @@
 #define ZPS_BENCH_BENCH_H
 
 #include <stddef.h>
+#include <stdio.h>
 
 typedef int (*bench_fn)(int argc, char **argv);
 
@@ -25,6 +26,9 @@ void bench_register(const char *name, bench_fn fn, const char *help);
 
 /* Output directory for JSON (created when missing). */
 const char *bench_out_dir(void);
+/* Opens bench_out_dir()/name for writing, its path into path (len bytes). NULL, after
+ * "BENCH: cannot write PATH" on stderr, when it cannot. */
+FILE *bench_json_open(const char *bench, const char *name, char *path, size_t len);
 /* Median of n doubles (sorts v in place). n > 0. */
 double bench_median(double *v, size_t n);
 /* p-th percentile (0..100) of n doubles, nearest rank (sorts v in place). n > 0. */

@@ -169,11 +169,12 @@ static int s_parse_sizes(const char *arg, s_cfg *c)
     return c->n_sizes ? 0 : -1;
 }
 
-ZPS_BENCH(allreduce, "in-node shared-memory all-reduce vs torch gloo, 1-100 MB, GB/s")
+/* Fills c (and *no_gloo) from the command line; -1 to go on, else the exit code. */
+static int s_parse(int argc, char **argv, s_cfg *c, int *no_gloo)
 {
-    s_cfg c = {.ranks = 2, .reps = 15, .warmup = 3};
-    s_parse_sizes("1,4,16,64,100", &c);
-    int no_gloo = 0;
+    *c = (s_cfg){.ranks = 2, .reps = 15, .warmup = 3};
+    s_parse_sizes("1,4,16,64,100", c);
+    *no_gloo = 0;
     static const struct option opts[] = {{"sizes", required_argument, 0, 's'},
                                          {"ranks", required_argument, 0, 'n'},
                                          {"reps", required_argument, 0, 'r'},
@@ -187,17 +188,17 @@ ZPS_BENCH(allreduce, "in-node shared-memory all-reduce vs torch gloo, 1-100 MB, 
     while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (ch) {
         case 's':
-            if (s_parse_sizes(optarg, &c) != 0) {
+            if (s_parse_sizes(optarg, c) != 0) {
                 fprintf(stderr, "allreduce: bad --sizes '%s'\n", optarg);
                 return 2;
             }
             break;
-        case 'n': c.ranks = atoi(optarg); break;
-        case 'r': c.reps = atoi(optarg); break;
-        case 'w': c.warmup = atoi(optarg); break;
-        case 'S': c.opts.slice_floats = (size_t)atol(optarg); break;
-        case 'R': c.opts.ring = atoi(optarg); break;
-        case 'G': no_gloo = 1; break;
+        case 'n': c->ranks = atoi(optarg); break;
+        case 'r': c->reps = atoi(optarg); break;
+        case 'w': c->warmup = atoi(optarg); break;
+        case 'S': c->opts.slice_floats = (size_t)atol(optarg); break;
+        case 'R': c->opts.ring = atoi(optarg); break;
+        case 'G': *no_gloo = 1; break;
         default:
             fprintf(ch == 'h' ? stdout : stderr,
                     "usage: zps-bench allreduce [--sizes 1,4,16,64,100 (MB; or 512KB, 64B)]\n"
@@ -207,29 +208,35 @@ ZPS_BENCH(allreduce, "in-node shared-memory all-reduce vs torch gloo, 1-100 MB, 
             return ch == 'h' ? 0 : 2;
         }
     }
-    if (c.ranks < 2 || c.ranks > S_MAX_RANKS || c.reps < 1 || c.reps > S_MAX_REPS ||
-        c.warmup < 0) {
+    if (c->ranks < 2 || c->ranks > S_MAX_RANKS || c->reps < 1 || c->reps > S_MAX_REPS ||
+        c->warmup < 0) {
         fprintf(stderr, "allreduce: --ranks 2..%d, --reps 1..%d\n", S_MAX_RANKS, S_MAX_REPS);
         return 2;
     }
-    snprintf(c.job, sizeof c.job, "bench-%d", (int)getpid());
+    return -1;
+}
+
+/* zps GB/s per size (the median over repetitions of the slowest rank) and gloo's (negative
+ * where it did not run). zps runs before and after gloo (half the repetitions each) and its
+ * median is over both passes, so a change of background load during the run hits both
+ * sides alike. 0, or 1 when a zps rank failed. */
+static int s_measure(const s_cfg *c, int no_gloo, double *zps, double *gloo)
+{
     size_t tbytes = (size_t)S_MAX_SIZES * S_MAX_REPS * S_MAX_RANKS * sizeof(double);
     s_times = mmap(NULL, tbytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (s_times == MAP_FAILED) {
         perror("mmap");
         return 1;
     }
-    /* zps runs before and after gloo (half the repetitions each) and its median is over
-     * both passes, so a change of background load during the run hits both sides alike */
-    double zps[S_MAX_SIZES], gloo[S_MAX_SIZES], per_rep[S_MAX_REPS];
-    for (int si = 0; si < c.n_sizes; si++)
+    double per_rep[S_MAX_REPS];
+    for (int si = 0; si < c->n_sizes; si++)
         gloo[si] = -1;
-    int half = (c.reps + 1) / 2;
+    int half = (c->reps + 1) / 2;
     for (int pass = 0; pass < 2; pass++) {
         if (pass == 1 && !no_gloo)
-            s_run_gloo(&c, gloo);
-        s_cfg pc = c;
-        pc.reps = pass == 0 ? half : c.reps - half;
+            s_run_gloo(c, gloo);
+        s_cfg pc = *c;
+        pc.reps = pass == 0 ? half : c->reps - half;
         pc.rep0 = pass == 0 ? 0 : half;
         snprintf(pc.job, sizeof pc.job, "bench-%d-%d", (int)getpid(), pass);
         if (pc.reps > 0 && s_run_zps(&pc) != 0) {
@@ -238,31 +245,34 @@ ZPS_BENCH(allreduce, "in-node shared-memory all-reduce vs torch gloo, 1-100 MB, 
             return 1;
         }
     }
-    for (int si = 0; si < c.n_sizes; si++) {
-        for (int r = 0; r < c.reps; r++) {
+    for (int si = 0; si < c->n_sizes; si++) {
+        for (int r = 0; r < c->reps; r++) {
             double m = 0;
-            for (int k = 0; k < c.ranks; k++)
+            for (int k = 0; k < c->ranks; k++)
                 if (*s_slot(si, r, k) > m)
                     m = *s_slot(si, r, k);
             per_rep[r] = m;
         }
-        zps[si] = (double)c.sizes[si] / bench_median(per_rep, (size_t)c.reps) / 1e9;
+        zps[si] = (double)c->sizes[si] / bench_median(per_rep, (size_t)c->reps) / 1e9;
     }
     munmap(s_times, tbytes);
+    return 0;
+}
 
+/* The table on stdout and allreduce.json. 0, or 1 when the file could not be written or
+ * gloo was wanted and did not run. */
+static int s_report(const s_cfg *c, int no_gloo, const double *zps, const double *gloo)
+{
     char path[4096];
-    snprintf(path, sizeof path, "%s/allreduce.json", bench_out_dir());
-    FILE *f = fopen(path, "w");
-    if (!f) {
-        perror(path);
+    FILE *f = bench_json_open("allreduce", "allreduce.json", path, sizeof path);
+    if (!f)
         return 1;
-    }
     printf("all-reduce, %d processes, median of %d (GB/s = bytes per rank / time, 1e9 B)\n",
-           c.ranks, c.reps);
+           c->ranks, c->reps);
     printf("%12s %10s %10s %8s\n", "bytes", "zps GB/s", "gloo GB/s", "ratio");
     fprintf(f, "[");
     int gloo_ok = 1;
-    for (int si = 0; si < c.n_sizes; si++) {
+    for (int si = 0; si < c->n_sizes; si++) {
         int g = gloo[si] > 0;
         gloo_ok &= g;
         char gs[32] = "-", rs[32] = "-", gj[32] = "null", rj[32] = "null";
@@ -272,9 +282,9 @@ ZPS_BENCH(allreduce, "in-node shared-memory all-reduce vs torch gloo, 1-100 MB, 
             snprintf(gj, sizeof gj, "%.4f", gloo[si]);
             snprintf(rj, sizeof rj, "%.3f", zps[si] / gloo[si]);
         }
-        printf("%12zu %10.3f %10s %8s\n", c.sizes[si], zps[si], gs, rs);
+        printf("%12zu %10.3f %10s %8s\n", c->sizes[si], zps[si], gs, rs);
         fprintf(f, "%s\n  {\"bytes\": %zu, \"zps_gbps\": %.4f, \"gloo_gbps\": %s, \"ratio\": %s}",
-                si ? "," : "", c.sizes[si], zps[si], gj, rj);
+                si ? "," : "", c->sizes[si], zps[si], gj, rj);
     }
     fprintf(f, "\n]\n");
     if (fclose(f) != 0) {
@@ -287,4 +297,18 @@ ZPS_BENCH(allreduce, "in-node shared-memory all-reduce vs torch gloo, 1-100 MB, 
         return 1;
     }
     return 0;
+}
+
+ZPS_BENCH(allreduce, "in-node shared-memory all-reduce vs torch gloo, 1-100 MB, GB/s")
+{
+    s_cfg c;
+    int no_gloo;
+    int rc = s_parse(argc, argv, &c, &no_gloo);
+    if (rc >= 0)
+        return rc;
+    snprintf(c.job, sizeof c.job, "bench-%d", (int)getpid());
+    double zps[S_MAX_SIZES], gloo[S_MAX_SIZES];
+    if (s_measure(&c, no_gloo, zps, gloo) != 0)
+        return 1;
+    return s_report(&c, no_gloo, zps, gloo);
 }

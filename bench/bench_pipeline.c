@@ -196,10 +196,90 @@ static double s_reference(char *src, size_t n)
     return v;
 }
 
+/* What one run measured. */
+typedef struct s_figures {
+    int records, batch;
+    size_t jpeg_bytes;                  // all records' JPEG bytes
+    double make_s;                      // seconds to write the dataset
+    double m1, m2;                      // median img/s with 1 and 2 decode threads
+    double r1[S_ROUNDS], r2[S_ROUNDS];  // every round's img/s
+    double mbs;                         // raw LMDB read MB/s
+    double ref;                         // reference img/s
+    char src[1200];                     // where ref comes from
+} s_figures;
+
+/* Writes a dataset of f->records JPEGs into a temporary directory, measures it and removes
+ * it; fills f (all but the reference). */
+static zps_status s_measure(double seconds, s_figures *f)
+{
+    char dir[] = "/tmp/zps-bench-pipeline-XXXXXX";
+    if (!mkdtemp(dir)) {
+        perror("mkdtemp");
+        return ZPS_ERR_IO;
+    }
+    double t0 = zps_now_s();
+    zps_status st = s_make_dataset(dir, f->records, &f->jpeg_bytes);
+    f->make_s = zps_now_s() - t0;
+    if (st == ZPS_OK)
+        st = s_pipeline_rate(dir, 1, f->batch, seconds, &f->m1, f->r1);
+    if (st == ZPS_OK)
+        st = s_pipeline_rate(dir, 2, f->batch, seconds, &f->m2, f->r2);
+    if (st == ZPS_OK)
+        st = s_lmdb_rate(dir, seconds / 2, &f->mbs);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "pipeline: could not remove %s\n", dir);
+    if (st != ZPS_OK)
+        fprintf(stderr, "pipeline: %s\n", zps_strerror(st));
+    return st;
+}
+
+/* The figures on stdout and in pipeline.json. 0, or 1 when the file could not be written. */
+static int s_report(const s_figures *f)
+{
+    double ratio = f->m1 / f->ref;
+    printf("dataset: %d JPEG records 299x299x3, mean %.1f KB, written in %.2f s\n", f->records,
+           (double)f->jpeg_bytes / f->records / 1024, f->make_s);
+    printf("pipeline 1 thread : %8.1f img/s (median of %d)\n", f->m1, S_ROUNDS);
+    printf("pipeline 2 threads: %8.1f img/s (median of %d), %.2fx one thread\n", f->m2, S_ROUNDS,
+           f->m2 / f->m1);
+    printf("LMDB raw read     : %8.1f MB/s\n", f->mbs);
+    printf("reference         : %8.2f img/s from %s\n", f->ref, f->src);
+    printf("ratio 1 thread / reference: %.1fx (target >= 3x: %s)\n", ratio,
+           ratio >= 3 ? "met" : "NOT met");
+    char esc[2 * sizeof f->src], path[1024];
+    size_t e = 0;
+    for (const char *c = f->src; *c && e + 2 < sizeof esc; c++) { /* JSON string escaping */
+        if (*c == '"' || *c == '\\')
+            esc[e++] = '\\';
+        esc[e++] = (char)((unsigned char)*c < 0x20 ? ' ' : *c);
+    }
+    esc[e] = 0;
+    FILE *js = bench_json_open("pipeline", "pipeline.json", path, sizeof path);
+    if (!js)
+        return 1;
+    const double *r1 = f->r1, *r2 = f->r2;
+    fprintf(js, "{\"bench\": \"pipeline\", \"image\": \"299x299x3 jpeg q90\", \"batch\": %d, "
+                "\"records\": %d, \"mean_jpeg_bytes\": %.0f, \"augment\": true,\n"
+                " \"img_per_s_1_thread\": %.2f, \"img_per_s_2_threads\": %.2f,\n"
+                " \"rounds_1_thread\": [%.2f, %.2f, %.2f, %.2f, %.2f],\n"
+                " \"rounds_2_threads\": [%.2f, %.2f, %.2f, %.2f, %.2f],\n"
+                " \"lmdb_read_mb_per_s\": %.1f,\n"
+                " \"reference_img_per_s\": %.3f, \"reference_source\": \"%s\",\n"
+                " \"ratio_1_thread_vs_reference\": %.2f, \"target_ratio\": 3, \"target_met\": %s}\n",
+            f->batch, f->records, (double)f->jpeg_bytes / f->records, f->m1, f->m2, r1[0], r1[1],
+            r1[2], r1[3], r1[4], r2[0], r2[1], r2[2], r2[3], r2[4], f->mbs, f->ref, esc, ratio,
+            ratio >= 3 ? "true" : "false");
+    fclose(js);
+    printf("wrote %s\n", path);
+    return 0;
+}
+
 ZPS_BENCH(pipeline, "input pipeline img/s for 299x299 JPEG (1 and 2 threads), LMDB read MB/s")
 {
     double seconds = 4;
-    int records = 160, batch = 8;
+    s_figures f = {.records = 160, .batch = 8};
     static const struct option opts[] = {{"seconds", required_argument, 0, 's'},
                                          {"records", required_argument, 0, 'r'},
                                          {"batch", required_argument, 0, 'b'},
@@ -210,8 +290,8 @@ ZPS_BENCH(pipeline, "input pipeline img/s for 299x299 JPEG (1 and 2 threads), LM
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
         case 's': seconds = atof(optarg); break;
-        case 'r': records = atoi(optarg); break;
-        case 'b': batch = atoi(optarg); break;
+        case 'r': f.records = atoi(optarg); break;
+        case 'b': f.batch = atoi(optarg); break;
         case 'h':
             printf("zps-bench pipeline [--seconds S (4, per measurement)] [--records N (160)] "
                    "[--batch B (8)]\n");
@@ -219,75 +299,16 @@ ZPS_BENCH(pipeline, "input pipeline img/s for 299x299 JPEG (1 and 2 threads), LM
         default: return 2;
         }
     }
-    if (seconds <= 0 || records < batch || batch < 1) {
+    if (seconds <= 0 || f.records < f.batch || f.batch < 1) {
         fprintf(stderr, "pipeline: need seconds > 0 and records >= batch >= 1\n");
         return 2;
     }
-    char dir[] = "/tmp/zps-bench-pipeline-XXXXXX";
-    if (!mkdtemp(dir)) {
-        perror("mkdtemp");
+    if (s_measure(seconds, &f) != ZPS_OK)
         return 1;
-    }
-    size_t jpeg_bytes = 0;
-    double t0 = zps_now_s();
-    zps_status st = s_make_dataset(dir, records, &jpeg_bytes);
-    double make_s = zps_now_s() - t0;
-    double r1[S_ROUNDS], r2[S_ROUNDS], m1 = 0, m2 = 0, mbs = 0;
-    if (st == ZPS_OK)
-        st = s_pipeline_rate(dir, 1, batch, seconds, &m1, r1);
-    if (st == ZPS_OK)
-        st = s_pipeline_rate(dir, 2, batch, seconds, &m2, r2);
-    if (st == ZPS_OK)
-        st = s_lmdb_rate(dir, seconds / 2, &mbs);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd) != 0)
-        fprintf(stderr, "pipeline: could not remove %s\n", dir);
-    if (st != ZPS_OK) {
-        fprintf(stderr, "pipeline: %s\n", zps_strerror(st));
-        return 1;
-    }
-    char src[1200] = "PyTorch 1.13 CPU Inception-v3 training, 299x299 batch 8, measured 4.5 img/s "
-                     "(stated reference; no train_step.json)";
-    double ref = s_reference(src, sizeof src);
-    if (ref <= 0)
-        ref = 4.5;
-    double ratio = m1 / ref;
-    printf("dataset: %d JPEG records 299x299x3, mean %.1f KB, written in %.2f s\n", records,
-           (double)jpeg_bytes / records / 1024, make_s);
-    printf("pipeline 1 thread : %8.1f img/s (median of %d)\n", m1, S_ROUNDS);
-    printf("pipeline 2 threads: %8.1f img/s (median of %d), %.2fx one thread\n", m2, S_ROUNDS,
-           m2 / m1);
-    printf("LMDB raw read     : %8.1f MB/s\n", mbs);
-    printf("reference         : %8.2f img/s from %s\n", ref, src);
-    printf("ratio 1 thread / reference: %.1fx (target >= 3x: %s)\n", ratio,
-           ratio >= 3 ? "met" : "NOT met");
-    char esc[2 * sizeof src], path[1024];
-    size_t e = 0;
-    for (const char *c = src; *c && e + 2 < sizeof esc; c++) { /* JSON string escaping */
-        if (*c == '"' || *c == '\\')
-            esc[e++] = '\\';
-        esc[e++] = (char)((unsigned char)*c < 0x20 ? ' ' : *c);
-    }
-    esc[e] = 0;
-    snprintf(path, sizeof path, "%s/pipeline.json", bench_out_dir());
-    FILE *f = fopen(path, "w");
-    if (!f) {
-        perror(path);
-        return 1;
-    }
-    fprintf(f, "{\"bench\": \"pipeline\", \"image\": \"299x299x3 jpeg q90\", \"batch\": %d, "
-               "\"records\": %d, \"mean_jpeg_bytes\": %.0f, \"augment\": true,\n"
-               " \"img_per_s_1_thread\": %.2f, \"img_per_s_2_threads\": %.2f,\n"
-               " \"rounds_1_thread\": [%.2f, %.2f, %.2f, %.2f, %.2f],\n"
-               " \"rounds_2_threads\": [%.2f, %.2f, %.2f, %.2f, %.2f],\n"
-               " \"lmdb_read_mb_per_s\": %.1f,\n"
-               " \"reference_img_per_s\": %.3f, \"reference_source\": \"%s\",\n"
-               " \"ratio_1_thread_vs_reference\": %.2f, \"target_ratio\": 3, \"target_met\": %s}\n",
-            batch, records, (double)jpeg_bytes / records, m1, m2, r1[0], r1[1], r1[2], r1[3],
-            r1[4], r2[0], r2[1], r2[2], r2[3], r2[4], mbs, ref, esc, ratio,
-            ratio >= 3 ? "true" : "false");
-    fclose(f);
-    printf("wrote %s\n", path);
-    return 0;
+    snprintf(f.src, sizeof f.src, "PyTorch 1.13 CPU Inception-v3 training, 299x299 batch 8, "
+             "measured 4.5 img/s (stated reference; no train_step.json)");
+    f.ref = s_reference(f.src, sizeof f.src);
+    if (f.ref <= 0)
+        f.ref = 4.5;
+    return s_report(&f);
 }

@@ -19,112 +19,30 @@
  * this process carries over); zps-server calls zps_malloc_keep_warm(), which is part of
  * what zps does; --raw-warm gives the raw server the same settings. The bench process
  * (both sides' clients) calls zps_malloc_keep_warm() too.
- * Output: a table on stdout and $ZPS_BENCH_DIR/pushpull.json.
+ * Output: a table on stdout and $ZPS_BENCH_DIR/pushpull.json. The raw side lives in
+ * bench_pushpull_raw.c.
  */
 #include <getopt.h>
 #include <limits.h>
-#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <zmq.h>
 
 #include "bench/bench.h"
+#include "bench/pushpull_int.h"
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/mem.h"
+#include "common/proc.h"
 #include "ps/client.h"
-#include "ps/dtype.h"
-#include "ps/plan.h"
-#include "ps/server.h"
 
-enum { OP_PUSH = 0, OP_PULL = 1, OP_PUSHPULL = 2 };
 static const char *const s_ops[] = {"push", "pull", "pushpull"};
-
-#define MAX_SERVERS 2
-#define MAX_CLIENTS 2
-#define RAW_MAX_FRAMES 4096
-
-/* ------------------------------------------------------------------ raw server */
-
-typedef struct raw_hdr {
-    int op;        // OP_*, or -1: exit
-    int nframes;   // payload frames wanted in the reply (pull, pushpull)
-    size_t sizes[]; // (nframes) byte sizes of the reply frames
-} raw_hdr;
-
-static void s_noop_free(void *d, void *h)
-{
-    (void)d;
-    (void)h;
-}
-
-/* Child process: one ROUTER, replies as described at the top. Writes its endpoint to fd. */
-static void s_raw_server(int fd)
-{
-    void *ctx = zmq_ctx_new();
-    void *sock = zmq_socket(ctx, ZMQ_ROUTER);
-    int zero = 0;
-    zmq_setsockopt(sock, ZMQ_SNDHWM, &zero, sizeof zero);
-    zmq_setsockopt(sock, ZMQ_RCVHWM, &zero, sizeof zero);
-    if (zmq_bind(sock, "tcp://127.0.0.1:*") == -1)
-        _exit(3);
-    char ep[256];
-    size_t el = sizeof ep;
-    zmq_getsockopt(sock, ZMQ_LAST_ENDPOINT, ep, &el);
-    if (write(fd, ep, strlen(ep) + 1) < 0)
-        _exit(4);
-    close(fd);
-    size_t cap = 128u << 20;
-    char *data = zps_xmalloc(cap);
-    memset(data, 1, cap);
-    zmq_msg_t f[2];
-    for (;;) {
-        zmq_msg_init(&f[0]);
-        zmq_msg_init(&f[1]);
-        if (zmq_msg_recv(&f[0], sock, 0) == -1 || zmq_msg_recv(&f[1], sock, 0) == -1)
-            break;
-        raw_hdr h0;
-        memcpy(&h0, zmq_msg_data(&f[1]), sizeof h0);
-        size_t *sizes = zps_xmalloc(sizeof(size_t) * (size_t)(h0.nframes + 1));
-        memcpy(sizes, (char *)zmq_msg_data(&f[1]) + sizeof h0, sizeof(size_t) * (size_t)h0.nframes);
-        int more = zmq_msg_more(&f[1]);
-        while (more) { // push payload: receive and drop
-            zmq_msg_t m;
-            zmq_msg_init(&m);
-            zmq_msg_recv(&m, sock, 0);
-            more = zmq_msg_more(&m);
-            zmq_msg_close(&m);
-        }
-        if (h0.op < 0) {
-            free(sizes);
-            break;
-        }
-        int reply_frames = h0.op == OP_PUSH ? 0 : h0.nframes;
-        zmq_msg_send(&f[0], sock, ZMQ_SNDMORE);
-        zmq_send(sock, "ok", 2, reply_frames ? ZMQ_SNDMORE : 0);
-        size_t off = 0;
-        for (int i = 0; i < reply_frames; i++) {
-            zmq_msg_t m;
-            if (off + sizes[i] > cap)
-                off = 0;
-            zmq_msg_init_data(&m, data + off, sizes[i], s_noop_free, NULL);
-            off += sizes[i];
-            zmq_msg_send(&m, sock, i + 1 < reply_frames ? ZMQ_SNDMORE : 0);
-        }
-        zmq_msg_close(&f[1]);
-        free(sizes);
-    }
-    zmq_close(sock);
-    zmq_ctx_term(ctx);
-    _exit(0);
-}
 
 /* ------------------------------------------------------------------ process helpers */
 
@@ -132,32 +50,6 @@ typedef struct proc {
     pid_t pid;
     char uri[256];
 } proc;
-
-static int s_read_line(int fd, char *buf, size_t len, const char *tag, double timeout_s)
-{
-    size_t got = 0;
-    double end = zps_now_s() + timeout_s;
-    while (zps_now_s() < end && got < len - 1) {
-        struct pollfd p = {fd, POLLIN, 0};
-        if (poll(&p, 1, 100) <= 0)
-            continue;
-        ssize_t k = read(fd, buf + got, len - 1 - got);
-        if (k <= 0)
-            return -1;
-        got += (size_t)k;
-        buf[got] = 0;
-        if (!tag && memchr(buf, 0, got))
-            return 0;
-        char *at = tag ? strstr(buf, tag) : NULL;
-        char *nl = at ? strchr(at, '\n') : NULL;
-        if (at && nl) {
-            *nl = 0;
-            memmove(buf, at + strlen(tag), strlen(at + strlen(tag)) + 1);
-            return 0;
-        }
-    }
-    return -1;
-}
 
 /* This program's own path (for re-running it as a raw server) or zps-server's. */
 static int s_bin_path(char *bin, size_t len, const char *name)
@@ -177,34 +69,29 @@ static int s_bin_path(char *bin, size_t len, const char *name)
     return 0;
 }
 
-/* The raw server is a fresh exec of this program (`zps-bench pushpull --raw-server-fd N`),
- * so it runs with glibc's default allocator settings: a fork would inherit the
+/* Starts argv[0] and reads the endpoint it announces (after tag, or up to a NUL byte when
+ * tag is NULL) into p->uri. */
+static int s_spawn(proc *p, const char *const *argv, const char *tag)
+{
+    int fd;
+    if (zps_proc_start(argv, &p->pid, &fd) != ZPS_OK)
+        return -1;
+    zps_status st = zps_proc_read_line(fd, tag, p->uri, sizeof p->uri, 10);
+    close(fd);
+    return st == ZPS_OK ? 0 : -1;
+}
+
+/* The raw server is a fresh exec of this program (`zps-bench pushpull --raw-server-fd 1`,
+ * its stdout), so it runs with glibc's default allocator settings: a fork would inherit the
  * zps_malloc_keep_warm() of this process, which is zps logic. */
 static int s_spawn_raw(proc *p, int warm)
 {
     char bin[PATH_MAX];
     if (s_bin_path(bin, sizeof bin, NULL))
         return -1;
-    int fds[2];
-    if (pipe(fds) == -1)
-        return -1;
-    pid_t pid = fork();
-    if (pid < 0)
-        return -1;
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        close(fds[0]);
-        char fd[16];
-        snprintf(fd, sizeof fd, "%d", fds[1]);
-        execl(bin, bin, "pushpull", "--raw-server-fd", fd, warm ? "--raw-warm" : NULL,
-              (char *)NULL);
-        _exit(127);
-    }
-    close(fds[1]);
-    p->pid = pid;
-    int rc = s_read_line(fds[0], p->uri, sizeof p->uri, NULL, 10);
-    close(fds[0]);
-    return rc;
+    const char *argv[] = {bin, "pushpull", "--raw-server-fd", "1", warm ? "--raw-warm" : NULL,
+                          NULL};
+    return s_spawn(p, argv, NULL);
 }
 
 static int s_zps_io_threads = 1; // --server-io-threads
@@ -217,27 +104,10 @@ static int s_spawn_zps(proc *p, int n_clients)
     char nt[16], io[16];
     snprintf(nt, sizeof nt, "%d", n_clients);
     snprintf(io, sizeof io, "%d", s_zps_io_threads);
-    int fds[2];
-    if (pipe(fds) == -1)
-        return -1;
-    pid_t pid = fork();
-    if (pid < 0)
-        return -1;
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        dup2(fds[1], 1);
-        close(fds[0]);
-        close(fds[1]);
-        execl(bin, bin, "--bind", "tcp://127.0.0.1:0", "--mode", "async", "--num-trainers", nt,
-              "--stats-every", "0", "--log-level", "warn", "--max-message-bytes", "1073741824",
-              "--io-threads", io, (char *)NULL);
-        _exit(127);
-    }
-    close(fds[1]);
-    p->pid = pid;
-    int rc = s_read_line(fds[0], p->uri, sizeof p->uri, "zps-server listening on ", 10);
-    close(fds[0]);
-    return rc;
+    const char *argv[] = {bin, "--bind", "tcp://127.0.0.1:0", "--mode", "async",
+                          "--num-trainers", nt, "--stats-every", "0", "--log-level", "warn",
+                          "--max-message-bytes", "1073741824", "--io-threads", io, NULL};
+    return s_spawn(p, argv, "zps-server listening on ");
 }
 
 static void s_reap(proc *p)
@@ -259,29 +129,6 @@ static void s_reap(proc *p)
 
 /* ------------------------------------------------------------------ clients */
 
-typedef struct run {
-    int servers, clients, op, iters, warmup;
-    size_t bytes;
-    uint64_t msg_bytes;
-    ps_dtype dtype; // push direction on the wire (--push-dtype)
-    int streams;
-    const ps_plan *plan;
-    const char *uris[MAX_SERVERS];
-    pid_t pids[MAX_SERVERS]; // the servers' processes, for their CPU time
-    int raw;
-    pthread_barrier_t start;
-    double *lat_us;       // (clients * iters)
-    double t0, t1;        // wall time of the measured part (client 0)
-    double cpu0, cpu1;    // CPU time of clients and servers at t0 and t1 (s_cpu_now)
-    int failed;
-    char err[256];
-} run;
-
-typedef struct carg {
-    run *r;
-    int id;
-} carg;
-
 /* User + system CPU seconds of process pid so far (0 when unreadable). */
 static double s_proc_cpu(pid_t pid)
 {
@@ -301,7 +148,7 @@ static double s_proc_cpu(pid_t pid)
 }
 
 /* CPU seconds of this process (the clients and their ZeroMQ threads) and the servers. */
-static double s_cpu_now(const run *r)
+static double s_cpu_now(const bench_pp_run *r)
 {
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
@@ -312,8 +159,7 @@ static double s_cpu_now(const run *r)
     return t;
 }
 
-/* A client's gradient (finite, non-zero) and value buffers of n floats, resident. */
-static void s_client_buffers(uint64_t n, float **grad, float **val)
+void bench_pp_client_buffers(uint64_t n, float **grad, float **val)
 {
     *grad = zps_xaligned(64, n * 4 + 64);
     *val = zps_xaligned(64, n * 4 + 64);
@@ -322,156 +168,88 @@ static void s_client_buffers(uint64_t n, float **grad, float **val)
     zps_prefault(*val, n * 4);
 }
 
-static void *s_zps_client(void *arg)
+void bench_pp_timed_loop(bench_pp_run *r, int id, bench_pp_request_fn request, void *ctx,
+                         int failed)
 {
-    carg *a = arg;
-    run *r = a->r;
-    uint64_t n = r->plan->total;
+    pthread_barrier_wait(&r->start);
+    for (int it = 0; it < r->warmup + r->iters; it++) {
+        if (it == r->warmup) {
+            pthread_barrier_wait(&r->start);
+            if (id == 0)
+                r->t0 = zps_now_s(), r->cpu0 = s_cpu_now(r);
+        }
+        if (failed)
+            continue;
+        double t0 = zps_now_s();
+        failed = request(ctx);
+        if (it >= r->warmup)
+            r->lat_us[id * r->iters + it - r->warmup] = (zps_now_s() - t0) * 1e6;
+    }
+    pthread_barrier_wait(&r->start);
+    if (id == 0)
+        r->t1 = zps_now_s(), r->cpu1 = s_cpu_now(r);
+}
+
+typedef struct zps_side {
+    const bench_pp_run *r;
+    ps_client *c;
     float *grad, *val;
-    s_client_buffers(n, &grad, &val);
+    zps_status st; // the first failure
+} zps_side;
+
+static int s_zps_request(void *ctx)
+{
+    zps_side *z = ctx;
+    ps_ticket t;
+    if (z->r->op == OP_PUSH)
+        z->st = ps_client_push(z->c, 0, 1, z->grad, 0, &t);
+    else if (z->r->op == OP_PULL)
+        z->st = ps_client_pull(z->c, 0, 1, z->val, 0, &t);
+    else
+        z->st = ps_client_pushpull(z->c, 0, 1, z->grad, z->val, 0, &t);
+    if (z->st == ZPS_OK)
+        z->st = ps_client_wait(z->c, t);
+    return z->st != ZPS_OK;
+}
+
+/* Client id's connection to the zps servers: registered, and (client 0) INIT with lr 0 so
+ * that the values stay as they are. */
+static zps_status s_zps_connect(const bench_pp_run *r, int id, zps_side *z)
+{
     ps_client_opts o;
     ps_client_opts_default(&o);
     o.heartbeat_ms = 0;
     o.msg_bytes = r->msg_bytes;
     o.streams = r->streams;
     o.push_dtype = r->dtype;
-    ps_client *c = NULL;
-    zps_status st = ps_client_new(r->uris, r->servers, (uint32_t)a->id, &o, &c);
+    zps_status st = ps_client_new(r->uris, r->servers, (uint32_t)id, &o, &z->c);
     if (st == ZPS_OK)
-        st = ps_client_register(c, r->plan, NULL, NULL);
-    if (st == ZPS_OK && a->id == 0) {
+        st = ps_client_register(z->c, r->plan, NULL, NULL);
+    if (st == ZPS_OK && id == 0) {
         ps_optim_config oc;
         ps_optim_default(&oc);
         oc.lr = 0.0;
-        st = ps_client_init(c, grad, &oc, NULL);
+        st = ps_client_init(z->c, z->grad, &oc, NULL);
     }
-    pthread_barrier_wait(&r->start);
-    for (int it = 0; it < r->warmup + r->iters; it++) {
-        if (it == r->warmup) {
-            pthread_barrier_wait(&r->start);
-            if (a->id == 0)
-                r->t0 = zps_now_s(), r->cpu0 = s_cpu_now(r);
-        }
-        if (st != ZPS_OK)
-            continue; // keep meeting the barriers so the other clients finish
-        ps_ticket t;
-        double t0 = zps_now_s();
-        if (r->op == OP_PUSH)
-            st = ps_client_push(c, 0, 1, grad, 0, &t);
-        else if (r->op == OP_PULL)
-            st = ps_client_pull(c, 0, 1, val, 0, &t);
-        else
-            st = ps_client_pushpull(c, 0, 1, grad, val, 0, &t);
-        if (st == ZPS_OK)
-            st = ps_client_wait(c, t);
-        if (it >= r->warmup)
-            r->lat_us[a->id * r->iters + it - r->warmup] = (zps_now_s() - t0) * 1e6;
-    }
-    if (st != ZPS_OK) {
-        r->failed = 1;
-        snprintf(r->err, sizeof r->err, "%s: %s", zps_status_name(st), c ? ps_client_last_error(c) : "");
-    }
-    pthread_barrier_wait(&r->start);
-    if (a->id == 0)
-        r->t1 = zps_now_s(), r->cpu1 = s_cpu_now(r);
-    ps_client_destroy(&c);
-    zps_aligned_free(grad);
-    zps_aligned_free(val);
-    return NULL;
+    return st;
 }
 
-/* Raw: the same frames (sizes per server from the plan) over DEALER sockets. */
-static void *s_raw_client(void *arg)
+static void *s_zps_client(void *arg)
 {
-    carg *a = arg;
-    run *r = a->r;
-    uint64_t n = r->plan->total;
-    float *grad, *val;
-    s_client_buffers(n, &grad, &val);
-    size_t np = ps_plan_pieces(r->plan, 0, 1, NULL, 0);
-    ps_piece *pc = zps_xmalloc(np * sizeof *pc);
-    ps_plan_pieces(r->plan, 0, 1, pc, np);
-    void *ctx = zmq_ctx_new();
-    void *socks[MAX_SERVERS];
-    int zero = 0;
-    size_t *hdrbuf[MAX_SERVERS];
-    size_t hdrlen[MAX_SERVERS];
-    for (int s = 0; s < r->servers; s++) {
-        socks[s] = zmq_socket(ctx, ZMQ_DEALER);
-        zmq_setsockopt(socks[s], ZMQ_SNDHWM, &zero, sizeof zero);
-        zmq_setsockopt(socks[s], ZMQ_RCVHWM, &zero, sizeof zero);
-        zmq_connect(socks[s], r->uris[s]);
-        int cnt = 0;
-        for (size_t i = 0; i < np; i++)
-            cnt += pc[i].server == (uint32_t)s;
-        hdrlen[s] = sizeof(raw_hdr) + sizeof(size_t) * (size_t)cnt;
-        raw_hdr *h = zps_xmalloc(hdrlen[s]);
-        h->op = r->op;
-        h->nframes = cnt;
-        int k = 0;
-        for (size_t i = 0; i < np; i++)
-            if (pc[i].server == (uint32_t)s)
-                h->sizes[k++] = pc[i].count * 4;
-        hdrbuf[s] = (size_t *)h;
+    bench_pp_arg *a = arg;
+    bench_pp_run *r = a->r;
+    zps_side z = {.r = r};
+    bench_pp_client_buffers(r->plan->total, &z.grad, &z.val);
+    z.st = s_zps_connect(r, a->id, &z);
+    bench_pp_timed_loop(r, a->id, s_zps_request, &z, z.st != ZPS_OK);
+    if (z.st != ZPS_OK) {
+        r->failed = 1;
+        snprintf(r->err, sizeof r->err, "%s: %s", zps_status_name(z.st),
+                 z.c ? ps_client_last_error(z.c) : "");
     }
-    zmq_msg_t m;
-    pthread_barrier_wait(&r->start);
-    for (int it = 0; it < r->warmup + r->iters; it++) {
-        if (it == r->warmup) {
-            pthread_barrier_wait(&r->start);
-            if (a->id == 0)
-                r->t0 = zps_now_s(), r->cpu0 = s_cpu_now(r);
-        }
-        double t0 = zps_now_s();
-        for (int s = 0; s < r->servers; s++) {
-            raw_hdr *h = (raw_hdr *)hdrbuf[s];
-            int push = r->op != OP_PULL;
-            zmq_send(socks[s], h, hdrlen[s], push && h->nframes ? ZMQ_SNDMORE : 0);
-            if (!push)
-                continue;
-            int k = 0;
-            for (size_t i = 0; i < np; i++) {
-                if (pc[i].server != (uint32_t)s)
-                    continue;
-                zmq_msg_init_data(&m, grad + pc[i].flat_offset, pc[i].count * ps_dtype_size(r->dtype),
-                                  s_noop_free, NULL);
-                zmq_msg_send(&m, socks[s], ++k < h->nframes ? ZMQ_SNDMORE : 0);
-            }
-        }
-        for (int s = 0; s < r->servers; s++) {
-            zmq_msg_init(&m);
-            zmq_msg_recv(&m, socks[s], 0); // ack
-            int more = zmq_msg_more(&m);
-            zmq_msg_close(&m);
-            size_t i = 0;
-            while (more) {
-                while (i < np && pc[i].server != (uint32_t)s)
-                    i++;
-                zmq_msg_init(&m);
-                zmq_msg_recv(&m, socks[s], 0);
-                more = zmq_msg_more(&m);
-                if (i < np && zmq_msg_size(&m) == pc[i].count * 4)
-                    memcpy(val + pc[i].flat_offset, zmq_msg_data(&m), pc[i].count * 4);
-                i++;
-                zmq_msg_close(&m);
-            }
-        }
-        if (it >= r->warmup)
-            r->lat_us[a->id * r->iters + it - r->warmup] = (zps_now_s() - t0) * 1e6;
-    }
-    pthread_barrier_wait(&r->start);
-    if (a->id == 0)
-        r->t1 = zps_now_s(), r->cpu1 = s_cpu_now(r);
-    for (int s = 0; s < r->servers; s++) {
-        int l = 0;
-        zmq_setsockopt(socks[s], ZMQ_LINGER, &l, sizeof l);
-        zmq_close(socks[s]);
-        free(hdrbuf[s]);
-    }
-    zmq_ctx_term(ctx);
-    free(pc);
-    zps_aligned_free(grad);
-    zps_aligned_free(val);
+    ps_client_destroy(&z.c);
+    zps_aligned_free(z.grad);
+    zps_aligned_free(z.val);
     return NULL;
 }
 
@@ -492,23 +270,23 @@ typedef struct acc {
     int reps, ok;
 } acc;
 
-static void s_acc_init(acc *a, const run *r, int reps)
+static void s_acc_init(acc *a, const bench_pp_run *r, int reps)
 {
     memset(a, 0, sizeof *a);
     a->lat = zps_xmalloc(sizeof(double) * (size_t)(reps * r->clients * r->iters));
     a->ok = 1;
 }
 
-static void s_rep(run *r, acc *a)
+static void s_rep(bench_pp_run *r, acc *a)
 {
     pthread_t th[MAX_CLIENTS];
-    carg ca[MAX_CLIENTS];
+    bench_pp_arg ca[MAX_CLIENTS];
     pthread_barrier_init(&r->start, NULL, (unsigned)r->clients);
     r->lat_us = zps_xcalloc((size_t)(r->clients * r->iters), sizeof(double));
     r->failed = 0;
     for (int c = 0; c < r->clients; c++) {
-        ca[c] = (carg){r, c};
-        pthread_create(&th[c], NULL, r->raw ? s_raw_client : s_zps_client, &ca[c]);
+        ca[c] = (bench_pp_arg){r, c};
+        pthread_create(&th[c], NULL, r->raw ? bench_pp_raw_client : s_zps_client, &ca[c]);
     }
     for (int c = 0; c < r->clients; c++)
         pthread_join(th[c], NULL);
@@ -561,14 +339,23 @@ static void s_usage(FILE *f)
                "keeps freed memory warm as zps-server does (the stricter 'ratio_warm').\n");
 }
 
-ZPS_BENCH(pushpull, "zps push/pull/pushpull vs raw ZeroMQ DEALER/ROUTER, 1x1 and 2x2")
+/* The command line: which cells run, and how. */
+typedef struct cfg {
+    int quick, reps, op_mask, shape_mask;
+    int sides;             // bits: zps, raw, raw-warm
+    size_t max_bytes;      // largest payload
+    size_t only_bytes;     // 0: every size
+    uint64_t msg_bytes;    // ps_client_opts.msg_bytes
+    int streams;           // ps_client_opts.streams
+    ps_dtype dtype;        // --push-dtype
+    int raw_warm, raw_fd;  // internal: run as a raw server writing its endpoint to raw_fd
+} cfg;
+
+/* Fills c from the command line; -1 to go on, else the exit code (usage shown). */
+static int s_parse(int argc, char **argv, cfg *c)
 {
-    int quick = 0, reps = 3, op_mask = 7, shape_mask = 3, sides = 7; // bits: zps, raw, raw-warm
-    int raw_warm = 0;
-    size_t max_bytes = 64u << 20, only_bytes = 0;
-    uint64_t msg_bytes = 1u << 20;
-    int streams = 1, raw_fd = -1;
-    ps_dtype dtype = PS_DTYPE_F32;
+    *c = (cfg){.reps = 3, .op_mask = 7, .shape_mask = 3, .sides = 7, .max_bytes = 64u << 20,
+               .msg_bytes = 1u << 20, .streams = 1, .dtype = PS_DTYPE_F32, .raw_fd = -1};
     static const struct option opts[] = {{"quick", no_argument, 0, 'q'},
                                          {"reps", required_argument, 0, 'r'},
                                          {"max-bytes", required_argument, 0, 'm'},
@@ -587,150 +374,197 @@ ZPS_BENCH(pushpull, "zps push/pull/pushpull vs raw ZeroMQ DEALER/ROUTER, 1x1 and
     int ch;
     while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         if (ch == 'q')
-            quick = 1;
+            c->quick = 1;
         else if (ch == 'r')
-            reps = atoi(optarg) > 0 ? (atoi(optarg) < 64 ? atoi(optarg) : 64) : 1;
+            c->reps = atoi(optarg) > 0 ? (atoi(optarg) < 64 ? atoi(optarg) : 64) : 1;
         else if (ch == 'm')
-            max_bytes = (size_t)strtoull(optarg, NULL, 10);
+            c->max_bytes = (size_t)strtoull(optarg, NULL, 10);
         else if (ch == 'b')
-            only_bytes = (size_t)strtoull(optarg, NULL, 10);
+            c->only_bytes = (size_t)strtoull(optarg, NULL, 10);
         else if (ch == 'o')
-            op_mask = !strcmp(optarg, "push") ? 1 : !strcmp(optarg, "pull") ? 2 : 4;
+            c->op_mask = !strcmp(optarg, "push") ? 1 : !strcmp(optarg, "pull") ? 2 : 4;
         else if (ch == 's')
-            shape_mask = !strcmp(optarg, "1x1") ? 1 : 2;
+            c->shape_mask = !strcmp(optarg, "1x1") ? 1 : 2;
         else if (ch == 'M')
-            msg_bytes = strtoull(optarg, NULL, 10);
-        else if (ch == 'D' && ps_dtype_parse(optarg, &dtype) == 0)
+            c->msg_bytes = strtoull(optarg, NULL, 10);
+        else if (ch == 'D' && ps_dtype_parse(optarg, &c->dtype) == 0)
             ;
         else if (ch == 'S' && atoi(optarg) >= 1 && atoi(optarg) <= 8)
-            streams = atoi(optarg);
+            c->streams = atoi(optarg);
         else if (ch == 'I')
             s_zps_io_threads = atoi(optarg) > 0 ? atoi(optarg) : 1;
         else if (ch == 'W')
-            raw_warm = 1;
+            c->raw_warm = 1;
         else if (ch == 'F')
-            raw_fd = atoi(optarg);
+            c->raw_fd = atoi(optarg);
         else if (ch == 'O' && (!strcmp(optarg, "zps") || !strcmp(optarg, "raw") ||
                                !strcmp(optarg, "raw-warm")))
-            sides = !strcmp(optarg, "zps") ? 1 : !strcmp(optarg, "raw") ? 2 : 4;
+            c->sides = !strcmp(optarg, "zps") ? 1 : !strcmp(optarg, "raw") ? 2 : 4;
         else {
             s_usage(ch == 'h' ? stdout : stderr);
             return ch == 'h' ? 0 : 2;
         }
     }
-    if (raw_fd >= 0) { // internal: this process is a raw server (s_spawn_raw)
-        if (raw_warm)
+    return -1;
+}
+
+/* One row of the table: a shape, a payload size and an op. */
+typedef struct cell {
+    int ns, nc;          // servers, clients
+    size_t bytes;        // payload per request
+    int op;              // OP_*
+    int iters;           // measured requests per client and repetition
+    const ps_plan *plan; // one variable of bytes / 4 floats over ns servers
+} cell;
+
+/* The cell's three sides, their repetitions alternating (zps, raw, raw-warm, zps, ...):
+ * res per side and the medians of the paired repetitions' ratios zps / raw (ratio[0]) and
+ * zps / raw-warm (ratio[1]), 0 where a side did not run. srv: each side's servers. */
+static void s_run_cell(const cfg *c, const cell *cl, const proc *const srv[3], result res[3],
+                       double ratio[2])
+{
+    bench_pp_run rs[3];
+    acc ac[3];
+    double pair[2][64];
+    for (int k = 0; k < 3; k++) {
+        rs[k] = (bench_pp_run){.servers = cl->ns, .clients = cl->nc, .op = cl->op, .iters = cl->iters,
+                      .warmup = cl->iters / 8 + 2, .bytes = cl->bytes, .plan = cl->plan,
+                      .msg_bytes = c->msg_bytes, .streams = c->streams, .raw = k > 0,
+                      .dtype = c->dtype};
+        for (int s = 0; s < cl->ns; s++)
+            rs[k].uris[s] = srv[k][s].uri, rs[k].pids[s] = srv[k][s].pid;
+        s_acc_init(&ac[k], &rs[k], c->reps);
+    }
+    for (int rep = 0; rep < c->reps; rep++) {
+        for (int k = 0; k < 3; k++)
+            if (c->sides & (1 << k))
+                s_rep(&rs[k], &ac[k]);
+        for (int k = 1; k < 3; k++)
+            if ((c->sides & 1) && (c->sides & (1 << k)))
+                pair[k - 1][rep] = ac[0].gbps[rep] / ac[k].gbps[rep];
+    }
+    for (int k = 0; k < 3; k++)
+        res[k] = s_result(&ac[k]);
+    /* the median of the paired repetitions' ratios: a slow spell moves both halves of a
+     * pair, not the ratio */
+    ratio[0] = (c->sides & 3) == 3 ? bench_median(pair[0], (size_t)c->reps) : 0;
+    ratio[1] = (c->sides & 5) == 5 ? bench_median(pair[1], (size_t)c->reps) : 0;
+}
+
+/* The cell's table row on stdout and its object in the JSON list js. */
+static void s_report_cell(FILE *js, int first, const cfg *c, const cell *cl, const result res[3],
+                          const double ratio[2])
+{
+    const result *z = &res[0], *w = &res[1], *m = &res[2];
+    printf("%dx%-3d %-9zu %-9s %9.3f %9.3f %6.2f %9.3f %6.2f %9.1f %9.1f %9.1f %9.1f %8.3f %8.3f\n",
+           cl->ns, cl->nc, cl->bytes, s_ops[cl->op], z->gbps, w->gbps, ratio[0], m->gbps, ratio[1],
+           z->p50, w->p50, z->p99, w->p99, z->cpu_s_per_gb, w->cpu_s_per_gb);
+    fflush(stdout);
+    fprintf(js,
+            "%s  {\"servers\": %d, \"clients\": %d, \"bytes\": %zu, \"op\": \"%s\", "
+            "\"push_dtype\": \"%s\", "
+            "\"zps_gbps\": %.4f, \"raw_gbps\": %.4f, \"ratio\": %.4f, "
+            "\"raw_warm_gbps\": %.4f, \"ratio_warm\": %.4f, \"zps_p50_us\": %.1f, "
+            "\"raw_p50_us\": %.1f, \"raw_warm_p50_us\": %.1f, \"zps_p99_us\": %.1f, "
+            "\"raw_p99_us\": %.1f, \"zps_cpu_s_per_gb\": %.4f, \"raw_cpu_s_per_gb\": %.4f, "
+            "\"raw_warm_cpu_s_per_gb\": %.4f}",
+            first ? "" : ",\n", cl->ns, cl->nc, cl->bytes, s_ops[cl->op], ps_dtype_name(c->dtype),
+            z->gbps, w->gbps, ratio[0], m->gbps, ratio[1], z->p50, w->p50, m->p50, z->p99, w->p99,
+            z->cpu_s_per_gb, w->cpu_s_per_gb, m->cpu_s_per_gb);
+}
+
+/* Measured requests per client and repetition: about 256 MiB (64 MiB quick) of payload,
+ * 8 at least. */
+static int s_iters(const cfg *c, size_t bytes)
+{
+    int iters = (int)((c->quick ? 64u << 20 : 256u << 20) / bytes);
+    if (iters > (c->quick ? 300 : 2000))
+        iters = c->quick ? 300 : 2000;
+    return iters < 8 ? 8 : iters;
+}
+
+/* Every cell of shape ns x nc, each side on its own fresh servers. 1 when servers could not
+ * start; *failed is set when a zps run failed. */
+static int s_run_shape(const cfg *c, int ns, int nc, FILE *js, int *first, int *failed)
+{
+    const size_t all_sizes[] = {4u << 10, 64u << 10, 1u << 20, 16u << 20, 64u << 20};
+    const size_t quick_sizes[] = {4u << 10, 1u << 20, 16u << 20};
+    const size_t *sizes = c->quick ? quick_sizes : all_sizes;
+    int n_sizes = c->quick ? 3 : 5;
+    /* the raw servers are forked before any ZeroMQ context exists in this thread's
+     * clients; each shape gets fresh servers */
+    proc raw[MAX_SERVERS] = {{0}}, warm[MAX_SERVERS] = {{0}}, zs[MAX_SERVERS] = {{0}};
+    for (int s = 0; s < ns; s++)
+        if (s_spawn_raw(&raw[s], 0) || s_spawn_raw(&warm[s], 1) || s_spawn_zps(&zs[s], nc)) {
+            fprintf(stderr, "pushpull: cannot start servers\n");
+            return 1;
+        }
+    const proc *const srv[3] = {zs, raw, warm};
+    for (int si = 0; si < n_sizes; si++) {
+        size_t bytes = c->only_bytes ? c->only_bytes : sizes[si];
+        if (bytes > c->max_bytes || (c->only_bytes && si > 0))
+            continue;
+        ps_var var = {"payload", bytes / 4};
+        ps_plan *plan;
+        ps_plan_new(&var, 1, ns, 0, &plan);
+        cell cl = {.ns = ns, .nc = nc, .bytes = bytes, .iters = s_iters(c, bytes), .plan = plan};
+        for (cl.op = 0; cl.op < 3; cl.op++) {
+            if (!(c->op_mask & (1 << cl.op)))
+                continue;
+            /* restart zps servers per size: a new plan needs a new INIT */
+            for (int s = 0; s < ns; s++) {
+                s_reap(&zs[s]);
+                if (s_spawn_zps(&zs[s], nc)) {
+                    fprintf(stderr, "pushpull: cannot restart zps-server\n");
+                    return 1;
+                }
+            }
+            result res[3];
+            double ratio[2];
+            s_run_cell(c, &cl, srv, res, ratio);
+            *failed |= !res[0].ok;
+            s_report_cell(js, *first, c, &cl, res, ratio);
+            *first = 0;
+        }
+        ps_plan_destroy(&plan);
+    }
+    for (int s = 0; s < ns; s++) {
+        s_reap(&raw[s]);
+        s_reap(&warm[s]);
+        s_reap(&zs[s]);
+    }
+    return 0;
+}
+
+ZPS_BENCH(pushpull, "zps push/pull/pushpull vs raw ZeroMQ DEALER/ROUTER, 1x1 and 2x2")
+{
+    cfg c;
+    int rc = s_parse(argc, argv, &c);
+    if (rc >= 0)
+        return rc;
+    if (c.raw_fd >= 0) { // internal: this process is a raw server (s_spawn_raw)
+        if (c.raw_warm)
             zps_malloc_keep_warm();
-        s_raw_server(raw_fd);
+        bench_pp_raw_server(c.raw_fd);
     }
     zps_malloc_keep_warm();
     signal(SIGPIPE, SIG_IGN);
-    const size_t all_sizes[] = {4u << 10, 64u << 10, 1u << 20, 16u << 20, 64u << 20};
-    const size_t quick_sizes[] = {4u << 10, 1u << 20, 16u << 20};
-    const size_t *sizes = quick ? quick_sizes : all_sizes;
-    int n_sizes = quick ? 3 : 5;
     const int shapes[2][2] = {{1, 1}, {2, 2}};
-
     char path[1024];
-    snprintf(path, sizeof path, "%s/pushpull.json", bench_out_dir());
-    FILE *js = fopen(path, "w");
-    if (!js) {
-        fprintf(stderr, "pushpull: cannot write %s\n", path);
+    FILE *js = bench_json_open("pushpull", "pushpull.json", path, sizeof path);
+    if (!js)
         return 1;
-    }
     fprintf(js, "[\n");
     int first = 1, failed = 0;
     printf("%-5s %-9s %-9s %9s %9s %6s %9s %6s %9s %9s %9s %9s %8s %8s\n", "shape", "bytes", "op",
            "zps GB/s", "raw GB/s", "ratio", "warm GB/s", "ratio", "zps p50us", "raw p50us",
            "zps p99us", "raw p99us", "zps cpu", "raw cpu");
-    for (int sh = 0; sh < 2; sh++) {
-        if (!(shape_mask & (1 << sh)))
-            continue;
-        int ns = shapes[sh][0], nc = shapes[sh][1];
-        /* the raw servers are forked before any ZeroMQ context exists in this thread's
-         * clients; each shape gets fresh servers */
-        proc raw[MAX_SERVERS] = {{0}}, warm[MAX_SERVERS] = {{0}}, zs[MAX_SERVERS] = {{0}};
-        for (int s = 0; s < ns; s++)
-            if (s_spawn_raw(&raw[s], 0) || s_spawn_raw(&warm[s], 1) || s_spawn_zps(&zs[s], nc)) {
-                fprintf(stderr, "pushpull: cannot start servers\n");
-                return 1;
-            }
-        for (int si = 0; si < n_sizes; si++) {
-            size_t bytes = only_bytes ? only_bytes : sizes[si];
-            if (bytes > max_bytes || (only_bytes && si > 0))
-                continue;
-            ps_var var = {"payload", bytes / 4};
-            ps_plan *plan;
-            ps_plan_new(&var, 1, ns, 0, &plan);
-            int iters = (int)((quick ? 64u << 20 : 256u << 20) / bytes);
-            if (iters > (quick ? 300 : 2000))
-                iters = quick ? 300 : 2000;
-            if (iters < 8)
-                iters = 8;
-            for (int op = 0; op < 3; op++) {
-                if (!(op_mask & (1 << op)))
-                    continue;
-                /* restart zps servers per size: a new plan needs a new INIT */
-                for (int s = 0; s < ns; s++) {
-                    s_reap(&zs[s]);
-                    if (s_spawn_zps(&zs[s], nc)) {
-                        fprintf(stderr, "pushpull: cannot restart zps-server\n");
-                        return 1;
-                    }
-                }
-                /* sides: 0 zps, 1 raw, 2 raw with warm memory; their repetitions alternate */
-                run rs[3];
-                const proc *srv[3] = {zs, raw, warm};
-                acc ac[3];
-                double pair[2][64];
-                for (int k = 0; k < 3; k++) {
-                    rs[k] = (run){.servers = ns, .clients = nc, .op = op, .iters = iters,
-                                  .warmup = iters / 8 + 2, .bytes = bytes, .plan = plan,
-                                  .msg_bytes = msg_bytes, .streams = streams, .raw = k > 0,
-                                  .dtype = dtype};
-                    for (int s = 0; s < ns; s++)
-                        rs[k].uris[s] = srv[k][s].uri, rs[k].pids[s] = srv[k][s].pid;
-                    s_acc_init(&ac[k], &rs[k], reps);
-                }
-                for (int rep = 0; rep < reps; rep++) {
-                    for (int k = 0; k < 3; k++)
-                        if (sides & (1 << k))
-                            s_rep(&rs[k], &ac[k]);
-                    for (int k = 1; k < 3; k++)
-                        if ((sides & 1) && (sides & (1 << k)))
-                            pair[k - 1][rep] = ac[0].gbps[rep] / ac[k].gbps[rep];
-                }
-                result z = s_result(&ac[0]), w = s_result(&ac[1]), m = s_result(&ac[2]);
-                failed |= !z.ok;
-                /* the median of the paired repetitions' ratios: a slow spell moves both
-                 * halves of a pair, not the ratio */
-                double ratio = (sides & 3) == 3 ? bench_median(pair[0], (size_t)reps) : 0;
-                double ratio_w = (sides & 5) == 5 ? bench_median(pair[1], (size_t)reps) : 0;
-                printf("%dx%-3d %-9zu %-9s %9.3f %9.3f %6.2f %9.3f %6.2f %9.1f %9.1f %9.1f %9.1f %8.3f %8.3f\n",
-                       ns, nc, bytes, s_ops[op], z.gbps, w.gbps, ratio, m.gbps, ratio_w, z.p50, w.p50,
-                       z.p99, w.p99, z.cpu_s_per_gb, w.cpu_s_per_gb);
-                fflush(stdout);
-                fprintf(js,
-                        "%s  {\"servers\": %d, \"clients\": %d, \"bytes\": %zu, \"op\": \"%s\", "
-                        "\"push_dtype\": \"%s\", "
-                        "\"zps_gbps\": %.4f, \"raw_gbps\": %.4f, \"ratio\": %.4f, "
-                        "\"raw_warm_gbps\": %.4f, \"ratio_warm\": %.4f, \"zps_p50_us\": %.1f, "
-                        "\"raw_p50_us\": %.1f, \"raw_warm_p50_us\": %.1f, \"zps_p99_us\": %.1f, "
-                        "\"raw_p99_us\": %.1f, \"zps_cpu_s_per_gb\": %.4f, \"raw_cpu_s_per_gb\": %.4f, "
-                        "\"raw_warm_cpu_s_per_gb\": %.4f}",
-                        first ? "" : ",\n", ns, nc, bytes, s_ops[op], ps_dtype_name(dtype), z.gbps, w.gbps, ratio, m.gbps,
-                        ratio_w, z.p50, w.p50, m.p50, z.p99, w.p99, z.cpu_s_per_gb, w.cpu_s_per_gb,
-                        m.cpu_s_per_gb);
-                first = 0;
-            }
-            ps_plan_destroy(&plan);
+    for (int sh = 0; sh < 2; sh++)
+        if ((c.shape_mask & (1 << sh)) &&
+            s_run_shape(&c, shapes[sh][0], shapes[sh][1], js, &first, &failed)) {
+            fclose(js);
+            return 1;
         }
-        for (int s = 0; s < ns; s++) {
-            s_reap(&raw[s]);
-            s_reap(&warm[s]);
-            s_reap(&zs[s]);
-        }
-    }
     fprintf(js, "\n]\n");
     fclose(js);
     printf("ps-lite on this machine (issue 3), 1x1 push 2.26 / 2.37 / 1.37 GB/s and pull 1.86 / 2.10 / "

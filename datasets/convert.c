@@ -269,18 +269,10 @@ typedef struct s_item {
     char *path;
 } s_item;
 
-zps_status ds_convert_folder(const char *src_dir, const char *name, const ds_convert_opts *o,
-                             int resize_h, int resize_w, uint64_t *n_written,
-                             uint64_t *n_skipped)
+/* Every image file under src_dir/CLASS/ as {class index, path}, in class then name order. */
+static zps_status s_gather_items(const char *src_dir, char **classes, int nc, s_item **out,
+                                 size_t *n_out)
 {
-    char **classes;
-    int nc;
-    ZPS_TRY(s_list(src_dir, true, &classes, &nc));
-    if (nc == 0) {
-        zps_log(ZPS_ERROR, "ds", "%s has no class sub-folders", src_dir);
-        free(classes);
-        return ZPS_ERR_NOT_FOUND;
-    }
     s_item *items = NULL;
     size_t ni = 0, icap = 0;
     zps_status st = ZPS_OK;
@@ -304,64 +296,119 @@ zps_status ds_convert_folder(const char *src_dir, const char *name, const ds_con
         if (st == ZPS_OK)
             s_free_list(files, nf);
     }
-    /* Fisher-Yates with the seed: classes mix in every shard and every trainer's range. */
+    *out = items;
+    *n_out = ni;
+    return st;
+}
+
+/* Fisher-Yates with the seed, so classes mix in every shard and every trainer's range; then
+ * at most o->limit items are kept. */
+static void s_shuffle_items(const ds_convert_opts *o, s_item *items, size_t *ni)
+{
     uint64_t rs = o->seed;
-    for (size_t i = ni; i > 1; i--) {
+    for (size_t i = *ni; i > 1; i--) {
         size_t j = (size_t)(ds_rand(&rs) % i);
         s_item t = items[i - 1];
         items[i - 1] = items[j];
         items[j] = t;
     }
-    if (o->limit && ni > o->limit) {
-        for (size_t i = o->limit; i < ni; i++)
+    if (o->limit && *ni > o->limit) {
+        for (size_t i = o->limit; i < *ni; i++)
             free(items[i].path);
-        ni = o->limit;
+        *ni = o->limit;
     }
-    ds_writer *wr = NULL;
-    ds_codec *codec = ds_codec_new();
-    uint8_t *file = NULL, *rs_buf = NULL;
-    size_t file_cap = 0, rs_cap = 0;
-    uint64_t skipped = 0;
-    if (st == ZPS_OK && !codec)
-        st = ZPS_ERR_INTERNAL;
-    if (st == ZPS_OK)
-        st = ds_writer_new(o->out, name, o->shards, o->overwrite, &wr);
+}
+
+/* Scratch of one folder conversion, reused from file to file. */
+typedef struct s_folder_buf {
+    ds_codec *codec;
+    uint8_t *file; // the file's bytes, capacity file_cap
+    size_t file_cap;
+    uint8_t *rs;   // resized pixels, capacity rs_cap
+    size_t rs_cap;
+} s_folder_buf;
+
+/* Fills r's image from decoded px: resized and re-encoded (resize_h, resize_w > 0), raw
+ * pixels, or the file's own bytes (len of them, encoding enc). */
+static zps_status s_folder_image(const ds_convert_opts *o, s_folder_buf *fb, const ds_pixels *px,
+                                 ds_encoding enc, size_t len, int resize_h, int resize_w,
+                                 ds_record *r)
+{
+    if (resize_h > 0 && resize_w > 0) {
+        size_t need = (size_t)resize_h * resize_w * px->c;
+        if (need > fb->rs_cap) {
+            fb->rs_cap = need;
+            fb->rs = zps_xrealloc(fb->rs, fb->rs_cap);
+        }
+        ds_resize_u8(px->px, px->h, px->w, px->c, fb->rs, resize_h, resize_w);
+        r->height = (uint32_t)resize_h;
+        r->width = (uint32_t)resize_w;
+        r->encoding = o->encoding;
+        return ds_image_encode(fb->codec, fb->rs, resize_h, resize_w, px->c, o->encoding,
+                               o->quality, &r->image, &r->image_len);
+    }
+    if (o->encoding == DS_ENC_RAW) {
+        r->encoding = DS_ENC_RAW;
+        r->image = px->px;
+        r->image_len = (size_t)px->h * px->w * px->c;
+    } else {
+        r->encoding = enc; /* the file's own bytes */
+        r->image = fb->file;
+        r->image_len = len;
+    }
+    return ZPS_OK;
+}
+
+/* Writes the ni items into wr; unreadable files are counted in *skipped. */
+static zps_status s_write_items(const ds_convert_opts *o, s_folder_buf *fb, const s_item *items,
+                                size_t ni, int resize_h, int resize_w, ds_writer *wr,
+                                uint64_t *skipped)
+{
+    zps_status st = ZPS_OK;
     for (size_t i = 0; i < ni && st == ZPS_OK; i++) {
         size_t len;
         ds_encoding enc;
         ds_pixels px;
-        if (s_read_file(items[i].path, &file, &file_cap, &len) != ZPS_OK ||
-            ds_image_decode_any(codec, file, len, &px, &enc) != ZPS_OK) {
+        if (s_read_file(items[i].path, &fb->file, &fb->file_cap, &len) != ZPS_OK ||
+            ds_image_decode_any(fb->codec, fb->file, len, &px, &enc) != ZPS_OK) {
             zps_log(ZPS_WARN, "ds", "skipping %s: not a readable JPEG or PNG", items[i].path);
-            skipped++;
+            (*skipped)++;
             continue;
         }
         ds_record r = {.height = (uint32_t)px.h, .width = (uint32_t)px.w,
                        .channels = (uint32_t)px.c, .label = items[i].cls};
-        if (resize_h > 0 && resize_w > 0) {
-            size_t need = (size_t)resize_h * resize_w * px.c;
-            if (need > rs_cap) {
-                rs_cap = need;
-                rs_buf = zps_xrealloc(rs_buf, rs_cap);
-            }
-            ds_resize_u8(px.px, px.h, px.w, px.c, rs_buf, resize_h, resize_w);
-            r.height = (uint32_t)resize_h;
-            r.width = (uint32_t)resize_w;
-            r.encoding = o->encoding;
-            st = ds_image_encode(codec, rs_buf, resize_h, resize_w, px.c, o->encoding,
-                                 o->quality, &r.image, &r.image_len);
-        } else if (o->encoding == DS_ENC_RAW) {
-            r.encoding = DS_ENC_RAW;
-            r.image = px.px;
-            r.image_len = (size_t)px.h * px.w * px.c;
-        } else {
-            r.encoding = enc; /* the file's own bytes */
-            r.image = file;
-            r.image_len = len;
-        }
+        st = s_folder_image(o, fb, &px, enc, len, resize_h, resize_w, &r);
         if (st == ZPS_OK)
             st = ds_writer_put(wr, &r);
     }
+    return st;
+}
+
+zps_status ds_convert_folder(const char *src_dir, const char *name, const ds_convert_opts *o,
+                             int resize_h, int resize_w, uint64_t *n_written,
+                             uint64_t *n_skipped)
+{
+    char **classes;
+    int nc;
+    ZPS_TRY(s_list(src_dir, true, &classes, &nc));
+    if (nc == 0) {
+        zps_log(ZPS_ERROR, "ds", "%s has no class sub-folders", src_dir);
+        free(classes);
+        return ZPS_ERR_NOT_FOUND;
+    }
+    s_item *items;
+    size_t ni;
+    zps_status st = s_gather_items(src_dir, classes, nc, &items, &ni);
+    s_shuffle_items(o, items, &ni);
+    ds_writer *wr = NULL;
+    s_folder_buf fb = {.codec = ds_codec_new()};
+    uint64_t skipped = 0;
+    if (st == ZPS_OK && !fb.codec)
+        st = ZPS_ERR_INTERNAL;
+    if (st == ZPS_OK)
+        st = ds_writer_new(o->out, name, o->shards, o->overwrite, &wr);
+    if (st == ZPS_OK)
+        st = s_write_items(o, &fb, items, ni, resize_h, resize_w, wr, &skipped);
     uint64_t written = wr ? ds_writer_count(wr) : 0;
     if (st == ZPS_OK)
         st = ds_writer_close(&wr);
@@ -376,9 +423,9 @@ zps_status ds_convert_folder(const char *src_dir, const char *name, const ds_con
         *n_written = written;
     if (n_skipped)
         *n_skipped = skipped;
-    ds_codec_destroy(&codec);
-    free(file);
-    free(rs_buf);
+    ds_codec_destroy(&fb.codec);
+    free(fb.file);
+    free(fb.rs);
     for (size_t i = 0; i < ni; i++)
         free(items[i].path);
     free(items);
@@ -404,6 +451,74 @@ static void s_overlap(const int *a, const int *b, float *iou, float *cover)
     *cover = inter / (aa < ab ? aa : ab);
 }
 
+/* Tight box (x0, y0, x1, y1), inclusive, around the pixels of a side x side item brighter
+ * than the background; false when the item has none. */
+static bool s_item_bbox(const uint8_t *item, int side, int *bb)
+{
+    int bx0 = side, by0 = side, bx1 = -1, by1 = -1;
+    for (int y = 0; y < side; y++)
+        for (int x = 0; x < side; x++)
+            if (item[y * side + x] > 16) {
+                bx0 = x < bx0 ? x : bx0;
+                bx1 = x > bx1 ? x : bx1;
+                by0 = y < by0 ? y : by0;
+                by1 = y > by1 ? y : by1;
+            }
+    bb[0] = bx0, bb[1] = by0, bb[2] = bx1, bb[3] = by1;
+    return bx1 >= 0;
+}
+
+/* Composes one canvas (S x S, cleared here) from random Fashion-MNIST items drawn with the
+ * generator *rs; item is side-sized scratch. Returns how many boxes were placed. */
+static int s_compose(const ds_detection_opts *d, const uint8_t *im, const uint8_t *lb,
+                     size_t n_src, uint64_t *rs, uint8_t *canvas, uint8_t *item, ds_box *boxes)
+{
+    const int S = d->canvas;
+    memset(canvas, 0, (size_t)S * S);
+    int want = d->min_items + (int)(ds_rand(rs) % (uint64_t)(d->max_items - d->min_items + 1));
+    int placed[DS_MAX_BOXES][4];
+    int nb = 0;
+    /* up to 20 tries per item; keep trying (bounded) until min_items are placed */
+    for (int attempt = 0; nb < want && (attempt < want * 20 || (nb < d->min_items && attempt < 5000));
+         attempt++) {
+        size_t src = (size_t)(ds_rand(rs) % n_src);
+        float sc = d->min_scale + (d->max_scale - d->min_scale) * ds_randf(rs);
+        int side = (int)(sc * (float)S + 0.5f);
+        if (side < 8)
+            side = 8;
+        if (side > S)
+            side = S;
+        ds_resize_u8(im + src * 784, 28, 28, 1, item, side, side);
+        int bb[4];
+        if (!s_item_bbox(item, side, bb))
+            continue;
+        int px = (int)(ds_rand(rs) % (uint64_t)(S - side + 1));
+        int py = (int)(ds_rand(rs) % (uint64_t)(S - side + 1));
+        int b[4] = {px + bb[0], py + bb[1], px + bb[2] + 1, py + bb[3] + 1};
+        bool ok = true;
+        for (int j = 0; j < nb && ok; j++) {
+            float iou, cover;
+            s_overlap(b, placed[j], &iou, &cover);
+            ok = iou <= d->max_iou && cover <= DS_DETECTION_MAX_COVER;
+        }
+        if (!ok)
+            continue;
+        for (int y = 0; y < side; y++)
+            for (int x = 0; x < side; x++) {
+                uint8_t v = item[y * side + x];
+                uint8_t *c = &canvas[(py + y) * S + px + x];
+                if (v > *c)
+                    *c = v;
+            }
+        memcpy(placed[nb], b, sizeof b);
+        boxes[nb] = (ds_box){.xmin = (float)b[0] / (float)S, .ymin = (float)b[1] / (float)S,
+                             .xmax = (float)b[2] / (float)S, .ymax = (float)b[3] / (float)S,
+                             .label = lb[src]};
+        nb++;
+    }
+    return nb;
+}
+
 static zps_status s_detection_split(const ds_convert_opts *o, const ds_detection_opts *d,
                                     const char *split, const uint8_t *im, const uint8_t *lb,
                                     size_t n_src, uint64_t count, uint64_t seed)
@@ -418,57 +533,8 @@ static zps_status s_detection_split(const ds_convert_opts *o, const ds_detection
     zps_status st = ZPS_OK;
     for (uint64_t k = 0; k < count && st == ZPS_OK; k++) {
         uint64_t rs = ds_mix64(seed ^ ds_mix64(k));
-        memset(canvas, 0, (size_t)S * S);
-        int want = d->min_items + (int)(ds_rand(&rs) % (uint64_t)(d->max_items - d->min_items + 1));
         ds_box boxes[DS_MAX_BOXES];
-        int placed[DS_MAX_BOXES][4];
-        int nb = 0;
-        /* up to 20 tries per item; keep trying (bounded) until min_items are placed */
-        for (int attempt = 0; nb < want && (attempt < want * 20 || (nb < d->min_items && attempt < 5000));
-             attempt++) {
-            size_t src = (size_t)(ds_rand(&rs) % n_src);
-            float sc = d->min_scale + (d->max_scale - d->min_scale) * ds_randf(&rs);
-            int side = (int)(sc * (float)S + 0.5f);
-            if (side < 8)
-                side = 8;
-            if (side > S)
-                side = S;
-            ds_resize_u8(im + src * 784, 28, 28, 1, item, side, side);
-            int bx0 = side, by0 = side, bx1 = -1, by1 = -1;
-            for (int y = 0; y < side; y++)
-                for (int x = 0; x < side; x++)
-                    if (item[y * side + x] > 16) {
-                        bx0 = x < bx0 ? x : bx0;
-                        bx1 = x > bx1 ? x : bx1;
-                        by0 = y < by0 ? y : by0;
-                        by1 = y > by1 ? y : by1;
-                    }
-            if (bx1 < 0)
-                continue;
-            int px = (int)(ds_rand(&rs) % (uint64_t)(S - side + 1));
-            int py = (int)(ds_rand(&rs) % (uint64_t)(S - side + 1));
-            int b[4] = {px + bx0, py + by0, px + bx1 + 1, py + by1 + 1};
-            bool ok = true;
-            for (int j = 0; j < nb && ok; j++) {
-                float iou, cover;
-                s_overlap(b, placed[j], &iou, &cover);
-                ok = iou <= d->max_iou && cover <= DS_DETECTION_MAX_COVER;
-            }
-            if (!ok)
-                continue;
-            for (int y = 0; y < side; y++)
-                for (int x = 0; x < side; x++) {
-                    uint8_t v = item[y * side + x];
-                    uint8_t *c = &canvas[(py + y) * S + px + x];
-                    if (v > *c)
-                        *c = v;
-                }
-            memcpy(placed[nb], b, sizeof b);
-            boxes[nb] = (ds_box){.xmin = (float)b[0] / (float)S, .ymin = (float)b[1] / (float)S,
-                                 .xmax = (float)b[2] / (float)S, .ymax = (float)b[3] / (float)S,
-                                 .label = lb[src]};
-            nb++;
-        }
+        int nb = s_compose(d, im, lb, n_src, &rs, canvas, item, boxes);
         ds_record r = {.encoding = o->encoding, .height = (uint32_t)S, .width = (uint32_t)S,
                        .channels = 1, .label = -1, .boxes = boxes, .n_boxes = nb};
         st = ds_image_encode(codec, canvas, S, S, 1, o->encoding, o->quality, &r.image,

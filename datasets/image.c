@@ -309,6 +309,53 @@ void ds_resize_u8(const uint8_t *src, int sh, int sw, int c, uint8_t *dst, int d
     }
 }
 
+/* One source row interpolated horizontally at the output columns' taps: out (ow * sc). */
+static void s_row_lerp(const uint8_t *row, int sc, int ow, const int *xa, const int *xb,
+                       const float *fxs, float *out)
+{
+    if (sc == 1) {
+        for (int x = 0; x < ow; x++) {
+            float a = row[xa[x]], b = row[xb[x]];
+            out[x] = a + (b - a) * fxs[x];
+        }
+        return;
+    }
+    for (int x = 0; x < ow; x++) {
+        const uint8_t *a = row + xa[x], *b = row + xb[x];
+        const float f = fxs[x];
+        out[3 * x] = a[0] + (b[0] - a[0]) * f;
+        out[3 * x + 1] = a[1] + (b[1] - a[1]) * f;
+        out[3 * x + 2] = a[2] + (b[2] - a[2]) * f;
+    }
+}
+
+/* One interpolated row (ow, sc) normalised into output row d of the oc channel planes: the
+ * same channels, gray copied to three, or RGB to gray. */
+static void s_row_store(const float *ra, int sc, int oc, int ow, size_t plane,
+                        const float *scale, const float *bias, float *d)
+{
+    if (sc == oc) {
+        for (int k = 0; k < oc; k++) {
+            float *dk = d + k * plane;
+            const float sk = scale[k], bk = bias[k];
+            for (int x = 0; x < ow; x++)
+                dk[x] = ra[x * sc + k] * sk + bk;
+        }
+    } else if (sc == 1) {
+        for (int k = 0; k < 3; k++) {
+            float *dk = d + k * plane;
+            const float sk = scale[k], bk = bias[k];
+            for (int x = 0; x < ow; x++)
+                dk[x] = ra[x] * sk + bk;
+        }
+    } else {
+        for (int x = 0; x < ow; x++) {
+            float g = 0.299f * ra[3 * x] + 0.587f * ra[3 * x + 1] + 0.114f * ra[3 * x + 2];
+            d[x] = g * scale[0] + bias[0];
+        }
+    }
+}
+
 void ds_image_sample(const ds_pixels *src, const ds_crop *crop, int oh, int ow, int oc,
                      const float *mean, const float *std, float *dst)
 {
@@ -340,59 +387,13 @@ void ds_image_sample(const ds_pixels *src, const ds_crop *crop, int oh, int ow, 
         int y0, y1;
         float fy;
         s_coord(crop->y0, crop->h, oh, y, src->h, &y0, &y1, &fy);
-        const uint8_t *r0 = src->px + (size_t)y0 * sw * sc;
-        const uint8_t *r1 = src->px + (size_t)y1 * sw * sc;
         const bool two = fy > 0.f && y1 != y0;
-        if (sc == 1) {
-            for (int x = 0; x < ow; x++) {
-                float a = r0[xa[x]], b = r0[xb[x]];
-                ra[x] = a + (b - a) * fxs[x];
-            }
-            if (two)
-                for (int x = 0; x < ow; x++) {
-                    float a = r1[xa[x]], b = r1[xb[x]];
-                    rb[x] = a + (b - a) * fxs[x];
-                }
-        } else {
-            for (int x = 0; x < ow; x++) {
-                const uint8_t *a = r0 + xa[x], *b = r0 + xb[x];
-                const float f = fxs[x];
-                ra[3 * x] = a[0] + (b[0] - a[0]) * f;
-                ra[3 * x + 1] = a[1] + (b[1] - a[1]) * f;
-                ra[3 * x + 2] = a[2] + (b[2] - a[2]) * f;
-            }
-            if (two)
-                for (int x = 0; x < ow; x++) {
-                    const uint8_t *a = r1 + xa[x], *b = r1 + xb[x];
-                    const float f = fxs[x];
-                    rb[3 * x] = a[0] + (b[0] - a[0]) * f;
-                    rb[3 * x + 1] = a[1] + (b[1] - a[1]) * f;
-                    rb[3 * x + 2] = a[2] + (b[2] - a[2]) * f;
-                }
-        }
-        if (two)
+        s_row_lerp(src->px + (size_t)y0 * sw * sc, sc, ow, xa, xb, fxs, ra);
+        if (two) {
+            s_row_lerp(src->px + (size_t)y1 * sw * sc, sc, ow, xa, xb, fxs, rb);
             for (int i = 0; i < ow * sc; i++)
                 ra[i] += (rb[i] - ra[i]) * fy;
-        float *d = dst + (size_t)y * ow;
-        if (sc == oc) {
-            for (int k = 0; k < oc; k++) {
-                float *dk = d + k * plane;
-                const float sk = scale[k], bk = bias[k];
-                for (int x = 0; x < ow; x++)
-                    dk[x] = ra[x * sc + k] * sk + bk;
-            }
-        } else if (sc == 1) {
-            for (int k = 0; k < 3; k++) {
-                float *dk = d + k * plane;
-                const float sk = scale[k], bk = bias[k];
-                for (int x = 0; x < ow; x++)
-                    dk[x] = ra[x] * sk + bk;
-            }
-        } else {
-            for (int x = 0; x < ow; x++) {
-                float g = 0.299f * ra[3 * x] + 0.587f * ra[3 * x + 1] + 0.114f * ra[3 * x + 2];
-                d[x] = g * scale[0] + bias[0];
-            }
         }
+        s_row_store(ra, sc, oc, ow, plane, scale, bias, dst + (size_t)y * ow);
     }
 }

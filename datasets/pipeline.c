@@ -347,6 +347,85 @@ static void s_worker_free(s_worker *w, int n_shards)
     free(w->perm);
 }
 
+/* This trainer's record range and batches per epoch; fails when the range cannot hold one
+ * batch (training) or does not fit the 32-bit permutation. */
+static zps_status s_partition(ds_pipeline *p, uint64_t *end)
+{
+    const ds_pipeline_opts *opts = &p->o;
+    ds_assign(p->d->total, opts->trainer_index, opts->n_trainers, &p->begin, end);
+    p->n = *end - p->begin;
+    if (p->n > UINT32_MAX) {
+        zps_log(ZPS_ERROR, "ds", "%llu records for one trainer: at most 2^32 supported",
+                (unsigned long long)p->n);
+        return ZPS_ERR_UNSUPPORTED;
+    }
+    if (opts->once) {
+        p->bpe = (int64_t)((p->n + (uint64_t)opts->batch - 1) / (uint64_t)opts->batch);
+        return ZPS_OK;
+    }
+    p->bpe = (int64_t)(p->n / (uint64_t)opts->batch);
+    if (p->bpe == 0) {
+        zps_log(ZPS_ERROR, "ds", "%s: trainer %d of %d has %llu records, fewer than a "
+                "batch of %d", p->d->dir, opts->trainer_index, opts->n_trainers,
+                (unsigned long long)p->n, opts->batch);
+        return ZPS_ERR_INVALID;
+    }
+    return ZPS_OK;
+}
+
+/* The ring of p->depth batch slots (images pre-faulted) and the consumer's copies. */
+static void s_alloc_slots(ds_pipeline *p)
+{
+    const size_t batch = (size_t)p->o.batch;
+    p->img_floats = (size_t)p->o.channels * p->o.height * p->o.width;
+    p->depth = p->o.threads == 0 ? 1 : p->o.prefetch;
+    p->slots = zps_xcalloc((size_t)p->depth, sizeof *p->slots);
+    for (int i = 0; i < p->depth; i++) {
+        s_slot *sl = &p->slots[i];
+        sl->images = zps_xaligned(64, batch * p->img_floats * sizeof(float));
+        zps_prefault(sl->images, batch * p->img_floats * sizeof(float));
+        sl->labels = zps_xmalloc(batch * sizeof *sl->labels);
+        sl->ids = zps_xmalloc(batch * sizeof *sl->ids);
+        sl->box_start = zps_xmalloc((batch + 1) * sizeof *sl->box_start);
+        sl->batch = -1;
+    }
+    p->cur_ids = zps_xmalloc(batch * sizeof *p->cur_ids);
+    p->cur_start = zps_xmalloc((batch + 1) * sizeof *p->cur_start);
+}
+
+/* Every worker's state, then (threads > 0) their threads. All workers get their state even
+ * when one fails, so ds_pipeline_destroy frees them alike. */
+static zps_status s_start_workers(ds_pipeline *p)
+{
+    zps_status st = ZPS_OK;
+    p->n_workers = p->o.threads == 0 ? 1 : p->o.threads;
+    p->workers = zps_xcalloc((size_t)p->n_workers, sizeof *p->workers);
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->space, NULL);
+    pthread_cond_init(&p->ready, NULL);
+    for (int i = 0; i < p->n_workers; i++) {
+        s_worker *w = &p->workers[i];
+        w->p = p;
+        w->codec = ds_codec_new();
+        w->arena = zps_arena_new(1u << 20);
+        w->readers = zps_xcalloc((size_t)p->d->n_shards, sizeof *w->readers);
+        w->perm = zps_xmalloc((p->n ? p->n : 1) * sizeof *w->perm);
+        w->perm_epoch = -1;
+        if (!w->codec)
+            st = ZPS_ERR_INTERNAL;
+    }
+    for (int i = 0; st == ZPS_OK && p->o.threads > 0 && i < p->n_workers; i++) {
+        int rc = pthread_create(&p->workers[i].th, NULL, s_worker_main, &p->workers[i]);
+        if (rc != 0) {
+            zps_log(ZPS_ERROR, "ds", "pthread_create failed: %s", strerror(rc));
+            st = ZPS_ERR_SYS;
+        } else {
+            p->workers[i].started = true;
+        }
+    }
+    return st;
+}
+
 zps_status ds_pipeline_new(const ds_pipeline_opts *opts, ds_pipeline **out)
 {
     *out = NULL;
@@ -359,68 +438,14 @@ zps_status ds_pipeline_new(const ds_pipeline_opts *opts, ds_pipeline **out)
     p->d = d;
     p->num_classes = opts->num_classes > 0 ? opts->num_classes : d->num_classes;
     uint64_t end;
-    ds_assign(d->total, opts->trainer_index, opts->n_trainers, &p->begin, &end);
-    p->n = end - p->begin;
-    zps_status st = ZPS_OK;
-    if (p->n > UINT32_MAX) {
-        zps_log(ZPS_ERROR, "ds", "%llu records for one trainer: at most 2^32 supported",
-                (unsigned long long)p->n);
-        st = ZPS_ERR_UNSUPPORTED;
-    } else if (opts->once) {
-        p->bpe = (int64_t)((p->n + (uint64_t)opts->batch - 1) / (uint64_t)opts->batch);
-    } else {
-        p->bpe = (int64_t)(p->n / (uint64_t)opts->batch);
-        if (p->bpe == 0) {
-            zps_log(ZPS_ERROR, "ds", "%s: trainer %d of %d has %llu records, fewer than a "
-                    "batch of %d", d->dir, opts->trainer_index, opts->n_trainers,
-                    (unsigned long long)p->n, opts->batch);
-            st = ZPS_ERR_INVALID;
-        }
-    }
+    zps_status st = s_partition(p, &end);
     if (st != ZPS_OK) {
         ds_dataset_close(&p->d);
         free(p);
         return st;
     }
-    p->img_floats = (size_t)opts->channels * opts->height * opts->width;
-    p->depth = opts->threads == 0 ? 1 : opts->prefetch;
-    p->slots = zps_xcalloc((size_t)p->depth, sizeof *p->slots);
-    for (int i = 0; i < p->depth; i++) {
-        s_slot *sl = &p->slots[i];
-        sl->images = zps_xaligned(64, (size_t)opts->batch * p->img_floats * sizeof(float));
-        zps_prefault(sl->images, (size_t)opts->batch * p->img_floats * sizeof(float));
-        sl->labels = zps_xmalloc((size_t)opts->batch * sizeof *sl->labels);
-        sl->ids = zps_xmalloc((size_t)opts->batch * sizeof *sl->ids);
-        sl->box_start = zps_xmalloc(((size_t)opts->batch + 1) * sizeof *sl->box_start);
-        sl->batch = -1;
-    }
-    p->cur_ids = zps_xmalloc((size_t)opts->batch * sizeof *p->cur_ids);
-    p->cur_start = zps_xmalloc(((size_t)opts->batch + 1) * sizeof *p->cur_start);
-    p->n_workers = opts->threads == 0 ? 1 : opts->threads;
-    p->workers = zps_xcalloc((size_t)p->n_workers, sizeof *p->workers);
-    pthread_mutex_init(&p->mu, NULL);
-    pthread_cond_init(&p->space, NULL);
-    pthread_cond_init(&p->ready, NULL);
-    for (int i = 0; i < p->n_workers; i++) {
-        s_worker *w = &p->workers[i];
-        w->p = p;
-        w->codec = ds_codec_new();
-        w->arena = zps_arena_new(1u << 20);
-        w->readers = zps_xcalloc((size_t)d->n_shards, sizeof *w->readers);
-        w->perm = zps_xmalloc((p->n ? p->n : 1) * sizeof *w->perm);
-        w->perm_epoch = -1;
-        if (!w->codec)
-            st = ZPS_ERR_INTERNAL;
-    }
-    for (int i = 0; st == ZPS_OK && opts->threads > 0 && i < p->n_workers; i++) {
-        int rc = pthread_create(&p->workers[i].th, NULL, s_worker_main, &p->workers[i]);
-        if (rc != 0) {
-            zps_log(ZPS_ERROR, "ds", "pthread_create failed: %s", strerror(rc));
-            st = ZPS_ERR_SYS;
-        } else {
-            p->workers[i].started = true;
-        }
-    }
+    s_alloc_slots(p);
+    st = s_start_workers(p);
     if (st != ZPS_OK) {
         ds_pipeline_destroy(&p);
         return st;

@@ -523,12 +523,11 @@ zps_status ds_dataset_open(const char *path, const char *split, ds_dataset **out
     return ds_dataset_open_flags(path, split, 0, out);
 }
 
-zps_status ds_dataset_open_flags(const char *path, const char *split, unsigned flags,
-                                 ds_dataset **out)
+/* The directory holding the shards into d->dir and the NAME they must carry into prefix
+ * ("" = any): PATH/SPLIT, PATH, or PATH read as DIR/NAME. */
+static void s_resolve_dir(const char *path, const char *split, ds_dataset *d, char *prefix,
+                          size_t prefix_len)
 {
-    *out = NULL;
-    ds_dataset *d = zps_xcalloc(1, sizeof *d);
-    char prefix[256] = "";
     char joined[4096];
     snprintf(joined, sizeof joined, "%s/%s", path, split ? split : "");
     if (split && s_is_dir(joined)) {
@@ -541,22 +540,18 @@ zps_status ds_dataset_open_flags(const char *path, const char *split, unsigned f
             snprintf(d->dir, sizeof d->dir, "%.*s", (int)(slash - path), path);
             if (!d->dir[0])
                 snprintf(d->dir, sizeof d->dir, "/");
-            snprintf(prefix, sizeof prefix, "%s", slash + 1);
+            snprintf(prefix, prefix_len, "%s", slash + 1);
         } else {
             snprintf(d->dir, sizeof d->dir, ".");
-            snprintf(prefix, sizeof prefix, "%s", path);
+            snprintf(prefix, prefix_len, "%s", path);
         }
     }
-    zps_status st = ZPS_OK;
-    DIR *dir = opendir(d->dir);
-    if (!dir) {
-        zps_log(ZPS_ERROR, "ds", "dataset %s: cannot open directory %s: %s", path, d->dir,
-                strerror(errno));
-        free(d);
-        return ZPS_ERR_NOT_FOUND;
-    }
-    int n = 0;
-    bool *seen = NULL;
+}
+
+/* Marks each shard name of d->dir (matching prefix when given) in *seen, sets d->name and
+ * *n from the first; every shard must name the same dataset and shard count. */
+static zps_status s_scan_names(DIR *dir, ds_dataset *d, const char *prefix, bool **seen, int *n)
+{
     struct dirent *e;
     while ((e = readdir(dir)) != NULL) {
         char nm[256];
@@ -565,36 +560,61 @@ zps_status ds_dataset_open_flags(const char *path, const char *split, unsigned f
             continue;
         if (prefix[0] && strcmp(nm, prefix) != 0)
             continue;
-        if (n == 0) {
+        if (*n == 0) {
             snprintf(d->name, sizeof d->name, "%s", nm);
-            n = sn;
-            seen = zps_xcalloc((size_t)n, sizeof *seen);
+            *n = sn;
+            *seen = zps_xcalloc((size_t)sn, sizeof **seen);
         } else if (strcmp(nm, d->name) != 0) {
             zps_log(ZPS_ERROR, "ds", "%s holds shards of several datasets (%s, %s): give a "
                     "prefix DIR/NAME", d->dir, d->name, nm);
-            st = ZPS_ERR_INVALID;
-            break;
-        } else if (sn != n) {
+            return ZPS_ERR_INVALID;
+        } else if (sn != *n) {
             zps_log(ZPS_ERROR, "ds", "%s: shard %s says %d shards, others say %d", d->dir,
-                    e->d_name, sn, n);
-            st = ZPS_ERR_CORRUPT;
-            break;
+                    e->d_name, sn, *n);
+            return ZPS_ERR_CORRUPT;
         }
-        seen[si] = true;
+        (*seen)[si] = true;
     }
+    return ZPS_OK;
+}
+
+/* The shard count of d->dir's dataset into *n, once every shard 0..n-1 is there. */
+static zps_status s_find_shards(const char *path, ds_dataset *d, const char *prefix, int *n)
+{
+    DIR *dir = opendir(d->dir);
+    if (!dir) {
+        zps_log(ZPS_ERROR, "ds", "dataset %s: cannot open directory %s: %s", path, d->dir,
+                strerror(errno));
+        return ZPS_ERR_NOT_FOUND;
+    }
+    *n = 0;
+    bool *seen = NULL;
+    zps_status st = s_scan_names(dir, d, prefix, &seen, n);
     closedir(dir);
-    if (st == ZPS_OK && n == 0) {
+    if (st == ZPS_OK && *n == 0) {
         zps_log(ZPS_ERROR, "ds", "no shards NAME-SSSSS-of-NNNNN%s%s in %s", prefix[0] ? " named " : "",
                 prefix, d->dir);
         st = ZPS_ERR_NOT_FOUND;
     }
-    for (int s = 0; st == ZPS_OK && s < n; s++) {
+    for (int s = 0; st == ZPS_OK && s < *n; s++) {
         if (!seen[s]) {
-            zps_log(ZPS_ERROR, "ds", "missing shard %s-%05d-of-%05d in %s", d->name, s, n, d->dir);
+            zps_log(ZPS_ERROR, "ds", "missing shard %s-%05d-of-%05d in %s", d->name, s, *n, d->dir);
             st = ZPS_ERR_NOT_FOUND;
         }
     }
     free(seen);
+    return st;
+}
+
+zps_status ds_dataset_open_flags(const char *path, const char *split, unsigned flags,
+                                 ds_dataset **out)
+{
+    *out = NULL;
+    ds_dataset *d = zps_xcalloc(1, sizeof *d);
+    char prefix[256] = "";
+    s_resolve_dir(path, split, d, prefix, sizeof prefix);
+    int n;
+    zps_status st = s_find_shards(path, d, prefix, &n);
     if (st != ZPS_OK) {
         free(d);
         return st;

@@ -2,12 +2,10 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -16,6 +14,7 @@
 
 #include "common/clock.h"
 #include "common/mem.h"
+#include "common/proc.h"
 #include "tests/ps_test_util.h"
 
 ps_client *pst_client_init(const char *uri, const ps_plan *plan, uint64_t seed, float *values)
@@ -41,9 +40,6 @@ int pst_spawn(pst_server *s, const char *bind, const char *const *args)
     const char *bin = getenv("ZPS_BIN");
     char path[1024];
     snprintf(path, sizeof path, "%s/zps-server", bin ? bin : "build/bin");
-    int fds[2];
-    if (pipe(fds) == -1)
-        return -1;
     const char *argv[64];
     int n = 0;
     argv[n++] = path;
@@ -54,43 +50,17 @@ int pst_spawn(pst_server *s, const char *bind, const char *const *args)
     for (int i = 0; args && args[i] && n < 62; i++)
         argv[n++] = args[i];
     argv[n] = NULL;
-    pid_t pid = fork();
-    if (pid < 0)
+    /* A test that fails an assertion exits at once: the server goes down with it. */
+    int fd;
+    if (zps_proc_start(argv, &s->pid, &fd) != ZPS_OK)
         return -1;
-    if (pid == 0) {
-        /* A test that fails an assertion exits at once: take the server down with it. */
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        dup2(fds[1], 1);
-        close(fds[0]);
-        close(fds[1]);
-        execv(path, (char *const *)argv);
-        _exit(127);
-    }
-    close(fds[1]);
-    s->pid = pid;
     char buf[512];
-    size_t got = 0;
-    double end = zps_now_s() + 10;
-    const char *tag = "zps-server listening on ";
-    while (zps_now_s() < end && got < sizeof buf - 1) {
-        struct pollfd p = {fds[0], POLLIN, 0};
-        if (poll(&p, 1, 100) <= 0)
-            continue;
-        ssize_t k = read(fds[0], buf + got, sizeof buf - 1 - got);
-        if (k <= 0)
-            break;
-        got += (size_t)k;
-        buf[got] = 0;
-        char *nl = strchr(buf, '\n');
-        char *at = strstr(buf, tag);
-        if (at && nl) {
-            *nl = 0;
-            snprintf(s->uri, sizeof s->uri, "%s", at + strlen(tag));
-            close(fds[0]);
-            return 0;
-        }
+    zps_status st = zps_proc_read_line(fd, "zps-server listening on ", buf, sizeof buf, 10);
+    close(fd);
+    if (st == ZPS_OK) {
+        snprintf(s->uri, sizeof s->uri, "%s", buf);
+        return 0;
     }
-    close(fds[0]);
     s->status = pst_kill(s, SIGKILL);
     return -1;
 }

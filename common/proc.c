@@ -1,0 +1,61 @@
+/* proc.c — see proc.h. */
+#include "common/proc.h"
+
+#include <poll.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include "common/check.h"
+#include "common/clock.h"
+
+zps_status zps_proc_start(const char *const *argv, pid_t *pid, int *fd)
+{
+    int fds[2];
+    ZPS_CHECK_SYS(pipe(fds));
+    pid_t p = fork();
+    if (p < 0) {
+        close(fds[0]);
+        close(fds[1]);
+        ZPS_CHECK_SYS(p);
+    }
+    if (p == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        dup2(fds[1], 1);
+        close(fds[0]);
+        close(fds[1]);
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    close(fds[1]);
+    *pid = p;
+    *fd = fds[0];
+    return ZPS_OK;
+}
+
+zps_status zps_proc_read_line(int fd, const char *tag, char *buf, size_t len, double timeout_s)
+{
+    size_t got = 0;
+    double end = zps_now_s() + timeout_s;
+    while (zps_now_s() < end && got < len - 1) {
+        struct pollfd p = {fd, POLLIN, 0};
+        if (poll(&p, 1, 100) <= 0)
+            continue;
+        ssize_t k = read(fd, buf + got, len - 1 - got);
+        if (k <= 0)
+            return ZPS_ERR_EOF;
+        got += (size_t)k;
+        buf[got] = 0;
+        if (!tag && memchr(buf, 0, got))
+            return ZPS_OK;
+        char *at = tag ? strstr(buf, tag) : NULL;
+        char *nl = at ? strchr(at, '\n') : NULL;
+        if (at && nl) {
+            *nl = 0;
+            memmove(buf, at + strlen(tag), strlen(at + strlen(tag)) + 1);
+            return ZPS_OK;
+        }
+    }
+    return ZPS_ERR_TIMEOUT;
+}
