@@ -171,12 +171,9 @@ static int s_train_step(int argc, char **argv)
     if (steps < 1 || warmup < 0)
         return 2;
     char path[4096];
-    snprintf(path, sizeof path, "%s/train_step.json", bench_out_dir());
-    FILE *out = fopen(path, "w");
-    if (!out) {
-        fprintf(stderr, "train-step: cannot write %s\n", path);
+    FILE *out = bench_json_open("train-step", "train_step.json", path, sizeof path);
+    if (!out)
         return 1;
-    }
     fprintf(out, "[");
     int rc = 0, first = 1;
     char *list = strdup(shapes), *save = NULL;
