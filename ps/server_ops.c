@@ -110,13 +110,13 @@ void ps_srv_op_init(ps_server *s, zmq_msg_t *ident, const Zps__Header *h, int nf
 
 /* ------------------------------------------------------------------------- PUSH, PUSHPULL */
 
-/* The pull half of a PUSHPULL whose push went through: answered now (the usual async case)
- * or queued until the step is aggregated (sync) or the clocks allow it (ssp). */
-static void s_pushpull_reply(ps_server *s, zmq_msg_t *ident, const Zps__Header *h, uint32_t n,
-                             uint64_t t0)
+/* The values of the request's ranges (a PULL, or the pull half of a PUSHPULL whose push
+ * went through): answered now (the usual async case) or queued until `need` holds (sync:
+ * the chunks' version, ssp: the clocks; -1: now). */
+static void s_reply_values(ps_server *s, zmq_msg_t *ident, const Zps__Header *h, int64_t need,
+                           uint64_t t0)
 {
-    int64_t step = h->step;
-    int64_t need = s->mode == PS_MODE_ASYNC || step < 0 ? -1 : step + 1;
+    uint32_t n = (uint32_t)h->n_ranges;
     ps_srv_pending p = {.rid = h->request_id, .op = h->op, .need = need, .n_ranges = n,
                         .ranges = s->ranges};
     if (ps_srv_pending_ready(s, &p)) {
@@ -129,6 +129,23 @@ static void s_pushpull_reply(ps_server *s, zmq_msg_t *ident, const Zps__Header *
     }
 }
 
+/* PUSH, PUSHPULL and PULL: the trainer and the ranges (into s->ranges) checked, else
+ * rejected; 1 when the request goes on. */
+static int s_check_ranged(ps_server *s, zmq_msg_t *ident, const Zps__Header *h, int nframes,
+                          int has_data)
+{
+    char why[512];
+    zps_status st = ps_srv_check_trainer(s, h, why, sizeof why);
+    if (st == ZPS_OK)
+        st = ps_srv_check_ranges(s, h, nframes, has_data, why, sizeof why);
+    if (st != ZPS_OK) {
+        ps_srv_reject(s, ident, h->op, h->request_id, st, why);
+        return 0;
+    }
+    ps_srv_seen(s, h->trainer_id);
+    return 1;
+}
+
 /* The reply step shared by the sync and async paths. st is the push's status (a retried
  * request: the first one's), msg its message; apply: async / ssp ranges still to apply
  * (after a PUSH's reply, before a PUSHPULL's values). */
@@ -139,7 +156,7 @@ static void s_push_reply(ps_server *s, zmq_msg_t *ident, const Zps__Header *h, i
     if (h->op == ZPS__OP__OP_PUSHPULL && st == ZPS_OK) {
         if (apply)
             ps_srv_apply_ranges(s, n);
-        s_pushpull_reply(s, ident, h, n, t0);
+        s_reply_values(s, ident, h, s->mode == PS_MODE_ASYNC || h->step < 0 ? -1 : h->step + 1, t0);
     } else {
         ps_srv_reply r = {h->op, h->request_id, st, msg, ps_srv_ranges_version(s, s->ranges, n),
                           0, 0};
@@ -185,17 +202,9 @@ static void s_push_async(ps_server *s, zmq_msg_t *ident, const Zps__Header *h, u
 void ps_srv_op_push(ps_server *s, zmq_msg_t *ident, const Zps__Header *h, int nframes,
                     uint64_t t0)
 {
-    char why[512];
-    int op = h->op;
-    zps_status st = ps_srv_check_trainer(s, h, why, sizeof why);
-    if (st == ZPS_OK)
-        st = ps_srv_check_ranges(s, h, nframes, 1, why, sizeof why);
-    if (st != ZPS_OK) {
-        ps_srv_reject(s, ident, op, h->request_id, st, why);
+    if (!s_check_ranged(s, ident, h, nframes, 1))
         return;
-    }
-    ps_srv_seen(s, h->trainer_id);
-    int prev;
+    int op = h->op, prev;
     if (ps_srv_rid_seen(&s->trainers[h->trainer_id], h->request_id, &prev)) {
         /* A retry of a push already handled: never apply it twice. A PUSHPULL still gets
          * its values when the first one went through. */
@@ -219,27 +228,8 @@ void ps_srv_op_push(ps_server *s, zmq_msg_t *ident, const Zps__Header *h, int nf
 void ps_srv_op_pull(ps_server *s, zmq_msg_t *ident, const Zps__Header *h, int nframes,
                     uint64_t t0)
 {
-    char why[512];
-    int op = h->op;
-    zps_status st = ps_srv_check_trainer(s, h, why, sizeof why);
-    if (st == ZPS_OK)
-        st = ps_srv_check_ranges(s, h, nframes, 0, why, sizeof why);
-    if (st != ZPS_OK) {
-        ps_srv_reject(s, ident, op, h->request_id, st, why);
-        return;
-    }
-    ps_srv_seen(s, h->trainer_id);
-    int64_t need = s->mode == PS_MODE_ASYNC ? -1 : h->step;
-    ps_srv_pending p = {.rid = h->request_id, .op = op, .need = need,
-                        .n_ranges = (uint32_t)h->n_ranges, .ranges = s->ranges};
-    if (ps_srv_pending_ready(s, &p)) {
-        ps_srv_reply r = {op, h->request_id, ZPS_OK, "",
-                          ps_srv_ranges_version(s, s->ranges, p.n_ranges), 0, 0};
-        ps_srv_send(s, ident, &r, s->ranges, p.n_ranges);
-        ps_srv_latency(s, op, t0);
-        return;
-    }
-    ps_srv_pending_add(s, ident, h->request_id, h->trainer_id, op, need, s->ranges, p.n_ranges, t0);
+    if (s_check_ranged(s, ident, h, nframes, 0))
+        s_reply_values(s, ident, h, s->mode == PS_MODE_ASYNC ? -1 : h->step, t0);
 }
 
 /* ------------------------------------------------------------------------- the others */
