@@ -164,7 +164,7 @@ struct ps_server {
     float *slots[2];       // (local_total) each
     float *scratch;        // (max_chunk) averaged gradient / unaligned input
     atomic_int *readers;   // (n_local) reply frames zmq still reads from the chunk's values
-    ps_srv_retired *retired; // old values blocks zmq still sends from (ps_srv_cow)
+    ps_srv_retired *retired; // old values blocks zmq still sends from (server_shard.c)
 
     /* consistency (server_consistency.c) */
     ps_srv_trainer *trainers; // (n_trainers)
