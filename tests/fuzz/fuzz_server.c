@@ -7,10 +7,15 @@
  * finding): the server answers with a well-formed reply header carrying a known status,
  * and a rejected request leaves the values unchanged.
  *
+ * Byte 0 bit 5 set: the frames go straight into the validation layer instead
+ * (ps/server_validate.c, the checks every handler runs first), with no socket in between:
+ * the same checks, many more inputs a second. Invariants there: a check never changes the
+ * values, and ranges it accepts lie inside their chunk with frames of their size.
+ *
  * Input format: byte 0 low 4 bits + 1 = number of frames; then per frame a 2-byte
  * little-endian length and that many bytes (cut short at the end of the input). Byte 0 bit
- * 4 set: frame 0 is replaced by a valid PUSH header for trainer 0 whose ranges come from
- * the next bytes, so the fuzzer reaches range and payload validation quickly.
+ * 4 set: frame 0 is replaced by a valid PUSH, PULL or PUSHPULL header whose ranges come
+ * from the next bytes, so the fuzzer reaches range and payload validation quickly.
  */
 #include <pthread.h>
 #include <stdint.h>
@@ -24,6 +29,7 @@
 #include "ps/client.h"
 #include "ps/plan.h"
 #include "ps/server.h"
+#include "ps/server_int.h"
 
 static ps_server *s_srv;
 static void *s_ctx, *s_dealer;
@@ -66,6 +72,8 @@ static void s_setup(void)
     ps_client_destroy(&c);
     ps_server_stop(s_srv);
     pthread_join(th, NULL);
+    if (s_srv->local_total != s_plan->total) // one server: its flat buffer is the plan's
+        abort();
     s_ctx = zmq_ctx_new();
     s_dealer = zmq_socket(s_ctx, ZMQ_DEALER);
     int zero = 0;
@@ -141,17 +149,44 @@ static void s_die(const char *why)
     abort();
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
-{
-    if (!s_srv)
-        s_setup();
-    if (size < 1)
-        return 0;
-    int nframes = (data[0] & 15) + 1, structured = data[0] & 16;
-    size_t at = 1;
+/* The input cut into frames (format at the top); frame 0 may point into hbuf. */
+typedef struct s_input {
+    int n;
+    const void *p[16];
+    size_t len[16];
     uint8_t hbuf[8192];
-    for (int f = 0; f < nframes; f++) {
+} s_input;
+
+/* A valid PUSH / PULL / PUSHPULL header whose ranges come from the len bytes at q. */
+static size_t s_structured(const uint8_t *q, size_t len, uint8_t *out)
+{
+    Zps__Header h = ZPS__HEADER__INIT;
+    Zps__KeyRange r[8], *rp[8];
+    size_t nr = len / 10 > 8 ? 8 : len / 10;
+    for (size_t i = 0; i < nr; i++, q += 10) {
+        zps__key_range__init(&r[i]);
+        r[i].key = q[0] % 16;
+        r[i].offset = (uint64_t)q[1] | ((uint64_t)q[2] << 8);
+        r[i].length = (uint64_t)q[3] | ((uint64_t)q[4] << 8) | ((uint64_t)q[5] << 16);
+        r[i].dtype = (Zps__DType)(q[6] % 4); // unknown, f32, f16, bf16
+        rp[i] = &r[i];
+    }
+    h.version = ZPS_PROTOCOL_VERSION;
+    h.op = (Zps__Op)(3 + (len % 3)); // push, pull, pushpull
+    h.request_id = 7;
+    h.trainer_id = len % 3 == 0 ? 0 : (uint32_t)(len % 4);
+    h.step = (int64_t)(len % 5) - 1;
+    h.n_ranges = nr;
+    h.ranges = rp;
+    return zps__header__pack(&h, out);
+}
+
+static void s_parse(const uint8_t *data, size_t size, s_input *in)
+{
+    in->n = (data[0] & 15) + 1;
+    int structured = data[0] & 16;
+    size_t at = 1;
+    for (int f = 0; f < in->n; f++) {
         size_t len = 0;
         if (at + 2 <= size) {
             len = (size_t)data[at] | ((size_t)data[at + 1] << 8);
@@ -159,38 +194,92 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
         if (len > size - at)
             len = size - at;
-        const void *p = data + at;
+        in->p[f] = data + at;
+        in->len[f] = len;
         if (f == 0 && structured) {
-            Zps__Header h = ZPS__HEADER__INIT;
-            Zps__KeyRange r[8], *rp[8];
-            size_t nr = len / 10 > 8 ? 8 : len / 10;
-            for (size_t i = 0; i < nr; i++) {
-                const uint8_t *q = data + at + 10 * i;
-                zps__key_range__init(&r[i]);
-                r[i].key = q[0] % 16;
-                r[i].offset = (uint64_t)q[1] | ((uint64_t)q[2] << 8);
-                r[i].length = (uint64_t)q[3] | ((uint64_t)q[4] << 8) | ((uint64_t)q[5] << 16);
-                r[i].dtype = (Zps__DType)(q[6] % 4); // unknown, f32, f16, bf16
-                rp[i] = &r[i];
-            }
-            h.version = ZPS_PROTOCOL_VERSION;
-            h.op = (Zps__Op)(3 + (len % 3)); // push, pull, pushpull
-            h.request_id = 7;
-            h.trainer_id = len % 3 == 0 ? 0 : (uint32_t)(len % 4);
-            h.step = (int64_t)(len % 5) - 1;
-            h.n_ranges = nr;
-            h.ranges = rp;
-            len = zps__header__pack(&h, hbuf);
-            p = hbuf;
+            in->len[0] = s_structured(data + at, len, in->hbuf);
+            in->p[0] = in->hbuf;
+        } else {
+            at += len;
         }
-        if (f == 0) { // kept to say what went wrong (s_die)
-            s_last_len = len < sizeof s_last ? len : sizeof s_last;
-            memcpy(s_last, p, s_last_len);
-            s_last_frames = nframes;
-        }
-        zmq_send(s_dealer, p, len, f + 1 < nframes ? ZMQ_SNDMORE : 0);
-        at += (f == 0 && structured) ? (size_t)0 : len;
     }
+    s_last_len = in->len[0] < sizeof s_last ? in->len[0] : sizeof s_last;
+    memcpy(s_last, in->p[0], s_last_len); // kept to say what went wrong (s_die)
+    s_last_frames = in->n;
+}
+
+/* What ps_srv_check_ranges accepted: each range inside its chunk, with its frame. */
+static void s_check_accepted(const Zps__Header *h, int has_data)
+{
+    for (size_t i = 0; i < h->n_ranges; i++) {
+        const ps_srv_range *g = &s_srv->ranges[i];
+        if (g->lc >= s_srv->n_local || g->n == 0 || g->off > s_srv->chunks[g->lc].count ||
+            g->n > s_srv->chunks[g->lc].count - g->off)
+            s_die("validation accepted a range outside its chunk");
+        if (has_data && (zmq_msg_size(&s_srv->frames[2 + i]) != g->n * (g->bf16 ? 2 : 4) ||
+                         g->data != zmq_msg_data(&s_srv->frames[2 + i])))
+            s_die("validation accepted a range whose frame does not match it");
+    }
+}
+
+/* The checks its handler runs first, for the op of h (they stop at the first refusal). */
+static void s_check_op(const Zps__Header *h, int nframes)
+{
+    char why[512];
+    uint32_t nt;
+    ps_srv_init_table t;
+    int op = h->op, has_data = op == ZPS__OP__OP_PUSH || op == ZPS__OP__OP_PUSHPULL;
+    if (op == ZPS__OP__OP_REGISTER) {
+        if (ps_srv_check_register(s_srv, h, &nt, why, sizeof why) == ZPS_OK &&
+            (!nt || nt > PS_MAX_TRAINERS || h->trainer_id >= nt))
+            s_die("validation accepted a REGISTER outside the job");
+        return;
+    }
+    if (ps_srv_check_trainer(s_srv, h, why, sizeof why) != ZPS_OK)
+        return;
+    if (op == ZPS__OP__OP_INIT && ps_srv_check_init(s_srv, h, nframes, &t, why, sizeof why) == ZPS_OK) {
+        ps_srv_init_table_free(&t); // possible only with --allow-reinit: not this server
+        s_die("validation accepted a second INIT");
+    }
+    if ((has_data || op == ZPS__OP__OP_PULL) &&
+        ps_srv_check_ranges(s_srv, h, nframes, has_data, why, sizeof why) == ZPS_OK)
+        s_check_accepted(h, has_data);
+}
+
+/* The frames straight into the validation layer, as the server would have received them. */
+static void s_direct(const s_input *in)
+{
+    int nframes = in->n + 1;
+    uint64_t bytes = 5;
+    zmq_msg_init_size(&s_srv->frames[0], 5);
+    memcpy(zmq_msg_data(&s_srv->frames[0]), "peer0", 5);
+    for (int f = 0; f < in->n; f++) {
+        zmq_msg_init_size(&s_srv->frames[1 + f], in->len[f]);
+        memcpy(zmq_msg_data(&s_srv->frames[1 + f]), in->p[f], in->len[f]);
+        bytes += in->len[f];
+    }
+    Zps__Header *h;
+    int op;
+    char why[256];
+    if (ps_srv_check_message(s_srv, nframes, 0, bytes, &h, &op, why, sizeof why) == ZPS_OK) {
+        if (op <= 0 || op >= PS_SRV_N_OPS)
+            s_die("validation accepted an unknown op");
+        s_check_op(h, nframes);
+    }
+    if (h)
+        zps__header__free_unpacked(h, NULL);
+    for (int f = 0; f < nframes; f++)
+        zmq_msg_close(&s_srv->frames[f]);
+    if (memcmp(s_srv->values, s_values, s_plan->total * 4))
+        s_die("validation changed the values");
+}
+
+/* The frames through the socket; the reply must be well formed. Returns 1 when the
+ * request was rejected. */
+static int s_through_socket(const s_input *in)
+{
+    for (int f = 0; f < in->n; f++)
+        zmq_send(s_dealer, in->p[f], in->len[f], f + 1 < in->n ? ZMQ_SNDMORE : 0);
     int handled = 0;
     for (int tries = 0; !handled && tries < 50; tries++)
         ps_server_run_once(s_srv, 100, &handled);
@@ -218,13 +307,29 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         more = zmq_msg_more(&m);
         zmq_msg_close(&m);
     }
+    return rejected;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (!s_srv)
+        s_setup();
+    if (size < 1)
+        return 0;
+    static s_input in;
+    s_parse(data, size, &in);
+    if (data[0] & 32) {
+        s_direct(&in);
+        return 0;
+    }
+    int rejected = s_through_socket(&in);
+    s_pull_all();
     if (rejected) {
         /* A rejected request changes nothing. */
-        s_pull_all();
         if (memcmp(s_check, s_values, s_plan->total * 4))
             s_die("a rejected request changed the values");
     } else {
-        s_pull_all();
         memcpy(s_values, s_check, s_plan->total * 4);
     }
     return 0;
