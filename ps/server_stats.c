@@ -55,7 +55,7 @@ void ps_srv_staleness(ps_server *s, int64_t st)
     s->st.staleness[b]++;
 }
 
-#define S_J(...) n += (size_t)snprintf(b + n, n < cap ? cap - n : 0, __VA_ARGS__)
+#define S_J(...) n += (size_t)snprintf(b ? b + n : NULL, b && n < cap ? cap - n : 0, __VA_ARGS__)
 
 /* The counters, job and CURVE fields; returns the new length. */
 static size_t s_json_counters(ps_server *s, char *b, size_t cap, size_t n)
