@@ -101,5 +101,9 @@ void zps_opt_names_join(const zps_opt_name *names, const char *sep, const char *
 
 /* FUNC parser for --log-level (sets the process's log level; cfg unused). */
 zps_status zps_opt_log_level(void *cfg, const char *arg, char *why, size_t cap);
+/* The --log-level entry every binary's table has. */
+#define ZPS_OPT_LOG_LEVEL                                                                  \
+    {"log-level", ZPS_OPT_FUNC, .fn = zps_opt_log_level, .meta = "L",                     \
+     .dflt = "info, or $ZPS_LOG", .help = "trace | debug | info | warn | error | off"}
 
 #endif

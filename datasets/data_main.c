@@ -156,8 +156,7 @@ static const zps_opt s_opt[] = {
     {"skip-corrupt", ZPS_OPT_SET, F(skip_corrupt),
      .help = "skip and count corrupt records instead of failing"},
     {.type = ZPS_OPT_TEXT, .help = "any command:"},
-    {"log-level", ZPS_OPT_FUNC, .fn = zps_opt_log_level, .meta = "L", .dflt = "info, or $ZPS_LOG",
-     .help = "trace | debug | info | warn | error | off"},
+    ZPS_OPT_LOG_LEVEL,
     {.type = ZPS_OPT_END},
 };
 

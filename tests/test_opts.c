@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "common/opts.h"
+#include "testutil.h"
 
 typedef struct s_cfg {
     int n;
@@ -76,13 +77,9 @@ static const zps_opts s_spec = {.prog = "zps-test", .usage = "usage: zps-test [o
                                 .defaults = s_defaults, .max_args = 1};
 
 /* Parses args (NULL-terminated, without argv[0]) from the defaults; returns the exit code. */
-static int s_parse(s_cfg *c, const char *const *args, int *first, char **argv)
+static int s_parse(s_cfg *c, const char *const *args, int *first, char *argv[64])
 {
-    int argc = 0;
-    argv[argc++] = (char *)"zps-test";
-    for (int i = 0; args[i]; i++)
-        argv[argc++] = (char *)args[i];
-    argv[argc] = NULL;
+    int argc = zt_argv("zps-test", args, argv, 64);
     s_defaults(c);
     int code;
     zps_status st = zps_opts_parse(&s_spec, c, argc, argv, first, &code);
@@ -142,12 +139,10 @@ Test(opts, bad_values_exit_2_and_name_the_flag, .init = cr_redirect_stderr)
     char err[4096];
     for (size_t i = 0; i < sizeof s_bad / sizeof s_bad[0]; i++) {
         s_cfg c;
-        char *argv[16];
+        char *argv[64];
         int first;
         cr_assert_eq(s_parse(&c, s_bad[i].args, &first, argv), 2, "case %zu accepted", i);
-        fflush(stderr);
-        size_t got = fread(err, 1, sizeof err - 1, cr_get_redirected_stderr());
-        err[got] = 0;
+        zt_read_redirected(cr_get_redirected_stderr(), err, sizeof err);
         cr_assert_not_null(strstr(err, s_bad[i].msg), "case %zu: '%s' not in:\n%s", i,
                            s_bad[i].msg, err);
     }
@@ -156,7 +151,7 @@ Test(opts, bad_values_exit_2_and_name_the_flag, .init = cr_redirect_stderr)
 Test(opts, a_refused_value_leaves_the_field_as_it_was, .init = cr_redirect_stderr)
 {
     s_cfg c;
-    char *argv[16];
+    char *argv[64];
     int first;
     const char *a[] = {"--n", "500", NULL};
     cr_assert_eq(s_parse(&c, a, &first, argv), 2);
@@ -166,14 +161,12 @@ Test(opts, a_refused_value_leaves_the_field_as_it_was, .init = cr_redirect_stder
 Test(opts, help_lists_each_flag_with_its_default, .init = cr_redirect_stdout)
 {
     s_cfg c;
-    char *argv[16];
+    char *argv[64];
     int first;
     const char *a[] = {"--n", "3", "-h", NULL};
     cr_assert_eq(s_parse(&c, a, &first, argv), 0);
-    fflush(stdout);
     char out[8192];
-    size_t got = fread(out, 1, sizeof out - 1, cr_get_redirected_stdout());
-    out[got] = 0;
+    zt_read_redirected(cr_get_redirected_stdout(), out, sizeof out);
     static const char *const want[] = {
         "usage: zps-test [options] [A]\nnumbers:\n",
         "  --n N                      an int (default 7)\n",

@@ -9,30 +9,17 @@
 #include "ps/server_config.h"
 #include "testutil.h"
 
-/* Parses argv (NULL-terminated, without argv[0]) from the defaults; returns the exit code
+/* Parses args (NULL-terminated, without argv[0]) from the defaults; returns the exit code
  * (-1: go on). */
 static int s_parse(ps_server_config *c, const char *const *args, const char **keygen,
                    zps_status *st)
 {
     char *argv[64];
-    int argc = 0;
-    argv[argc++] = (char *)"zps-server";
-    for (int i = 0; args[i]; i++)
-        argv[argc++] = (char *)args[i];
-    argv[argc] = NULL;
+    int argc = zt_argv("zps-server", args, argv, 64);
     ps_server_config_default(c);
     int code;
     *st = ps_server_config_parse(c, argc, argv, keygen, &code);
     return code;
-}
-
-/* The captured stderr so far. */
-static void s_stderr(char *buf, size_t n)
-{
-    fflush(stderr);
-    FILE *f = cr_get_redirected_stderr();
-    size_t got = fread(buf, 1, n - 1, f);
-    buf[got] = 0;
 }
 
 Test(server_config, defaults_without_flags)
@@ -148,10 +135,8 @@ Test(server_config, help_exits_zero_and_lists_the_flags, .init = cr_redirect_std
     zps_status st;
     const char *a[] = {"--help", NULL};
     cr_assert_eq(s_parse(&c, a, &kg, &st), 0);
-    fflush(stdout);
     char out[16384];
-    size_t got = fread(out, 1, sizeof out - 1, cr_get_redirected_stdout());
-    out[got] = 0;
+    zt_read_redirected(cr_get_redirected_stdout(), out, sizeof out);
     static const char *const flags[] = {
         "--bind URI", "--cluster FILE", "--index I", "--mode sync|async|ssp", "--num-trainers N",
         "--replicas-to-aggregate R", "--staleness S", "--trainer-timeout SEC",
@@ -200,7 +185,7 @@ Test(server_config, bad_command_lines_exit_2_and_name_the_flag, .init = cr_redir
         zps_status st;
         cr_assert_eq(s_parse(&c, s_bad[i].args, &kg, &st), 2, "case %zu accepted", i);
         cr_assert_eq(st, ZPS_ERR_INVALID, "case %zu", i);
-        s_stderr(err, sizeof err);
+        zt_read_redirected(cr_get_redirected_stderr(), err, sizeof err);
         cr_assert_not_null(strstr(err, s_bad[i].msg), "case %zu: '%s' not in:\n%s", i,
                            s_bad[i].msg, err);
     }

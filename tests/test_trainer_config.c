@@ -5,30 +5,18 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "testutil.h"
 #include "trainer/config.h"
 
-/* Parses argv (NULL-terminated, without argv[0]); returns the exit code (-1: go on). */
+/* Parses args (NULL-terminated, without argv[0]); returns the exit code (-1: go on). */
 static int s_parse(tr_config *c, const char *const *args, zps_status *st)
 {
     char *argv[64];
-    int argc = 0;
-    argv[argc++] = (char *)"zps-trainer";
-    for (int i = 0; args[i]; i++)
-        argv[argc++] = (char *)args[i];
-    argv[argc] = NULL;
+    int argc = zt_argv("zps-trainer", args, argv, 64);
     tr_config_default(c);
     int code;
     *st = tr_config_parse(c, argc, argv, &code);
     return code;
-}
-
-/* The captured stderr so far. */
-static void s_stderr(char *buf, size_t n)
-{
-    fflush(stderr);
-    FILE *f = cr_get_redirected_stderr();
-    size_t got = fread(buf, 1, n - 1, f);
-    buf[got] = 0;
 }
 
 Test(tr_config, a_full_ps_command_line)
@@ -82,10 +70,8 @@ Test(tr_config, help_exits_zero_and_lists_the_flags_with_real_defaults, .init = 
     zps_status st;
     const char *a[] = {"--help", NULL};
     cr_assert_eq(s_parse(&c, a, &st), 0);
-    fflush(stdout);
     static char out[32768];
-    size_t got = fread(out, 1, sizeof out - 1, cr_get_redirected_stdout());
-    out[got] = 0;
+    zt_read_redirected(cr_get_redirected_stdout(), out, sizeof out);
     static const char *const flags[] = {
         "--model NAME", "--width F", "--input-size N", "--in-channels N", "--classes N",
         "--aux auto|on|off", "--dropout P", "--init-weights FILE", "--data DIR", "--threads N",
@@ -195,7 +181,7 @@ Test(tr_config, bad_command_lines_exit_2_and_name_the_flag, .init = cr_redirect_
         zps_status st;
         cr_assert_eq(s_parse(&c, s_bad[i].args, &st), 2, "case %zu accepted", i);
         cr_assert_eq(st, ZPS_ERR_INVALID, "case %zu", i);
-        s_stderr(err, sizeof err);
+        zt_read_redirected(cr_get_redirected_stderr(), err, sizeof err);
         cr_assert_not_null(strstr(err + 0, s_bad[i].msg), "case %zu: '%s' not in:\n%s", i,
                            s_bad[i].msg, err);
         seen += strlen(err);

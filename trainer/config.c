@@ -224,8 +224,7 @@ static const zps_opt s_opt[] = {
     {"no-progress", ZPS_OPT_CLEAR, F(progress), .help = "no progress line"},
     {"seed", ZPS_OPT_UINT, F(seed), 0, (double)(1ll << 62), .meta = "N",
      .help = "init, shuffle and augmentation seed"},
-    {"log-level", ZPS_OPT_FUNC, .fn = zps_opt_log_level, .meta = "L",
-     .dflt = "info, or $ZPS_LOG", .help = "trace | debug | info | warn | error | off"},
+    ZPS_OPT_LOG_LEVEL,
     {.type = ZPS_OPT_END},
 };
 
