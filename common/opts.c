@@ -94,6 +94,8 @@ static bool s_whole(const char *v, bool is_unsigned, long long *s, unsigned long
         return false;
     if (*end == 0)
         return true;
+    if (strpbrk(v, "xX")) /* strtod would read hexadecimal */
+        return false;
     double d = strtod(v, &end);
     if (end == v || *end || !(fabs(d) < 9007199254740992.0) || d != floor(d))
         return false;

@@ -119,6 +119,8 @@ static const struct {
 } s_bad[] = {
     {{"--n", "101", NULL}, "zps-test: --n wants an integer in [-5, 100], got '101'"},
     {{"--n", "1.5", NULL}, "--n wants an integer"},
+    {{"--n", "0x10", NULL}, "--n wants an integer"},
+    {{"--n", "nan", NULL}, "--n wants an integer"},
     {{"--n", "", NULL}, "--n wants an integer"},
     {{"--n", "99999999999999999999", NULL}, "--n wants an integer"},
     {{"--u32", "-1", NULL}, "--u32 wants an integer in [0, 4000000000], got '-1'"},
