@@ -229,6 +229,18 @@ zps_status zps_opts_fail(const zps_opts *o, int *exit_code, const char *fmt, ...
     return ZPS_ERR_INVALID;
 }
 
+/* Leaves getopt as a fresh process finds it (permuting, nothing pending), so a sub-command's
+ * own parser may start with optind = 1 after an in_order parse: glibc re-reads the ordering
+ * ('+') only when optind is 0. */
+static void s_getopt_reset(char *prog)
+{
+    static const struct option none[] = {{NULL, 0, NULL, 0}};
+    char *argv[] = {prog, NULL};
+    optind = 0;
+    getopt_long(1, argv, "", none, NULL);
+    optind = 1;
+}
+
 zps_status zps_opts_parse(const zps_opts *o, void *cfg, int argc, char **argv, int *first_arg,
                           int *exit_code)
 {
@@ -245,7 +257,8 @@ zps_status zps_opts_parse(const zps_opts *o, void *cfg, int argc, char **argv, i
     optind = 0; /* 0, not 1: glibc then forgets the previous argv (tests parse many) */
     opterr = 1;
     int c;
-    while (st == ZPS_OK && (c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
+    const char *shorts = o->in_order ? "+h" : "h"; /* +: stop at the first argument */
+    while (st == ZPS_OK && (c = getopt_long(argc, argv, shorts, lo, NULL)) != -1) {
         if (c == 'h') {
             zps_opts_usage(o, stdout);
             *exit_code = 0;
@@ -264,8 +277,10 @@ zps_status zps_opts_parse(const zps_opts *o, void *cfg, int argc, char **argv, i
     }
     free(lo);
     *first_arg = optind;
-    if (st == ZPS_OK && *exit_code < 0 && argc - optind > o->max_args)
-        st = zps_opts_fail(o, exit_code, "unexpected argument '%s'", argv[optind + o->max_args]);
+    s_getopt_reset(argv[0]);
+    if (st == ZPS_OK && *exit_code < 0 && !o->in_order && argc - *first_arg > o->max_args)
+        st = zps_opts_fail(o, exit_code, "unexpected argument '%s'",
+                           argv[*first_arg + o->max_args]);
     return st;
 }
 
@@ -375,5 +390,7 @@ void zps_opts_usage(const zps_opts *o, FILE *f)
             s_usage_line(e, d, f);
     }
     fprintf(f, "  --help\n");
+    if (o->more_help)
+        o->more_help(f);
     free(d);
 }

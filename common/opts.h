@@ -74,11 +74,14 @@ typedef struct zps_opts {
     size_t cfg_size;             // size of the settings struct
     void (*defaults)(void *cfg); // fills a settings struct with its defaults (for the help)
     int max_args;                // positional arguments accepted (more: "unexpected argument")
+    int in_order;                // stop at the first positional argument: what follows is a
+                                 // sub-command's, with its own flags
+    void (*more_help)(FILE *f);  // prints what the help lists after the flags (NULL: none)
 } zps_opts;
 
 /* Parses argv into cfg, which the caller has already given its defaults. Options and
- * positional arguments may mix (GNU order); the positional ones end up in
- * argv[*first_arg .. argc). Returns ZPS_OK with *exit_code -1 to go on, ZPS_OK with
+ * positional arguments may mix (GNU order) unless o->in_order; the positional ones end up in
+ * argv[*first_arg .. argc) (with in_order: the first one and everything after it). Returns ZPS_OK with *exit_code -1 to go on, ZPS_OK with
  * *exit_code 0 when --help (or -h) printed the help on stdout, ZPS_ERR_INVALID with *exit_code
  * 2 when a flag was refused (reason on stderr). Uses getopt_long: not thread-safe. */
 zps_status zps_opts_parse(const zps_opts *o, void *cfg, int argc, char **argv, int *first_arg,

@@ -3,6 +3,7 @@
  * arguments are counted, and --help shows each default from the defaults function. */
 #include <criterion/criterion.h>
 #include <criterion/redirect.h>
+#include <getopt.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -199,4 +200,43 @@ Test(opts, names)
     cr_assert_str_eq(buf, "red, green or blue");
     zps_opt_names_join(s_colors, "|", "|", buf, sizeof buf);
     cr_assert_str_eq(buf, "red|green|blue");
+}
+
+static void s_more(FILE *f) { fputs("sub-commands: go\n", f); }
+
+static const zps_opts s_top = {.prog = "zps-test", .usage = "usage: zps-test [options] CMD\n",
+                               .opt = s_opt, .cfg_size = sizeof(s_cfg), .defaults = s_defaults,
+                               .in_order = 1, .more_help = s_more};
+
+Test(opts, in_order_stops_at_the_sub_command_and_leaves_getopt_fresh_for_it)
+{
+    s_cfg c;
+    s_defaults(&c);
+    char *argv[64];
+    const char *a[] = {"--n", "3", "go", "pos", "--y", NULL};
+    int argc = zt_argv("zps-test", a, argv, 64), first, code;
+    cr_assert_eq(zps_opts_parse(&s_top, &c, argc, argv, &first, &code), ZPS_OK);
+    cr_assert_eq(code, -1);
+    cr_assert_eq(c.n, 3);
+    cr_assert_eq(first, 3, "'go' and all after it are the sub-command's");
+    /* the sub-command's own parser, as the benchmarks of zps-bench start it: it permutes */
+    static const struct option sub[] = {{"y", no_argument, NULL, 'y'}, {NULL, 0, NULL, 0}};
+    optind = 1;
+    cr_assert_eq(getopt_long(argc - first, argv + first, "", sub, NULL), 'y');
+    cr_assert_eq(getopt_long(argc - first, argv + first, "", sub, NULL), -1);
+    cr_assert_str_eq(argv[first + optind], "pos");
+}
+
+Test(opts, help_ends_with_more_help, .init = cr_redirect_stdout)
+{
+    s_cfg c;
+    s_defaults(&c);
+    char *argv[8];
+    const char *a[] = {"--help", NULL};
+    int argc = zt_argv("zps-test", a, argv, 8), first, code;
+    cr_assert_eq(zps_opts_parse(&s_top, &c, argc, argv, &first, &code), ZPS_OK);
+    cr_assert_eq(code, 0);
+    char out[8192];
+    zt_read_redirected(cr_get_redirected_stdout(), out, sizeof out);
+    cr_assert_not_null(strstr(out, "  --help\nsub-commands: go\n"), "%s", out);
 }
