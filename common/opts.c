@@ -4,6 +4,7 @@
  * accepted before they shared this parser; a fraction is refused rather than truncated. */
 #include "common/opts.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
@@ -34,6 +35,29 @@ static bool s_takes_arg(const zps_opt *e)
 }
 
 static bool s_is_flag(const zps_opt *e) { return e->type != ZPS_OPT_TEXT; }
+
+/* A table's own mistakes (a field size the type does not handle, a range the field cannot
+ * hold, a FUNC without fn) are API misuse: asserts. */
+static void s_assert_entry(const zps_opt *e)
+{
+    switch (e->type) {
+    case ZPS_OPT_INT:
+        assert(e->size == 8 || (e->size == 4 && e->lo >= INT32_MIN && e->hi <= INT32_MAX));
+        break;
+    case ZPS_OPT_UINT:
+        assert(e->lo >= 0 && (e->size == 8 || (e->size == 4 && e->hi <= UINT32_MAX)));
+        break;
+    case ZPS_OPT_DOUBLE: assert(e->size == sizeof(double) || e->size == sizeof(float)); break;
+    case ZPS_OPT_STRING: assert(e->size > 1); break;
+    case ZPS_OPT_ARG: assert(e->size == sizeof(const char *)); break;
+    case ZPS_OPT_SET:
+    case ZPS_OPT_CLEAR: assert(e->size == sizeof(bool) || e->size == sizeof(int)); break;
+    case ZPS_OPT_ENUM: assert(e->size == sizeof(int) && e->names); break;
+    case ZPS_OPT_FUNC: assert(e->fn); break;
+    default: break;
+    }
+    (void)e;
+}
 
 zps_status zps_opt_name_parse(const zps_opt_name *names, const char *s, int *out)
 {
@@ -246,11 +270,13 @@ zps_status zps_opts_parse(const zps_opts *o, void *cfg, int argc, char **argv, i
 {
     size_t n = s_count(o), k = 0;
     struct option *lo = zps_xcalloc(n + 2, sizeof *lo);
-    for (size_t i = 0; i < n; i++)
-        if (s_is_flag(&o->opt[i]))
-            lo[k++] = (struct option){o->opt[i].name, s_takes_arg(&o->opt[i]) ? required_argument
-                                                                                 : no_argument,
+    for (size_t i = 0; i < n; i++) {
+        const zps_opt *e = &o->opt[i];
+        s_assert_entry(e);
+        if (s_is_flag(e))
+            lo[k++] = (struct option){e->name, s_takes_arg(e) ? required_argument : no_argument,
                                       NULL, S_VAL0 + (int)i};
+    }
     lo[k] = (struct option){"help", no_argument, NULL, 'h'};
     *exit_code = -1;
     zps_status st = ZPS_OK;
