@@ -1,4 +1,5 @@
-/* bench_main.c — zps-bench: runs one registered benchmark (bench.h) or `env`. */
+/* bench_main.c — zps-bench: runs one registered benchmark (bench.h) or `env`. Its own flags
+ * and env's are flag tables (common/opts.h); each benchmark parses the flags after its name. */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -7,6 +8,7 @@
 
 #include "bench/bench.h"
 #include "common/log.h"
+#include "common/opts.h"
 #include "kernels/device.h"
 
 #define S_MAX 32
@@ -61,37 +63,70 @@ double bench_percentile(double *v, size_t n, double p)
     return v[rank - 1];
 }
 
-static void s_usage(FILE *f)
+static void s_list_help(FILE *f)
 {
-    fprintf(f, "usage: zps-bench [--log-level L] NAME [args]\n"
-               "       zps-bench --list\n"
-               "       zps-bench NAME --help\n\n"
-               "benchmarks (JSON goes to $ZPS_BENCH_DIR, default build/bench):\n"
-               "  %-12s %s\n",
+    fprintf(f, "\nbenchmarks (JSON goes to $ZPS_BENCH_DIR, default build/bench; NAME --help for\n"
+               "their flags):\n  %-12s %s\n",
             "env", "report the optional parts found (CUDA library, devices)");
     for (int i = 0; i < s_n; i++)
         fprintf(f, "  %-12s %s\n", s_benches[i].name, s_benches[i].help);
 }
 
+/* zps-bench's own flags, before the benchmark's name. */
+typedef struct s_top {
+    int list; // --list: print the benchmarks' names
+} s_top;
+
+static void s_top_defaults(void *p) { memset(p, 0, sizeof(s_top)); }
+
+static const zps_opt s_top_opt[] = {
+    {"list", ZPS_OPT_SET, ZPS_OPT_FIELD(s_top, list), .help = "print the benchmarks' names"},
+    ZPS_OPT_LOG_LEVEL,
+    {.type = ZPS_OPT_END},
+};
+
+static const zps_opts s_top_spec = {
+    .prog = "zps-bench",
+    .usage = "usage: zps-bench [options] NAME [the benchmark's flags]\n",
+    .opt = s_top_opt,
+    .cfg_size = sizeof(s_top),
+    .defaults = s_top_defaults,
+    .in_order = 1,
+    .more_help = s_list_help,
+};
+
+/* `env`'s flags. */
+typedef struct s_env_cfg {
+    char device[16]; // the device to select
+} s_env_cfg;
+
+static void s_env_defaults(void *p) { snprintf(((s_env_cfg *)p)->device, 16, "auto"); }
+
+static const zps_opt_name s_devices[] = {{"auto", 0}, {"cpu", 0}, {"cuda", 0}, {NULL, 0}};
+
+static const zps_opt s_env_opt[] = {
+    {"device", ZPS_OPT_STRING, ZPS_OPT_FIELD(s_env_cfg, device), .names = s_devices,
+     .help = "the device to select, as zps-trainer does"},
+    {.type = ZPS_OPT_END},
+};
+
+static const zps_opts s_env_spec = {
+    .prog = "zps-bench env",
+    .usage = "usage: zps-bench env [options]\n",
+    .opt = s_env_opt,
+    .cfg_size = sizeof(s_env_cfg),
+    .defaults = s_env_defaults,
+};
+
 static int s_env(int argc, char **argv)
 {
-    const char *want = "auto";
-    static const struct option opts[] = {{"device", required_argument, 0, 'd'},
-                                         {"help", no_argument, 0, 'h'},
-                                         {0, 0, 0, 0}};
-    int c;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        if (c == 'd')
-            want = optarg;
-        else {
-            fprintf(c == 'h' ? stdout : stderr,
-                    "usage: zps-bench env [--device auto|cpu|cuda]\n");
-            return c == 'h' ? 0 : 2;
-        }
-    }
+    s_env_cfg c;
+    s_env_defaults(&c);
+    int first, code;
+    if (zps_opts_parse(&s_env_spec, &c, argc, argv, &first, &code) != ZPS_OK || code >= 0)
+        return code;
     k_device_info info;
-    zps_status st = k_device_select(want, &info);
+    zps_status st = k_device_select(c.device, &info);
     printf("device: %s (%s)\n", info.kind == K_DEVICE_CUDA ? "cuda" : "cpu", info.reason);
     printf("cuda_devices: %d\n", info.cuda_devices);
     return st == ZPS_OK ? 0 : 1;
@@ -100,31 +135,19 @@ static int s_env(int argc, char **argv)
 int main(int argc, char **argv)
 {
     zps_log_init("bench", -1);
-    int i = 1;
-    for (; i < argc && argv[i][0] == '-' && strcmp(argv[i], "--list"); i++) {
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            s_usage(stdout);
-            return 0;
-        }
-        if (!strcmp(argv[i], "--log-level") && i + 1 < argc) {
-            if (zps_log_set_level_str(argv[++i]) != ZPS_OK) {
-                fprintf(stderr, "zps-bench: bad --log-level '%s'\n", argv[i]);
-                return 2;
-            }
-            continue;
-        }
-        fprintf(stderr, "zps-bench: unknown option %s\n", argv[i]);
-        s_usage(stderr);
-        return 2;
-    }
-    if (i == argc) {
-        s_usage(stderr);
-        return 2;
-    }
-    if (!strcmp(argv[i], "--list")) {
+    s_top top;
+    s_top_defaults(&top);
+    int i, code;
+    if (zps_opts_parse(&s_top_spec, &top, argc, argv, &i, &code) != ZPS_OK || code >= 0)
+        return code;
+    if (top.list) {
         for (int k = 0; k < s_n; k++)
             printf("%s\n", s_benches[k].name);
         return 0;
+    }
+    if (i == argc) {
+        zps_opts_usage(&s_top_spec, stderr);
+        return 2;
     }
     if (!strcmp(argv[i], "env"))
         return s_env(argc - i, argv + i);
@@ -134,6 +157,6 @@ int main(int argc, char **argv)
             return s_benches[k].fn(argc - i, argv + i);
         }
     fprintf(stderr, "zps-bench: unknown benchmark '%s'\n", argv[i]);
-    s_usage(stderr);
+    zps_opts_usage(&s_top_spec, stderr);
     return 2;
 }

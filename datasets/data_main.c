@@ -8,10 +8,10 @@
  *   zps-data read PATH [--split S] [--trainer I/N] [--skip-corrupt] ...
  *
  * Exit status: 0 success, 1 failure (including corrupt records found by inspect or verify),
- * 2 usage.
+ * 2 usage. The flags are one table (common/opts.h), shared by every command; options and
+ * arguments may come in any order after the program name.
  */
 #include <errno.h>
-#include <getopt.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,65 +21,11 @@
 
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/opts.h"
 #include "datasets/convert.h"
 #include "datasets/pipeline.h"
 #include "datasets/shard.h"
 #include "datasets/tools.h"
-
-static void s_usage(FILE *f)
-{
-    fprintf(f,
-            "usage: zps-data [--log-level L] COMMAND [options]\n\n"
-            "  convert fashion-mnist --out DIR   Fashion-MNIST IDX files -> DIR/train, DIR/test\n"
-            "  convert folder SRC --out DIR      SRC/CLASS/*.{jpg,jpeg,png} -> DIR/NAME-*, DIR/classes.txt\n"
-            "  make-detection --out DIR          detection canvases of Fashion-MNIST items -> DIR/train, DIR/test\n"
-            "  inspect PATH                      counts, class histogram, sizes, box statistics\n"
-            "  verify PATH                       decode every record, name each corrupt one\n"
-            "  read PATH                         run the input pipeline over PATH (counts, img/s)\n\n"
-            "common options:\n"
-            "  --shards N        shards per split (default 4)\n"
-            "  --encoding E      raw|png|jpeg (default: raw for fashion-mnist, png for detection,\n"
-            "                    the files' own bytes for folder)\n"
-            "  --quality Q       JPEG quality (default 95)\n"
-            "  --limit N         at most N records per split\n"
-            "  --seed S          shuffle (folder) / composition (detection) seed (default 1)\n"
-            "  --force           replace existing shards\n"
-            "  --src DIR         Fashion-MNIST directory (default $ZPS_FASHION_MNIST_DIR, else\n"
-            "                    " DS_FMNIST_DIR ")\n"
-            "folder:     --name NAME (default train), --resize HxW\n"
-            "detection:  --canvas PX (128), --train N (10000), --test N (2000), --min-items N (1),\n"
-            "            --max-items N (6), --min-scale F (0.2), --max-scale F (0.5), --max-iou F (0.3)\n"
-            "inspect/verify: --split S (use PATH/S), --dump N --dump-out FILE.png (inspect)\n"
-            "read PATH: runs the training input pipeline and reports counts and img/s:\n"
-            "            --split S, --trainer I/N (0/1), --batch B (32), --size HxWxC (28x28x1),\n"
-            "            --threads T (1), --epochs E (0: one in-order evaluation pass), --augment,\n"
-            "            --skip-corrupt (skip and count corrupt records instead of failing)\n");
-}
-
-enum {
-    O_OUT = 1000, O_SHARDS, O_ENC, O_QUALITY, O_LIMIT, O_SEED, O_FORCE, O_SRC, O_NAME, O_RESIZE,
-    O_CANVAS, O_TRAIN, O_TEST, O_MIN_ITEMS, O_MAX_ITEMS, O_MIN_SCALE, O_MAX_SCALE, O_MAX_IOU,
-    O_SPLIT, O_DUMP, O_DUMP_OUT, O_HELP, O_LOG, O_TRAINER, O_BATCH, O_SIZE, O_THREADS, O_SKIP,
-    O_EPOCHS, O_AUGMENT
-};
-
-static const struct option s_opts[] = {
-    {"out", required_argument, 0, O_OUT},          {"shards", required_argument, 0, O_SHARDS},
-    {"encoding", required_argument, 0, O_ENC},     {"quality", required_argument, 0, O_QUALITY},
-    {"limit", required_argument, 0, O_LIMIT},      {"seed", required_argument, 0, O_SEED},
-    {"force", no_argument, 0, O_FORCE},            {"src", required_argument, 0, O_SRC},
-    {"name", required_argument, 0, O_NAME},        {"resize", required_argument, 0, O_RESIZE},
-    {"canvas", required_argument, 0, O_CANVAS},    {"train", required_argument, 0, O_TRAIN},
-    {"test", required_argument, 0, O_TEST},        {"min-items", required_argument, 0, O_MIN_ITEMS},
-    {"max-items", required_argument, 0, O_MAX_ITEMS}, {"min-scale", required_argument, 0, O_MIN_SCALE},
-    {"max-scale", required_argument, 0, O_MAX_SCALE}, {"max-iou", required_argument, 0, O_MAX_IOU},
-    {"split", required_argument, 0, O_SPLIT},      {"dump", required_argument, 0, O_DUMP},
-    {"dump-out", required_argument, 0, O_DUMP_OUT}, {"help", no_argument, 0, O_HELP},
-    {"log-level", required_argument, 0, O_LOG},    {"trainer", required_argument, 0, O_TRAINER},
-    {"batch", required_argument, 0, O_BATCH},      {"size", required_argument, 0, O_SIZE},
-    {"threads", required_argument, 0, O_THREADS},  {"skip-corrupt", no_argument, 0, O_SKIP},
-    {"epochs", required_argument, 0, O_EPOCHS},    {"augment", no_argument, 0, O_AUGMENT},
-    {0, 0, 0, 0}};
 
 typedef struct args {
     const char *out, *src, *name, *split, *dump_out;
@@ -91,93 +37,145 @@ typedef struct args {
     int64_t dump;
     int trainer_i, trainer_n, batch, out_h, out_w, out_c, threads, epochs;
     bool skip_corrupt, augment;
-    int npos;
-    const char *pos[4];
+    int npos;                // arguments after the command
+    char *const *pos;
 } args;
 
-static bool s_num(const char *s, double lo, double hi, double *out)
-{
-    char *end;
-    double v = strtod(s, &end);
-    if (end == s || *end || !(v >= lo && v <= hi))
-        return false;
-    *out = v;
-    return true;
-}
-
-/* Returns 0 on success, 2 on a usage error (reported). */
-static int s_parse(int argc, char **argv, args *a)
+static void s_defaults(void *p)
 {
     const char *fm = getenv("ZPS_FASHION_MNIST_DIR");
-    *a = (args){.src = fm && *fm ? fm : DS_FMNIST_DIR, .name = "train", .shards = 4, .quality = 95, .seed = 1,
-                .dump = -1, .trainer_n = 1, .batch = 32, .out_h = 28, .out_w = 28, .out_c = 1,
-                .threads = 1,
-                .det = {.canvas = 128, .min_items = 1, .max_items = 6, .n_train = 10000,
-                        .n_test = 2000, .min_scale = 0.2f, .max_scale = 0.5f, .max_iou = 0.3f}};
-    optind = 1;
-    int c;
-    double v;
-    while ((c = getopt_long(argc, argv, "", s_opts, NULL)) != -1) {
-        bool ok = true;
-        switch (c) {
-        case O_OUT: a->out = optarg; break;
-        case O_SRC: a->src = optarg; break;
-        case O_NAME: a->name = optarg; break;
-        case O_SPLIT: a->split = optarg; break;
-        case O_DUMP_OUT: a->dump_out = optarg; break;
-        case O_FORCE: a->force = true; break;
-        case O_SHARDS: ok = s_num(optarg, 1, 99999, &v); a->shards = (int)v; break;
-        case O_QUALITY: ok = s_num(optarg, 1, 100, &v); a->quality = (int)v; break;
-        case O_LIMIT: ok = s_num(optarg, 0, 1e15, &v); a->limit = (uint64_t)v; break;
-        case O_SEED: ok = s_num(optarg, 0, 1.8e19, &v); a->seed = strtoull(optarg, NULL, 10); break;
-        case O_DUMP: ok = s_num(optarg, 0, 1e15, &v); a->dump = (int64_t)v; break;
-        case O_CANVAS: ok = s_num(optarg, 16, 16384, &v); a->det.canvas = (int)v; break;
-        case O_TRAIN: ok = s_num(optarg, 0, 1e12, &v); a->det.n_train = (uint64_t)v; break;
-        case O_TEST: ok = s_num(optarg, 0, 1e12, &v); a->det.n_test = (uint64_t)v; break;
-        case O_MIN_ITEMS: ok = s_num(optarg, 1, 256, &v); a->det.min_items = (int)v; break;
-        case O_MAX_ITEMS: ok = s_num(optarg, 1, 256, &v); a->det.max_items = (int)v; break;
-        case O_MIN_SCALE: ok = s_num(optarg, 0.01, 1, &v); a->det.min_scale = (float)v; break;
-        case O_MAX_SCALE: ok = s_num(optarg, 0.01, 1, &v); a->det.max_scale = (float)v; break;
-        case O_MAX_IOU: ok = s_num(optarg, 0, 1, &v); a->det.max_iou = (float)v; break;
-        case O_ENC:
-            ok = ds_encoding_parse(optarg, &a->enc) == ZPS_OK;
-            a->enc_set = true;
-            break;
-        case O_RESIZE:
-            ok = sscanf(optarg, "%dx%d", &a->resize_h, &a->resize_w) == 2 && a->resize_h > 0 &&
-                 a->resize_w > 0 && a->resize_h <= 16384 && a->resize_w <= 16384;
-            break;
-        case O_LOG: ok = zps_log_set_level_str(optarg) == ZPS_OK; break;
-        case O_TRAINER:
-            ok = sscanf(optarg, "%d/%d", &a->trainer_i, &a->trainer_n) == 2 && a->trainer_n >= 1 &&
-                 a->trainer_i >= 0 && a->trainer_i < a->trainer_n;
-            break;
-        case O_BATCH: ok = s_num(optarg, 1, 65536, &v); a->batch = (int)v; break;
-        case O_SIZE:
-            ok = sscanf(optarg, "%dx%dx%d", &a->out_h, &a->out_w, &a->out_c) == 3 && a->out_h > 0 &&
-                 a->out_w > 0 && a->out_h <= 4096 && a->out_w <= 4096 && (a->out_c == 1 || a->out_c == 3);
-            break;
-        case O_THREADS: ok = s_num(optarg, 0, 64, &v); a->threads = (int)v; break;
-        case O_SKIP: a->skip_corrupt = true; break;
-        case O_EPOCHS: ok = s_num(optarg, 0, 1e6, &v); a->epochs = (int)v; break;
-        case O_AUGMENT: a->augment = true; break;
-        case O_HELP: s_usage(stdout); exit(0);
-        default: s_usage(stderr); return 2;
-        }
-        if (!ok) {
-            fprintf(stderr, "zps-data: bad value for --%s: %s\n", s_opts[c - O_OUT].name, optarg);
-            return 2;
-        }
-    }
-    for (; optind < argc; optind++) {
-        if (a->npos == 4) {
-            fprintf(stderr, "zps-data: too many arguments\n");
-            return 2;
-        }
-        a->pos[a->npos++] = argv[optind];
-    }
-    return 0;
+    *(args *)p = (args){.src = fm && *fm ? fm : DS_FMNIST_DIR, .name = "train", .shards = 4,
+                        .quality = 95, .seed = 1, .dump = -1, .dump_out = "record.png", .trainer_n = 1, .batch = 32,
+                        .out_h = 28, .out_w = 28, .out_c = 1, .threads = 1,
+                        .det = {.canvas = 128, .min_items = 1, .max_items = 6, .n_train = 10000,
+                                .n_test = 2000, .min_scale = 0.2f, .max_scale = 0.5f,
+                                .max_iou = 0.3f}};
 }
+
+static zps_status s_encoding(void *cfg, const char *v, char *why, size_t cap)
+{
+    args *a = cfg;
+    if (ds_encoding_parse(v, &a->enc) == ZPS_OK) {
+        a->enc_set = true;
+        return ZPS_OK;
+    }
+    snprintf(why, cap, "wants raw, png or jpeg, got '%s'", v);
+    return ZPS_ERR_INVALID;
+}
+
+static zps_status s_resize(void *cfg, const char *v, char *why, size_t cap)
+{
+    args *a = cfg;
+    int h, w;
+    if (sscanf(v, "%dx%d", &h, &w) == 2 && h > 0 && w > 0 && h <= 16384 && w <= 16384) {
+        a->resize_h = h;
+        a->resize_w = w;
+        return ZPS_OK;
+    }
+    snprintf(why, cap, "wants HxW (1..16384 each), got '%s'", v);
+    return ZPS_ERR_INVALID;
+}
+
+static zps_status s_trainer(void *cfg, const char *v, char *why, size_t cap)
+{
+    args *a = cfg;
+    int i, n;
+    if (sscanf(v, "%d/%d", &i, &n) == 2 && n >= 1 && i >= 0 && i < n) {
+        a->trainer_i = i;
+        a->trainer_n = n;
+        return ZPS_OK;
+    }
+    snprintf(why, cap, "wants I/N with 0 <= I < N, got '%s'", v);
+    return ZPS_ERR_INVALID;
+}
+
+static zps_status s_size(void *cfg, const char *v, char *why, size_t cap)
+{
+    args *a = cfg;
+    int h, w, c;
+    if (sscanf(v, "%dx%dx%d", &h, &w, &c) == 3 && h > 0 && w > 0 && h <= 4096 && w <= 4096 &&
+        (c == 1 || c == 3)) {
+        a->out_h = h;
+        a->out_w = w;
+        a->out_c = c;
+        return ZPS_OK;
+    }
+    snprintf(why, cap, "wants HxWxC (H, W 1..4096, C 1 or 3), got '%s'", v);
+    return ZPS_ERR_INVALID;
+}
+
+#define F(field) ZPS_OPT_FIELD(args, field)
+
+static const zps_opt s_opt[] = {
+    {.type = ZPS_OPT_TEXT, .help = "convert, make-detection:"},
+    {"out", ZPS_OPT_ARG, F(out), .meta = "DIR", .help = "the dataset written"},
+    {"shards", ZPS_OPT_INT, F(shards), 1, 99999, .meta = "N", .help = "shards per split"},
+    {"encoding", ZPS_OPT_FUNC, .fn = s_encoding, .meta = "E",
+     .help = "raw|png|jpeg (default: raw for fashion-mnist, png for detection,\n"
+             "the files' own bytes for folder)"},
+    {"quality", ZPS_OPT_INT, F(quality), 1, 100, .meta = "Q", .help = "JPEG quality"},
+    {"limit", ZPS_OPT_UINT, F(limit), 0, 1e15, .meta = "N", .dflt = "",
+     .help = "at most N records per split"},
+    {"seed", ZPS_OPT_UINT, F(seed), 0, 18446744073709551615.0, .meta = "S",
+     .help = "shuffle (folder) / composition (detection) / augmentation (read) seed"},
+    {"force", ZPS_OPT_SET, F(force), .help = "replace existing shards"},
+    {"src", ZPS_OPT_ARG, F(src), .meta = "DIR", .dflt = "$ZPS_FASHION_MNIST_DIR, else " DS_FMNIST_DIR,
+     .help = "Fashion-MNIST directory"},
+    {.type = ZPS_OPT_TEXT, .help = "convert folder:"},
+    {"name", ZPS_OPT_ARG, F(name), .meta = "NAME", .help = "the shards' name prefix"},
+    {"resize", ZPS_OPT_FUNC, .fn = s_resize, .meta = "HxW",
+     .help = "resize (and re-encode, default JPEG) every image"},
+    {.type = ZPS_OPT_TEXT, .help = "make-detection:"},
+    {"canvas", ZPS_OPT_INT, F(det.canvas), 16, 16384, .meta = "PX", .help = "canvas side"},
+    {"train", ZPS_OPT_UINT, F(det.n_train), 0, 1e12, .meta = "N", .help = "training canvases"},
+    {"test", ZPS_OPT_UINT, F(det.n_test), 0, 1e12, .meta = "N", .help = "test canvases"},
+    {"min-items", ZPS_OPT_INT, F(det.min_items), 1, 256, .meta = "N", .help = "items per canvas"},
+    {"max-items", ZPS_OPT_INT, F(det.max_items), 1, 256, .meta = "N", .help = "items per canvas"},
+    {"min-scale", ZPS_OPT_DOUBLE, F(det.min_scale), 0.01, 1, .meta = "F",
+     .help = "item side / canvas side"},
+    {"max-scale", ZPS_OPT_DOUBLE, F(det.max_scale), 0.01, 1, .meta = "F",
+     .help = "item side / canvas side"},
+    {"max-iou", ZPS_OPT_DOUBLE, F(det.max_iou), 0, 1, .meta = "F",
+     .help = "overlap of two items"},
+    {.type = ZPS_OPT_TEXT, .help = "inspect, verify, read:"},
+    {"split", ZPS_OPT_ARG, F(split), .meta = "S", .help = "use PATH/S"},
+    {"dump", ZPS_OPT_INT, F(dump), 0, 1e15, .meta = "N", .dflt = "",
+     .help = "inspect: write record N as a PNG"},
+    {"dump-out", ZPS_OPT_ARG, F(dump_out), .meta = "FILE.png",
+     .help = "inspect: where --dump writes"},
+    {.type = ZPS_OPT_TEXT, .help = "read (the training input pipeline: counts and img/s):"},
+    {"trainer", ZPS_OPT_FUNC, .fn = s_trainer, .meta = "I/N", .dflt = "0/1",
+     .help = "read trainer I's share of N"},
+    {"batch", ZPS_OPT_INT, F(batch), 1, 65536, .meta = "B", .help = "images per batch"},
+    {"size", ZPS_OPT_FUNC, .fn = s_size, .meta = "HxWxC", .dflt = "28x28x1",
+     .help = "images are resized to this"},
+    {"threads", ZPS_OPT_INT, F(threads), 0, 64, .meta = "T", .help = "decode threads"},
+    {"epochs", ZPS_OPT_INT, F(epochs), 0, 1e6, .meta = "E", .dflt = "0, one in-order evaluation pass",
+     .help = "shuffled epochs"},
+    {"augment", ZPS_OPT_SET, F(augment), .help = "random crop + horizontal flip"},
+    {"skip-corrupt", ZPS_OPT_SET, F(skip_corrupt),
+     .help = "skip and count corrupt records instead of failing"},
+    {.type = ZPS_OPT_TEXT, .help = "any command:"},
+    ZPS_OPT_LOG_LEVEL,
+    {.type = ZPS_OPT_END},
+};
+
+#undef F
+
+static const zps_opts s_spec = {
+    .prog = "zps-data",
+    .usage = "usage: zps-data COMMAND [options]\n\n"
+             "  convert fashion-mnist --out DIR   Fashion-MNIST IDX files -> DIR/train, DIR/test\n"
+             "  convert folder SRC --out DIR      SRC/CLASS/*.{jpg,jpeg,png} -> DIR/NAME-*, DIR/classes.txt\n"
+             "  make-detection --out DIR          detection canvases of Fashion-MNIST items -> DIR/train, DIR/test\n"
+             "  inspect PATH                      counts, class histogram, sizes, box statistics\n"
+             "  verify PATH                       decode every record, name each corrupt one\n"
+             "  read PATH                         run the input pipeline over PATH (counts, img/s)\n\n",
+    .opt = s_opt,
+    .cfg_size = sizeof(args),
+    .defaults = s_defaults,
+    .max_args = 5, /* the command and its arguments */
+};
 
 static ds_convert_opts s_convert_opts(const args *a, ds_encoding dflt)
 {
@@ -214,7 +212,7 @@ static int s_print_stats(const char *path, const args *a)
     uint64_t corrupt = s.corrupt;
     ds_stats_free(&s);
     if (a->dump >= 0) {
-        const char *out = a->dump_out ? a->dump_out : "record.png";
+        const char *out = a->dump_out;
         if (ds_dump_png(path, a->split, (uint64_t)a->dump, out) != ZPS_OK) {
             fprintf(stderr, "zps-data: cannot dump record %" PRId64 "\n", a->dump);
             return 1;
@@ -344,98 +342,101 @@ static int s_read(const char *path, const args *a)
     return 0;
 }
 
+/* The end of convert and make-detection: their status as the exit code. */
+static int s_exit(const char *cmd, zps_status st)
+{
+    if (st == ZPS_OK)
+        return 0;
+    fprintf(stderr, "zps-data %s: %s\n", cmd, zps_strerror(st));
+    return 1;
+}
+
+static int s_cmd_convert(const args *a)
+{
+    if (a->npos < 1 || !a->out) {
+        fprintf(stderr, "zps-data convert: need a source (fashion-mnist | folder SRC) and --out DIR\n");
+        return 2;
+    }
+    double t0 = zps_now_s();
+    zps_status st;
+    if (strcmp(a->pos[0], "fashion-mnist") == 0) {
+        ds_convert_opts o = s_convert_opts(a, DS_ENC_RAW);
+        uint64_t ntr = 0, nte = 0;
+        st = ds_convert_fmnist(a->src, &o, &ntr, &nte);
+        if (st == ZPS_OK)
+            printf("fashion-mnist: %" PRIu64 " train + %" PRIu64 " test records in %s/{train,test} "
+                   "(%d shards each, %.2f s)\n", ntr, nte, a->out, a->shards, zps_now_s() - t0);
+    } else if (strcmp(a->pos[0], "folder") == 0 && a->npos == 2) {
+        /* folder: without --resize the files' own bytes are kept unless --encoding raw;
+         * with --resize images are re-encoded (default JPEG) */
+        ds_convert_opts o = s_convert_opts(a, DS_ENC_JPEG);
+        uint64_t n = 0, skipped = 0;
+        st = ds_convert_folder(a->pos[1], a->name, &o, a->resize_h, a->resize_w, &n, &skipped);
+        if (st == ZPS_OK)
+            printf("folder %s: %" PRIu64 " records (%" PRIu64 " files skipped) in %s (%.2f s)\n",
+                   a->pos[1], n, skipped, a->out, zps_now_s() - t0);
+    } else {
+        fprintf(stderr, "zps-data convert: unknown source '%s' (fashion-mnist | folder SRC)\n",
+                a->pos[0]);
+        return 2;
+    }
+    return s_exit("convert", st);
+}
+
+static int s_cmd_detection(const args *a)
+{
+    if (!a->out) {
+        fprintf(stderr, "zps-data make-detection: --out DIR is required\n");
+        return 2;
+    }
+    double t0 = zps_now_s();
+    ds_convert_opts o = s_convert_opts(a, DS_ENC_PNG);
+    zps_status st = ds_make_detection(a->src, &o, &a->det);
+    if (st == ZPS_OK)
+        printf("detection: %" PRIu64 " train + %" PRIu64 " test canvases of %dx%d in %s (%.2f s)\n",
+               a->det.n_train, a->det.n_test, a->det.canvas, a->det.canvas, a->out,
+               zps_now_s() - t0);
+    return s_exit("make-detection", st);
+}
+
+static int s_cmd_inspect(const args *a) { return s_print_stats(a->pos[0], a); }
+static int s_cmd_verify(const args *a) { return s_verify_all(a->pos[0], a->split); }
+static int s_cmd_read(const args *a) { return s_read(a->pos[0], a); }
+
+static const struct {
+    const char *name;
+    int one_path; // takes exactly one dataset PATH
+    int (*run)(const args *a);
+} s_commands[] = {
+    {"convert", 0, s_cmd_convert}, {"make-detection", 0, s_cmd_detection},
+    {"inspect", 1, s_cmd_inspect}, {"read", 1, s_cmd_read}, {"verify", 1, s_cmd_verify},
+};
+
 int main(int argc, char **argv)
 {
     zps_log_init("data", -1);
-    int first = 1;
-    while (first < argc && strncmp(argv[first], "--", 2) == 0) {
-        if (strcmp(argv[first], "--log-level") == 0 && first + 1 < argc) {
-            if (zps_log_set_level_str(argv[first + 1]) != ZPS_OK) {
-                fprintf(stderr, "zps-data: bad --log-level %s\n", argv[first + 1]);
-                return 2;
-            }
-            first += 2;
-        } else if (strcmp(argv[first], "--help") == 0) {
-            s_usage(stdout);
-            return 0;
-        } else {
-            s_usage(stderr);
-            return 2;
-        }
-    }
+    args a;
+    s_defaults(&a);
+    int first, code;
+    if (zps_opts_parse(&s_spec, &a, argc, argv, &first, &code) != ZPS_OK || code >= 0)
+        return code;
     if (first >= argc) {
-        s_usage(stderr);
+        zps_opts_usage(&s_spec, stderr);
         return 2;
     }
     const char *cmd = argv[first];
-    args a;
-    int rc = s_parse(argc - first, argv + first, &a);
-    if (rc)
-        return rc;
-    double t0 = zps_now_s();
-    zps_status st;
-    if (strcmp(cmd, "convert") == 0) {
-        if (a.npos < 1 || !a.out) {
-            fprintf(stderr, "zps-data convert: need a source (fashion-mnist | folder SRC) and --out DIR\n");
+    a.pos = argv + first + 1;
+    a.npos = argc - first - 1;
+    for (size_t i = 0; i < sizeof s_commands / sizeof s_commands[0]; i++) {
+        if (strcmp(cmd, s_commands[i].name) != 0)
+            continue;
+        if (s_commands[i].one_path && a.npos != 1) {
+            fprintf(stderr, "zps-data %s: need one dataset PATH\n", cmd);
             return 2;
         }
-        if (strcmp(a.pos[0], "fashion-mnist") == 0) {
-            ds_convert_opts o = s_convert_opts(&a, DS_ENC_RAW);
-            uint64_t ntr = 0, nte = 0;
-            st = ds_convert_fmnist(a.src, &o, &ntr, &nte);
-            if (st == ZPS_OK)
-                printf("fashion-mnist: %" PRIu64 " train + %" PRIu64 " test records in %s/{train,test} "
-                       "(%d shards each, %.2f s)\n", ntr, nte, a.out, a.shards, zps_now_s() - t0);
-        } else if (strcmp(a.pos[0], "folder") == 0 && a.npos == 2) {
-            /* folder: without --resize the files' own bytes are kept unless --encoding raw;
-             * with --resize images are re-encoded (default JPEG) */
-            ds_convert_opts o = s_convert_opts(&a, DS_ENC_JPEG);
-            uint64_t n = 0, skipped = 0;
-            st = ds_convert_folder(a.pos[1], a.name, &o, a.resize_h, a.resize_w, &n, &skipped);
-            if (st == ZPS_OK)
-                printf("folder %s: %" PRIu64 " records (%" PRIu64 " files skipped) in %s (%.2f s)\n",
-                       a.pos[1], n, skipped, a.out, zps_now_s() - t0);
-        } else {
-            fprintf(stderr, "zps-data convert: unknown source '%s' (fashion-mnist | folder SRC)\n",
-                    a.pos[0]);
-            return 2;
-        }
-    } else if (strcmp(cmd, "make-detection") == 0) {
-        if (!a.out) {
-            fprintf(stderr, "zps-data make-detection: --out DIR is required\n");
-            return 2;
-        }
-        ds_convert_opts o = s_convert_opts(&a, DS_ENC_PNG);
-        st = ds_make_detection(a.src, &o, &a.det);
-        if (st == ZPS_OK)
-            printf("detection: %" PRIu64 " train + %" PRIu64 " test canvases of %dx%d in %s (%.2f s)\n",
-                   a.det.n_train, a.det.n_test, a.det.canvas, a.det.canvas, a.out, zps_now_s() - t0);
-    } else if (strcmp(cmd, "inspect") == 0) {
-        if (a.npos != 1) {
-            fprintf(stderr, "zps-data inspect: need one dataset PATH\n");
-            return 2;
-        }
-        return s_print_stats(a.pos[0], &a);
-    } else if (strcmp(cmd, "read") == 0) {
-        if (a.npos != 1) {
-            fprintf(stderr, "zps-data read: need one dataset PATH\n");
-            return 2;
-        }
-        return s_read(a.pos[0], &a);
-    } else if (strcmp(cmd, "verify") == 0) {
-        if (a.npos != 1) {
-            fprintf(stderr, "zps-data verify: need one dataset PATH\n");
-            return 2;
-        }
-        return s_verify_all(a.pos[0], a.split);
-    } else {
-        fprintf(stderr, "zps-data: unknown command '%s'\n", cmd);
-        s_usage(stderr);
-        return 2;
+        return s_commands[i].run(&a);
     }
-    if (st != ZPS_OK) {
-        fprintf(stderr, "zps-data %s: %s\n", cmd, zps_strerror(st));
-        return 1;
-    }
-    return 0;
+    fprintf(stderr, "zps-data: unknown command '%s'\n", cmd);
+    zps_opts_usage(&s_spec, stderr);
+    return 2;
 }

@@ -5,30 +5,18 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "testutil.h"
 #include "trainer/config.h"
 
-/* Parses argv (NULL-terminated, without argv[0]); returns the exit code (-1: go on). */
+/* Parses args (NULL-terminated, without argv[0]); returns the exit code (-1: go on). */
 static int s_parse(tr_config *c, const char *const *args, zps_status *st)
 {
     char *argv[64];
-    int argc = 0;
-    argv[argc++] = (char *)"zps-trainer";
-    for (int i = 0; args[i]; i++)
-        argv[argc++] = (char *)args[i];
-    argv[argc] = NULL;
+    int argc = zt_argv("zps-trainer", args, argv, 64);
     tr_config_default(c);
     int code;
     *st = tr_config_parse(c, argc, argv, &code);
     return code;
-}
-
-/* The captured stderr so far. */
-static void s_stderr(char *buf, size_t n)
-{
-    fflush(stderr);
-    FILE *f = cr_get_redirected_stderr();
-    size_t got = fread(buf, 1, n - 1, f);
-    buf[got] = 0;
 }
 
 Test(tr_config, a_full_ps_command_line)
@@ -76,12 +64,86 @@ Test(tr_config, curve_and_push_dtype_flags)
     cr_assert_eq(c.push_dtype, PS_DTYPE_BF16);
 }
 
-Test(tr_config, help_exits_zero, .init = cr_redirect_stdout)
+Test(tr_config, help_exits_zero_and_lists_the_flags_with_real_defaults, .init = cr_redirect_stdout)
 {
     tr_config c;
     zps_status st;
     const char *a[] = {"--help", NULL};
     cr_assert_eq(s_parse(&c, a, &st), 0);
+    static char out[32768];
+    zt_read_redirected(cr_get_redirected_stdout(), out, sizeof out);
+    static const char *const flags[] = {
+        "--model NAME", "--width F", "--input-size N", "--in-channels N", "--classes N",
+        "--aux auto|on|off", "--dropout P", "--init-weights FILE", "--data DIR", "--threads N",
+        "--augment", "--shard records|batch", "--device auto|cpu|cuda", "--mode M",
+        "--cluster FILE", "--servers URI", "--trainer-id I", "--num-trainers N",
+        "--replicas-to-aggregate R", "--staleness S", "--chunk-bytes B", "--job NAME",
+        "--timeout-ms MS", "--curve-server-key FILE", "--curve-key FILE", "--push-dtype f32|bf16",
+        "--batch-size N", "--steps N", "--epochs F", "--accumulate K", "--time-limit SEC",
+        "--stop-accuracy A", "--optimizer NAME", "--lr F", "--momentum F", "--nesterov",
+        "--rho F", "--epsilon F", "--beta1 F", "--beta2 F", "--weight-decay F",
+        "--initial-accumulator F", "--lr-schedule constant|exponential|cosine", "--decay-rate F",
+        "--decay-steps N", "--staircase", "--total-steps N", "--min-lr F", "--warmup-steps N",
+        "--eval-every N", "--eval-batches N", "--eval-all", "--eval-only", "--metrics FILE",
+        "--export FILE", "--resume", "--shutdown-servers", "--no-progress", "--seed N",
+        "--log-level L", "--help"};
+    for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++)
+        cr_assert_not_null(strstr(out, flags[i]), "'%s' not in:\n%s", flags[i], out);
+    cr_assert_null(strstr(out, "batchnorm"), "no flag switches batchnorm off:\n%s", out);
+    /* defaults read from tr_config_default, not written twice */
+    static const char *const dflt[] = {"(default convnet)", "(default 0.05)", "(default 64)",
+                                       "(default 30000)", "(default 4194304)"};
+    for (size_t i = 0; i < sizeof dflt / sizeof dflt[0]; i++)
+        cr_assert_not_null(strstr(out, dflt[i]), "'%s' not in:\n%s", dflt[i], out);
+    const char *inch = strstr(out, "--in-channels");
+    cr_assert_not_null(inch);
+    cr_assert_not_null(strstr(inch, "(default: 1 for every model"), "%s", inch);
+}
+
+Test(tr_config, mode_names_round_trip)
+{
+    static const struct {
+        const char *name;
+        tr_mode mode;
+    } m[] = {{"local", TR_MODE_LOCAL}, {"sync", TR_MODE_SYNC}, {"async", TR_MODE_ASYNC},
+             {"ssp", TR_MODE_SSP}, {"allreduce", TR_MODE_ALLREDUCE}};
+    for (size_t i = 0; i < sizeof m / sizeof m[0]; i++) {
+        tr_mode got;
+        cr_assert_eq(tr_mode_parse(m[i].name, &got), ZPS_OK, "%s", m[i].name);
+        cr_assert_eq(got, m[i].mode, "%s", m[i].name);
+        cr_assert_str_eq(tr_mode_name(m[i].mode), m[i].name);
+    }
+    tr_mode got;
+    cr_assert_eq(tr_mode_parse("unset", &got), ZPS_ERR_INVALID);
+    cr_assert_eq(tr_mode_parse("", &got), ZPS_ERR_INVALID);
+}
+
+Test(tr_config, value_flags_land_in_their_fields)
+{
+    tr_config c;
+    zps_status st;
+    const char *a[] = {"--data", "/d", "--aux", "off", "--shard", "batch", "--device", "cpu",
+                       "--no-progress", "--seed", "4611686018427387904", "--dropout", "0.3",
+                       "--lr-schedule", "exponential", "--decay-steps", "10", "--staircase",
+                       "--steps", "1e3", "--in-channels", "3", NULL};
+    cr_assert_eq(s_parse(&c, a, &st), -1);
+    cr_assert_eq(st, ZPS_OK);
+    cr_assert_eq(c.aux, 0);
+    cr_assert_eq(c.shard, TR_SHARD_BATCH);
+    cr_assert_str_eq(c.device, "cpu");
+    cr_assert_eq(c.progress, 0);
+    cr_assert_eq(c.seed, 1ull << 62);
+    cr_assert_float_eq(c.dropout, 0.3f, 1e-7);
+    cr_assert_eq(c.opt.sched, PS_SCHED_EXPONENTIAL);
+    cr_assert_eq(c.opt.decay_steps, 10);
+    cr_assert_eq(c.opt.staircase, 1);
+    cr_assert_eq(c.steps, 1000);
+    cr_assert_eq(c.in_channels, 3);
+    const char *d[] = {"--data", "/d", NULL};
+    cr_assert_eq(s_parse(&c, d, &st), -1);
+    cr_assert_eq(c.aux, -1, "auto");
+    cr_assert_eq(c.in_channels, 0, "0: train.c's default, 1 channel for every model");
+    cr_assert_eq(c.progress, 1);
 }
 
 static const struct {
@@ -100,6 +162,14 @@ static const struct {
     {{"--data", "/d", "--curve-key", "t.key", NULL}, "--curve-server-key and --curve-key go together"},
     {{"--data", "/d", "--curve-server-key", "s.pub", NULL}, "--curve-server-key and --curve-key go together"},
     {{"--data", "/d", "--push-dtype", "f16", NULL}, "--push-dtype wants f32 or bf16, got 'f16'"},
+    {{"--data", "/d", "--no-batchnorm", NULL}, "unrecognized option '--no-batchnorm'"},
+    {{"--data", "/d", "--aux", "maybe", NULL}, "--aux wants auto, on or off, got 'maybe'"},
+    {{"--data", "/d", "--steps", "2.5", NULL}, "--steps wants an integer"},
+    {{"--data", "/d", "--seed", "-1", NULL}, "--seed wants an integer"},
+    {{"--data", "/d", "--model", "m0123456789012345678901234567890", NULL}, "--model value is longer than 31"},
+    {{"--data", "/d", "--lr-schedule", "step", NULL}, "--lr-schedule wants constant, exponential or cosine"},
+    {{"--data", "/d", "--log-level", "loud", NULL}, "--log-level wants"},
+    {{"--data", "/d", "--in-channels", "4", NULL}, "--in-channels wants an integer in [1, 3], got '4'"},
 };
 
 Test(tr_config, bad_command_lines_exit_2_and_name_the_flag, .init = cr_redirect_stderr)
@@ -111,7 +181,7 @@ Test(tr_config, bad_command_lines_exit_2_and_name_the_flag, .init = cr_redirect_
         zps_status st;
         cr_assert_eq(s_parse(&c, s_bad[i].args, &st), 2, "case %zu accepted", i);
         cr_assert_eq(st, ZPS_ERR_INVALID, "case %zu", i);
-        s_stderr(err, sizeof err);
+        zt_read_redirected(cr_get_redirected_stderr(), err, sizeof err);
         cr_assert_not_null(strstr(err + 0, s_bad[i].msg), "case %zu: '%s' not in:\n%s", i,
                            s_bad[i].msg, err);
         seen += strlen(err);

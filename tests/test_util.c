@@ -154,3 +154,23 @@ int zt_run(const char *prog, const char *const *args, const char *const *env,
     cr_assert(WIFEXITED(status), "%s did not exit normally (status %d)", prog, status);
     return WEXITSTATUS(status);
 }
+
+int zt_argv(const char *prog, const char *const *args, char **argv, int cap)
+{
+    int argc = 0;
+    argv[argc++] = (char *)prog;
+    for (int i = 0; args[i]; i++) {
+        cr_assert_lt(argc, cap - 1, "more than %d arguments", cap - 2);
+        argv[argc++] = (char *)args[i];
+    }
+    argv[argc] = NULL;
+    return argc;
+}
+
+void zt_read_redirected(FILE *f, char *buf, size_t n)
+{
+    fflush(stdout);
+    fflush(stderr);
+    size_t got = fread(buf, 1, n - 1, f);
+    buf[got] = 0;
+}

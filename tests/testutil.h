@@ -64,4 +64,11 @@ void zt_shard_corrupt(const char *shard_dir, uint64_t idx, size_t at, uint8_t ma
 int zt_run(const char *prog, const char *const *args, const char *const *env,
            const char *log_path, double timeout_s, char **out);
 
+/* Flag-parser tests: argv = {prog, args..., NULL} (args NULL-terminated, at most cap - 2 of
+ * them); returns argc. */
+int zt_argv(const char *prog, const char *const *args, char **argv, int cap);
+/* What the program wrote to Criterion's redirected stream f (cr_get_redirected_stdout() or
+ * _stderr()) since the last call, NUL-terminated, at most n - 1 bytes. */
+void zt_read_redirected(FILE *f, char *buf, size_t n);
+
 #endif

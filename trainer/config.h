@@ -1,8 +1,8 @@
 /* config.h — zps-trainer's settings and their command-line parser.
  *
  * Every flag of zps-trainer lands in one tr_config; tr_config_parse() validates them all and
- * says which flag is wrong, so a fleet with a typo stops at launch. docs/training.md lists
- * the flags with their defaults.
+ * says which flag is wrong, so a fleet with a typo stops at launch. The flags are one table in
+ * config.c (common/opts.h), which also makes --help; docs/training.md lists the main ones.
  */
 #ifndef ZPS_TRAINER_CONFIG_H
 #define ZPS_TRAINER_CONFIG_H
@@ -34,11 +34,10 @@ typedef struct tr_config {
     char model[32];           // mlp | convnet | inception_v3
     float width;              // inception_v3 width multiplier
     int input_size;           // model input height = width (0: the model's default)
-    int in_channels;          // 0: the data's channels (1 for Fashion-MNIST)
+    int in_channels;          // 0: 1 (gray), for every model, inception_v3 included
     int classes;              // 0: from the dataset's classes.txt, else 10
     int aux;                  // inception aux head: -1 auto, 0 off, 1 on
     float dropout;            // < 0: the model's default
-    int batchnorm;            // convnet: 1 batchnorm (default), 0 conv with bias
     char init_weights[512];   // weights file to start from ("" = seeded init)
     /* data */
     char data[512];           // dataset directory with train/ and test/
@@ -54,7 +53,7 @@ typedef struct tr_config {
     int num_trainers;         // 0: from the cluster file, else 1
     uint32_t replicas_to_aggregate; // sync; 0: num_trainers
     uint32_t staleness;       // ssp
-    uint64_t chunk_bytes;     // PS chunk size (0: default 4 MiB)
+    uint64_t chunk_bytes;     // PS chunk size (default PS_DEFAULT_CHUNK_BYTES)
     char job[64];             // job name (all-reduce shared-memory segment, metrics)
     int timeout_ms;           // PS request timeout before a resend
     char curve_server_key[512]; // PS: the servers' CURVE public key file ("" = plaintext)
@@ -87,6 +86,7 @@ void tr_config_default(tr_config *c);
 /* Parses argv into c (start from tr_config_default). *exit_code >= 0 means main should exit
  * with that code (--help printed: 0; a bad flag: 2, with the reason on stderr). */
 zps_status tr_config_parse(tr_config *c, int argc, char **argv, int *exit_code);
+/* The --mode names: local and allreduce, and the PS modes of ps_mode_names (ps/server_config.h). */
 const char *tr_mode_name(tr_mode m);
 zps_status tr_mode_parse(const char *s, tr_mode *out);
 

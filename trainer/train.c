@@ -222,7 +222,6 @@ static zps_status s_model_and_data(s_job *j)
     mo.aux = c->aux;
     if (c->dropout >= 0)
         mo.dropout = c->dropout;
-    // TODO mo.batchnorm = c->batchnorm;
     mo.seed = c->seed;
     j->in_c = mo.in_channels;
     j->in_h = j->in_w = mo.in_size;
