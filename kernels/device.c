@@ -1,20 +1,27 @@
 /* device.c — run-time discovery of the CUDA library and its devices (see device.h).
- * The library's entry points are plain C symbols declared in kernels/cuda/cuda_api.h. */
+ *
+ * The process's one dlopen of libzps_cuda.so: the library is loaded once, under a mutex, and
+ * every entry point is looked up at that moment, so a library missing a symbol is refused as a
+ * whole (with the symbol's name) instead of failing later at a call site. The outcome, success
+ * or the reason for failure, is kept for the life of the process.
+ */
 #include "kernels/device.h"
 
 #include <dlfcn.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "common/log.h"
-#include "kernels/cuda/cuda_api.h"
 
-static void *s_lib;
-
-void *k_device_cuda_lib(void) { return s_lib; }
+static pthread_mutex_t s_mu = PTHREAD_MUTEX_INITIALIZER;
+static int s_tried;          // the load was attempted (under s_mu)
+static k_cuda_lib s_api;     // valid when s_ok
+static int s_ok;             // the library loaded with every symbol
+static char s_why[320];      // why not, when !s_ok
 
 char *k_device_cuda_lib_path(char *buf, unsigned len)
 {
@@ -37,23 +44,55 @@ char *k_device_cuda_lib_path(char *buf, unsigned len)
     return buf;
 }
 
-/* Loads the library once; on failure explains why in reason. */
-static int s_load(char *reason, size_t len)
+/* dlsym into a typed field; the name goes to s_why when missing. POSIX guarantees that the
+ * object pointer dlsym returns converts to a function pointer. */
+#define S_SYM(field, sym)                                                              \
+    do {                                                                               \
+        void *p_ = dlsym(lib, #sym);                                                   \
+        if (!p_) {                                                                     \
+            snprintf(s_why, sizeof s_why, "CUDA library %s lacks " #sym, path);        \
+            return 0;                                                                  \
+        }                                                                              \
+        s_api.field = (sym##_fn)p_;                                                    \
+    } while (0)
+
+/* Loads the library and looks up every entry point; 0 with s_why set on failure. */
+static int s_load(void)
 {
-    if (s_lib)
-        return 1;
     char path[PATH_MAX + 32];
     k_device_cuda_lib_path(path, sizeof path);
     if (access(path, R_OK) != 0) {
-        snprintf(reason, len, "zps was built without CUDA (no %s)", path);
+        snprintf(s_why, sizeof s_why, "zps was built without CUDA (no %s)", path);
         return 0;
     }
-    s_lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    if (!s_lib) {
-        snprintf(reason, len, "cannot load %s: %s", path, dlerror());
+    void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+        snprintf(s_why, sizeof s_why, "cannot load %s: %s", path, dlerror());
         return 0;
     }
+    /* on a missing symbol the library stays loaded: dlclose of CUDA libraries is unsafe */
+    S_SYM(probe, k_cuda_probe);
+    S_SYM(backend, k_cuda_backend);
+    S_SYM(last_error, k_cuda_last_error);
+    S_SYM(nccl_unique_id, k_nccl_unique_id);
+    S_SYM(nccl_init, k_nccl_init);
+    S_SYM(nccl_allreduce, k_nccl_allreduce);
+    S_SYM(nccl_host_allreduce, k_nccl_host_allreduce);
+    S_SYM(nccl_destroy, k_nccl_destroy);
     return 1;
+}
+
+const k_cuda_lib *k_device_cuda_lib(char *reason, size_t reason_len)
+{
+    pthread_mutex_lock(&s_mu);
+    if (!s_tried) {
+        s_tried = 1;
+        s_ok = s_load();
+    }
+    pthread_mutex_unlock(&s_mu);
+    if (!s_ok && reason && reason_len)
+        snprintf(reason, reason_len, "%s", s_why);
+    return s_ok ? &s_api : NULL;
 }
 
 zps_status k_device_select(const char *want, k_device_info *out)
@@ -73,25 +112,21 @@ zps_status k_device_select(const char *want, k_device_info *out)
         zps_log(ZPS_INFO, "device", "using the CPU (--device cpu)");
         return ZPS_OK;
     }
-    if (s_load(out->reason, sizeof out->reason)) {
-        k_cuda_probe_fn probe = (k_cuda_probe_fn)dlsym(s_lib, "k_cuda_probe");
-        if (!probe) {
-            snprintf(out->reason, sizeof out->reason, "CUDA library lacks k_cuda_probe");
-        } else {
-            char msg[256] = "";
-            int count = 0;
-            int rc = probe(&count, out->name, sizeof out->name, msg, sizeof msg);
-            if (rc == 0 && count > 0) {
-                out->kind = K_DEVICE_CUDA;
-                out->cuda_devices = count;
-                snprintf(out->reason, sizeof out->reason, "%d CUDA device(s)", count);
-                zps_log(ZPS_INFO, "device", "using CUDA device 0 (%s) of %d", out->name, count);
-                return ZPS_OK;
-            }
-            snprintf(out->name, sizeof out->name, "cpu");
-            snprintf(out->reason, sizeof out->reason, "no CUDA device found (%s)",
-                     msg[0] ? msg : "0 devices");
+    const k_cuda_lib *lib = k_device_cuda_lib(out->reason, sizeof out->reason);
+    if (lib) {
+        char msg[256] = "";
+        int count = 0;
+        int rc = lib->probe(&count, out->name, sizeof out->name, msg, sizeof msg);
+        if (rc == 0 && count > 0) {
+            out->kind = K_DEVICE_CUDA;
+            out->cuda_devices = count;
+            snprintf(out->reason, sizeof out->reason, "%d CUDA device(s)", count);
+            zps_log(ZPS_INFO, "device", "using CUDA device 0 (%s) of %d", out->name, count);
+            return ZPS_OK;
         }
+        snprintf(out->name, sizeof out->name, "cpu");
+        snprintf(out->reason, sizeof out->reason, "no CUDA device found (%s)",
+                 msg[0] ? msg : "0 devices");
     }
     if (is_cuda) {
         zps_log(ZPS_ERROR, "device", "--device cuda, but %s", out->reason);

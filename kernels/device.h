@@ -1,14 +1,21 @@
-/* device.h — choosing where kernels run.
+/* device.h — choosing where kernels run, and the one door to the CUDA library.
  *
  * The CUDA back-end is a shared library (build/lib/libzps_cuda.so, built by nvcc when the
  * toolkit and cuDNN exist) loaded with dlopen at run time, so the same binaries run on
  * machines with no CUDA at all. `--device auto` uses CUDA when the library loads and a device
  * answers, else the CPU, and logs one line saying which and why.
+ *
+ * device.c is the only place that dlopens the library and looks up its symbols: everything
+ * else (the cuda back-end table in kernels.c, the NCCL all-reduce in trainer/allreduce.c)
+ * calls through the typed entry points of k_device_cuda_lib().
  */
 #ifndef ZPS_KERNELS_DEVICE_H
 #define ZPS_KERNELS_DEVICE_H
 
+#include <stddef.h>
+
 #include "common/status.h"
+#include "kernels/cuda/cuda_api.h"
 
 typedef enum k_device_kind {
     K_DEVICE_CPU = 0,
@@ -26,8 +33,22 @@ typedef struct k_device_info {
  * "auto" never fails for lack of a GPU. Unknown strings are ZPS_ERR_INVALID. */
 zps_status k_device_select(const char *want, k_device_info *out);
 
-/* The loaded CUDA library handle (dlopen), or NULL when none was loaded. */
-void *k_device_cuda_lib(void);
+/* Every entry point of the CUDA library (cuda_api.h documents them), all non-NULL. */
+typedef struct k_cuda_lib {
+    k_cuda_probe_fn probe;                      // device count and name
+    k_cuda_backend_fn backend;                  // the cuda op table
+    k_cuda_last_error_fn last_error;            // text of the library's last failure
+    k_nccl_unique_id_fn nccl_unique_id;         // NCCL all-reduce (nccl_allreduce.cu) ...
+    k_nccl_init_fn nccl_init;
+    k_nccl_allreduce_fn nccl_allreduce;
+    k_nccl_host_allreduce_fn nccl_host_allreduce;
+    k_nccl_destroy_fn nccl_destroy;
+} k_cuda_lib;
+
+/* The CUDA library's entry points, loading it on the first call (thread-safe). NULL when the
+ * library is absent, does not load or lacks a symbol; reason (when non-NULL) then says why.
+ * Loading is not probing: a device may still be missing (k_device_select asks). */
+const k_cuda_lib *k_device_cuda_lib(char *reason, size_t reason_len);
 
 /* Path tried for the CUDA library: $ZPS_CUDA_LIB, else ../lib/libzps_cuda.so beside the
  * running binary. Written into buf; returns buf. */

@@ -1,90 +1,44 @@
-/* kernels.c — back-end selection, the ref table, shape helpers and the k_* dispatchers.
+/* kernels.c — back-end selection, shape helpers and the k_* dispatchers (kernels.h).
  *
- * Dispatch rule: a back-end's entry when present; otherwise ref's when the back-end works on
- * host memory (ref then runs on the same pointers); otherwise ZPS_ERR_UNSUPPORTED.
+ * Dispatch rule: the back-end's own table entry, always; a missing entry is
+ * ZPS_ERR_UNSUPPORTED (every table in the tree is complete, so that is a bug in a new
+ * back-end, said loudly). Blocked descriptors reach only back-ends with blocked layouts.
+ * The back-end tables themselves live with their back-ends (ref/ref.c, cpu/cpu.c,
+ * cuda/backend.cu); the cuda one is reached through device.c, the only door to the library.
  */
 #include "kernels/kernels.h"
 
 #include <assert.h>
-#include <dlfcn.h>
+#include <pthread.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "common/log.h"
-#include "common/mem.h"
-#include "kernels/cuda/cuda_api.h"
 #include "kernels/device.h"
-#include "kernels/ref/ref.h"
 
-static int s_ref_supports(k_op_kind op) { return op >= 0 && op < K_OP_COUNT; }
-static void *s_host_alloc(size_t n) { return zps_xaligned(64, n ? n : 64); }
-static void s_host_free(void *p) { zps_aligned_free(p); }
-static zps_status s_host_copy(void *dst, const void *src, size_t n)
+static const k_backend *s_cuda; // the cuda table, or NULL (s_cuda_why says why)
+static char s_cuda_why[320];
+
+static void s_cuda_init(void)
 {
-    memmove(dst, src, n);
-    return ZPS_OK;
+    k_device_info info;
+    if (k_device_select("auto", &info) != ZPS_OK || info.kind != K_DEVICE_CUDA) {
+        snprintf(s_cuda_why, sizeof s_cuda_why, "%s", info.reason);
+        return;
+    }
+    const k_cuda_lib *lib = k_device_cuda_lib(s_cuda_why, sizeof s_cuda_why);
+    if (lib && !(s_cuda = lib->backend()))
+        snprintf(s_cuda_why, sizeof s_cuda_why, "CUDA back-end failed to initialise: %s",
+                 lib->last_error());
 }
-static void s_ref_release(void **impl) { *impl = NULL; }
-
-static const k_backend s_ref = {
-    .name = "ref",
-    .host_memory = 1,
-    .supports_op = s_ref_supports,
-    .alloc = s_host_alloc,
-    .free = s_host_free,
-    .copy_in = s_host_copy,
-    .copy_out = s_host_copy,
-    .release = s_ref_release,
-    .conv2d_fwd = k_ref_conv2d_fwd,
-    .conv2d_bwd = k_ref_conv2d_bwd,
-    .bn_fwd_train = k_ref_bn_fwd_train,
-    .bn_fwd_infer = k_ref_bn_fwd_infer,
-    .bn_bwd = k_ref_bn_bwd,
-    .pool_fwd = k_ref_pool_fwd,
-    .pool_bwd = k_ref_pool_bwd,
-    .dense_fwd = k_ref_dense_fwd,
-    .dense_bwd = k_ref_dense_bwd,
-    .relu_fwd = k_ref_relu_fwd,
-    .relu_bwd = k_ref_relu_bwd,
-    .concat_fwd = k_ref_concat_fwd,
-    .concat_bwd = k_ref_concat_bwd,
-    .dropout_fwd = k_ref_dropout_fwd,
-    .dropout_bwd = k_ref_dropout_bwd,
-    .softmax_xent = k_ref_softmax_xent,
-    .smooth_l1 = k_ref_smooth_l1,
-    .fill = k_ref_fill,
-    .add = k_ref_add,
-    .scale = k_ref_scale,
-    .axpy = k_ref_axpy,
-    .sum = k_ref_sum,
-    .sumsq = k_ref_sumsq,
-};
-
-const k_backend *k_backend_ref(void) { return &s_ref; }
 
 const k_backend *k_backend_cuda(char *reason, size_t reason_len)
 {
-    static const k_backend *cached;
-    static int tried;
-    static char why[256];
-    if (!tried) {
-        tried = 1;
-        k_device_info info;
-        if (k_device_select("auto", &info) != ZPS_OK || info.kind != K_DEVICE_CUDA) {
-            snprintf(why, sizeof why, "%s", info.reason);
-        } else {
-            k_cuda_backend_fn get =
-                (k_cuda_backend_fn)dlsym(k_device_cuda_lib(), "k_cuda_backend");
-            if (!get)
-                snprintf(why, sizeof why, "CUDA library lacks k_cuda_backend");
-            else if (!(cached = get()))
-                snprintf(why, sizeof why, "CUDA back-end failed to initialise");
-        }
-    }
-    if (!cached && reason && reason_len)
-        snprintf(reason, reason_len, "%s", why);
-    return cached;
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, s_cuda_init);
+    if (!s_cuda && reason && reason_len)
+        snprintf(reason, reason_len, "%s", s_cuda_why);
+    return s_cuda;
 }
 
 const k_backend *k_backend_by_name(const char *name)
@@ -176,19 +130,16 @@ uint32_t k_hash_u32(uint64_t seed, uint64_t index)
     return (uint32_t)(z >> 32);
 }
 
-/* The table whose entry `fn` serves back-end be, or NULL (unsupported). */
-#define S_PICK(be, fn) ((be)->fn ? (be) : (be)->host_memory ? &s_ref : NULL)
 #define S_CALL(be, fn, ...)                                                            \
     do {                                                                               \
-        const k_backend *b_ = S_PICK(be, fn);                                          \
-        if (!b_) {                                                                     \
+        if (!(be)->fn) {                                                               \
             zps_log(ZPS_ERROR, "kernels", "back-end %s has no " #fn, (be)->name);       \
             return ZPS_ERR_UNSUPPORTED;                                                \
         }                                                                              \
-        return b_->fn(__VA_ARGS__);                                                    \
+        return (be)->fn(__VA_ARGS__);                                                  \
     } while (0)
 
-/* Blocked layouts exist only where the back-end says so; never fall back to ref for them. */
+/* Blocked layouts exist only where the back-end says so. */
 #define S_BLOCKED_OK(be, flag)                                                         \
     do {                                                                               \
         if ((flag) && !(be)->prefers_blocked) {                                        \

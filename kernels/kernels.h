@@ -1,10 +1,11 @@
-/* kernels.h — the one op API of zps: forward and backward tensor ops behind a back-end table.
+/* kernels.h — the one op API of zps: forward and backward tensor ops, each dispatched through
+ * a back-end table (kernels/backend.h says what a back-end provides; ref, cpu and cuda do).
  *
- * Back-ends (k_backend): "ref" (plain C loops, the oracle), "cpu" (oneDNN 2.6 for
- * convolution, batchnorm, pooling and inner product; the rest shared with ref) and "cuda"
- * (cuDNN/cuBLAS in build/lib/libzps_cuda.so, present only where a GPU answers). Callers use the
- * k_* dispatch functions below; an op a back-end lacks (NULL entry, supports_op() false) falls
- * back to ref when the back-end works on host memory, and is ZPS_ERR_UNSUPPORTED otherwise.
+ * Callers pick a back-end (k_backend_ref/cpu/cuda/by_name) and call the k_* functions below
+ * with it. An op whose table entry is missing, or a blocked descriptor on a back-end without
+ * blocked layouts, is ZPS_ERR_UNSUPPORTED (logged); nothing falls back behind the caller's back.
+ * The table's memory entries (host_memory, alloc, free, copy_in, copy_out) are part of this
+ * API too: callers move their buffers with them, so this header includes backend.h.
  *
  * Conventions, for every op and every back-end:
  *   - Tensors are dense float32, NCHW (activations), KCRS (conv weights), (out, in) (dense
@@ -38,24 +39,11 @@
 #include <stdint.h>
 
 #include "common/status.h"
+#include "kernels/backend.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-typedef enum k_op_kind {
-    K_OP_CONV2D = 0,
-    K_OP_BATCHNORM,
-    K_OP_RELU,
-    K_OP_POOL,
-    K_OP_CONCAT,
-    K_OP_DENSE,
-    K_OP_DROPOUT,
-    K_OP_SOFTMAX_XENT,
-    K_OP_SMOOTH_L1,
-    K_OP_ELEMENTWISE, /* fill, add, scale, axpy, reductions */
-    K_OP_COUNT
-} k_op_kind;
 
 /* Convolution: x (n, c, h, w) * w (k, c, r, s) [+ b (k)] -> y (n, k, oh, ow). */
 typedef struct k_conv2d {
@@ -97,61 +85,6 @@ typedef struct k_dense {
     int n, in, out; // batch, input and output features
     void *impl;     // back-end state (k_op_release)
 } k_dense;
-
-typedef struct k_backend k_backend;
-
-/* The back-end table. Entries may be NULL (op not provided: see supports_op). */
-struct k_backend {
-    const char *name;  // "ref", "cpu", "cuda"
-    int host_memory;   // 1 when tensors are ordinary host pointers
-    int (*supports_op)(k_op_kind op);
-    void *(*alloc)(size_t bytes);                       // NULL on failure
-    void (*free)(void *p);                              // NULL is a no-op
-    zps_status (*copy_in)(void *dst, const void *host_src, size_t bytes);
-    zps_status (*copy_out)(void *host_dst, const void *src, size_t bytes);
-    void (*release)(void **impl);                       // frees an op's cached state
-    int (*prefers_blocked)(int c);  // NULL or 0: plain NCHW only
-
-    zps_status (*conv2d_fwd)(k_conv2d *d, const float *x, const float *w, const float *b,
-                             float *y);
-    zps_status (*conv2d_bwd)(k_conv2d *d, const float *x, const float *w, const float *dy,
-                             float *dx, float *dw, float *db);
-    zps_status (*bn_fwd_train)(k_bn *d, const float *x, const float *gamma,
-                               const float *beta, float *y, float *mean, float *var,
-                               float *run_mean, float *run_var);
-    zps_status (*bn_fwd_infer)(k_bn *d, const float *x, const float *gamma,
-                               const float *beta, const float *run_mean,
-                               const float *run_var, float *y);
-    zps_status (*bn_bwd)(k_bn *d, const float *x, const float *y, const float *dy,
-                         const float *gamma, const float *mean, const float *var, float *dx,
-                         float *dgamma, float *dbeta);
-    zps_status (*pool_fwd)(k_pool *d, const float *x, float *y);
-    zps_status (*pool_bwd)(k_pool *d, const float *x, const float *y, const float *dy,
-                           float *dx);
-    zps_status (*dense_fwd)(k_dense *d, const float *x, const float *w, const float *b,
-                            float *y);
-    zps_status (*dense_bwd)(k_dense *d, const float *x, const float *w, const float *dy,
-                            float *dx, float *dw, float *db);
-    zps_status (*relu_fwd)(size_t n, const float *x, float *y);
-    zps_status (*relu_bwd)(size_t n, const float *y, const float *dy, float *dx);
-    zps_status (*concat_fwd)(int n, int hw, int nin, const int *c, const float *const *xs,
-                             float *y);
-    zps_status (*concat_bwd)(int n, int hw, int nin, const int *c, const float *dy,
-                             float *const *dxs);
-    zps_status (*dropout_fwd)(size_t n, float p, uint64_t seed, const float *x, float *y);
-    zps_status (*dropout_bwd)(size_t n, float p, uint64_t seed, const float *dy, float *dx);
-    zps_status (*softmax_xent)(int n, int classes, const float *logits, const int32_t *labels,
-                               float smoothing, float grad_scale, float *loss, int *correct,
-                               float *dlogits);
-    zps_status (*smooth_l1)(size_t n, const float *x, const float *target, float beta,
-                            float grad_scale, float *loss, float *dx);
-    zps_status (*fill)(size_t n, float v, float *y);
-    zps_status (*add)(size_t n, const float *a, const float *b, float *y);
-    zps_status (*scale)(size_t n, float alpha, float *x);
-    zps_status (*axpy)(size_t n, float alpha, const float *x, float *y);
-    zps_status (*sum)(size_t n, const float *x, double *out);
-    zps_status (*sumsq)(size_t n, const float *x, double *out);
-};
 
 /* Back-ends. ref and cpu always exist; cuda is NULL when the library or a device is absent
  * (reason, when non-NULL, receives why). */

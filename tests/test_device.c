@@ -1,5 +1,6 @@
 /* test_device.c — device selection: auto falls back to the CPU with a reason; cuda without a
- * device is an error; the CUDA library, when built, loads here and is probed. */
+ * device is an error; the CUDA library, when built, loads here with every entry point and is
+ * probed. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <string.h>
@@ -46,7 +47,13 @@ Test(device, cuda_library_loads_when_built)
     setenv("ZPS_CUDA_LIB", path, 1);
     k_device_info info;
     cr_assert_eq(k_device_select("auto", &info), ZPS_OK);
-    cr_assert_not_null(k_device_cuda_lib(), "libzps_cuda.so did not load: %s", info.reason);
+    char why[320] = "";
+    const k_cuda_lib *lib = k_device_cuda_lib(why, sizeof why);
+    cr_assert_not_null(lib, "libzps_cuda.so did not load: %s", why);
+    /* every entry point was looked up at load time */
+    cr_assert(lib->probe && lib->backend && lib->last_error && lib->nccl_unique_id &&
+              lib->nccl_init && lib->nccl_allreduce && lib->nccl_host_allreduce &&
+              lib->nccl_destroy);
     cr_log_info("CUDA library loaded; %s", info.reason);
 #else
     ZPS_GPU_SKIP("zps built without CUDA (CUDA=0 or no nvcc/cuDNN): no CUDA library to load");

@@ -22,7 +22,6 @@
  */
 #include "trainer/allreduce.h"
 
-#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -44,7 +43,6 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/mem.h"
-#include "kernels/cuda/cuda_api.h"
 #include "kernels/device.h"
 
 #define S_MAGIC 0x7a70732d61723031ull // "zps-ar01"
@@ -730,29 +728,18 @@ void tr_allreduce_destroy(tr_allreduce **par)
 /* ---------------------------------------------------------------- NCCL (GPU) */
 
 struct tr_nccl {
-    void *comm;                       // ncclComm_t inside the CUDA library
-    k_nccl_allreduce_fn sum;          // entry points looked up with dlsym
-    k_nccl_host_allreduce_fn sum_host;
-    k_nccl_destroy_fn destroy;
+    void *comm;            // ncclComm_t inside the CUDA library
+    const k_cuda_lib *lib; // its entry points (kernels/device.h)
 };
 
 zps_status tr_nccl_new(tr_allreduce *ar, int device, tr_nccl **out)
 {
     *out = NULL;
     k_device_info info;
-    void *lib = NULL;
-    k_nccl_unique_id_fn uid = NULL;
-    k_nccl_init_fn init = NULL;
     tr_nccl nc = {0};
-    if (k_device_select("cuda", &info) == ZPS_OK && device >= 0 &&
-        device < info.cuda_devices && (lib = k_device_cuda_lib()) != NULL) {
-        uid = (k_nccl_unique_id_fn)dlsym(lib, "k_nccl_unique_id");
-        init = (k_nccl_init_fn)dlsym(lib, "k_nccl_init");
-        nc.sum = (k_nccl_allreduce_fn)dlsym(lib, "k_nccl_allreduce");
-        nc.sum_host = (k_nccl_host_allreduce_fn)dlsym(lib, "k_nccl_host_allreduce");
-        nc.destroy = (k_nccl_destroy_fn)dlsym(lib, "k_nccl_destroy");
-    }
-    int ready = uid && init && nc.sum && nc.sum_host && nc.destroy;
+    if (k_device_select("cuda", &info) == ZPS_OK && device >= 0 && device < info.cuda_devices)
+        nc.lib = k_device_cuda_lib(info.reason, sizeof info.reason);
+    int ready = nc.lib != NULL;
     if (!ready)
         zps_log(ZPS_WARN, "allreduce", "rank %d: no CUDA device %d with NCCL (%s)", ar->rank,
                 device, info.reason);
@@ -764,10 +751,10 @@ zps_status tr_nccl_new(tr_allreduce *ar, int device, tr_nccl **out)
         return ZPS_ERR_NO_DEVICE;
     char id[K_NCCL_ID_BYTES], msg[256] = "";
     memset(id, 0, sizeof id);
-    if (ar->rank == 0 && uid(id, msg, sizeof msg) != 0)
+    if (ar->rank == 0 && nc.lib->nccl_unique_id(id, msg, sizeof msg) != 0)
         zps_log(ZPS_ERROR, "allreduce", "ncclGetUniqueId: %s", msg); // peers fail in init
     ZPS_TRY(tr_allreduce_broadcast(ar, id, sizeof id, 0));
-    if (init(&nc.comm, ar->n_ranks, ar->rank, id, device, msg, sizeof msg) != 0) {
+    if (nc.lib->nccl_init(&nc.comm, ar->n_ranks, ar->rank, id, device, msg, sizeof msg) != 0) {
         zps_log(ZPS_ERROR, "allreduce", "rank %d: NCCL init on device %d: %s", ar->rank, device,
                 msg);
         return ZPS_ERR_NCCL;
@@ -780,7 +767,7 @@ zps_status tr_nccl_new(tr_allreduce *ar, int device, tr_nccl **out)
 zps_status tr_nccl_sum_device(tr_nccl *nc, float *dev_buf, size_t n, int average)
 {
     char msg[256] = "";
-    if (nc->sum(nc->comm, dev_buf, n, average, msg, sizeof msg) != 0) {
+    if (nc->lib->nccl_allreduce(nc->comm, dev_buf, n, average, msg, sizeof msg) != 0) {
         zps_log(ZPS_ERROR, "allreduce", "NCCL all-reduce of %zu floats: %s", n, msg);
         return ZPS_ERR_NCCL;
     }
@@ -790,7 +777,7 @@ zps_status tr_nccl_sum_device(tr_nccl *nc, float *dev_buf, size_t n, int average
 zps_status tr_nccl_sum_host(tr_nccl *nc, float *buf, size_t n, int average)
 {
     char msg[256] = "";
-    if (nc->sum_host(nc->comm, buf, n, average, msg, sizeof msg) != 0) {
+    if (nc->lib->nccl_host_allreduce(nc->comm, buf, n, average, msg, sizeof msg) != 0) {
         zps_log(ZPS_ERROR, "allreduce", "NCCL all-reduce of %zu host floats: %s", n, msg);
         return ZPS_ERR_NCCL;
     }
@@ -802,7 +789,7 @@ void tr_nccl_destroy(tr_nccl **pnc)
     if (!pnc || !*pnc)
         return;
     if ((*pnc)->comm)
-        (*pnc)->destroy((*pnc)->comm);
+        (*pnc)->lib->nccl_destroy((*pnc)->comm);
     free(*pnc);
     *pnc = NULL;
 }

@@ -83,7 +83,7 @@ size_t tr_allreduce_segment_bytes(const tr_allreduce *ar);
 /* Detaches, unmaps and unlinks the name (ENOENT ignored); *par becomes NULL. Safe on NULL. */
 void tr_allreduce_destroy(tr_allreduce **par);
 
-/* ---- GPU variant: NCCL through the run-time-loaded CUDA library (kernels/cuda) ----
+/* ---- GPU variant: NCCL through the run-time-loaded CUDA library (kernels/device.h) ----
  * The ranks exchange NCCL's unique id with tr_allreduce_broadcast over the CPU segment, so
  * a GPU job creates the tr_allreduce first. Each rank uses CUDA device `device`. */
 typedef struct tr_nccl tr_nccl;
@@ -91,8 +91,10 @@ typedef struct tr_nccl tr_nccl;
 /* ZPS_ERR_NO_DEVICE when the CUDA library is missing or no device answers (a clear log line);
  * ZPS_ERR_NCCL when NCCL fails. */
 zps_status tr_nccl_new(tr_allreduce *ar, int device, tr_nccl **out);
-/* dev_buf: n floats in device memory; sum or mean over ranks, on the default stream,
- * synchronised before return. */
+/* dev_buf: n floats in device memory; sum or mean over ranks, on the communicator's own
+ * non-blocking CUDA stream, synchronised before return. That stream does not wait for the
+ * default stream, where the cuda back-end queues its ops: the caller synchronises the work
+ * that wrote dev_buf first (cudaDeviceSynchronize, or a copy_out, which is synchronous). */
 zps_status tr_nccl_sum_device(tr_nccl *nc, float *dev_buf, size_t n, int average);
 /* Host buffer: copied to the device, reduced, copied back (tests, small buffers). */
 zps_status tr_nccl_sum_host(tr_nccl *nc, float *buf, size_t n, int average);

@@ -660,11 +660,12 @@ static zps_status s_bn_bwd(k_bn *d, const float *x, const float *y, const float 
     (void)y; /* the fused ReLU mask is in the workspace */
     s_bn_impl *im;
     ZPS_TRY(s_bn_get(d, &im));
-    float *sc = s_scratch_get((size_t)2 * d->c);
-    float *tmp_dx = dx;
-    if (!tmp_dx) /* oneDNN always writes diff_src */
-        return k_ref_bn_bwd(d, x, y, dy, gamma, mean, var, dx, dgamma, dbeta);
-    const void *ptrs[9] = {x, mean, var, dy, gamma, gamma, tmp_dx, sc, sc + d->c};
+    /* oneDNN always writes diff_src: without dx it goes to scratch, in the descriptor's own
+     * layout (ref's loops would misread a blocked x, y and dy) */
+    size_t total = dx ? 0 : (size_t)d->n * d->c * d->h * d->w;
+    float *sc = s_scratch_get((size_t)2 * d->c + total);
+    const void *ptrs[9] = {x, mean, var, dy, gamma, gamma, dx ? dx : sc + 2 * d->c, sc,
+                           sc + d->c};
     ZPS_TRY(s_prim_run(&im->bwd, ptrs, 9));
     if (dgamma)
         s_acc((size_t)d->c, sc, dgamma);
@@ -894,24 +895,15 @@ static void s_release(void **impl)
     *impl = NULL;
 }
 
-static int s_supports(k_op_kind op) { return op >= 0 && op < K_OP_COUNT; }
 static int s_prefers_blocked(int c) { return c > 0 && c % 16 == 0; }
-static void *s_alloc(size_t n) { return zps_xaligned(64, n ? n : 64); }
-static void s_free(void *p) { zps_aligned_free(p); }
-static zps_status s_copy(void *dst, const void *src, size_t n)
-{
-    memmove(dst, src, n);
-    return ZPS_OK;
-}
 
 static const k_backend s_cpu = {
     .name = "cpu",
     .host_memory = 1,
-    .supports_op = s_supports,
-    .alloc = s_alloc,
-    .free = s_free,
-    .copy_in = s_copy,
-    .copy_out = s_copy,
+    .alloc = k_ref_alloc,
+    .free = k_ref_free,
+    .copy_in = k_ref_copy,
+    .copy_out = k_ref_copy,
     .release = s_release,
     .prefers_blocked = s_prefers_blocked,
     .conv2d_fwd = s_conv2d_fwd,
@@ -923,8 +915,21 @@ static const k_backend s_cpu = {
     .pool_bwd = s_pool_bwd,
     .dense_fwd = s_dense_fwd,
     .dense_bwd = s_dense_bwd,
-    /* relu, concat, dropout, losses, elementwise ops, reductions and optimizer updates are
-     * left NULL: kernels.c runs ref's for a host-memory back-end (S_PICK). */
+    /* ref's loops, on the same host memory: these ops are memory-bound streams or tiny */
+    .relu_fwd = k_ref_relu_fwd,
+    .relu_bwd = k_ref_relu_bwd,
+    .concat_fwd = k_ref_concat_fwd,
+    .concat_bwd = k_ref_concat_bwd,
+    .dropout_fwd = k_ref_dropout_fwd,
+    .dropout_bwd = k_ref_dropout_bwd,
+    .softmax_xent = k_ref_softmax_xent,
+    .smooth_l1 = k_ref_smooth_l1,
+    .fill = k_ref_fill,
+    .add = k_ref_add,
+    .scale = k_ref_scale,
+    .axpy = k_ref_axpy,
+    .sum = k_ref_sum,
+    .sumsq = k_ref_sumsq,
 };
 
 const k_backend *k_backend_cpu(void) { return &s_cpu; }

@@ -1,12 +1,15 @@
-/* backend.cu — the CUDA back-end of kernels.h: cuDNN for convolution, cuBLAS for dense layers,
- * own kernels for batchnorm (+ReLU), pooling, concat, dropout, losses, elementwise ops and
- * optimizers, written to the ref back-end's exact semantics (biased batch variance, unbiased
- * running variance, padding counted by average pooling, the same dropout hash).
+/* backend.cu — the CUDA back-end (kernels/backend.h) and its table: cuDNN for convolution,
+ * cuBLAS for dense layers, own kernels for batchnorm (+ReLU), pooling, concat, dropout, losses
+ * and elementwise ops, written to the ref back-end's exact semantics (biased batch variance,
+ * unbiased running variance, padding counted by average pooling, the same dropout hash).
  *
  * Everything runs on device 0 in the default stream; tensors are device pointers; losses and
- * reductions come back to the host. Every CUDA, cuDNN and cuBLAS return is checked; the first
- * failure's text is kept in s_err (this library cannot call zps_log: it is dlopened by
- * binaries that do not export it) and the call returns ZPS_ERR_CUDA/CUDNN/CUBLAS.
+ * reductions come back to the host. Every CUDA, cuDNN and cuBLAS call that an op's result
+ * depends on, and every kernel launch, is checked; the failure's text is kept in s_err (the
+ * latest one; this library cannot call zps_log: it is dlopened by binaries that do not export
+ * it; k_cuda_last_error returns it) and the call returns ZPS_ERR_CUDA/CUDNN/CUBLAS. Not
+ * checked, on purpose: frees and descriptor destruction on release and error paths, whose
+ * failure leaves nothing to undo. Allocation failure in the table's alloc is its NULL return.
  * Backward ops accumulate (+=) into parameter gradients and overwrite input gradients.
  * No blocked layouts (prefers_blocked is NULL).
  */
@@ -41,6 +44,12 @@ static cublasHandle_t s_cublas;
 #define S_CUBLAS(expr)                                                                 \
     S_CHECK(cublasStatus_t, CUBLAS_STATUS_SUCCESS, cublasGetStatusString, ZPS_ERR_CUBLAS, expr)
 #define S_LAUNCHED() S_CUDA(cudaGetLastError())
+#define S_TRY(expr)                                                                    \
+    do {                                                                               \
+        zps_status s_st_ = (expr);                                                     \
+        if (s_st_ != ZPS_OK)                                                           \
+            return s_st_;                                                              \
+    } while (0)
 
 static const int S_T = 256;
 static unsigned s_blocks(size_t n) { return (unsigned)((n + S_T - 1) / S_T < 65535 ? (n + S_T - 1) / S_T : 65535); }
@@ -139,16 +148,33 @@ static zps_status s_relu_bwd(size_t n, const float *y, const float *dy, float *d
     S_LAUNCHED();
     return ZPS_OK;
 }
-static zps_status s_reduce(size_t n, const float *x, int sq, double *out)
+/* A zeroed device double for a kernel to accumulate into (the caller frees it). */
+static zps_status s_dev_zero(double **d)
 {
-    double *d;
-    S_CUDA(cudaMalloc(&d, sizeof(double)));
-    cudaMemset(d, 0, sizeof(double));
-    g_sum<<<s_blocks(n), S_T>>>(n, x, sq, d);
-    cudaError_t e = cudaMemcpy(out, d, sizeof(double), cudaMemcpyDeviceToHost);
+    S_CUDA(cudaMalloc(d, sizeof(double)));
+    cudaError_t e = cudaMemset(*d, 0, sizeof(double));
+    if (e != cudaSuccess)
+        cudaFree(*d);
+    S_CUDA(e);
+    return ZPS_OK;
+}
+/* After the kernel that accumulated into d: its launch status, then d's value into *out;
+ * d is freed either way. */
+static zps_status s_dev_take(double *d, double *out)
+{
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess)
+        e = cudaMemcpy(out, d, sizeof(double), cudaMemcpyDeviceToHost);
     cudaFree(d);
     S_CUDA(e);
     return ZPS_OK;
+}
+static zps_status s_reduce(size_t n, const float *x, int sq, double *out)
+{
+    double *d;
+    S_TRY(s_dev_zero(&d));
+    g_sum<<<s_blocks(n), S_T>>>(n, x, sq, d);
+    return s_dev_take(d, out);
 }
 static zps_status s_sum(size_t n, const float *x, double *out) { return s_reduce(n, x, 0, out); }
 static zps_status s_sumsq(size_t n, const float *x, double *out) { return s_reduce(n, x, 1, out); }
@@ -518,6 +544,10 @@ static zps_status s_softmax_xent(int n, int k, const float *z, const int32_t *la
     S_CUDA(cudaMalloc(&rl, (sizeof(float) + sizeof(int)) * (size_t)n));
     int *rr = (int *)(rl + n);
     g_xent<<<(n + 127) / 128, 128>>>(n, k, z, labels, smooth, scale, rl, rr, dz);
+    e = cudaGetLastError();
+    if (e != cudaSuccess)
+        cudaFree(rl);
+    S_CUDA(e);
     float *h = (float *)malloc((sizeof(float) + sizeof(int)) * (size_t)n);
     if (!h) {
         cudaFree(rl);
@@ -559,12 +589,9 @@ static zps_status s_smooth_l1(size_t n, const float *x, const float *t, float be
                               float *loss, float *dx)
 {
     double *d, h = 0;
-    S_CUDA(cudaMalloc(&d, sizeof(double)));
-    cudaMemset(d, 0, sizeof(double));
+    S_TRY(s_dev_zero(&d));
     g_smooth_l1<<<s_blocks(n), S_T>>>(n, x, t, beta, scale, d, dx);
-    cudaError_t e = cudaMemcpy(&h, d, sizeof h, cudaMemcpyDeviceToHost);
-    cudaFree(d);
-    S_CUDA(e);
+    S_TRY(s_dev_take(d, &h));
     *loss = (float)h;
     return ZPS_OK;
 }
@@ -628,9 +655,7 @@ static zps_status s_conv_get(k_conv2d *d, s_conv_impl **out)
 static zps_status s_conv2d_fwd(k_conv2d *d, const float *x, const float *w, const float *b, float *y)
 {
     s_conv_impl *im;
-    zps_status st = s_conv_get(d, &im);
-    if (st != ZPS_OK)
-        return st;
+    S_TRY(s_conv_get(d, &im));
     float one = 1, zero = 0;
     S_CUDNN(cudnnConvolutionForward(s_cudnn, &one, im->x, x, im->w, w, im->conv, im->fa, im->ws,
                                     im->ws_bytes, &zero, im->y, y));
@@ -643,9 +668,7 @@ static zps_status s_conv2d_bwd(k_conv2d *d, const float *x, const float *w, cons
                                float *dx, float *dw, float *db)
 {
     s_conv_impl *im;
-    zps_status st = s_conv_get(d, &im);
-    if (st != ZPS_OK)
-        return st;
+    S_TRY(s_conv_get(d, &im));
     float one = 1, zero = 0;
     if (dx)
         S_CUDNN(cudnnConvolutionBackwardData(s_cudnn, &one, im->w, w, im->y, dy, im->conv, im->da,
@@ -679,8 +702,6 @@ static void s_release(void **impl)
     *impl = NULL;
 }
 
-static int s_supports(k_op_kind op) { return op >= 0 && op < K_OP_COUNT; }
-
 static k_backend s_cuda;
 
 extern "C" const struct k_backend *k_cuda_backend(void)
@@ -696,7 +717,6 @@ extern "C" const struct k_backend *k_cuda_backend(void)
     }
     s_cuda.name = "cuda";
     s_cuda.host_memory = 0;
-    s_cuda.supports_op = s_supports;
     s_cuda.alloc = s_alloc;
     s_cuda.free = s_free;
     s_cuda.copy_in = s_copy_in;

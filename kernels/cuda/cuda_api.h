@@ -1,5 +1,6 @@
-/* cuda_api.h — the plain-C entry points of libzps_cuda.so, looked up with dlsym.
- * Compiled by gcc (as declarations only) and by nvcc (the .cu files beside it define them). */
+/* cuda_api.h — the plain-C entry points of libzps_cuda.so. kernels/device.c alone looks them
+ * up (dlsym, into k_cuda_lib); every other caller goes through k_device_cuda_lib(). Compiled by
+ * gcc (as declarations only) and by nvcc (the .cu files beside it define them). */
 #ifndef ZPS_KERNELS_CUDA_API_H
 #define ZPS_KERNELS_CUDA_API_H
 
@@ -25,6 +26,7 @@ typedef const char *(*k_cuda_last_error_fn)(void);
 const char *k_cuda_last_error(void);
 
 /* ---- NCCL all-reduce (nccl_allreduce.cu); used by trainer/allreduce.c (tr_nccl_*) ----
+ * Each call works on the communicator's own CUDA stream and synchronises it before returning.
  * Every function returns 0 on success, else non-zero with the NCCL/CUDA error text in msg. */
 #define K_NCCL_ID_BYTES 128 /* sizeof(ncclUniqueId) */
 /* Rank 0 makes the id that every rank passes to k_nccl_init. */

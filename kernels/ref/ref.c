@@ -1,4 +1,5 @@
-/* ref.c — plain-C reference ops (see ref.h and kernels.h for the conventions).
+/* ref.c — plain-C reference ops and the ref back-end's table (see ref.h, and kernels.h for
+ * the conventions).
  *
  * Written for obviousness, not speed: direct loops, double accumulators where a sum runs over
  * a whole batch. Backward ops accumulate (+=) into parameter gradients and overwrite input
@@ -9,6 +10,19 @@
 #include <float.h>
 #include <math.h>
 #include <string.h>
+
+#include "common/mem.h"
+#include "kernels/kernels.h"
+
+void *k_ref_alloc(size_t n) { return zps_xaligned(64, n ? n : 64); }
+void k_ref_free(void *p) { zps_aligned_free(p); }
+zps_status k_ref_copy(void *dst, const void *src, size_t n)
+{
+    memmove(dst, src, n);
+    return ZPS_OK;
+}
+/* ref caches nothing in a descriptor's impl. */
+static void s_release(void **impl) { *impl = NULL; }
 
 zps_status k_ref_conv2d_fwd(k_conv2d *d, const float *x, const float *w, const float *b,
                             float *y)
@@ -462,3 +476,39 @@ zps_status k_ref_sumsq(size_t n, const float *x, double *out)
     return ZPS_OK;
 }
 
+
+static const k_backend s_ref = {
+    .name = "ref",
+    .host_memory = 1,
+    .alloc = k_ref_alloc,
+    .free = k_ref_free,
+    .copy_in = k_ref_copy,
+    .copy_out = k_ref_copy,
+    .release = s_release,
+    .prefers_blocked = NULL,
+    .conv2d_fwd = k_ref_conv2d_fwd,
+    .conv2d_bwd = k_ref_conv2d_bwd,
+    .bn_fwd_train = k_ref_bn_fwd_train,
+    .bn_fwd_infer = k_ref_bn_fwd_infer,
+    .bn_bwd = k_ref_bn_bwd,
+    .pool_fwd = k_ref_pool_fwd,
+    .pool_bwd = k_ref_pool_bwd,
+    .dense_fwd = k_ref_dense_fwd,
+    .dense_bwd = k_ref_dense_bwd,
+    .relu_fwd = k_ref_relu_fwd,
+    .relu_bwd = k_ref_relu_bwd,
+    .concat_fwd = k_ref_concat_fwd,
+    .concat_bwd = k_ref_concat_bwd,
+    .dropout_fwd = k_ref_dropout_fwd,
+    .dropout_bwd = k_ref_dropout_bwd,
+    .softmax_xent = k_ref_softmax_xent,
+    .smooth_l1 = k_ref_smooth_l1,
+    .fill = k_ref_fill,
+    .add = k_ref_add,
+    .scale = k_ref_scale,
+    .axpy = k_ref_axpy,
+    .sum = k_ref_sum,
+    .sumsq = k_ref_sumsq,
+};
+
+const k_backend *k_backend_ref(void) { return &s_ref; }

@@ -1,14 +1,22 @@
 /* ref.h — the plain-C reference back-end: obviously correct loops, the oracle for every other
  * back-end and for finite-difference checks. Single-threaded, no blocking or vectorisation
- * tricks. The functions match the k_backend table entries (kernels.h) one to one, so the cpu
- * back-end reuses the cheap ones (elementwise, losses, optimizers) directly.
+ * tricks, plain NCHW only (no blocked layouts). k_backend_ref() (kernels.h) is its table,
+ * defined in ref.c next to the functions below, which match the table entries (backend.h) one
+ * to one. They are public so that another host-memory back-end can name them explicitly in
+ * its own table for the ops it does not accelerate: the cpu back-end does so for relu, concat,
+ * dropout, the losses, the elementwise ops and the reductions, and for its host memory.
  *
  * Backward ops accumulate (+=) into parameter gradients and overwrite input gradients.
  */
 #ifndef ZPS_KERNELS_REF_REF_H
 #define ZPS_KERNELS_REF_REF_H
 
-#include "kernels/kernels.h"
+#include "kernels/backend.h"
+
+/* Host memory: 64-byte aligned (zps_xaligned: out of memory aborts), memmove copies. */
+void *k_ref_alloc(size_t bytes);
+void k_ref_free(void *p);
+zps_status k_ref_copy(void *dst, const void *src, size_t bytes);
 
 zps_status k_ref_conv2d_fwd(k_conv2d *d, const float *x, const float *w, const float *b,
                             float *y);
