@@ -1,0 +1,583 @@
+/* test_k_backends.c — the back-end harness: every op of every back-end against ref, on fresh
+ * random shapes and inputs (ggml's test-backend-ops is the model).
+ *
+ * Each S_CASE below is one op (or one family of elementwise ops) written once: it copies host
+ * inputs into the back-end under test (its alloc and copy_in, so host and device back-ends
+ * take the same path), runs the op there and on ref, copies the results out and compares
+ * |got - ref| <= atol + rtol * |ref|. S_CASE makes one Criterion test per back-end:
+ *   k_cpu   the cpu back-end (always there)
+ *   k_cuda  the cuda back-end; without a GPU every case SKIPs through ZPS_GPU_SKIP (which
+ *           fails under the GPU suite's ZPS_REQUIRE_GPU=1, see scripts/test-gpu.sh)
+ * A new back-end is one more line in S_CASE and one s_tol. Tolerances that differ between
+ * back-ends are in s_tol; the rest are written at the check. docs/kernels.md lists them all.
+ * After the cases: the cpu back-end's own checks (its blocked layouts, its batch statistics).
+ *
+ * Inputs are fresh random numbers each run; the seed is printed in every failure message
+ * (rerun with ZPS_TEST_SEED=<seed> to reproduce).
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "kernels/kernels.h"
+#include "tests/test_k.h"
+#include "tests/testutil.h"
+
+/* Tolerances of one back-end against ref where they differ between back-ends. */
+typedef struct s_tol {
+    double conv;        // conv atol per sqrt(terms summed) (rtol 1e-3)
+    int conv_all_terms; // 1: every conv output uses the terms of y, dx and dw summed
+    double bn_dx_rtol;  // batchnorm dx rtol (atol 1e-3)
+    double pool;        // pooling atol (rtol 1e-3)
+    double dense;       // dense atol (rtol 1e-3) ...
+    int dense_scaled;   // ... times sqrt(terms summed) when 1
+} s_tol;
+
+/* cpu: oneDNN reorders sums and uses FMA. cuda: cuDNN picks its algorithms (TF32 allowed). */
+static const s_tol s_tol_cpu = {4e-4, 0, 1e-2, 1e-4, 4e-4, 1};
+static const s_tol s_tol_cuda = {4e-4, 1, 1e-3, 1e-5, 1e-4, 0};
+
+static uint64_t s_seed;
+static const k_backend *s_be; // the back-end under test
+static void *s_dev[64];       // its buffers made by s_up/s_new, freed by s_dev_free_all
+static int s_ndev;
+
+static void s_init_cpu(void)
+{
+    s_seed = zt_k_init();
+    s_be = k_backend_cpu();
+}
+
+static void s_init_cuda(void)
+{
+    s_seed = zt_k_init();
+    char why[320] = "";
+    s_be = k_backend_cuda(why, sizeof why);
+    if (!s_be)
+        ZPS_GPU_SKIP("no CUDA device: %s", why);
+}
+
+/* One test per back-end for each case; the body sees the back-end's tolerances as t. */
+#define S_CASE(name)                                                                   \
+    static void s_case_##name(const s_tol *t);                                         \
+    Test(k_cpu, name, .init = s_init_cpu, .timeout = 60) { s_case_##name(&s_tol_cpu); } \
+    Test(k_cuda, name, .init = s_init_cuda, .timeout = 60) { s_case_##name(&s_tol_cuda); } \
+    static void s_case_##name(const s_tol *t)
+
+/* ---- the back-end's buffers ---- */
+
+static void *s_new(size_t bytes)
+{
+    cr_assert_lt(s_ndev, 64);
+    void *d = s_be->alloc(bytes + 4);
+    cr_assert_not_null(d, "%s: alloc of %zu bytes", s_be->name, bytes);
+    s_dev[s_ndev++] = d;
+    return d;
+}
+/* A copy of host data in the back-end's memory. */
+static void *s_upb(const void *h, size_t bytes)
+{
+    void *d = s_new(bytes);
+    cr_assert_eq(s_be->copy_in(d, h, bytes), ZPS_OK);
+    return d;
+}
+static float *s_up(const float *h, size_t n) { return s_upb(h, n * sizeof(float)); }
+static void s_dev_free_all(void)
+{
+    while (s_ndev > 0)
+        s_be->free(s_dev[--s_ndev]);
+}
+
+/* Compares n floats of the back-end's buffer dev with ref's host result. */
+static void s_check(const char *what, const float *dev, const float *ref, size_t n, double atol,
+                    double rtol)
+{
+    float *h = malloc(n * sizeof *h + 4);
+    cr_assert_eq(s_be->copy_out(h, dev, n * sizeof *h), ZPS_OK);
+    zt_k_close(s_be->name, what, h, ref, n, atol, rtol);
+    free(h);
+}
+static void s_check_scalar(const char *what, double got, double ref, double atol, double rtol)
+{
+    cr_assert(fabs(got - ref) <= atol + rtol * fabs(ref),
+              "%s %s: got %.9g want %.9g (seed %llu)", s_be->name, what, got, ref,
+              (unsigned long long)s_seed);
+}
+
+/* ---- the cases: every op of the table ---- */
+
+/* Values are sums of products of size ~1: atol grows with sqrt of the terms summed. */
+S_CASE(conv2d_matches_ref)
+{
+    const k_backend *ref = k_backend_ref();
+    for (int iter = 0; iter < 12; iter++) {
+        k_conv2d d, dr;
+        zt_k_random_conv(&d, 1);
+        dr = d;
+        int bias = iter % 2;
+        size_t nx = (size_t)d.n * d.c * d.h * d.w, nw = (size_t)d.k * d.c * d.r * d.s;
+        size_t ny = (size_t)d.n * d.k * d.oh * d.ow, nk = (size_t)d.k;
+        float *x = zt_k_randv(nx, -1, 1), *w = zt_k_randv(nw, -1, 1), *b = zt_k_randv(nk, -1, 1);
+        float *yr = zt_k_zeros(ny), *dy = zt_k_randv(ny, -1, 1), *dxr = zt_k_zeros(nx);
+        float *dw = zt_k_randv(nw, -1, 1), *dwr = zt_k_copyv(dw, nw); /* accumulated into */
+        float *db = zt_k_randv(nk, -1, 1), *dbr = zt_k_copyv(db, nk);
+        float *gx = s_up(x, nx), *gw = s_up(w, nw), *gb = bias ? s_up(b, nk) : NULL;
+        float *gy = s_up(yr, ny), *gdy = s_up(dy, ny), *gdx = s_up(dxr, nx);
+        float *gdw = s_up(dw, nw), *gdb = bias ? s_up(db, nk) : NULL;
+        cr_assert_eq(k_conv2d_fwd(s_be, &d, gx, gw, gb, gy), ZPS_OK,
+                     "conv %dx%dx%dx%d k%d %dx%d (seed %llu)", d.n, d.c, d.h, d.w, d.k, d.r,
+                     d.s, (unsigned long long)s_seed);
+        cr_assert_eq(k_conv2d_bwd(s_be, &d, gx, gw, gdy, gdx, gdw, gdb), ZPS_OK);
+        k_conv2d_fwd(ref, &dr, x, w, bias ? b : NULL, yr);
+        k_conv2d_bwd(ref, &dr, x, w, dy, dxr, dwr, bias ? dbr : NULL);
+        double ty = (double)d.c * d.r * d.s, tdx = (double)d.k * d.r * d.s;
+        double tdw = (double)d.n * d.oh * d.ow;
+        if (t->conv_all_terms)
+            ty = tdx = tdw = ty + tdx + tdw;
+        s_check("conv y", gy, yr, ny, t->conv * sqrt(ty), 1e-3);
+        s_check("conv dx", gdx, dxr, nx, t->conv * sqrt(tdx), 1e-3);
+        s_check("conv dw", gdw, dwr, nw, t->conv * sqrt(tdw), 1e-3);
+        if (bias)
+            s_check("conv db", gdb, dbr, nk, t->conv * sqrt(tdw), 1e-3);
+        k_op_release(s_be, &d.impl);
+        cr_assert_null(d.impl);
+        s_dev_free_all();
+        free(x), free(w), free(b), free(yr), free(dy), free(dxr), free(dw), free(dwr);
+        free(db), free(dbr);
+    }
+}
+
+/* Training forward (y, batch statistics, running averages), backward, inference forward. */
+S_CASE(batchnorm_matches_ref)
+{
+    const k_backend *ref = k_backend_ref();
+    for (int iter = 0; iter < 8; iter++) {
+        k_bn d = {.n = zt_irand(1, 4), .c = zt_irand(1, 40), .h = zt_irand(1, 12),
+                  .w = zt_irand(1, 12), .eps = 1e-3f, .momentum = zt_unif(0.05f, 0.5f),
+                  .relu = iter % 2};
+        if (d.n * d.h * d.w < 2)
+            d.w = 2;
+        k_bn dr = d;
+        size_t n = (size_t)d.n * d.c * d.h * d.w, nc = (size_t)d.c;
+        float *x = zt_k_randv(n, -2, 3), *g = zt_k_randv(nc, 0.5f, 1.5f), *b = zt_k_randv(nc, -0.5f, 0.5f);
+        float *yr = zt_k_zeros(n), *mr = zt_k_zeros(nc), *vr = zt_k_zeros(nc);
+        float *rm = zt_k_randv(nc, -1, 1), *rv = zt_k_randv(nc, 0.5f, 2);
+        float *gx = s_up(x, n), *gg = s_up(g, nc), *gb = s_up(b, nc), *gy = s_up(yr, n);
+        float *gm = s_up(mr, nc), *gv = s_up(vr, nc), *grm = s_up(rm, nc), *grv = s_up(rv, nc);
+        cr_assert_eq(k_bn_fwd_train(s_be, &d, gx, gg, gb, gy, gm, gv, grm, grv), ZPS_OK);
+        k_bn_fwd_train(ref, &dr, x, g, b, yr, mr, vr, rm, rv);
+        s_check("bn y", gy, yr, n, 1e-3, 1e-3);
+        s_check("bn mean", gm, mr, nc, 1e-4, 1e-3);
+        s_check("bn var", gv, vr, nc, 1e-4, 1e-3);
+        s_check("bn running mean", grm, rm, nc, 1e-4, 1e-3);
+        s_check("bn running var", grv, rv, nc, 1e-4, 1e-3);
+        float *dy = zt_k_randv(n, -1, 1), *dxr = zt_k_zeros(n);
+        float *dg = zt_k_randv(nc, -1, 1), *dbt = zt_k_randv(nc, -1, 1); /* accumulated into */
+        float *gdy = s_up(dy, n), *gdx = s_up(dxr, n), *gdg = s_up(dg, nc), *gdb = s_up(dbt, nc);
+        cr_assert_eq(k_bn_bwd(s_be, &d, gx, gy, gdy, gg, gm, gv, gdx, gdg, gdb), ZPS_OK);
+        k_bn_bwd(ref, &dr, x, yr, dy, g, mr, vr, dxr, dg, dbt);
+        s_check("bn dx", gdx, dxr, n, 1e-3, t->bn_dx_rtol);
+        s_check("bn dgamma", gdg, dg, nc, 1e-3, 1e-3);
+        s_check("bn dbeta", gdb, dbt, nc, 1e-3, 1e-3);
+        cr_assert_eq(k_bn_fwd_infer(s_be, &d, gx, gg, gb, grm, grv, gy), ZPS_OK);
+        k_bn_fwd_infer(ref, &dr, x, g, b, rm, rv, yr);
+        s_check("bn inference y", gy, yr, n, 1e-3, 1e-3);
+        k_op_release(s_be, &d.impl);
+        s_dev_free_all();
+        free(x), free(g), free(b), free(yr), free(mr), free(vr), free(rm), free(rv), free(dy);
+        free(dxr), free(dg), free(dbt);
+    }
+}
+
+/* Max and average pooling on random windows; one global average pool (k_gap_*). */
+S_CASE(pooling_matches_ref)
+{
+    const k_backend *ref = k_backend_ref();
+    for (int iter = 0; iter < 12; iter++) {
+        k_pool d, dr;
+        zt_k_random_pool(&d, iter % 2 ? K_POOL_MAX : K_POOL_AVG, 1);
+        int gap = iter == 10;
+        if (gap)
+            k_pool_init(&d, K_POOL_AVG, 2, 5, 7, 6, 7, 6, 1, 1, 0, 0);
+        dr = d;
+        size_t nx = (size_t)d.n * d.c * d.h * d.w, ny = (size_t)d.n * d.c * d.oh * d.ow;
+        float *x = zt_k_randv(nx, -1, 1), *yr = zt_k_zeros(ny), *dy = zt_k_randv(ny, -1, 1);
+        float *dxr = zt_k_zeros(nx);
+        float *gx = s_up(x, nx), *gy = s_up(yr, ny), *gdy = s_up(dy, ny), *gdx = s_up(dxr, nx);
+        zps_status st = gap ? k_gap_fwd(s_be, &d, gx, gy) : k_pool_fwd(s_be, &d, gx, gy);
+        cr_assert_eq(st, ZPS_OK, "pool %d %dx%d win %dx%d s%d,%d p%d,%d (seed %llu)", d.kind,
+                     d.h, d.w, d.r, d.s, d.stride_h, d.stride_w, d.pad_h, d.pad_w,
+                     (unsigned long long)s_seed);
+        k_pool_fwd(ref, &dr, x, yr);
+        s_check("pool y", gy, yr, ny, t->pool, 1e-3);
+        st = gap ? k_gap_bwd(s_be, &d, gdy, gdx) : k_pool_bwd(s_be, &d, gx, gy, gdy, gdx);
+        cr_assert_eq(st, ZPS_OK);
+        k_pool_bwd(ref, &dr, x, yr, dy, dxr);
+        s_check("pool dx", gdx, dxr, nx, t->pool, 1e-3);
+        k_op_release(s_be, &d.impl);
+        s_dev_free_all();
+        free(x), free(yr), free(dy), free(dxr);
+    }
+}
+
+S_CASE(dense_matches_ref)
+{
+    const k_backend *ref = k_backend_ref();
+    for (int iter = 0; iter < 6; iter++) {
+        k_dense d = {.n = zt_irand(1, 16), .in = zt_irand(1, 300), .out = zt_irand(1, 40)}, dr = d;
+        size_t nx = (size_t)d.n * d.in, nw = (size_t)d.out * d.in, ny = (size_t)d.n * d.out;
+        size_t no = (size_t)d.out;
+        float *x = zt_k_randv(nx, -1, 1), *w = zt_k_randv(nw, -1, 1), *b = zt_k_randv(no, -1, 1);
+        float *yr = zt_k_zeros(ny), *dy = zt_k_randv(ny, -1, 1), *dxr = zt_k_zeros(nx);
+        float *dw = zt_k_randv(nw, -1, 1), *db = zt_k_zeros(no); /* dw accumulated into */
+        float *gx = s_up(x, nx), *gw = s_up(w, nw), *gb = s_up(b, no), *gy = s_up(yr, ny);
+        float *gdy = s_up(dy, ny), *gdx = s_up(dxr, nx), *gdw = s_up(dw, nw), *gdb = s_up(db, no);
+        cr_assert_eq(k_dense_fwd(s_be, &d, gx, gw, gb, gy), ZPS_OK);
+        cr_assert_eq(k_dense_bwd(s_be, &d, gx, gw, gdy, gdx, gdw, gdb), ZPS_OK);
+        k_dense_fwd(ref, &dr, x, w, b, yr);
+        k_dense_bwd(ref, &dr, x, w, dy, dxr, dw, db);
+        double sy = 1, sdx = 1, sdw = 1;
+        if (t->dense_scaled)
+            sy = sqrt(d.in), sdx = sqrt(d.out), sdw = sqrt(d.n);
+        s_check("dense y", gy, yr, ny, t->dense * sy, 1e-3);
+        s_check("dense dx", gdx, dxr, nx, t->dense * sdx, 1e-3);
+        s_check("dense dw", gdw, dw, nw, t->dense * sdw, 1e-3);
+        s_check("dense db", gdb, db, no, t->dense * sdw, 1e-3);
+        k_op_release(s_be, &d.impl);
+        s_dev_free_all();
+        free(x), free(w), free(b), free(yr), free(dy), free(dxr), free(dw), free(db);
+    }
+}
+
+S_CASE(relu_matches_ref)
+{
+    (void)t;
+    const k_backend *ref = k_backend_ref();
+    size_t n = (size_t)zt_irand(1, 5000);
+    float *x = zt_k_randv(n, -1, 1), *dy = zt_k_randv(n, -1, 1), *y = zt_k_zeros(n), *dx = zt_k_zeros(n);
+    float *gx = s_up(x, n), *gdy = s_up(dy, n), *gy = s_up(y, n), *gdx = s_up(dx, n);
+    cr_assert_eq(k_relu_fwd(s_be, n, gx, gy), ZPS_OK);
+    cr_assert_eq(k_relu_bwd(s_be, n, gy, gdy, gdx), ZPS_OK);
+    k_relu_fwd(ref, n, x, y);
+    k_relu_bwd(ref, n, y, dy, dx);
+    s_check("relu y", gy, y, n, 0, 0);
+    s_check("relu dx", gdx, dx, n, 0, 0);
+    s_dev_free_all();
+    free(x), free(dy), free(y), free(dx);
+}
+
+/* Concat then split: copies, so bit-exact. */
+S_CASE(concat_matches_ref)
+{
+    (void)t;
+    const k_backend *ref = k_backend_ref();
+    int n = zt_irand(1, 3), hw = zt_irand(1, 20), nin = zt_irand(1, 4), c[4], ctot = 0;
+    float *xs[4], *gxs[4], *back[4], *gback[4];
+    for (int i = 0; i < nin; i++) {
+        c[i] = zt_irand(1, 5);
+        ctot += c[i];
+        size_t len = (size_t)n * c[i] * hw;
+        xs[i] = zt_k_randv(len, -1, 1), back[i] = zt_k_zeros(len);
+        gxs[i] = s_up(xs[i], len), gback[i] = s_up(back[i], len);
+    }
+    size_t ny = (size_t)n * ctot * hw;
+    float *y = zt_k_zeros(ny), *gy = s_up(y, ny);
+    cr_assert_eq(k_concat_fwd(s_be, n, hw, nin, c, (const float *const *)gxs, gy), ZPS_OK);
+    cr_assert_eq(k_concat_bwd(s_be, n, hw, nin, c, gy, gback), ZPS_OK);
+    k_concat_fwd(ref, n, hw, nin, c, (const float *const *)xs, y);
+    k_concat_bwd(ref, n, hw, nin, c, y, back);
+    s_check("concat y", gy, y, ny, 0, 0);
+    for (int i = 0; i < nin; i++) {
+        s_check("split dx", gback[i], back[i], (size_t)n * c[i] * hw, 0, 0);
+        free(xs[i]), free(back[i]);
+    }
+    s_dev_free_all();
+    free(y);
+}
+
+/* The same seed drops the same elements on every back-end. */
+S_CASE(dropout_matches_ref)
+{
+    (void)t;
+    const k_backend *ref = k_backend_ref();
+    size_t n = (size_t)zt_irand(1, 5000);
+    float p = zt_unif(0.1f, 0.7f);
+    uint64_t seed = zt_rand();
+    float *x = zt_k_randv(n, -1, 1), *y = zt_k_zeros(n), *dx = zt_k_zeros(n);
+    float *gx = s_up(x, n), *gy = s_up(y, n), *gdx = s_up(dx, n);
+    cr_assert_eq(k_dropout_fwd(s_be, n, p, seed, gx, gy), ZPS_OK);
+    cr_assert_eq(k_dropout_bwd(s_be, n, p, seed, gx, gdx), ZPS_OK);
+    k_dropout_fwd(ref, n, p, seed, x, y);
+    k_dropout_bwd(ref, n, p, seed, x, dx);
+    s_check("dropout y", gy, y, n, 1e-6, 1e-3);
+    s_check("dropout dx", gdx, dx, n, 1e-6, 1e-3);
+    s_dev_free_all();
+    free(x), free(y), free(dx);
+}
+
+S_CASE(softmax_xent_matches_ref)
+{
+    (void)t;
+    const k_backend *ref = k_backend_ref();
+    int rows = zt_irand(1, 9), k = zt_irand(2, 20);
+    size_t nz = (size_t)rows * k;
+    float *z = zt_k_randv(nz, -3, 3), *dz = zt_k_zeros(nz), l1, l2;
+    int32_t lab[9] = {0};
+    for (int i = 0; i < rows; i++)
+        lab[i] = (int32_t)zt_irand(0, k - 1);
+    int32_t *glab = s_upb(lab, sizeof lab);
+    float *gz = s_up(z, nz), *gdz = s_up(dz, nz);
+    int c1, c2;
+    cr_assert_eq(k_softmax_xent(s_be, rows, k, gz, glab, 0.1f, 1.0f, &l1, &c1, gdz), ZPS_OK);
+    k_softmax_xent(ref, rows, k, z, lab, 0.1f, 1.0f, &l2, &c2, dz);
+    s_check_scalar("xent loss", l1, l2, 1e-6, 1e-5);
+    cr_assert_eq(c1, c2, "%s xent correct %d, ref %d", s_be->name, c1, c2);
+    s_check("xent dlogits", gdz, dz, nz, 1e-6, 1e-3);
+    lab[0] = k; /* out of range */
+    glab = s_upb(lab, sizeof lab);
+    cr_assert_eq(k_softmax_xent(s_be, rows, k, gz, glab, 0, 1, &l1, NULL, NULL),
+                 ZPS_ERR_INVALID);
+    s_dev_free_all();
+    free(z), free(dz);
+}
+
+S_CASE(smooth_l1_matches_ref)
+{
+    (void)t;
+    const k_backend *ref = k_backend_ref();
+    size_t n = (size_t)zt_irand(1, 5000);
+    float beta = zt_unif(0.5f, 2), scale = zt_unif(0.5f, 2), l1, l2;
+    float *x = zt_k_randv(n, -3, 3), *tg = zt_k_randv(n, -3, 3), *dx = zt_k_zeros(n);
+    float *gx = s_up(x, n), *gt = s_up(tg, n), *gdx = s_up(dx, n);
+    cr_assert_eq(k_smooth_l1(s_be, n, gx, gt, beta, scale, &l1, gdx), ZPS_OK);
+    k_smooth_l1(ref, n, x, tg, beta, scale, &l2, dx);
+    s_check_scalar("smooth-l1 loss", l1, l2, 1e-6, 1e-5);
+    s_check("smooth-l1 dx", gdx, dx, n, 1e-6, 1e-3);
+    s_dev_free_all();
+    free(x), free(tg), free(dx);
+}
+
+/* fill, add, scale, axpy. */
+S_CASE(elementwise_matches_ref)
+{
+    (void)t;
+    const k_backend *ref = k_backend_ref();
+    size_t n = (size_t)zt_irand(1, 5000);
+    float alpha = zt_unif(-2, 2), v = zt_unif(-2, 2);
+    float *a = zt_k_randv(n, -1, 1), *b = zt_k_randv(n, -1, 1), *y = zt_k_zeros(n);
+    float *ga = s_up(a, n), *gb = s_up(b, n), *gy = s_up(y, n);
+    cr_assert_eq(k_add(s_be, n, ga, gb, gy), ZPS_OK);
+    k_add(ref, n, a, b, y);
+    s_check("add", gy, y, n, 1e-6, 1e-3);
+    cr_assert_eq(k_axpy(s_be, n, 0.5f, ga, gb), ZPS_OK);
+    k_axpy(ref, n, 0.5f, a, b);
+    s_check("axpy", gb, b, n, 1e-6, 1e-3);
+    cr_assert_eq(k_scale(s_be, n, alpha, gy), ZPS_OK);
+    k_scale(ref, n, alpha, y);
+    s_check("scale", gy, y, n, 1e-6, 1e-3);
+    cr_assert_eq(k_fill(s_be, n, v, gy), ZPS_OK);
+    k_fill(ref, n, v, y);
+    s_check("fill", gy, y, n, 0, 0);
+    s_dev_free_all();
+    free(a), free(b), free(y);
+}
+
+/* sum and sum of squares into a host double. */
+S_CASE(reductions_match_ref)
+{
+    (void)t;
+    const k_backend *ref = k_backend_ref();
+    size_t n = (size_t)zt_irand(1, 5000);
+    float *a = zt_k_randv(n, -1, 1), *ga = s_up(a, n);
+    double s1, s2;
+    cr_assert_eq(k_sum(s_be, n, ga, &s1), ZPS_OK);
+    k_sum(ref, n, a, &s2);
+    s_check_scalar("sum", s1, s2, 1e-9, 1e-6);
+    cr_assert_eq(k_sumsq(s_be, n, ga, &s1), ZPS_OK);
+    k_sumsq(ref, n, a, &s2);
+    s_check_scalar("sumsq", s1, s2, 1e-9, 1e-6);
+    s_dev_free_all();
+    free(a);
+}
+
+/* ---- the cpu back-end's own checks ---- */
+
+/* Batch statistics of channels whose mean is far from zero, as after Inception's stem: ~10^4
+ * values per channel, |mean| 10-50 times the std, plain and blocked layouts. ref sums in double
+ * and rounds once; the cpu back-end must do as well (oneDNN 2.6 sums in float: its means were
+ * off by several float roundings, shifting whole channels, see s_bn_stats in cpu/bn.c).
+ * Tolerances: mean and variance within 2 float roundings (2.4e-7 relative); y within
+ * 4e-7 * (1 + |y|), a few roundings of y (off by up to ~3e-5 before). */
+Test(k_cpu, batchnorm_statistics_exact_on_offset_channels, .init = s_init_cpu, .timeout = 60)
+{
+    const k_backend *cpu = k_backend_cpu(), *ref = k_backend_ref();
+    for (int iter = 0; iter < 4; iter++) {
+        int hw = zt_irand(28, 37);
+        k_bn d = {.n = 8, .c = 16 * zt_irand(1, 3), .h = hw, .w = hw, .eps = 1e-3f,
+                  .momentum = 0.1f, .relu = iter % 2, .blocked = iter / 2}, dr = d;
+        dr.blocked = 0;
+        size_t n = (size_t)d.n * d.c * d.h * d.w, nc = (size_t)d.c, plane = (size_t)hw * hw;
+        float *x = zt_k_zeros(n), *xb = zt_k_zeros(n), *g = zt_k_randv(nc, 0.5f, 1.5f);
+        float *b = zt_k_randv(nc, -0.5f, 0.5f), *y = zt_k_zeros(n), *yp = zt_k_zeros(n), *yr = zt_k_zeros(n);
+        float *m = zt_k_zeros(nc), *v = zt_k_zeros(nc), *mr = zt_k_zeros(nc), *vr = zt_k_zeros(nc);
+        for (int c = 0; c < d.c; c++) {
+            float sd = zt_unif(0.5f, 2), mu = zt_unif(10, 50) * sd * (zt_rand() % 2 ? 1 : -1);
+            for (int i = 0; i < d.n; i++)
+                for (size_t j = 0; j < plane; j++)
+                    x[((size_t)i * d.c + c) * plane + j] = mu + sd * zt_unif(-1.7f, 1.7f);
+        }
+        if (d.blocked)
+            k_to_blocked(d.n, d.c, d.h, d.w, x, xb);
+        else
+            memcpy(xb, x, n * sizeof *x);
+        cr_assert_eq(k_bn_fwd_train(cpu, &d, xb, g, b, y, m, v, NULL, NULL), ZPS_OK);
+        k_bn_fwd_train(ref, &dr, x, g, b, yr, mr, vr, NULL, NULL);
+        if (d.blocked)
+            k_from_blocked(d.n, d.c, d.h, d.w, y, yp);
+        else
+            memcpy(yp, y, n * sizeof *y);
+        for (int c = 0; c < d.c; c++) {
+            cr_assert(fabs(m[c] - mr[c]) <= 2.4e-7 * fabs(mr[c]),
+                      "bn mean[%d] %.9g, ref %.9g (%s %dx%d; seed %llu)", c, m[c], mr[c],
+                      d.blocked ? "blocked" : "plain", hw, hw, (unsigned long long)s_seed);
+            cr_assert(fabs(v[c] - vr[c]) <= 2.4e-7 * vr[c],
+                      "bn var[%d] %.9g, ref %.9g (%s %dx%d; seed %llu)", c, v[c], vr[c],
+                      d.blocked ? "blocked" : "plain", hw, hw, (unsigned long long)s_seed);
+        }
+        zt_k_close(s_be->name, d.blocked ? "blocked offset bn y" : "offset bn y", yp, yr, n, 4e-7, 4e-7);
+        k_op_release(cpu, &d.impl);
+        free(x), free(xb), free(g), free(b), free(y), free(yp), free(yr), free(m), free(v);
+        free(mr), free(vr);
+    }
+}
+
+/* A copy of NCHW x in the layout a descriptor flag asks for (blocked or plain). */
+static float *s_maybe_blocked(int blocked, int n, int c, int h, int w, const float *x)
+{
+    size_t len = (size_t)n * c * h * w;
+    float *out = zt_k_zeros(len);
+    if (blocked)
+        k_to_blocked(n, c, h, w, x, out);
+    else
+        memcpy(out, x, len * sizeof *x);
+    return out;
+}
+/* The reverse: a plain NCHW copy of x given in that layout. */
+static float *s_maybe_plain(int blocked, int n, int c, int h, int w, const float *x)
+{
+    size_t len = (size_t)n * c * h * w;
+    float *out = zt_k_zeros(len);
+    if (blocked)
+        k_from_blocked(n, c, h, w, x, out);
+    else
+        memcpy(out, x, len * sizeof *x);
+    return out;
+}
+
+/* Batchnorm + ReLU (forward, backward with and without dx) and max pooling on the blocked
+ * output y (n, k, oh, ow) of a convolution; yr: the same tensor in NCHW. */
+static void s_blocked_bn_pool(int n, int k, int oh, int ow, const float *yr)
+{
+    const k_backend *cpu = k_backend_cpu(), *ref = k_backend_ref();
+    k_bn b = {.n = n, .c = k, .h = oh, .w = ow, .eps = 1e-3f, .momentum = 0.1f, .relu = 1,
+              .blocked = 1}, br = b;
+    br.blocked = 0;
+    size_t nc = (size_t)k, ny = (size_t)n * k * oh * ow;
+    float *g = zt_k_randv(nc, 0.5f, 1.5f), *be = zt_k_randv(nc, -0.5f, 0.5f);
+    float *m = zt_k_zeros(nc), *v = zt_k_zeros(nc), *mr = zt_k_zeros(nc), *vr = zt_k_zeros(nc);
+    float *z = zt_k_zeros(ny), *zr = zt_k_zeros(ny), *yb = s_maybe_blocked(1, n, k, oh, ow, yr);
+    cr_assert_eq(k_bn_fwd_train(cpu, &b, yb, g, be, z, m, v, NULL, NULL), ZPS_OK);
+    k_bn_fwd_train(ref, &br, yr, g, be, zr, mr, vr, NULL, NULL);
+    float *zp = s_maybe_plain(1, n, k, oh, ow, z);
+    zt_k_close(s_be->name, "blocked bn y", zp, zr, ny, 1e-3, 1e-3);
+    zt_k_close(s_be->name, "blocked bn mean", m, mr, nc, 1e-4, 1e-3);
+    /* backward, then again without dx: parameter gradients only */
+    float *dz = zt_k_randv(ny, -1, 1), *dzb = s_maybe_blocked(1, n, k, oh, ow, dz);
+    float *dx = zt_k_zeros(ny), *dxr = zt_k_zeros(ny), *dg = zt_k_zeros(nc), *dgr = zt_k_zeros(nc);
+    float *db = zt_k_zeros(nc), *dbr = zt_k_zeros(nc);
+    cr_assert_eq(k_bn_bwd(cpu, &b, yb, z, dzb, g, m, v, dx, dg, db), ZPS_OK);
+    k_bn_bwd(ref, &br, yr, zr, dz, g, mr, vr, dxr, dgr, dbr);
+    float *dxp = s_maybe_plain(1, n, k, oh, ow, dx);
+    zt_k_close(s_be->name, "blocked bn dx", dxp, dxr, ny, 1e-3, 1e-2);
+    memset(dg, 0, nc * sizeof *dg), memset(db, 0, nc * sizeof *db);
+    cr_assert_eq(k_bn_bwd(cpu, &b, yb, z, dzb, g, m, v, NULL, dg, db), ZPS_OK);
+    zt_k_close(s_be->name, "blocked bn dgamma (no dx)", dg, dgr, nc, 1e-3, 1e-3);
+    zt_k_close(s_be->name, "blocked bn dbeta (no dx)", db, dbr, nc, 1e-3, 1e-3);
+    k_op_release(cpu, &b.impl);
+    k_pool p, pr;
+    if (k_pool_init(&p, K_POOL_MAX, n, k, oh, ow, 2, 2, 2, 2, 0, 0) == ZPS_OK) {
+        pr = p;
+        p.blocked = 1;
+        size_t no = (size_t)p.n * p.c * p.oh * p.ow;
+        float *o = zt_k_zeros(no), *orf = zt_k_zeros(no);
+        cr_assert_eq(k_pool_fwd(cpu, &p, yb, o), ZPS_OK);
+        k_pool_fwd(ref, &pr, yr, orf);
+        float *op = s_maybe_plain(1, p.n, p.c, p.oh, p.ow, o);
+        zt_k_close(s_be->name, "blocked maxpool y", op, orf, no, 1e-6, 1e-6);
+        k_op_release(cpu, &p.impl);
+        free(o), free(orf), free(op);
+    }
+    free(g), free(be), free(m), free(v), free(mr), free(vr), free(z), free(zr), free(yb);
+    free(zp), free(dz), free(dzb), free(dx), free(dxr), free(dg), free(dgr), free(db);
+    free(dbr), free(dxp);
+}
+
+/* A random convolution whose input and/or output is blocked (first-layer style plain input
+ * with few channels included). */
+static void s_random_blocked_conv(k_conv2d *d, int xb, int yb)
+{
+    int c = xb ? 16 * zt_irand(1, 3) : zt_irand(1, 5), k = 16 * zt_irand(1, 3);
+    for (;;) {
+        int r = zt_irand(1, 4), s = zt_irand(1, 4);
+        if (k_conv2d_init(d, zt_irand(1, 3), c, zt_irand(r, 14), zt_irand(s, 14), k, r, s,
+                          zt_irand(1, 2), zt_irand(1, 2), zt_irand(0, r / 2),
+                          zt_irand(0, s / 2)) == ZPS_OK)
+            break;
+    }
+    d->x_blocked = xb, d->y_blocked = yb;
+}
+
+/* The blocked (nChw16c) layouts of the cpu back-end give ref's results after conversion. */
+Test(k_cpu, blocked_layouts_match_ref, .init = s_init_cpu, .timeout = 60)
+{
+    const k_backend *cpu = k_backend_cpu(), *ref = k_backend_ref();
+    cr_assert(cpu->prefers_blocked && cpu->prefers_blocked(32) && !cpu->prefers_blocked(24));
+    for (int iter = 0; iter < 6; iter++) {
+        k_conv2d d, dr;
+        int xb = iter % 3 != 0, yb = iter % 3 != 1;
+        s_random_blocked_conv(&d, xb, yb);
+        dr = d;
+        dr.x_blocked = dr.y_blocked = 0;
+        size_t nx = (size_t)d.n * d.c * d.h * d.w, nw = (size_t)d.k * d.c * d.r * d.s;
+        size_t ny = (size_t)d.n * d.k * d.oh * d.ow;
+        float *x = zt_k_randv(nx, -1, 1), *w = zt_k_randv(nw, -1, 1), *dy = zt_k_randv(ny, -1, 1);
+        float *xbl = s_maybe_blocked(xb, d.n, d.c, d.h, d.w, x);
+        float *dyb = s_maybe_blocked(yb, d.n, d.k, d.oh, d.ow, dy);
+        float *y = zt_k_zeros(ny), *yr = zt_k_zeros(ny), *dx = zt_k_zeros(nx), *dxr = zt_k_zeros(nx);
+        float *dw = zt_k_randv(nw, -1, 1), *dwr = zt_k_copyv(dw, nw);
+        cr_assert_eq(k_conv2d_fwd(cpu, &d, xbl, w, NULL, y), ZPS_OK);
+        k_conv2d_fwd(ref, &dr, x, w, NULL, yr);
+        float *yp = s_maybe_plain(yb, d.n, d.k, d.oh, d.ow, y);
+        zt_k_close(s_be->name, "blocked conv y", yp, yr, ny, 4e-4 * sqrt((double)d.c * d.r * d.s), 1e-3);
+        cr_assert_eq(k_conv2d_bwd(cpu, &d, xbl, w, dyb, dx, dw, NULL), ZPS_OK);
+        k_conv2d_bwd(ref, &dr, x, w, dy, dxr, dwr, NULL);
+        float *dxp = s_maybe_plain(xb, d.n, d.c, d.h, d.w, dx);
+        zt_k_close(s_be->name, "blocked conv dx", dxp, dxr, nx, 4e-4 * sqrt((double)d.k * d.r * d.s), 1e-3);
+        zt_k_close(s_be->name, "blocked conv dw", dw, dwr, nw, 4e-4 * sqrt((double)d.n * d.oh * d.ow), 1e-3);
+        k_op_release(cpu, &d.impl);
+        if (yb)
+            s_blocked_bn_pool(d.n, d.k, d.oh, d.ow, yr);
+        free(x), free(w), free(dy), free(xbl), free(dyb), free(y), free(yr), free(yp);
+        free(dx), free(dxr), free(dxp), free(dw), free(dwr);
+    }
+    /* ref has no blocked layout and says so */
+    k_conv2d d;
+    k_conv2d_init(&d, 1, 16, 4, 4, 16, 1, 1, 1, 1, 0, 0);
+    d.x_blocked = 1;
+    float buf[256] = {0};
+    zps_log_set_level(ZPS_LOG_OFF);
+    cr_assert_eq(k_conv2d_fwd(ref, &d, buf, buf, NULL, buf), ZPS_ERR_UNSUPPORTED);
+}
