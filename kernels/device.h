@@ -6,7 +6,7 @@
  * answers, else the CPU, and logs one line saying which and why.
  *
  * device.c is the only place that dlopens the library and looks up its symbols: everything
- * else (the cuda back-end table in kernels.c, the NCCL all-reduce in trainer/allreduce.c)
+ * else (k_backend_cuda in kernels.c for the op table, the NCCL all-reduce in trainer/allreduce.c)
  * calls through the typed entry points of k_device_cuda_lib().
  */
 #ifndef ZPS_KERNELS_DEVICE_H

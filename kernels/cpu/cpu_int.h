@@ -1,0 +1,115 @@
+/* cpu_int.h — private to the cpu back-end (the .c files of kernels/cpu): the oneDNN plumbing shared by its
+ * op files and the ops its table (cpu.c) names. Not part of any public header.
+ *
+ *   cpu.c         engine, per-thread streams and scratch, primitives with their argument
+ *                 lists, release of an op's state, the table
+ *   conv.c        convolution (weight reorders into the primitives' layouts)
+ *   bn.c          batchnorm (+ fused ReLU) with zps's own batch statistics
+ *   pool_dense.c  pooling and inner product
+ *
+ * Every op's state lives in its descriptor's impl slot and starts with a k_cpu_head, so the
+ * table's release can tell the kinds apart.
+ */
+#ifndef ZPS_KERNELS_CPU_CPU_INT_H
+#define ZPS_KERNELS_CPU_CPU_INT_H
+
+#include <dnnl.h>
+
+#include "common/log.h"
+#include "kernels/kernels.h"
+
+/* Checks a oneDNN call: on failure logs the call and status, returns ZPS_ERR_DNNL. */
+#define K_CPU_DNNL(expr)                                                               \
+    do {                                                                               \
+        dnnl_status_t k_cpu_st_ = (expr);                                              \
+        if (k_cpu_st_ != dnnl_success) {                                               \
+            zps_log(ZPS_ERROR, "kernels", "%s failed: oneDNN status %d", #expr,         \
+                    (int)k_cpu_st_);                                                   \
+            return ZPS_ERR_DNNL;                                                       \
+        }                                                                              \
+    } while (0)
+
+typedef enum k_cpu_kind { K_CPU_CONV = 1, K_CPU_BN, K_CPU_POOL, K_CPU_DENSE } k_cpu_kind;
+
+/* Every impl starts with its kind so release() can tell them apart. */
+typedef struct k_cpu_head {
+    k_cpu_kind kind;
+} k_cpu_head;
+
+/* The process's engine (valid after k_cpu_ready). */
+dnnl_engine_t k_cpu_engine(void);
+/* The engine, once, and this thread's stream; ZPS_ERR_DNNL when oneDNN refuses. */
+zps_status k_cpu_ready(void);
+/* Thread-local scratch of n floats for outputs that oneDNN overwrites but the API accumulates;
+ * valid until the next call in this thread; use after k_cpu_ready (which arranges its
+ * release at thread exit). */
+float *k_cpu_scratch(size_t n);
+/* dst[i] += src[i]. */
+void k_cpu_acc(size_t n, const float *src, float *dst);
+
+/* ---- one primitive with its argument list ---- */
+
+enum { K_CPU_MAX_ARGS = 12 };
+
+typedef struct k_cpu_prim {
+    dnnl_primitive_desc_t pd;              // owned
+    dnnl_primitive_t p;                    // owned
+    int nargs;                             // used entries of args
+    dnnl_exec_arg_t args[K_CPU_MAX_ARGS];  // memory objects (owned unless shared[i])
+    int shared[K_CPU_MAX_ARGS];            // 1: memory owned elsewhere (workspace)
+} k_cpu_prim;
+
+void k_cpu_prim_free(k_cpu_prim *p);
+zps_status k_cpu_prim_create(k_cpu_prim *p, const_dnnl_op_desc_t desc,
+                             const_dnnl_primitive_desc_t hint);
+/* Adds argument `arg` with the layout the primitive expects for query q, index `index`. Its
+ * data handle is set by each k_cpu_prim_run. */
+zps_status k_cpu_prim_arg_at(k_cpu_prim *p, int arg, dnnl_query_t q, int index);
+/* The same at index 0. */
+zps_status k_cpu_prim_arg(k_cpu_prim *p, int arg, dnnl_query_t q);
+/* Adds argument `arg` with layout md. */
+zps_status k_cpu_prim_arg_md(k_cpu_prim *p, int arg, const dnnl_memory_desc_t *md);
+/* Adds memory owned elsewhere (a workspace shared by forward and backward). */
+void k_cpu_prim_shared(k_cpu_prim *p, int arg, dnnl_memory_t m);
+/* Points the first n non-shared arguments at ptrs (in the order they were added), runs and
+ * waits. */
+zps_status k_cpu_prim_run(k_cpu_prim *p, const void *const *ptrs, int n);
+/* Workspace memory sized as the primitive asks, allocated by oneDNN; *out NULL when none. */
+zps_status k_cpu_workspace(k_cpu_prim *p, dnnl_memory_t *out);
+
+/* Plain f32 memory descriptors; the layout of activations (blocked: nChw16c). */
+zps_status k_cpu_md4(dnnl_memory_desc_t *md, int a, int b, int c, int d, dnnl_format_tag_t tag);
+zps_status k_cpu_md2(dnnl_memory_desc_t *md, int a, int b);
+zps_status k_cpu_md1(dnnl_memory_desc_t *md, int a);
+dnnl_format_tag_t k_cpu_act_tag(int blocked);
+
+/* ---- the ops (table entries) and the release of their state ---- */
+
+zps_status k_cpu_conv2d_fwd(k_conv2d *d, const float *x, const float *w, const float *b,
+                            float *y);
+zps_status k_cpu_conv2d_bwd(k_conv2d *d, const float *x, const float *w, const float *dy,
+                            float *dx, float *dw, float *db);
+void k_cpu_conv_release(k_cpu_head *impl);
+
+zps_status k_cpu_bn_fwd_train(k_bn *d, const float *x, const float *gamma, const float *beta,
+                              float *y, float *mean, float *var, float *run_mean,
+                              float *run_var);
+zps_status k_cpu_bn_fwd_infer(k_bn *d, const float *x, const float *gamma, const float *beta,
+                              const float *run_mean, const float *run_var, float *y);
+zps_status k_cpu_bn_bwd(k_bn *d, const float *x, const float *y, const float *dy,
+                        const float *gamma, const float *mean, const float *var, float *dx,
+                        float *dgamma, float *dbeta);
+void k_cpu_bn_release(k_cpu_head *impl);
+
+zps_status k_cpu_pool_fwd(k_pool *d, const float *x, float *y);
+zps_status k_cpu_pool_bwd(k_pool *d, const float *x, const float *y, const float *dy,
+                          float *dx);
+void k_cpu_pool_release(k_cpu_head *impl);
+
+zps_status k_cpu_dense_fwd(k_dense *d, const float *x, const float *w, const float *b,
+                           float *y);
+zps_status k_cpu_dense_bwd(k_dense *d, const float *x, const float *w, const float *dy,
+                           float *dx, float *dw, float *db);
+void k_cpu_dense_release(k_cpu_head *impl);
+
+#endif

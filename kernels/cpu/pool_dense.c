@@ -1,0 +1,185 @@
+/* pool_dense.c — the cpu back-end's pooling and inner product (cpu_int.h).
+ *
+ * Pooling: max, or average with the padding counted in the divisor (oneDNN's
+ * pooling_avg_include_padding, PyTorch's count_include_pad=True); max pooling keeps its argmax
+ * workspace in impl from forward to backward. Inner product: y = x w^T + b; its
+ * backward-weights primitive overwrites, so dw and db are added from scratch.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/check.h"
+#include "common/mem.h"
+#include "kernels/cpu/cpu_int.h"
+
+/* ---- pooling ---- */
+
+typedef struct s_pool_impl {
+    k_cpu_head head;
+    k_cpu_prim fwd;        // src, dst [+ workspace]
+    k_cpu_prim bwd;        // diff_dst, diff_src [+ workspace]
+    dnnl_memory_t ws;  // max-pool argmax workspace (owned), or NULL
+} s_pool_impl;
+
+static zps_status s_pool_get(k_pool *d, s_pool_impl **out)
+{
+    s_pool_impl *im = d->impl;
+    if (im) {
+        *out = im;
+        return ZPS_OK;
+    }
+    ZPS_TRY(k_cpu_ready());
+    im = zps_xcalloc(1, sizeof *im);
+    im->head.kind = K_CPU_POOL;
+    d->impl = im;
+    dnnl_memory_desc_t src, dst;
+    ZPS_TRY(k_cpu_md4(&src, d->n, d->c, d->h, d->w, k_cpu_act_tag(d->blocked)));
+    ZPS_TRY(k_cpu_md4(&dst, d->n, d->c, d->oh, d->ow, k_cpu_act_tag(d->blocked)));
+    dnnl_dims_t strides = {d->stride_h, d->stride_w}, kernel = {d->r, d->s}, dil = {0, 0};
+    dnnl_dims_t pl = {d->pad_h, d->pad_w};
+    dnnl_dims_t pr = {(d->oh - 1) * d->stride_h + d->r - d->h - d->pad_h,
+                      (d->ow - 1) * d->stride_w + d->s - d->w - d->pad_w};
+    dnnl_alg_kind_t alg =
+        d->kind == K_POOL_MAX ? dnnl_pooling_max : dnnl_pooling_avg_include_padding;
+    dnnl_pooling_v2_desc_t pd;
+    K_CPU_DNNL(dnnl_pooling_v2_forward_desc_init(&pd, dnnl_forward_training, alg, &src, &dst,
+                                             strides, kernel, dil, pl, pr));
+    ZPS_TRY(k_cpu_prim_create(&im->fwd, &pd, NULL));
+    ZPS_TRY(k_cpu_prim_arg(&im->fwd, DNNL_ARG_SRC, dnnl_query_src_md));
+    ZPS_TRY(k_cpu_prim_arg(&im->fwd, DNNL_ARG_DST, dnnl_query_dst_md));
+    ZPS_TRY(k_cpu_workspace(&im->fwd, &im->ws));
+    if (im->ws)
+        k_cpu_prim_shared(&im->fwd, DNNL_ARG_WORKSPACE, im->ws);
+    K_CPU_DNNL(dnnl_pooling_v2_backward_desc_init(&pd, alg, &src, &dst, strides, kernel, dil, pl,
+                                              pr));
+    ZPS_TRY(k_cpu_prim_create(&im->bwd, &pd, im->fwd.pd));
+    ZPS_TRY(k_cpu_prim_arg(&im->bwd, DNNL_ARG_DIFF_DST, dnnl_query_diff_dst_md));
+    ZPS_TRY(k_cpu_prim_arg(&im->bwd, DNNL_ARG_DIFF_SRC, dnnl_query_diff_src_md));
+    if (im->ws)
+        k_cpu_prim_shared(&im->bwd, DNNL_ARG_WORKSPACE, im->ws);
+    *out = im;
+    return ZPS_OK;
+}
+
+zps_status k_cpu_pool_fwd(k_pool *d, const float *x, float *y)
+{
+    s_pool_impl *im;
+    ZPS_TRY(s_pool_get(d, &im));
+    const void *ptrs[2] = {x, y};
+    return k_cpu_prim_run(&im->fwd, ptrs, 2);
+}
+
+zps_status k_cpu_pool_bwd(k_pool *d, const float *x, const float *y, const float *dy,
+                          float *dx)
+{
+    (void)x, (void)y;
+    s_pool_impl *im;
+    ZPS_TRY(s_pool_get(d, &im));
+    const void *ptrs[2] = {dy, dx};
+    return k_cpu_prim_run(&im->bwd, ptrs, 2);
+}
+
+
+void k_cpu_pool_release(k_cpu_head *impl)
+{
+    s_pool_impl *im = (s_pool_impl *)impl;
+    k_cpu_prim_free(&im->fwd);
+    k_cpu_prim_free(&im->bwd);
+    if (im->ws)
+        dnnl_memory_destroy(im->ws);
+}
+
+/* ---- inner product ---- */
+
+typedef struct s_dense_impl {
+    k_cpu_head head;
+    k_cpu_prim fwd;          // src, weights, bias, dst
+    k_cpu_prim bwd_data;     // diff_dst, weights, diff_src
+    k_cpu_prim bwd_weights;  // src, diff_dst, diff_weights, diff_bias
+} s_dense_impl;
+
+static zps_status s_dense_get(k_dense *d, s_dense_impl **out)
+{
+    s_dense_impl *im = d->impl;
+    if (im) {
+        *out = im;
+        return ZPS_OK;
+    }
+    ZPS_TRY(k_cpu_ready());
+    im = zps_xcalloc(1, sizeof *im);
+    im->head.kind = K_CPU_DENSE;
+    d->impl = im;
+    dnnl_memory_desc_t src, wei, bia, dst;
+    ZPS_TRY(k_cpu_md2(&src, d->n, d->in));
+    ZPS_TRY(k_cpu_md2(&wei, d->out, d->in));
+    ZPS_TRY(k_cpu_md1(&bia, d->out));
+    ZPS_TRY(k_cpu_md2(&dst, d->n, d->out));
+    dnnl_inner_product_desc_t id;
+    K_CPU_DNNL(dnnl_inner_product_forward_desc_init(&id, dnnl_forward_training, &src, &wei, &bia,
+                                                &dst));
+    ZPS_TRY(k_cpu_prim_create(&im->fwd, &id, NULL));
+    ZPS_TRY(k_cpu_prim_arg(&im->fwd, DNNL_ARG_SRC, dnnl_query_src_md));
+    ZPS_TRY(k_cpu_prim_arg(&im->fwd, DNNL_ARG_WEIGHTS, dnnl_query_weights_md));
+    ZPS_TRY(k_cpu_prim_arg_at(&im->fwd, DNNL_ARG_BIAS, dnnl_query_weights_md, 1));
+    ZPS_TRY(k_cpu_prim_arg(&im->fwd, DNNL_ARG_DST, dnnl_query_dst_md));
+    K_CPU_DNNL(dnnl_inner_product_backward_data_desc_init(&id, &src, &wei, &dst));
+    ZPS_TRY(k_cpu_prim_create(&im->bwd_data, &id, im->fwd.pd));
+    ZPS_TRY(k_cpu_prim_arg(&im->bwd_data, DNNL_ARG_DIFF_DST, dnnl_query_diff_dst_md));
+    ZPS_TRY(k_cpu_prim_arg(&im->bwd_data, DNNL_ARG_WEIGHTS, dnnl_query_weights_md));
+    ZPS_TRY(k_cpu_prim_arg(&im->bwd_data, DNNL_ARG_DIFF_SRC, dnnl_query_diff_src_md));
+    K_CPU_DNNL(dnnl_inner_product_backward_weights_desc_init(&id, &src, &wei, &bia, &dst));
+    ZPS_TRY(k_cpu_prim_create(&im->bwd_weights, &id, im->fwd.pd));
+    ZPS_TRY(k_cpu_prim_arg(&im->bwd_weights, DNNL_ARG_SRC, dnnl_query_src_md));
+    ZPS_TRY(k_cpu_prim_arg(&im->bwd_weights, DNNL_ARG_DIFF_DST, dnnl_query_diff_dst_md));
+    ZPS_TRY(k_cpu_prim_arg(&im->bwd_weights, DNNL_ARG_DIFF_WEIGHTS, dnnl_query_diff_weights_md));
+    ZPS_TRY(k_cpu_prim_arg_at(&im->bwd_weights, DNNL_ARG_DIFF_BIAS, dnnl_query_diff_weights_md,
+                              1));
+    *out = im;
+    return ZPS_OK;
+}
+
+zps_status k_cpu_dense_fwd(k_dense *d, const float *x, const float *w, const float *b,
+                           float *y)
+{
+    s_dense_impl *im;
+    ZPS_TRY(s_dense_get(d, &im));
+    float *zero = NULL;
+    if (!b) {
+        zero = k_cpu_scratch((size_t)d->out);
+        memset(zero, 0, sizeof(float) * (size_t)d->out);
+        b = zero;
+    }
+    const void *ptrs[4] = {x, w, b, y};
+    return k_cpu_prim_run(&im->fwd, ptrs, 4);
+}
+
+zps_status k_cpu_dense_bwd(k_dense *d, const float *x, const float *w, const float *dy,
+                           float *dx, float *dw, float *db)
+{
+    s_dense_impl *im;
+    ZPS_TRY(s_dense_get(d, &im));
+    if (dx) {
+        const void *ptrs[3] = {dy, w, dx};
+        ZPS_TRY(k_cpu_prim_run(&im->bwd_data, ptrs, 3));
+    }
+    if (dw || db) {
+        size_t nw = (size_t)d->out * d->in;
+        float *sw = k_cpu_scratch(nw + (size_t)d->out);
+        const void *ptrs[4] = {x, dy, sw, sw + nw};
+        ZPS_TRY(k_cpu_prim_run(&im->bwd_weights, ptrs, 4));
+        if (dw)
+            k_cpu_acc(nw, sw, dw);
+        if (db)
+            k_cpu_acc((size_t)d->out, sw + nw, db);
+    }
+    return ZPS_OK;
+}
+
+
+void k_cpu_dense_release(k_cpu_head *impl)
+{
+    s_dense_impl *im = (s_dense_impl *)impl;
+    k_cpu_prim_free(&im->fwd);
+    k_cpu_prim_free(&im->bwd_data);
+    k_cpu_prim_free(&im->bwd_weights);
+}
