@@ -46,6 +46,55 @@ typedef struct k_dense k_dense;
 
 typedef struct k_backend k_backend;
 
+/* The signature of every op entry, one type per entry: the table holds pointers to them, and
+ * a back-end declares its functions with them (k_conv2d_fwd_fn k_ref_conv2d_fwd;), so the
+ * compiler checks every back-end against this one list. */
+/* Convolution, x (n, c, h, w) * w (k, c, r, s) [+ b (k)] -> y (n, k, oh, ow). */
+typedef zps_status k_conv2d_fwd_fn(k_conv2d *d, const float *x, const float *w, const float *b,
+                                   float *y);
+typedef zps_status k_conv2d_bwd_fn(k_conv2d *d, const float *x, const float *w, const float *dy,
+                                   float *dx, float *dw, float *db);
+/* Batchnorm training forward: y, batch mean and biased variance, running stats. */
+typedef zps_status k_bn_fwd_train_fn(k_bn *d, const float *x, const float *gamma,
+                                     const float *beta, float *y, float *mean, float *var,
+                                     float *run_mean, float *run_var);
+typedef zps_status k_bn_fwd_infer_fn(k_bn *d, const float *x, const float *gamma,
+                                     const float *beta, const float *run_mean,
+                                     const float *run_var, float *y);
+typedef zps_status k_bn_bwd_fn(k_bn *d, const float *x, const float *y, const float *dy,
+                               const float *gamma, const float *mean, const float *var,
+                               float *dx, float *dgamma, float *dbeta);
+/* Max or average pooling. */
+typedef zps_status k_pool_fwd_fn(k_pool *d, const float *x, float *y);
+typedef zps_status k_pool_bwd_fn(k_pool *d, const float *x, const float *y, const float *dy,
+                                 float *dx);
+/* Fully connected, y = x w^T + b. */
+typedef zps_status k_dense_fwd_fn(k_dense *d, const float *x, const float *w, const float *b,
+                                  float *y);
+typedef zps_status k_dense_bwd_fn(k_dense *d, const float *x, const float *w, const float *dy,
+                                  float *dx, float *dw, float *db);
+/* Elementwise and layout-free ops (kernels.h documents each). */
+typedef zps_status k_relu_fwd_fn(size_t n, const float *x, float *y);
+typedef zps_status k_relu_bwd_fn(size_t n, const float *y, const float *dy, float *dx);
+typedef zps_status k_concat_fwd_fn(int n, int hw, int nin, const int *c, const float *const *xs,
+                                   float *y);
+typedef zps_status k_concat_bwd_fn(int n, int hw, int nin, const int *c, const float *dy,
+                                   float *const *dxs);
+typedef zps_status k_dropout_fwd_fn(size_t n, float p, uint64_t seed, const float *x, float *y);
+typedef zps_status k_dropout_bwd_fn(size_t n, float p, uint64_t seed, const float *dy,
+                                    float *dx);
+typedef zps_status k_softmax_xent_fn(int n, int classes, const float *logits,
+                                     const int32_t *labels, float smoothing, float grad_scale,
+                                     float *loss, int *correct, float *dlogits);
+typedef zps_status k_smooth_l1_fn(size_t n, const float *x, const float *target, float beta,
+                                  float grad_scale, float *loss, float *dx);
+typedef zps_status k_fill_fn(size_t n, float v, float *y);
+typedef zps_status k_add_fn(size_t n, const float *a, const float *b, float *y);
+typedef zps_status k_scale_fn(size_t n, float alpha, float *x);
+typedef zps_status k_axpy_fn(size_t n, float alpha, const float *x, float *y);
+typedef zps_status k_sum_fn(size_t n, const float *x, double *out);
+typedef zps_status k_sumsq_fn(size_t n, const float *x, double *out);
+
 struct k_backend {
     const char *name;  // "ref", "cpu", "cuda"
     int host_memory;   // 1 when tensors are ordinary host pointers
@@ -56,45 +105,30 @@ struct k_backend {
     void (*release)(void **impl);                       // frees an op's cached state
     int (*prefers_blocked)(int c);  // NULL or 0: plain NCHW only
 
-    zps_status (*conv2d_fwd)(k_conv2d *d, const float *x, const float *w, const float *b,
-                             float *y);
-    zps_status (*conv2d_bwd)(k_conv2d *d, const float *x, const float *w, const float *dy,
-                             float *dx, float *dw, float *db);
-    zps_status (*bn_fwd_train)(k_bn *d, const float *x, const float *gamma,
-                               const float *beta, float *y, float *mean, float *var,
-                               float *run_mean, float *run_var);
-    zps_status (*bn_fwd_infer)(k_bn *d, const float *x, const float *gamma,
-                               const float *beta, const float *run_mean,
-                               const float *run_var, float *y);
-    zps_status (*bn_bwd)(k_bn *d, const float *x, const float *y, const float *dy,
-                         const float *gamma, const float *mean, const float *var, float *dx,
-                         float *dgamma, float *dbeta);
-    zps_status (*pool_fwd)(k_pool *d, const float *x, float *y);
-    zps_status (*pool_bwd)(k_pool *d, const float *x, const float *y, const float *dy,
-                           float *dx);
-    zps_status (*dense_fwd)(k_dense *d, const float *x, const float *w, const float *b,
-                            float *y);
-    zps_status (*dense_bwd)(k_dense *d, const float *x, const float *w, const float *dy,
-                            float *dx, float *dw, float *db);
-    zps_status (*relu_fwd)(size_t n, const float *x, float *y);
-    zps_status (*relu_bwd)(size_t n, const float *y, const float *dy, float *dx);
-    zps_status (*concat_fwd)(int n, int hw, int nin, const int *c, const float *const *xs,
-                             float *y);
-    zps_status (*concat_bwd)(int n, int hw, int nin, const int *c, const float *dy,
-                             float *const *dxs);
-    zps_status (*dropout_fwd)(size_t n, float p, uint64_t seed, const float *x, float *y);
-    zps_status (*dropout_bwd)(size_t n, float p, uint64_t seed, const float *dy, float *dx);
-    zps_status (*softmax_xent)(int n, int classes, const float *logits, const int32_t *labels,
-                               float smoothing, float grad_scale, float *loss, int *correct,
-                               float *dlogits);
-    zps_status (*smooth_l1)(size_t n, const float *x, const float *target, float beta,
-                            float grad_scale, float *loss, float *dx);
-    zps_status (*fill)(size_t n, float v, float *y);
-    zps_status (*add)(size_t n, const float *a, const float *b, float *y);
-    zps_status (*scale)(size_t n, float alpha, float *x);
-    zps_status (*axpy)(size_t n, float alpha, const float *x, float *y);
-    zps_status (*sum)(size_t n, const float *x, double *out);
-    zps_status (*sumsq)(size_t n, const float *x, double *out);
+    /* the ops, one entry per k_* dispatcher of kernels.h */
+    k_conv2d_fwd_fn *conv2d_fwd;
+    k_conv2d_bwd_fn *conv2d_bwd;
+    k_bn_fwd_train_fn *bn_fwd_train;
+    k_bn_fwd_infer_fn *bn_fwd_infer;
+    k_bn_bwd_fn *bn_bwd;
+    k_pool_fwd_fn *pool_fwd;
+    k_pool_bwd_fn *pool_bwd;
+    k_dense_fwd_fn *dense_fwd;
+    k_dense_bwd_fn *dense_bwd;
+    k_relu_fwd_fn *relu_fwd;
+    k_relu_bwd_fn *relu_bwd;
+    k_concat_fwd_fn *concat_fwd;
+    k_concat_bwd_fn *concat_bwd;
+    k_dropout_fwd_fn *dropout_fwd;
+    k_dropout_bwd_fn *dropout_bwd;
+    k_softmax_xent_fn *softmax_xent;
+    k_smooth_l1_fn *smooth_l1;
+    k_fill_fn *fill;
+    k_add_fn *add;
+    k_scale_fn *scale;
+    k_axpy_fn *axpy;
+    k_sum_fn *sum;
+    k_sumsq_fn *sumsq;
 };
 
 #ifdef __cplusplus

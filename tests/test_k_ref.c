@@ -40,8 +40,6 @@ static uint64_t s_seed;
 
 static void s_seed_init(void) { s_seed = zt_k_init(); }
 
-
-
 /* ---- finite differences: loss = sum(y * r) for a fixed random r ---- */
 
 typedef double (*s_loss_fn)(void *ctx);
@@ -73,23 +71,24 @@ static double s_dot(const float *y, const float *r, size_t n)
     return s;
 }
 
-typedef struct s_conv_case {
+/* A layer with weights, convolution (d) or dense (fc), and the buffers of its loss. */
+typedef struct s_layer_case {
     k_conv2d d;
+    k_dense fc;
     float *x, *w, *b, *y, *r;
-} s_conv_case;
+} s_layer_case;
 
 static double s_conv_loss(void *ctx)
 {
-    s_conv_case *c = ctx;
+    s_layer_case *c = ctx;
     cr_assert_eq(k_conv2d_fwd(k_backend_ref(), &c->d, c->x, c->w, c->b, c->y), ZPS_OK);
     return s_dot(c->y, c->r, (size_t)c->d.n * c->d.k * c->d.oh * c->d.ow);
 }
 
-
 Test(k_ref, conv2d_backward_matches_finite_differences, .init = s_seed_init)
 {
     for (int iter = 0; iter < 6; iter++) {
-        s_conv_case c;
+        s_layer_case c;
         zt_k_random_conv(&c.d, 0);
         size_t nx = (size_t)c.d.n * c.d.c * c.d.h * c.d.w, nw = (size_t)c.d.k * c.d.c * c.d.r * c.d.s;
         size_t ny = (size_t)c.d.n * c.d.k * c.d.oh * c.d.ow;
@@ -173,7 +172,6 @@ static double s_pool_loss(void *ctx)
     return s_dot(c->y, c->r, (size_t)c->d.n * c->d.c * c->d.oh * c->d.ow);
 }
 
-
 Test(k_ref, pooling_backward_matches_finite_differences, .init = s_seed_init)
 {
     for (int iter = 0; iter < 8; iter++) {
@@ -198,29 +196,24 @@ Test(k_ref, pooling_backward_matches_finite_differences, .init = s_seed_init)
     }
 }
 
-typedef struct s_dense_case {
-    k_dense d;
-    float *x, *w, *b, *y, *r;
-} s_dense_case;
-
 static double s_dense_loss(void *ctx)
 {
-    s_dense_case *c = ctx;
-    cr_assert_eq(k_dense_fwd(k_backend_ref(), &c->d, c->x, c->w, c->b, c->y), ZPS_OK);
-    return s_dot(c->y, c->r, (size_t)c->d.n * c->d.out);
+    s_layer_case *c = ctx;
+    cr_assert_eq(k_dense_fwd(k_backend_ref(), &c->fc, c->x, c->w, c->b, c->y), ZPS_OK);
+    return s_dot(c->y, c->r, (size_t)c->fc.n * c->fc.out);
 }
 
 Test(k_ref, dense_backward_matches_finite_differences, .init = s_seed_init)
 {
-    s_dense_case c = {.d = {.n = zt_irand(1, 4), .in = zt_irand(1, 9), .out = zt_irand(1, 9)}};
-    size_t nx = (size_t)c.d.n * c.d.in, nw = (size_t)c.d.out * c.d.in, ny = (size_t)c.d.n * c.d.out;
-    c.x = zt_k_randv(nx, -1, 1), c.w = zt_k_randv(nw, -1, 1), c.b = zt_k_randv((size_t)c.d.out, -1, 1);
+    s_layer_case c = {.fc = {.n = zt_irand(1, 4), .in = zt_irand(1, 9), .out = zt_irand(1, 9)}};
+    size_t nx = (size_t)c.fc.n * c.fc.in, nw = (size_t)c.fc.out * c.fc.in, ny = (size_t)c.fc.n * c.fc.out;
+    c.x = zt_k_randv(nx, -1, 1), c.w = zt_k_randv(nw, -1, 1), c.b = zt_k_randv((size_t)c.fc.out, -1, 1);
     c.y = zt_k_zeros(ny), c.r = zt_k_randv(ny, -1, 1);
-    float *dx = zt_k_zeros(nx), *dw = zt_k_zeros(nw), *db = zt_k_zeros((size_t)c.d.out);
-    cr_assert_eq(k_dense_bwd(k_backend_ref(), &c.d, c.x, c.w, c.r, dx, dw, db), ZPS_OK);
+    float *dx = zt_k_zeros(nx), *dw = zt_k_zeros(nw), *db = zt_k_zeros((size_t)c.fc.out);
+    cr_assert_eq(k_dense_bwd(k_backend_ref(), &c.fc, c.x, c.w, c.r, dx, dw, db), ZPS_OK);
     s_fd("dense dx", s_dense_loss, &c, c.x, dx, nx);
     s_fd("dense dw", s_dense_loss, &c, c.w, dw, nw);
-    s_fd("dense db", s_dense_loss, &c, c.b, db, (size_t)c.d.out);
+    s_fd("dense db", s_dense_loss, &c, c.b, db, (size_t)c.fc.out);
     free(c.x), free(c.w), free(c.b), free(c.y), free(c.r), free(dx), free(dw), free(db);
 }
 

@@ -165,9 +165,7 @@ static zps_status s_bn_get(k_bn *d, s_bn_impl **out)
         return ZPS_OK;
     }
     ZPS_TRY(k_cpu_ready());
-    im = zps_xcalloc(1, sizeof *im);
-    im->head.kind = K_CPU_BN;
-    d->impl = im;
+    im = k_cpu_impl_new(&d->impl, K_CPU_BN, sizeof *im);
     dnnl_memory_desc_t data;
     ZPS_TRY(k_cpu_md4(&data, d->n, d->c, d->h, d->w, k_cpu_act_tag(d->blocked)));
     im->acc = zps_xmalloc(sizeof(double) * 4 * (size_t)d->c);
@@ -249,7 +247,6 @@ zps_status k_cpu_bn_bwd(k_bn *d, const float *x, const float *y, const float *dy
         k_cpu_acc((size_t)d->c, sc + d->c, dbeta);
     return ZPS_OK;
 }
-
 
 void k_cpu_bn_release(k_cpu_head *impl)
 {

@@ -172,9 +172,7 @@ static zps_status s_conv_get(k_conv2d *d, int has_bias, s_conv **out)
 {
     s_conv_impl *im = d->impl;
     if (!im) {
-        im = zps_xcalloc(1, sizeof *im);
-        im->head.kind = K_CPU_CONV;
-        d->impl = im;
+        im = k_cpu_impl_new(&d->impl, K_CPU_CONV, sizeof *im);
         zps_status st = s_conv_create(d, has_bias, &im->conv);
         if (st != ZPS_OK) {
             zps_log(ZPS_ERROR, "kernels", "conv %dx%dx%dx%d k%d %dx%d s%d,%d p%d,%d: no oneDNN "
@@ -269,7 +267,6 @@ zps_status k_cpu_conv2d_bwd(k_conv2d *d, const float *x, const float *w, const f
     }
     return ZPS_OK;
 }
-
 
 void k_cpu_conv_release(k_cpu_head *impl)
 {

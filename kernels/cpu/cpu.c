@@ -178,6 +178,14 @@ zps_status k_cpu_md1(dnnl_memory_desc_t *md, int a)
 
 dnnl_format_tag_t k_cpu_act_tag(int blocked) { return blocked ? dnnl_nChw16c : dnnl_nchw; }
 
+void *k_cpu_impl_new(void **impl, k_cpu_kind kind, size_t size)
+{
+    k_cpu_head *h = zps_xcalloc(1, size);
+    h->kind = kind;
+    *impl = h;
+    return h;
+}
+
 static void s_release(void **impl)
 {
     k_cpu_head *h = *impl;
@@ -206,10 +214,7 @@ static int s_prefers_blocked(int c) { return c > 0 && c % 16 == 0; }
 static const k_backend s_cpu = {
     .name = "cpu",
     .host_memory = 1,
-    .alloc = k_ref_alloc,
-    .free = k_ref_free,
-    .copy_in = k_ref_copy,
-    .copy_out = k_ref_copy,
+    K_REF_HOST_MEMORY_ENTRIES, /* plain aligned host memory, as ref's */
     .release = s_release,
     .prefers_blocked = s_prefers_blocked,
     .conv2d_fwd = k_cpu_conv2d_fwd,
@@ -221,22 +226,9 @@ static const k_backend s_cpu = {
     .pool_bwd = k_cpu_pool_bwd,
     .dense_fwd = k_cpu_dense_fwd,
     .dense_bwd = k_cpu_dense_bwd,
-    /* ref's loops, on the same host memory: memory-bound streams or tiny, and indifferent to
-     * the blocked layout (elementwise over n*c*h*w floats; concat moves per-image chunks) */
-    .relu_fwd = k_ref_relu_fwd,
-    .relu_bwd = k_ref_relu_bwd,
-    .concat_fwd = k_ref_concat_fwd,
-    .concat_bwd = k_ref_concat_bwd,
-    .dropout_fwd = k_ref_dropout_fwd,
-    .dropout_bwd = k_ref_dropout_bwd,
-    .softmax_xent = k_ref_softmax_xent,
-    .smooth_l1 = k_ref_smooth_l1,
-    .fill = k_ref_fill,
-    .add = k_ref_add,
-    .scale = k_ref_scale,
-    .axpy = k_ref_axpy,
-    .sum = k_ref_sum,
-    .sumsq = k_ref_sumsq,
+    /* ref's loops for relu, concat, dropout, losses, elementwise ops and reductions, on the
+     * same host memory: memory-bound streams or tiny, and indifferent to the blocked layout */
+    K_REF_LAYOUT_FREE_ENTRIES,
 };
 
 const k_backend *k_backend_cpu(void) { return &s_cpu; }

@@ -36,6 +36,10 @@ typedef struct k_cpu_head {
     k_cpu_kind kind;
 } k_cpu_head;
 
+/* A new zeroed op state of `size` bytes starting with a k_cpu_head of `kind`, stored in the
+ * descriptor's impl slot (which must be empty) and returned. */
+void *k_cpu_impl_new(void **impl, k_cpu_kind kind, size_t size);
+
 /* The process's engine (valid after k_cpu_ready). */
 dnnl_engine_t k_cpu_engine(void);
 /* The engine, once, and this thread's stream; ZPS_ERR_DNNL when oneDNN refuses. */
@@ -85,31 +89,27 @@ dnnl_format_tag_t k_cpu_act_tag(int blocked);
 
 /* ---- the ops (table entries) and the release of their state ---- */
 
-zps_status k_cpu_conv2d_fwd(k_conv2d *d, const float *x, const float *w, const float *b,
-                            float *y);
-zps_status k_cpu_conv2d_bwd(k_conv2d *d, const float *x, const float *w, const float *dy,
-                            float *dx, float *dw, float *db);
+/* conv.c: weights reordered per forward, weight gradient added back through a reorder. */
+k_conv2d_fwd_fn k_cpu_conv2d_fwd;
+k_conv2d_bwd_fn k_cpu_conv2d_bwd;
 void k_cpu_conv_release(k_cpu_head *impl);
 
-zps_status k_cpu_bn_fwd_train(k_bn *d, const float *x, const float *gamma, const float *beta,
-                              float *y, float *mean, float *var, float *run_mean,
-                              float *run_var);
-zps_status k_cpu_bn_fwd_infer(k_bn *d, const float *x, const float *gamma, const float *beta,
-                              const float *run_mean, const float *run_var, float *y);
-zps_status k_cpu_bn_bwd(k_bn *d, const float *x, const float *y, const float *dy,
-                        const float *gamma, const float *mean, const float *var, float *dx,
-                        float *dgamma, float *dbeta);
+/* bn.c: statistics summed in double by zps, then oneDNN's forward with them as inputs. */
+k_bn_fwd_train_fn k_cpu_bn_fwd_train;
+/* Inference: running statistics; its primitive is created on first use. */
+k_bn_fwd_infer_fn k_cpu_bn_fwd_infer;
+/* Without dx, diff_src goes to scratch (oneDNN always writes it). */
+k_bn_bwd_fn k_cpu_bn_bwd;
 void k_cpu_bn_release(k_cpu_head *impl);
 
-zps_status k_cpu_pool_fwd(k_pool *d, const float *x, float *y);
-zps_status k_cpu_pool_bwd(k_pool *d, const float *x, const float *y, const float *dy,
-                          float *dx);
+/* pool_dense.c: max pooling keeps its argmax workspace from forward to backward. */
+k_pool_fwd_fn k_cpu_pool_fwd;
+k_pool_bwd_fn k_cpu_pool_bwd;
 void k_cpu_pool_release(k_cpu_head *impl);
 
-zps_status k_cpu_dense_fwd(k_dense *d, const float *x, const float *w, const float *b,
-                           float *y);
-zps_status k_cpu_dense_bwd(k_dense *d, const float *x, const float *w, const float *dy,
-                           float *dx, float *dw, float *db);
+/* pool_dense.c: inner product; a NULL bias is a zero bias. */
+k_dense_fwd_fn k_cpu_dense_fwd;
+k_dense_bwd_fn k_cpu_dense_bwd;
 void k_cpu_dense_release(k_cpu_head *impl);
 
 #endif

@@ -29,9 +29,7 @@ static zps_status s_pool_get(k_pool *d, s_pool_impl **out)
         return ZPS_OK;
     }
     ZPS_TRY(k_cpu_ready());
-    im = zps_xcalloc(1, sizeof *im);
-    im->head.kind = K_CPU_POOL;
-    d->impl = im;
+    im = k_cpu_impl_new(&d->impl, K_CPU_POOL, sizeof *im);
     dnnl_memory_desc_t src, dst;
     ZPS_TRY(k_cpu_md4(&src, d->n, d->c, d->h, d->w, k_cpu_act_tag(d->blocked)));
     ZPS_TRY(k_cpu_md4(&dst, d->n, d->c, d->oh, d->ow, k_cpu_act_tag(d->blocked)));
@@ -79,7 +77,6 @@ zps_status k_cpu_pool_bwd(k_pool *d, const float *x, const float *y, const float
     return k_cpu_prim_run(&im->bwd, ptrs, 2);
 }
 
-
 void k_cpu_pool_release(k_cpu_head *impl)
 {
     s_pool_impl *im = (s_pool_impl *)impl;
@@ -106,9 +103,7 @@ static zps_status s_dense_get(k_dense *d, s_dense_impl **out)
         return ZPS_OK;
     }
     ZPS_TRY(k_cpu_ready());
-    im = zps_xcalloc(1, sizeof *im);
-    im->head.kind = K_CPU_DENSE;
-    d->impl = im;
+    im = k_cpu_impl_new(&d->impl, K_CPU_DENSE, sizeof *im);
     dnnl_memory_desc_t src, wei, bia, dst;
     ZPS_TRY(k_cpu_md2(&src, d->n, d->in));
     ZPS_TRY(k_cpu_md2(&wei, d->out, d->in));
@@ -174,7 +169,6 @@ zps_status k_cpu_dense_bwd(k_dense *d, const float *x, const float *w, const flo
     }
     return ZPS_OK;
 }
-
 
 void k_cpu_dense_release(k_cpu_head *impl)
 {

@@ -44,12 +44,7 @@ static cublasHandle_t s_cublas;
 #define S_CUBLAS(expr)                                                                 \
     S_CHECK(cublasStatus_t, CUBLAS_STATUS_SUCCESS, cublasGetStatusString, ZPS_ERR_CUBLAS, expr)
 #define S_LAUNCHED() S_CUDA(cudaGetLastError())
-#define S_TRY(expr)                                                                    \
-    do {                                                                               \
-        zps_status s_st_ = (expr);                                                     \
-        if (s_st_ != ZPS_OK)                                                           \
-            return s_st_;                                                              \
-    } while (0)
+
 
 static const int S_T = 256;
 static unsigned s_blocks(size_t n) { return (unsigned)((n + S_T - 1) / S_T < 65535 ? (n + S_T - 1) / S_T : 65535); }
@@ -172,7 +167,9 @@ static zps_status s_dev_take(double *d, double *out)
 static zps_status s_reduce(size_t n, const float *x, int sq, double *out)
 {
     double *d;
-    S_TRY(s_dev_zero(&d));
+    zps_status st = s_dev_zero(&d);
+    if (st != ZPS_OK)
+        return st;
     g_sum<<<s_blocks(n), S_T>>>(n, x, sq, d);
     return s_dev_take(d, out);
 }
@@ -589,11 +586,13 @@ static zps_status s_smooth_l1(size_t n, const float *x, const float *t, float be
                               float *loss, float *dx)
 {
     double *d, h = 0;
-    S_TRY(s_dev_zero(&d));
+    zps_status st = s_dev_zero(&d);
+    if (st != ZPS_OK)
+        return st;
     g_smooth_l1<<<s_blocks(n), S_T>>>(n, x, t, beta, scale, d, dx);
-    S_TRY(s_dev_take(d, &h));
-    *loss = (float)h;
-    return ZPS_OK;
+    if ((st = s_dev_take(d, &h)) == ZPS_OK)
+        *loss = (float)h;
+    return st;
 }
 
 /* ---- convolution: cuDNN ---- */
@@ -655,7 +654,9 @@ static zps_status s_conv_get(k_conv2d *d, s_conv_impl **out)
 static zps_status s_conv2d_fwd(k_conv2d *d, const float *x, const float *w, const float *b, float *y)
 {
     s_conv_impl *im;
-    S_TRY(s_conv_get(d, &im));
+    zps_status st = s_conv_get(d, &im);
+    if (st != ZPS_OK)
+        return st;
     float one = 1, zero = 0;
     S_CUDNN(cudnnConvolutionForward(s_cudnn, &one, im->x, x, im->w, w, im->conv, im->fa, im->ws,
                                     im->ws_bytes, &zero, im->y, y));
@@ -668,7 +669,9 @@ static zps_status s_conv2d_bwd(k_conv2d *d, const float *x, const float *w, cons
                                float *dx, float *dw, float *db)
 {
     s_conv_impl *im;
-    S_TRY(s_conv_get(d, &im));
+    zps_status st = s_conv_get(d, &im);
+    if (st != ZPS_OK)
+        return st;
     float one = 1, zero = 0;
     if (dx)
         S_CUDNN(cudnnConvolutionBackwardData(s_cudnn, &one, im->w, w, im->y, dy, im->conv, im->da,

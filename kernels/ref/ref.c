@@ -476,14 +476,10 @@ zps_status k_ref_sumsq(size_t n, const float *x, double *out)
     return ZPS_OK;
 }
 
-
 static const k_backend s_ref = {
     .name = "ref",
     .host_memory = 1,
-    .alloc = k_ref_alloc,
-    .free = k_ref_free,
-    .copy_in = k_ref_copy,
-    .copy_out = k_ref_copy,
+    K_REF_HOST_MEMORY_ENTRIES,
     .release = s_release,
     .prefers_blocked = NULL,
     .conv2d_fwd = k_ref_conv2d_fwd,
@@ -495,20 +491,7 @@ static const k_backend s_ref = {
     .pool_bwd = k_ref_pool_bwd,
     .dense_fwd = k_ref_dense_fwd,
     .dense_bwd = k_ref_dense_bwd,
-    .relu_fwd = k_ref_relu_fwd,
-    .relu_bwd = k_ref_relu_bwd,
-    .concat_fwd = k_ref_concat_fwd,
-    .concat_bwd = k_ref_concat_bwd,
-    .dropout_fwd = k_ref_dropout_fwd,
-    .dropout_bwd = k_ref_dropout_bwd,
-    .softmax_xent = k_ref_softmax_xent,
-    .smooth_l1 = k_ref_smooth_l1,
-    .fill = k_ref_fill,
-    .add = k_ref_add,
-    .scale = k_ref_scale,
-    .axpy = k_ref_axpy,
-    .sum = k_ref_sum,
-    .sumsq = k_ref_sumsq,
+    K_REF_LAYOUT_FREE_ENTRIES,
 };
 
 const k_backend *k_backend_ref(void) { return &s_ref; }

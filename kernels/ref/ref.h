@@ -18,43 +18,42 @@ void *k_ref_alloc(size_t bytes);
 void k_ref_free(void *p);
 zps_status k_ref_copy(void *dst, const void *src, size_t bytes);
 
-zps_status k_ref_conv2d_fwd(k_conv2d *d, const float *x, const float *w, const float *b,
-                            float *y);
-zps_status k_ref_conv2d_bwd(k_conv2d *d, const float *x, const float *w, const float *dy,
-                            float *dx, float *dw, float *db);
-zps_status k_ref_bn_fwd_train(k_bn *d, const float *x, const float *gamma, const float *beta,
-                              float *y, float *mean, float *var, float *run_mean,
-                              float *run_var);
-zps_status k_ref_bn_fwd_infer(k_bn *d, const float *x, const float *gamma, const float *beta,
-                              const float *run_mean, const float *run_var, float *y);
-zps_status k_ref_bn_bwd(k_bn *d, const float *x, const float *y, const float *dy,
-                        const float *gamma, const float *mean, const float *var, float *dx,
-                        float *dgamma, float *dbeta);
-zps_status k_ref_pool_fwd(k_pool *d, const float *x, float *y);
-zps_status k_ref_pool_bwd(k_pool *d, const float *x, const float *y, const float *dy,
-                          float *dx);
-zps_status k_ref_dense_fwd(k_dense *d, const float *x, const float *w, const float *b,
-                           float *y);
-zps_status k_ref_dense_bwd(k_dense *d, const float *x, const float *w, const float *dy,
-                           float *dx, float *dw, float *db);
-zps_status k_ref_relu_fwd(size_t n, const float *x, float *y);
-zps_status k_ref_relu_bwd(size_t n, const float *y, const float *dy, float *dx);
-zps_status k_ref_concat_fwd(int n, int hw, int nin, const int *c, const float *const *xs,
-                            float *y);
-zps_status k_ref_concat_bwd(int n, int hw, int nin, const int *c, const float *dy,
-                            float *const *dxs);
-zps_status k_ref_dropout_fwd(size_t n, float p, uint64_t seed, const float *x, float *y);
-zps_status k_ref_dropout_bwd(size_t n, float p, uint64_t seed, const float *dy, float *dx);
-zps_status k_ref_softmax_xent(int n, int classes, const float *logits, const int32_t *labels,
-                              float smoothing, float grad_scale, float *loss, int *correct,
-                              float *dlogits);
-zps_status k_ref_smooth_l1(size_t n, const float *x, const float *target, float beta,
-                           float grad_scale, float *loss, float *dx);
-zps_status k_ref_fill(size_t n, float v, float *y);
-zps_status k_ref_add(size_t n, const float *a, const float *b, float *y);
-zps_status k_ref_scale(size_t n, float alpha, float *x);
-zps_status k_ref_axpy(size_t n, float alpha, const float *x, float *y);
-zps_status k_ref_sum(size_t n, const float *x, double *out);
-zps_status k_ref_sumsq(size_t n, const float *x, double *out);
+/* The ops, with the table entries' signatures (backend.h). */
+k_conv2d_fwd_fn k_ref_conv2d_fwd;
+k_conv2d_bwd_fn k_ref_conv2d_bwd;
+k_bn_fwd_train_fn k_ref_bn_fwd_train;
+k_bn_fwd_infer_fn k_ref_bn_fwd_infer;
+k_bn_bwd_fn k_ref_bn_bwd;
+k_pool_fwd_fn k_ref_pool_fwd;
+k_pool_bwd_fn k_ref_pool_bwd;
+k_dense_fwd_fn k_ref_dense_fwd;
+k_dense_bwd_fn k_ref_dense_bwd;
+k_relu_fwd_fn k_ref_relu_fwd;
+k_relu_bwd_fn k_ref_relu_bwd;
+k_concat_fwd_fn k_ref_concat_fwd;
+k_concat_bwd_fn k_ref_concat_bwd;
+k_dropout_fwd_fn k_ref_dropout_fwd;
+k_dropout_bwd_fn k_ref_dropout_bwd;
+k_softmax_xent_fn k_ref_softmax_xent;
+k_smooth_l1_fn k_ref_smooth_l1;
+k_fill_fn k_ref_fill;
+k_add_fn k_ref_add;
+k_scale_fn k_ref_scale;
+k_axpy_fn k_ref_axpy;
+k_sum_fn k_ref_sum;
+k_sumsq_fn k_ref_sumsq;
+
+/* Table entries (backend.h) for host memory and for the ops that do not care about layout:
+ * elementwise over n*c*h*w floats, concat by per-image chunks, losses and reductions. ref's
+ * table uses them, and so does any host-memory back-end that runs these ops as ref does, so
+ * that its table names ref's functions in one visible place (cpu's does). */
+#define K_REF_HOST_MEMORY_ENTRIES                                                      \
+    .alloc = k_ref_alloc, .free = k_ref_free, .copy_in = k_ref_copy, .copy_out = k_ref_copy
+#define K_REF_LAYOUT_FREE_ENTRIES                                                      \
+    .relu_fwd = k_ref_relu_fwd, .relu_bwd = k_ref_relu_bwd, .concat_fwd = k_ref_concat_fwd,    \
+    .concat_bwd = k_ref_concat_bwd, .dropout_fwd = k_ref_dropout_fwd,                  \
+    .dropout_bwd = k_ref_dropout_bwd, .softmax_xent = k_ref_softmax_xent,              \
+    .smooth_l1 = k_ref_smooth_l1, .fill = k_ref_fill, .add = k_ref_add,                \
+    .scale = k_ref_scale, .axpy = k_ref_axpy, .sum = k_ref_sum, .sumsq = k_ref_sumsq
 
 #endif
