@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "common/check.h"
 #include "common/log.h"
 #include "kernels/device.h"
 
@@ -139,57 +140,60 @@ uint32_t k_hash_u32(uint64_t seed, uint64_t index)
         return (be)->fn(__VA_ARGS__);                                                  \
     } while (0)
 
-/* Blocked layouts exist only where the back-end says so. */
-#define S_BLOCKED_OK(be, flag)                                                         \
-    do {                                                                               \
-        if ((flag) && !(be)->prefers_blocked) {                                        \
-            zps_log(ZPS_ERROR, "kernels", "back-end %s has no blocked layout", (be)->name); \
-            return ZPS_ERR_UNSUPPORTED;                                                \
-        }                                                                              \
-    } while (0)
+/* A blocked tensor of c channels reaches only a back-end whose prefers_blocked(c) holds. */
+static zps_status s_blocked_ok(const k_backend *be, int blocked, int c)
+{
+    if (!blocked || (be->prefers_blocked && be->prefers_blocked(c)))
+        return ZPS_OK;
+    zps_log(ZPS_ERROR, "kernels", "back-end %s has no blocked layout for %d channels", be->name,
+            c);
+    return ZPS_ERR_UNSUPPORTED;
+}
 
 zps_status k_conv2d_fwd(const k_backend *be, k_conv2d *d, const float *x, const float *w,
                         const float *b, float *y)
 {
-    S_BLOCKED_OK(be, d->x_blocked || d->y_blocked);
+    ZPS_TRY(s_blocked_ok(be, d->x_blocked, d->c));
+    ZPS_TRY(s_blocked_ok(be, d->y_blocked, d->k));
     S_CALL(be, conv2d_fwd, d, x, w, b, y);
 }
 zps_status k_conv2d_bwd(const k_backend *be, k_conv2d *d, const float *x, const float *w,
                         const float *dy, float *dx, float *dw, float *db)
 {
-    S_BLOCKED_OK(be, d->x_blocked || d->y_blocked);
+    ZPS_TRY(s_blocked_ok(be, d->x_blocked, d->c));
+    ZPS_TRY(s_blocked_ok(be, d->y_blocked, d->k));
     S_CALL(be, conv2d_bwd, d, x, w, dy, dx, dw, db);
 }
 zps_status k_bn_fwd_train(const k_backend *be, k_bn *d, const float *x, const float *gamma,
                           const float *beta, float *y, float *mean, float *var,
                           float *run_mean, float *run_var)
 {
-    S_BLOCKED_OK(be, d->blocked);
+    ZPS_TRY(s_blocked_ok(be, d->blocked, d->c));
     S_CALL(be, bn_fwd_train, d, x, gamma, beta, y, mean, var, run_mean, run_var);
 }
 zps_status k_bn_fwd_infer(const k_backend *be, k_bn *d, const float *x, const float *gamma,
                           const float *beta, const float *run_mean, const float *run_var,
                           float *y)
 {
-    S_BLOCKED_OK(be, d->blocked);
+    ZPS_TRY(s_blocked_ok(be, d->blocked, d->c));
     S_CALL(be, bn_fwd_infer, d, x, gamma, beta, run_mean, run_var, y);
 }
 zps_status k_bn_bwd(const k_backend *be, k_bn *d, const float *x, const float *y,
                     const float *dy, const float *gamma, const float *mean, const float *var,
                     float *dx, float *dgamma, float *dbeta)
 {
-    S_BLOCKED_OK(be, d->blocked);
+    ZPS_TRY(s_blocked_ok(be, d->blocked, d->c));
     S_CALL(be, bn_bwd, d, x, y, dy, gamma, mean, var, dx, dgamma, dbeta);
 }
 zps_status k_pool_fwd(const k_backend *be, k_pool *d, const float *x, float *y)
 {
-    S_BLOCKED_OK(be, d->blocked);
+    ZPS_TRY(s_blocked_ok(be, d->blocked, d->c));
     S_CALL(be, pool_fwd, d, x, y);
 }
 zps_status k_pool_bwd(const k_backend *be, k_pool *d, const float *x, const float *y,
                       const float *dy, float *dx)
 {
-    S_BLOCKED_OK(be, d->blocked);
+    ZPS_TRY(s_blocked_ok(be, d->blocked, d->c));
     S_CALL(be, pool_bwd, d, x, y, dy, dx);
 }
 zps_status k_gap_fwd(const k_backend *be, k_pool *d, const float *x, float *y)

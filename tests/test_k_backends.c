@@ -540,7 +540,8 @@ static void s_random_blocked_conv(k_conv2d *d, int xb, int yb)
     d->x_blocked = xb, d->y_blocked = yb;
 }
 
-/* The blocked (nChw16c) layouts of the cpu back-end give ref's results after conversion. */
+/* The blocked (nChw16c) layouts of the cpu back-end give ref's results after conversion; the
+ * dispatcher refuses blocked tensors where the back-end has no such layout. */
 Test(k_cpu, blocked_layouts_match_ref, .init = s_init_cpu, .timeout = 60)
 {
     const k_backend *cpu = k_backend_cpu(), *ref = k_backend_ref();
@@ -577,7 +578,15 @@ Test(k_cpu, blocked_layouts_match_ref, .init = s_init_cpu, .timeout = 60)
     k_conv2d d;
     k_conv2d_init(&d, 1, 16, 4, 4, 16, 1, 1, 1, 1, 0, 0);
     d.x_blocked = 1;
-    float buf[256] = {0};
+    float buf[512] = {0};
     zps_log_set_level(ZPS_LOG_OFF);
     cr_assert_eq(k_conv2d_fwd(ref, &d, buf, buf, NULL, buf), ZPS_ERR_UNSUPPORTED);
+    /* nor has cpu for a channel count that is not a multiple of 16 */
+    k_conv2d_init(&d, 1, 16, 4, 4, 24, 1, 1, 1, 1, 0, 0);
+    d.y_blocked = 1;
+    cr_assert_eq(k_conv2d_fwd(cpu, &d, buf, buf, NULL, buf), ZPS_ERR_UNSUPPORTED);
+    k_bn b = {.n = 1, .c = 24, .h = 2, .w = 2, .eps = 1e-3f, .blocked = 1};
+    cr_assert_eq(k_bn_fwd_infer(cpu, &b, buf, buf, buf, buf, buf, buf), ZPS_ERR_UNSUPPORTED);
+    cr_assert_null(d.impl);
+    cr_assert_null(b.impl);
 }
