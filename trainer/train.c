@@ -134,9 +134,10 @@ static zps_status s_servers(s_job *j)
     return ZPS_OK;
 }
 
-/* The trainer's loop, the PS client and the all-reduce read parameters and gradients as host
- * memory, so a back-end whose tensors live on a device is not usable here yet: --device
- * auto then trains on the CPU (and says so); --device cuda is an error. */
+/* The loop, the sync back-ends and the PS client read parameters and gradients as host
+ * memory, and nothing moves device tensors to and from them yet (DESIGN.md "Device
+ * tensors"), so the trainer always computes on the CPU. When a GPU answers, --device auto
+ * says so in a warning and goes on; --device cuda is an error. */
 static zps_status s_backend(s_job *j)
 {
     k_device_info info;
@@ -145,13 +146,9 @@ static zps_status s_backend(s_job *j)
     if (info.kind != K_DEVICE_CUDA)
         return ZPS_OK;
     char why[256] = "";
-    const k_backend *cuda = k_backend_cuda(why, sizeof why);
-    if (cuda && cuda->host_memory) {
-        j->be = cuda;
-        return ZPS_OK;
-    }
-    const char *reason = cuda ? "the trainer does not yet move device tensors to the servers"
-                              : why;
+    const char *reason = k_backend_cuda(why, sizeof why)
+                             ? "the trainer does not yet move device tensors to the servers"
+                             : why;
     if (strcmp(j->cfg->device, "cuda") == 0) {
         zps_log(ZPS_ERROR, "trainer", "--device cuda: %s", reason);
         return ZPS_ERR_UNSUPPORTED;
