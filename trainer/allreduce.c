@@ -503,74 +503,69 @@ static zps_status s_init_header(s_header *h, const tr_allreduce *ar)
     return ZPS_OK;
 }
 
-/* Under the file lock: maps the segment, (re)initialises it when new or stale, and registers
- * this rank. On success ar->hdr is mapped. */
-static zps_status s_attach_locked(tr_allreduce *ar, int fd)
+/* Live ranks recorded in a mapped header (0 when it is not an initialised one); *used gets the
+ * ranks ever registered. */
+static int s_live_ranks(s_header *h, int *used)
 {
-    struct stat st;
-    ZPS_CHECK_FILE(fstat(fd, &st), ar->name);
-    int fresh = st.st_size == 0;
-    if (!fresh && (size_t)st.st_size != ar->bytes) {
-        /* another geometry: only an error when someone is still using it */
-        void *m = mmap(NULL, sizeof(s_header), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-        if (m == MAP_FAILED) {
-            zps_log(ZPS_ERROR, "allreduce", "%s: mmap: %s", ar->name, strerror(errno));
-            return ZPS_ERR_SYS;
+    int live = 0;
+    *used = 0;
+    if (atomic_load(&h->magic) != S_MAGIC)
+        return 0;
+    for (int i = 0; i < S_MAX_RANKS; i++)
+        if (atomic_load(&h->ranks[i].pid)) {
+            (*used)++;
+            live += s_peer_alive(h, i);
         }
-        s_header *h = m;
-        int live = 0;
-        if ((size_t)st.st_size >= sizeof(s_header) && atomic_load(&h->magic) == S_MAGIC)
-            for (int i = 0; i < S_MAX_RANKS; i++)
-                if (atomic_load(&h->ranks[i].pid) && s_peer_alive(h, i))
-                    live++;
-        munmap(m, sizeof(s_header));
-        if (live) {
-            zps_log(ZPS_ERROR, "allreduce",
-                    "%s exists with another geometry (%lld bytes, we need %zu) and %d live "
-                    "rank(s): two jobs with one name?",
-                    ar->name, (long long)st.st_size, ar->bytes, live);
-            return ZPS_ERR_CONFIG;
-        }
-        ZPS_CHECK_FILE(ftruncate(fd, 0), ar->name);
-        fresh = 1;
-    }
-    if (fresh)
-        ZPS_CHECK_FILE(ftruncate(fd, (off_t)ar->bytes), ar->name);
-    void *m = mmap(NULL, ar->bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    return live;
+}
+
+/* The segment exists with another size: an error while someone still uses it, else it is
+ * emptied (it is then fresh). */
+static zps_status s_resize_stale(tr_allreduce *ar, int fd, off_t size)
+{
+    void *m = mmap(NULL, sizeof(s_header), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (m == MAP_FAILED) {
-        zps_log(ZPS_ERROR, "allreduce", "%s: mmap of %zu bytes: %s", ar->name, ar->bytes,
-                strerror(errno));
+        zps_log(ZPS_ERROR, "allreduce", "%s: mmap: %s", ar->name, strerror(errno));
         return ZPS_ERR_SYS;
     }
-    s_header *h = m;
-    ar->hdr = h;
-    if (!fresh) {
-        int live = 0, used = 0;
-        if (atomic_load(&h->magic) == S_MAGIC)
-            for (int i = 0; i < S_MAX_RANKS; i++)
-                if (atomic_load(&h->ranks[i].pid)) {
-                    used++;
-                    live += s_peer_alive(h, i);
-                }
-        if (atomic_load(&h->magic) == S_MAGIC && live &&
-            (h->n_ranks != (uint32_t)ar->n_ranks || h->ring != (uint32_t)ar->ring ||
-             h->slice_floats != ar->slice)) {
-            zps_log(ZPS_ERROR, "allreduce",
-                    "%s is in use with n_ranks %u, slice %llu, ring %u; we want %d, %zu, %d",
-                    ar->name, h->n_ranks, (unsigned long long)h->slice_floats, h->ring,
-                    ar->n_ranks, ar->slice, ar->ring);
-            return ZPS_ERR_CONFIG;
-        }
-        if (atomic_load(&h->magic) != S_MAGIC || !live) {
-            if (used)
-                zps_log(ZPS_WARN, "allreduce", "%s: stale segment (its %d rank(s) are gone); "
-                        "reinitialising", ar->name, used);
-            fresh = 1;
-        }
+    int used, live = (size_t)size >= sizeof(s_header) ? s_live_ranks(m, &used) : 0;
+    munmap(m, sizeof(s_header));
+    if (live) {
+        zps_log(ZPS_ERROR, "allreduce",
+                "%s exists with another geometry (%lld bytes, we need %zu) and %d live "
+                "rank(s): two jobs with one name?",
+                ar->name, (long long)size, ar->bytes, live);
+        return ZPS_ERR_CONFIG;
     }
-    if (fresh) {
-        ZPS_TRY(s_init_header(h, ar));
+    ZPS_CHECK_FILE(ftruncate(fd, 0), ar->name);
+    return ZPS_OK;
+}
+
+/* An existing segment of our size: joined when its live ranks have our geometry, refused
+ * when they have another, and *fresh (reinitialise) when no rank of it is alive. */
+static zps_status s_check_existing(tr_allreduce *ar, s_header *h, int *fresh)
+{
+    int used, live = s_live_ranks(h, &used);
+    if (live && (h->n_ranks != (uint32_t)ar->n_ranks || h->ring != (uint32_t)ar->ring ||
+                 h->slice_floats != ar->slice)) {
+        zps_log(ZPS_ERROR, "allreduce",
+                "%s is in use with n_ranks %u, slice %llu, ring %u; we want %d, %zu, %d",
+                ar->name, h->n_ranks, (unsigned long long)h->slice_floats, h->ring,
+                ar->n_ranks, ar->slice, ar->ring);
+        return ZPS_ERR_CONFIG;
     }
+    if (!live) {
+        if (used)
+            zps_log(ZPS_WARN, "allreduce", "%s: stale segment (its %d rank(s) are gone); "
+                    "reinitialising", ar->name, used);
+        *fresh = 1;
+    }
+    return ZPS_OK;
+}
+
+/* Claims this rank's control block: its alive mutex held for life, counters at zero. */
+static zps_status s_register_rank(tr_allreduce *ar, s_header *h)
+{
     s_rank_ctl *me = &h->ranks[ar->rank];
     if (atomic_load(&me->pid) && !atomic_load(&me->gone) && s_peer_alive(h, ar->rank)) {
         zps_log(ZPS_ERROR, "allreduce", "%s: rank %d is already attached by live pid %d",
@@ -597,6 +592,33 @@ static zps_status s_attach_locked(tr_allreduce *ar, int fd)
     atomic_store(&me->pid, (int32_t)getpid());
     s_publish(h, &h->attached.v, atomic_fetch_add(&h->attached.v, 1) + 1);
     return ZPS_OK;
+}
+
+/* Under the file lock: maps the segment, (re)initialises it when new or stale, and registers
+ * this rank. On success ar->hdr is mapped. */
+static zps_status s_attach_locked(tr_allreduce *ar, int fd)
+{
+    struct stat st;
+    ZPS_CHECK_FILE(fstat(fd, &st), ar->name);
+    int fresh = st.st_size == 0;
+    if (!fresh && (size_t)st.st_size != ar->bytes) {
+        ZPS_TRY(s_resize_stale(ar, fd, st.st_size));
+        fresh = 1;
+    }
+    if (fresh)
+        ZPS_CHECK_FILE(ftruncate(fd, (off_t)ar->bytes), ar->name);
+    void *m = mmap(NULL, ar->bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    if (m == MAP_FAILED) {
+        zps_log(ZPS_ERROR, "allreduce", "%s: mmap of %zu bytes: %s", ar->name, ar->bytes,
+                strerror(errno));
+        return ZPS_ERR_SYS;
+    }
+    ar->hdr = m;
+    if (!fresh)
+        ZPS_TRY(s_check_existing(ar, ar->hdr, &fresh));
+    if (fresh)
+        ZPS_TRY(s_init_header(ar->hdr, ar));
+    return s_register_rank(ar, ar->hdr);
 }
 
 /* Waits until every rank registered; a registered peer that dies ends the wait at once. */
