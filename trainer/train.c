@@ -89,6 +89,8 @@ static void s_job_free(s_job *j)
 
 /* ---- set-up ---- */
 
+/* The PS servers' URIs (--cluster or --servers) and, from a cluster file, the number of
+ * trainers. */
 static zps_status s_servers(s_job *j)
 {
     const tr_config *c = j->cfg;
@@ -135,9 +137,9 @@ static zps_status s_servers(s_job *j)
 }
 
 /* The loop, the sync back-ends and the PS client read parameters and gradients as host
- * memory, and nothing moves device tensors to and from them yet (DESIGN.md "Device
- * tensors"), so the trainer always computes on the CPU. When a GPU answers, --device auto
- * says so in a warning and goes on; --device cuda is an error. */
+ * memory, and nothing moves device tensors to and from them yet, so the trainer always
+ * computes on the CPU (docs/training.md, --device). When a GPU answers, --device auto says
+ * so in a warning and goes on; --device cuda is an error. */
 static zps_status s_backend(s_job *j)
 {
     k_device_info info;
@@ -175,6 +177,8 @@ static void s_pipe_opts(const s_job *j, ds_pipeline_opts *o, const char *split)
     o->seed = c->seed;
 }
 
+/* The model (seeded weights) and this trainer's training data; the accumulator when
+ * --accumulate > 1. */
 static zps_status s_model_and_data(s_job *j)
 {
     const tr_config *c = j->cfg;
@@ -190,7 +194,6 @@ static zps_status s_model_and_data(s_job *j)
     mo.aux = c->aux;
     if (c->dropout >= 0)
         mo.dropout = c->dropout;
-    // TODO mo.batchnorm = c->batchnorm;
     mo.seed = c->seed;
     j->in_c = mo.in_channels;
     j->in_h = j->in_w = mo.in_size;
@@ -292,7 +295,8 @@ static zps_status s_evaluate(s_job *j, double *acc, double *loss)
     return ZPS_OK;
 }
 
-/* Trainer 0 evaluates; in sync mode with --stop-accuracy every trainer does, because they
+/* Trainer 0 evaluates (every trainer with --eval-all); in sync mode with --stop-accuracy
+ * every trainer does, because they
  * all hold the same values each step and so reach the same decision at the same step. */
 static int s_is_evaluator(const s_job *j)
 {
