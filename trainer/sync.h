@@ -93,12 +93,6 @@ zps_status tr_sync_local_new(const tr_sync_env *env, tr_sync **out);
 zps_status tr_sync_ps_new(const tr_sync_env *env, tr_sync **out);
 zps_status tr_sync_allreduce_new(const tr_sync_env *env, tr_sync **out);
 
-/* The calls of a back-end that keeps everything in this process (local, all-reduce): nothing
- * to wait for, no gradient leaves before end_step, finish changes nothing. */
-zps_status tr_sync_nothing(tr_sync *s);
-zps_status tr_sync_grads_stay(tr_sync *s, size_t first, size_t n);
-zps_status tr_sync_values_stay(tr_sync *s, int *fresh);
-
 static inline void tr_sync_destroy(tr_sync **ps)
 {
     if (ps && *ps) {
@@ -107,18 +101,24 @@ static inline void tr_sync_destroy(tr_sync **ps)
     }
 }
 
-/* The optimizer applied in the trainer (local and all-reduce modes): ps_optim_apply, the
- * servers' own update, on slots this struct owns. Set up once; a step allocates nothing. */
-typedef struct tr_local_optim {
+/* The local back-end, which the all-reduce back-end embeds (first) and extends: the optimizer
+ * applied in the trainer, ps_optim_apply (the servers' own update), on slots it owns. Set up
+ * once; a step allocates nothing. */
+typedef struct tr_sync_local {
+    tr_sync base;             // first: the tr_sync the loop holds
     const ps_optim_config *opt;
     float *params, *grads;    // (n) borrowed from the env
     size_t n;
     float *slots[2];          // (n) each, as many as the optimizer needs
-} tr_local_optim;
+    int64_t step;             // the step begun last (0-based)
+} tr_sync_local;
 
-void tr_local_optim_init(tr_local_optim *o, const tr_sync_env *env);
-/* Applies step `step` (0-based) of the mean gradient in grads; rec->lr = its learning rate. */
-void tr_local_optim_step(tr_local_optim *o, int64_t step, tr_step_record *rec);
-void tr_local_optim_free(tr_local_optim *o);
+/* Makes *l a local back-end (its calls in l->base); a back-end that extends it then replaces
+ * some of them. */
+void tr_sync_local_init(tr_sync_local *l, const tr_sync_env *env);
+/* Applies step l->step of the mean gradient in grads; rec->lr = its learning rate. */
+void tr_sync_local_apply(tr_sync_local *l, tr_step_record *rec);
+/* Frees what init allocated, not l itself. */
+void tr_sync_local_free(tr_sync_local *l);
 
 #endif

@@ -1,8 +1,8 @@
 /* sync_local.c — --mode local: no peers; the optimizer runs in the trainer (see sync.h).
  *
- * Also home of tr_local_optim, the trainer-side optimizer the all-reduce back-end shares:
  * ps_optim_apply is the servers' own update code, so a local run and a PS run apply the same
- * arithmetic to the same mean gradient (the equivalence tests depend on it).
+ * arithmetic to the same mean gradient (the equivalence tests depend on it). The all-reduce
+ * back-end is this one plus a sum over the node's trainers before the update.
  */
 #include "trainer/sync.h"
 
@@ -11,52 +11,22 @@
 #include "common/mem.h"
 #include "ps/optim.h"
 
-void tr_local_optim_init(tr_local_optim *o, const tr_sync_env *env)
-{
-    *o = (tr_local_optim){.opt = &env->cfg->opt, .params = env->params, .grads = env->grads,
-                          .n = env->nparams};
-    int ns = ps_optim_slots(o->opt->kind);
-    for (int s = 0; s < ns; s++) {
-        o->slots[s] = zps_xaligned(64, o->n * sizeof(float));
-        float v = ps_optim_slot_init(o->opt, s);
-        for (size_t i = 0; i < o->n; i++)
-            o->slots[s][i] = v;
-    }
-}
-
-void tr_local_optim_step(tr_local_optim *o, int64_t step, tr_step_record *rec)
-{
-    rec->lr = ps_optim_lr(o->opt, (uint64_t)step);
-    ps_optim_apply(o->opt, (uint64_t)step, o->params, o->slots, o->grads, o->n);
-}
-
-void tr_local_optim_free(tr_local_optim *o)
-{
-    zps_aligned_free(o->slots[0]);
-    zps_aligned_free(o->slots[1]);
-    o->slots[0] = o->slots[1] = NULL;
-}
-
-typedef struct s_local {
-    tr_sync base;             // first: the tr_sync the loop holds
-    tr_local_optim optim;
-    int64_t step;             // the step begun last
-} s_local;
-
 static zps_status s_begin_step(tr_sync *s, int64_t step, int *stop)
 {
     (void)stop;
-    ((s_local *)s)->step = step;
+    ((tr_sync_local *)s)->step = step;
     return ZPS_OK;
 }
 
-zps_status tr_sync_nothing(tr_sync *s)
+/* The values never change outside end_step: nothing to wait for, nothing to say at the end. */
+static zps_status s_nothing(tr_sync *s)
 {
     (void)s;
     return ZPS_OK;
 }
 
-zps_status tr_sync_grads_stay(tr_sync *s, size_t first, size_t n)
+/* No gradient leaves before end_step. */
+static zps_status s_grads_ready(tr_sync *s, size_t first, size_t n)
 {
     (void)s;
     (void)first;
@@ -66,12 +36,11 @@ zps_status tr_sync_grads_stay(tr_sync *s, size_t first, size_t n)
 
 static zps_status s_end_step(tr_sync *s, tr_step_record *rec)
 {
-    s_local *l = (s_local *)s;
-    tr_local_optim_step(&l->optim, l->step, rec);
+    tr_sync_local_apply((tr_sync_local *)s, rec);
     return ZPS_OK;
 }
 
-zps_status tr_sync_values_stay(tr_sync *s, int *fresh)
+static zps_status s_finish(tr_sync *s, int *fresh)
 {
     (void)s;
     *fresh = 0;
@@ -80,19 +49,43 @@ zps_status tr_sync_values_stay(tr_sync *s, int *fresh)
 
 static void s_destroy(tr_sync *s)
 {
-    s_local *l = (s_local *)s;
-    tr_local_optim_free(&l->optim);
-    free(l);
+    tr_sync_local_free((tr_sync_local *)s);
+    free(s);
+}
+
+void tr_sync_local_init(tr_sync_local *l, const tr_sync_env *env)
+{
+    *l = (tr_sync_local){.opt = &env->cfg->opt, .params = env->params, .grads = env->grads,
+                         .n = env->nparams};
+    l->base = (tr_sync){.begin_step = s_begin_step, .params_ready = s_nothing,
+                        .grads_ready = s_grads_ready, .end_step = s_end_step,
+                        .finish = s_finish, .leave = s_nothing, .destroy = s_destroy};
+    int ns = ps_optim_slots(l->opt->kind);
+    for (int s = 0; s < ns; s++) {
+        l->slots[s] = zps_xaligned(64, l->n * sizeof(float));
+        float v = ps_optim_slot_init(l->opt, s);
+        for (size_t i = 0; i < l->n; i++)
+            l->slots[s][i] = v;
+    }
+}
+
+void tr_sync_local_apply(tr_sync_local *l, tr_step_record *rec)
+{
+    rec->lr = ps_optim_lr(l->opt, (uint64_t)l->step);
+    ps_optim_apply(l->opt, (uint64_t)l->step, l->params, l->slots, l->grads, l->n);
+}
+
+void tr_sync_local_free(tr_sync_local *l)
+{
+    zps_aligned_free(l->slots[0]);
+    zps_aligned_free(l->slots[1]);
+    l->slots[0] = l->slots[1] = NULL;
 }
 
 zps_status tr_sync_local_new(const tr_sync_env *env, tr_sync **out)
 {
-    s_local *l = zps_xcalloc(1, sizeof *l);
-    l->base = (tr_sync){.begin_step = s_begin_step, .params_ready = tr_sync_nothing,
-                        .grads_ready = tr_sync_grads_stay, .end_step = s_end_step,
-                        .finish = tr_sync_values_stay, .leave = tr_sync_nothing,
-                        .destroy = s_destroy};
-    tr_local_optim_init(&l->optim, env);
+    tr_sync_local *l = zps_xmalloc(sizeof *l);
+    tr_sync_local_init(l, env);
     *out = &l->base;
     return ZPS_OK;
 }
