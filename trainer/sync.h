@@ -26,12 +26,13 @@
  * and export, leave(), destroy().
  *
  * Invariants:
- *  - Every back-end reads and writes host memory only (env.params, env.grads); nothing here
- *    knows about devices.
+ *  - The back-ends read and write host memory only (env.params, env.grads): the trainer
+ *    computes on the CPU (train.c, s_backend). Device buffers will come with the NCCL
+ *    back-end, behind these same calls.
  *  - Gradient accumulation is the loop's business: with --accumulate K > 1 the loop averages
  *    the K micro-batches into env.grads and then calls grads_ready once per variable, last
- *    first; with K = 1 the model's backward calls it per layer. A back-end sees the same
- *    calls either way.
+ *    first; with K = 1 the model's backward calls it per layer. Either way every variable
+ *    is reported once per step, after its gradient is final and before end_step.
  *  - grads_ready may run inside nn's backward, which cannot return a status: a back-end keeps
  *    its first failure, refuses further work, and returns that failure from every later
  *    grads_ready and from end_step. A failure is logged once, where it happens.
