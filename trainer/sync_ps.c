@@ -15,7 +15,7 @@
  *  - The version of the values in params is the oldest version among the pulls that brought
  *    them; the pushes of a step carry it (sync, async) or the trainer's clock (ssp), as
  *    client.h "Steps" says.
- *  - The first push failure is kept: later pushes of the step are not sent, and
+ *  - The first push failure is kept: no later push is sent, and
  *    grads_ready and end_step return it.
  */
 #include "trainer/sync.h"
