@@ -2,12 +2,14 @@
  * (see allreduce.h for the algorithm and its invariants), and the NCCL wrapper for GPUs.
  *
  * Segment layout (one shm object per job, mapped by every rank):
- *     s_header (geometry, attach counter, per-rank control block with progress counters)
+ *     tr_ar_header (geometry, attach counter, per-rank control block with progress counters;
+ *                  allreduce_int.h)
  *     input ring:  n_ranks x ring slots of slice_floats  (slot (r, k): written only by rank r)
  *     output ring: ring slots of slice_floats            (part p of a slot: written by rank p)
  * Slices are numbered by a 32-bit sequence shared by all ranks (every call is collective, so
  * every rank counts the same); slice g uses slot g % ring. Counters compare with wrap-around
- * arithmetic, so the sequence may overflow.
+ * arithmetic, so the sequence may overflow. Creating, joining and leaving the segment is
+ * allreduce_attach.c's job; this file waits, watches liveness and moves the data.
  *
  * Per slice g, rank r does three phases (s_run interleaves them over slices as they become
  * ready):
@@ -21,6 +23,7 @@
  * reducer of slice g waited for every copy of slice g, and each copy waited for that.
  */
 #include "trainer/allreduce.h"
+#include "trainer/allreduce_int.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -45,82 +48,16 @@
 #include "common/mem.h"
 #include "kernels/device.h"
 
-#define S_MAGIC 0x7a70732d61723031ull // "zps-ar01"
-#define S_MAX_RANKS 64
-#define S_DEFAULT_SLICE 32768
-#define S_DEFAULT_RING 8
-#define S_DEFAULT_TIMEOUT_MS 300000
-#define S_ALIGN_FLOATS 16         // parts start on 64-byte lines (no false sharing)
-#define S_FUTEX_SLICE_NS 20000000 // futex naps between liveness checks: 20 ms
 #define S_SPIN_NS 100000          // busy-wait (with yields) before sleeping in the kernel
 #define S_PURE_SPIN_NS 5000       // pure spin before the first yield
 
-enum { S_COPIED = 0, S_REDUCED = 1, S_GATHERED = 2, S_NCOUNTERS = 3 };
-
-/* One futex word alone on its cache line. */
-typedef struct s_word {
-    _Atomic uint32_t v;
-    char pad[60];
-} s_word;
-
-typedef struct s_rank_ctl {
-    s_word ctr[S_NCOUNTERS];  // progress counters (slices done), written only by this rank
-    pthread_mutex_t alive;    // robust, process-shared; held by the rank while attached
-    _Atomic int32_t pid;      // 0: slot never used
-    _Atomic int32_t gone;     // set by whoever found the holder dead or detached
-} __attribute__((aligned(64))) s_rank_ctl;
-
-typedef struct s_header {
-    _Atomic uint64_t magic; // S_MAGIC once initialised (stored last)
-    uint32_t n_ranks;       // geometry: all must agree
-    uint32_t ring;          // slots in each ring
-    uint64_t slice_floats;  // floats per slot
-    uint64_t bytes;         // whole segment
-    s_word attached;        // ranks that registered (futex word)
-    s_word sleepers;        // waiters inside FUTEX_WAIT; wakers skip the syscall when 0
-    s_word failed;          // 1 + rank that found the job broken (0: fine); all waits end
-    s_rank_ctl ranks[S_MAX_RANKS];
-} s_header;
-
-struct tr_allreduce {
-    char name[96];       // "/zps-ar-<job>"
-    int rank;            // this process
-    int n_ranks;         // ranks in the job
-    int ring;            // slots per ring
-    size_t slice;        // floats per slot
-    size_t max_floats;   // bound on n
-    int timeout_ms;      // per wait
-    int broken;          // a peer failed: every later call fails
-    uint32_t seq;        // next slice number (identical on every rank)
-    s_header *hdr;       // the mapping
-    size_t bytes;        // its length
-    float *in;           // input ring: (n_ranks, ring, slice)
-    float *outr;         // output ring: (ring, slice)
-};
-
 /* ---------------------------------------------------------------- futex and liveness */
-
-static long s_futex(_Atomic uint32_t *addr, int op, uint32_t val, const struct timespec *ts)
-{
-    return syscall(SYS_futex, (uint32_t *)addr, op, val, ts, NULL, 0);
-}
-
-/* Publishes a counter and wakes whoever sleeps on it. The seq_cst store followed by the
- * seq_cst load of sleepers pairs with the waiter's increment-then-recheck: either the waker
- * sees the sleeper or the sleeper sees the new value. */
-static void s_publish(s_header *h, _Atomic uint32_t *word, uint32_t value)
-{
-    atomic_store(word, value);
-    if (atomic_load(&h->sleepers.v) != 0)
-        s_futex(word, FUTEX_WAKE, INT_MAX, NULL);
-}
 
 static int s_after_or_eq(uint32_t a, uint32_t b) { return (int32_t)(a - b) >= 0; }
 
-/* 1 when rank i holds its alive mutex, 0 when it died or detached (then marked gone). */
-static int s_peer_alive(s_header *h, int i)
+int tr_ar_peer_alive(tr_ar_header *h, int i)
 {
-    s_rank_ctl *c = &h->ranks[i];
+    tr_ar_rank_ctl *c = &h->ranks[i];
     if (atomic_load(&c->gone))
         return 0;
     int rc = pthread_mutex_trylock(&c->alive);
@@ -139,13 +76,13 @@ static int s_peer_alive(s_header *h, int i)
 /* Marks this object and the whole job broken, and wakes every sleeper so all ranks stop. */
 static void s_fail(tr_allreduce *ar)
 {
-    s_header *h = ar->hdr;
+    tr_ar_header *h = ar->hdr;
     ar->broken = 1;
     uint32_t zero = 0;
     atomic_compare_exchange_strong(&h->failed.v, &zero, (uint32_t)ar->rank + 1);
     for (int i = 0; i < ar->n_ranks; i++)
-        for (int c = 0; c < S_NCOUNTERS; c++)
-            s_futex(&h->ranks[i].ctr[c].v, FUTEX_WAKE, INT_MAX, NULL);
+        for (int c = 0; c < TR_AR_NCOUNTERS; c++)
+            tr_ar_futex(&h->ranks[i].ctr[c].v, FUTEX_WAKE, INT_MAX, NULL);
 }
 
 /* Waits until *word >= target (wrap-around order); the word belongs to rank `peer`. */
@@ -171,14 +108,14 @@ static zps_status s_wait_word(tr_allreduce *ar, _Atomic uint32_t *word, uint32_t
         if ((k & 63) == 0 && zps_now_ns() > spin_end)
             break;
     }
-    s_header *h = ar->hdr;
+    tr_ar_header *h = ar->hdr;
     uint64_t deadline = t0 + (uint64_t)ar->timeout_ms * 1000000ull;
     for (;;) {
         atomic_fetch_add(&h->sleepers.v, 1);
         v = atomic_load(word);
         if (!s_after_or_eq(v, target)) {
-            struct timespec ts = {0, S_FUTEX_SLICE_NS};
-            s_futex(word, FUTEX_WAIT, v, &ts); // EAGAIN/ETIMEDOUT/EINTR: all recheck
+            struct timespec ts = {0, TR_AR_FUTEX_SLICE_NS};
+            tr_ar_futex(word, FUTEX_WAIT, v, &ts); // EAGAIN/ETIMEDOUT/EINTR: all recheck
             v = atomic_load(word);
         }
         atomic_fetch_sub(&h->sleepers.v, 1);
@@ -194,7 +131,7 @@ static zps_status s_wait_word(tr_allreduce *ar, _Atomic uint32_t *word, uint32_t
         /* every peer, not only the awaited one: with 3+ ranks the awaited one may itself be
          * stuck behind the dead one */
         for (int i = 0; i < ar->n_ranks; i++) {
-            if (i == ar->rank || s_peer_alive(h, i))
+            if (i == ar->rank || tr_ar_peer_alive(h, i))
                 continue;
             if (i == peer && s_after_or_eq(atomic_load(word), target))
                 return ZPS_OK;
@@ -217,7 +154,7 @@ static zps_status s_wait_word(tr_allreduce *ar, _Atomic uint32_t *word, uint32_t
     }
 }
 
-static const char *s_counter_name[S_NCOUNTERS] = {"copy", "reduction", "gather"};
+static const char *s_counter_name[TR_AR_NCOUNTERS] = {"copy", "reduction", "gather"};
 
 /* Waits until counter `which` of every rank is >= target. */
 static zps_status s_wait_all(tr_allreduce *ar, int which, uint32_t target)
@@ -227,7 +164,6 @@ static zps_status s_wait_all(tr_allreduce *ar, int which, uint32_t target)
                             s_counter_name[which]));
     return ZPS_OK;
 }
-
 /* ---------------------------------------------------------------- the data path */
 
 static float *s_in_slot(tr_allreduce *ar, int r, uint32_t g)
@@ -244,7 +180,7 @@ static float *s_out_slot(tr_allreduce *ar, uint32_t g)
 static void s_part(size_t len, int n_ranks, int p, size_t *lo, size_t *hi)
 {
     size_t q = (len + (size_t)n_ranks - 1) / (size_t)n_ranks;
-    q = (q + S_ALIGN_FLOATS - 1) / S_ALIGN_FLOATS * S_ALIGN_FLOATS;
+    q = (q + TR_AR_ALIGN_FLOATS - 1) / TR_AR_ALIGN_FLOATS * TR_AR_ALIGN_FLOATS;
     size_t a = (size_t)p * q, b = a + q;
     *lo = a < len ? a : len;
     *hi = b < len ? b : len;
@@ -311,7 +247,7 @@ static void s_copy_in(tr_allreduce *ar, const float *buf, size_t n, uint32_t bas
     size_t len = s_slice_len(ar, n, t);
     if (len)
         memcpy(s_in_slot(ar, ar->rank, g), buf + (size_t)t * ar->slice, len * sizeof(float));
-    s_publish(ar->hdr, &ar->hdr->ranks[ar->rank].ctr[S_COPIED].v, g + 1);
+    tr_ar_publish(ar->hdr, &ar->hdr->ranks[ar->rank].ctr[TR_AR_COPIED].v, g + 1);
 }
 
 static void s_reduce_part(tr_allreduce *ar, float *buf, size_t n, uint32_t base, uint32_t t,
@@ -321,14 +257,14 @@ static void s_reduce_part(tr_allreduce *ar, float *buf, size_t n, uint32_t base,
     size_t len = s_slice_len(ar, n, t), lo, hi;
     s_part(len, ar->n_ranks, ar->rank, &lo, &hi);
     if (hi > lo) {
-        float *src[S_MAX_RANKS] = {0};
+        float *src[TR_AR_MAX_RANKS] = {0};
         for (int i = 0; i < ar->n_ranks; i++)
             src[i] = s_in_slot(ar, i, g) + lo;
         float *out = s_out_slot(ar, g) + lo;
         s_reduce(out, src, ar->n_ranks, hi - lo, average);
         memcpy(buf + (size_t)t * ar->slice + lo, out, (hi - lo) * sizeof(float));
     }
-    s_publish(ar->hdr, &ar->hdr->ranks[ar->rank].ctr[S_REDUCED].v, g + 1);
+    tr_ar_publish(ar->hdr, &ar->hdr->ranks[ar->rank].ctr[TR_AR_REDUCED].v, g + 1);
 }
 
 static void s_gather(tr_allreduce *ar, float *buf, size_t n, uint32_t base, uint32_t t)
@@ -343,7 +279,7 @@ static void s_gather(tr_allreduce *ar, float *buf, size_t n, uint32_t base, uint
         if (hi > lo)
             memcpy(dst + lo, out + lo, (hi - lo) * sizeof(float));
     }
-    s_publish(ar->hdr, &ar->hdr->ranks[ar->rank].ctr[S_GATHERED].v, g + 1);
+    tr_ar_publish(ar->hdr, &ar->hdr->ranks[ar->rank].ctr[TR_AR_GATHERED].v, g + 1);
 }
 
 /* Runs ns slices (ns >= 1). Each pass does every phase whose inputs are ready — gathers
@@ -357,16 +293,16 @@ static zps_status s_run(tr_allreduce *ar, float *buf, size_t n, uint32_t ns, int
     uint32_t base = ar->seq, nc = 0, nr = 0, ng = 0, ring = (uint32_t)ar->ring;
     while (ng < ns) {
         int progress = 0, lag;
-        while (ng < nr && s_lagging(ar, S_REDUCED, base + ng + 1) < 0) {
+        while (ng < nr && s_lagging(ar, TR_AR_REDUCED, base + ng + 1) < 0) {
             s_gather(ar, buf, n, base, ng++);
             progress = 1;
         }
-        while (nr < nc && s_lagging(ar, S_COPIED, base + nr + 1) < 0) {
+        while (nr < nc && s_lagging(ar, TR_AR_COPIED, base + nr + 1) < 0) {
             s_reduce_part(ar, buf, n, base, nr++, average);
             progress = 1;
         }
         while (nc < ns && nc < ng + ring &&
-               s_lagging(ar, S_GATHERED, base + nc + 1u - ring) < 0) {
+               s_lagging(ar, TR_AR_GATHERED, base + nc + 1u - ring) < 0) {
             s_copy_in(ar, buf, n, base, nc++);
             progress = 1;
         }
@@ -374,17 +310,17 @@ static zps_status s_run(tr_allreduce *ar, float *buf, size_t n, uint32_t ns, int
             continue;
         if (ng < nr) {
             uint32_t tg = base + ng + 1;
-            if ((lag = s_lagging(ar, S_REDUCED, tg)) >= 0)
-                ZPS_TRY(s_wait_word(ar, &ar->hdr->ranks[lag].ctr[S_REDUCED].v, tg, lag,
+            if ((lag = s_lagging(ar, TR_AR_REDUCED, tg)) >= 0)
+                ZPS_TRY(s_wait_word(ar, &ar->hdr->ranks[lag].ctr[TR_AR_REDUCED].v, tg, lag,
                                     "reduction"));
         } else if (nr < nc) {
             uint32_t tg = base + nr + 1;
-            if ((lag = s_lagging(ar, S_COPIED, tg)) >= 0)
-                ZPS_TRY(s_wait_word(ar, &ar->hdr->ranks[lag].ctr[S_COPIED].v, tg, lag, "copy"));
+            if ((lag = s_lagging(ar, TR_AR_COPIED, tg)) >= 0)
+                ZPS_TRY(s_wait_word(ar, &ar->hdr->ranks[lag].ctr[TR_AR_COPIED].v, tg, lag, "copy"));
         } else {
             uint32_t tg = base + nc + 1u - ring;
-            if ((lag = s_lagging(ar, S_GATHERED, tg)) >= 0)
-                ZPS_TRY(s_wait_word(ar, &ar->hdr->ranks[lag].ctr[S_GATHERED].v, tg, lag,
+            if ((lag = s_lagging(ar, TR_AR_GATHERED, tg)) >= 0)
+                ZPS_TRY(s_wait_word(ar, &ar->hdr->ranks[lag].ctr[TR_AR_GATHERED].v, tg, lag,
                                     "gather"));
         }
     }
@@ -432,299 +368,26 @@ zps_status tr_allreduce_broadcast(tr_allreduce *ar, void *buf, size_t bytes, int
     }
     size_t sb = ar->slice * sizeof(float);
     uint32_t ns = (uint32_t)((bytes + sb - 1) / sb);
-    s_header *h = ar->hdr;
-    s_rank_ctl *me = &h->ranks[ar->rank];
+    tr_ar_header *h = ar->hdr;
+    tr_ar_rank_ctl *me = &h->ranks[ar->rank];
     for (uint32_t t = 0; t < ns; t++) {
         uint32_t g = ar->seq + t;
         size_t off = (size_t)t * sb, len = bytes - off < sb ? bytes - off : sb;
         char *slot = (char *)s_in_slot(ar, root, g);
         if (ar->rank == root) {
-            ZPS_TRY(s_wait_all(ar, S_GATHERED, g + 1u - (uint32_t)ar->ring));
+            ZPS_TRY(s_wait_all(ar, TR_AR_GATHERED, g + 1u - (uint32_t)ar->ring));
             memcpy(slot, (char *)buf + off, len);
         } else {
-            ZPS_TRY(s_wait_word(ar, &h->ranks[root].ctr[S_COPIED].v, g + 1, root, "copy"));
+            ZPS_TRY(s_wait_word(ar, &h->ranks[root].ctr[TR_AR_COPIED].v, g + 1, root, "copy"));
             memcpy((char *)buf + off, slot, len);
         }
-        s_publish(h, &me->ctr[S_COPIED].v, g + 1);
-        s_publish(h, &me->ctr[S_REDUCED].v, g + 1);
-        s_publish(h, &me->ctr[S_GATHERED].v, g + 1);
+        tr_ar_publish(h, &me->ctr[TR_AR_COPIED].v, g + 1);
+        tr_ar_publish(h, &me->ctr[TR_AR_REDUCED].v, g + 1);
+        tr_ar_publish(h, &me->ctr[TR_AR_GATHERED].v, g + 1);
     }
     ar->seq += ns;
     return ZPS_OK;
 }
-
-/* ---------------------------------------------------------------- attach and detach */
-
-static int s_valid_job(const char *s)
-{
-    size_t n = strlen(s);
-    if (n == 0 || n > 64)
-        return 0;
-    for (size_t i = 0; i < n; i++) {
-        char c = s[i];
-        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-              c == '_' || c == '.' || c == '-'))
-            return 0;
-    }
-    return 1;
-}
-
-static zps_status s_init_mutex(pthread_mutex_t *m)
-{
-    pthread_mutexattr_t a;
-    int rc = pthread_mutexattr_init(&a);
-    if (!rc)
-        rc = pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
-    if (!rc)
-        rc = pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
-    if (!rc)
-        rc = pthread_mutex_init(m, &a);
-    pthread_mutexattr_destroy(&a);
-    if (rc) {
-        zps_log(ZPS_ERROR, "allreduce", "process-shared robust mutex: %s", strerror(rc));
-        return ZPS_ERR_SYS;
-    }
-    return ZPS_OK;
-}
-
-/* A fresh header on a zero-filled segment. */
-static zps_status s_init_header(s_header *h, const tr_allreduce *ar)
-{
-    memset(h, 0, sizeof *h);
-    h->n_ranks = (uint32_t)ar->n_ranks;
-    h->ring = (uint32_t)ar->ring;
-    h->slice_floats = ar->slice;
-    h->bytes = ar->bytes;
-    for (int i = 0; i < S_MAX_RANKS; i++)
-        ZPS_TRY(s_init_mutex(&h->ranks[i].alive));
-    atomic_store(&h->magic, S_MAGIC);
-    return ZPS_OK;
-}
-
-/* Under the file lock: maps the segment, (re)initialises it when new or stale, and registers
- * this rank. On success ar->hdr is mapped. */
-static zps_status s_attach_locked(tr_allreduce *ar, int fd)
-{
-    struct stat st;
-    ZPS_CHECK_FILE(fstat(fd, &st), ar->name);
-    int fresh = st.st_size == 0;
-    if (!fresh && (size_t)st.st_size != ar->bytes) {
-        /* another geometry: only an error when someone is still using it */
-        void *m = mmap(NULL, sizeof(s_header), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-        if (m == MAP_FAILED) {
-            zps_log(ZPS_ERROR, "allreduce", "%s: mmap: %s", ar->name, strerror(errno));
-            return ZPS_ERR_SYS;
-        }
-        s_header *h = m;
-        int live = 0;
-        if ((size_t)st.st_size >= sizeof(s_header) && atomic_load(&h->magic) == S_MAGIC)
-            for (int i = 0; i < S_MAX_RANKS; i++)
-                if (atomic_load(&h->ranks[i].pid) && s_peer_alive(h, i))
-                    live++;
-        munmap(m, sizeof(s_header));
-        if (live) {
-            zps_log(ZPS_ERROR, "allreduce",
-                    "%s exists with another geometry (%lld bytes, we need %zu) and %d live "
-                    "rank(s): two jobs with one name?",
-                    ar->name, (long long)st.st_size, ar->bytes, live);
-            return ZPS_ERR_CONFIG;
-        }
-        ZPS_CHECK_FILE(ftruncate(fd, 0), ar->name);
-        fresh = 1;
-    }
-    if (fresh)
-        ZPS_CHECK_FILE(ftruncate(fd, (off_t)ar->bytes), ar->name);
-    void *m = mmap(NULL, ar->bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-    if (m == MAP_FAILED) {
-        zps_log(ZPS_ERROR, "allreduce", "%s: mmap of %zu bytes: %s", ar->name, ar->bytes,
-                strerror(errno));
-        return ZPS_ERR_SYS;
-    }
-    s_header *h = m;
-    ar->hdr = h;
-    if (!fresh) {
-        int live = 0, used = 0;
-        if (atomic_load(&h->magic) == S_MAGIC)
-            for (int i = 0; i < S_MAX_RANKS; i++)
-                if (atomic_load(&h->ranks[i].pid)) {
-                    used++;
-                    live += s_peer_alive(h, i);
-                }
-        if (atomic_load(&h->magic) == S_MAGIC && live &&
-            (h->n_ranks != (uint32_t)ar->n_ranks || h->ring != (uint32_t)ar->ring ||
-             h->slice_floats != ar->slice)) {
-            zps_log(ZPS_ERROR, "allreduce",
-                    "%s is in use with n_ranks %u, slice %llu, ring %u; we want %d, %zu, %d",
-                    ar->name, h->n_ranks, (unsigned long long)h->slice_floats, h->ring,
-                    ar->n_ranks, ar->slice, ar->ring);
-            return ZPS_ERR_CONFIG;
-        }
-        if (atomic_load(&h->magic) != S_MAGIC || !live) {
-            if (used)
-                zps_log(ZPS_WARN, "allreduce", "%s: stale segment (its %d rank(s) are gone); "
-                        "reinitialising", ar->name, used);
-            fresh = 1;
-        }
-    }
-    if (fresh) {
-        ZPS_TRY(s_init_header(h, ar));
-    }
-    s_rank_ctl *me = &h->ranks[ar->rank];
-    if (atomic_load(&me->pid) && !atomic_load(&me->gone) && s_peer_alive(h, ar->rank)) {
-        zps_log(ZPS_ERROR, "allreduce", "%s: rank %d is already attached by live pid %d",
-                ar->name, ar->rank, (int)atomic_load(&me->pid));
-        return ZPS_ERR_EXISTS;
-    }
-    if (atomic_load(&me->pid)) {
-        /* a dead earlier holder of this rank in a live job: the job cannot recover */
-        zps_log(ZPS_ERROR, "allreduce", "%s: rank %d died earlier in this job", ar->name,
-                ar->rank);
-        return ZPS_ERR_EXISTS;
-    }
-    int rc = pthread_mutex_lock(&me->alive);
-    if (rc == EOWNERDEAD)
-        pthread_mutex_consistent(&me->alive);
-    else if (rc) {
-        zps_log(ZPS_ERROR, "allreduce", "lock of rank %d's alive mutex: %s", ar->rank,
-                strerror(rc));
-        return ZPS_ERR_SYS;
-    }
-    atomic_store(&me->gone, 0);
-    for (int c = 0; c < S_NCOUNTERS; c++)
-        atomic_store(&me->ctr[c].v, 0);
-    atomic_store(&me->pid, (int32_t)getpid());
-    s_publish(h, &h->attached.v, atomic_fetch_add(&h->attached.v, 1) + 1);
-    return ZPS_OK;
-}
-
-/* Waits until every rank registered; a registered peer that dies ends the wait at once. */
-static zps_status s_wait_attached(tr_allreduce *ar)
-{
-    s_header *h = ar->hdr;
-    uint64_t deadline = zps_now_ns() + (uint64_t)ar->timeout_ms * 1000000ull;
-    for (;;) {
-        atomic_fetch_add(&h->sleepers.v, 1);
-        uint32_t v = atomic_load(&h->attached.v);
-        if (v < (uint32_t)ar->n_ranks) {
-            struct timespec ts = {0, S_FUTEX_SLICE_NS};
-            s_futex(&h->attached.v, FUTEX_WAIT, v, &ts);
-            v = atomic_load(&h->attached.v);
-        }
-        atomic_fetch_sub(&h->sleepers.v, 1);
-        if (v >= (uint32_t)ar->n_ranks)
-            return ZPS_OK;
-        for (int i = 0; i < ar->n_ranks; i++)
-            if (i != ar->rank && atomic_load(&h->ranks[i].pid) && !s_peer_alive(h, i)) {
-                zps_log(ZPS_ERROR, "allreduce", "%s: rank %d (pid %d) died before all %d ranks "
-                        "attached", ar->name, i, (int)atomic_load(&h->ranks[i].pid),
-                        ar->n_ranks);
-                return ZPS_ERR_TIMEOUT;
-            }
-        if (zps_now_ns() > deadline) {
-            zps_log(ZPS_ERROR, "allreduce", "%s: only %u of %d ranks attached within %d ms",
-                    ar->name, v, ar->n_ranks, ar->timeout_ms);
-            return ZPS_ERR_TIMEOUT;
-        }
-    }
-}
-
-zps_status tr_allreduce_new(const char *job_name, int rank, int n_ranks, size_t max_floats,
-                            const tr_allreduce_opts *opts, tr_allreduce **out)
-{
-    *out = NULL;
-    if (!job_name || !s_valid_job(job_name) || n_ranks < 1 || n_ranks > S_MAX_RANKS ||
-        rank < 0 || rank >= n_ranks || max_floats == 0 || max_floats > ((size_t)1 << 40)) {
-        zps_log(ZPS_ERROR, "allreduce", "bad arguments: job '%s', rank %d of %d, max %zu",
-                job_name ? job_name : "(null)", rank, n_ranks, max_floats);
-        return ZPS_ERR_INVALID;
-    }
-    tr_allreduce_opts o = {0};
-    if (opts)
-        o = *opts;
-    tr_allreduce *ar = zps_xcalloc(1, sizeof *ar);
-    snprintf(ar->name, sizeof ar->name, "/zps-ar-%s", job_name);
-    ar->rank = rank;
-    ar->n_ranks = n_ranks;
-    ar->max_floats = max_floats;
-    /* a power of two, so slot = g % ring stays continuous when the 32-bit g wraps */
-    int ring = o.ring > 0 ? (o.ring < 3 ? 3 : o.ring) : S_DEFAULT_RING;
-    for (ar->ring = 4; ar->ring < ring && ar->ring < 1024; ar->ring *= 2)
-        ;
-    size_t slice = o.slice_floats ? o.slice_floats : S_DEFAULT_SLICE;
-    size_t need = (max_floats + S_ALIGN_FLOATS - 1) / S_ALIGN_FLOATS * S_ALIGN_FLOATS;
-    if (slice > need)
-        slice = need;
-    slice = (slice + S_ALIGN_FLOATS - 1) / S_ALIGN_FLOATS * S_ALIGN_FLOATS;
-    ar->slice = slice;
-    ar->timeout_ms = o.timeout_ms > 0 ? o.timeout_ms : S_DEFAULT_TIMEOUT_MS;
-    size_t hdr_bytes = (sizeof(s_header) + 4095) / 4096 * 4096;
-    ar->bytes = hdr_bytes + (size_t)(n_ranks + 1) * (size_t)ar->ring * slice * sizeof(float);
-
-    zps_status st = ZPS_OK;
-    int fd = shm_open(ar->name, O_RDWR | O_CREAT, 0600);
-    if (fd < 0) {
-        zps_log(ZPS_ERROR, "allreduce", "shm_open %s: %s", ar->name, strerror(errno));
-        free(ar);
-        return ZPS_ERR_SYS;
-    }
-    if (flock(fd, LOCK_EX) != 0) {
-        zps_log(ZPS_ERROR, "allreduce", "flock %s: %s", ar->name, strerror(errno));
-        st = ZPS_ERR_SYS;
-    } else {
-        st = s_attach_locked(ar, fd);
-        flock(fd, LOCK_UN);
-    }
-    close(fd);
-    if (st == ZPS_OK) {
-        char *base = (char *)ar->hdr;
-        ar->in = (float *)(base + hdr_bytes);
-        ar->outr = ar->in + (size_t)n_ranks * (size_t)ar->ring * slice;
-        st = s_wait_attached(ar);
-    }
-    if (st != ZPS_OK) {
-        tr_allreduce_destroy(&ar);
-        return st;
-    }
-    /* everyone has the segment open: drop the name so a crash cannot leave it behind */
-    if (shm_unlink(ar->name) != 0 && errno != ENOENT)
-        zps_log(ZPS_WARN, "allreduce", "shm_unlink %s: %s", ar->name, strerror(errno));
-    zps_log(ZPS_DEBUG, "allreduce", "rank %d of %d attached to %s (%zu bytes, slice %zu, ring %d)",
-            rank, n_ranks, ar->name, ar->bytes, ar->slice, ar->ring);
-    *out = ar;
-    return ZPS_OK;
-}
-
-void tr_allreduce_set_timeout(tr_allreduce *ar, int timeout_ms)
-{
-    if (timeout_ms > 0)
-        ar->timeout_ms = timeout_ms;
-}
-
-int tr_allreduce_rank(const tr_allreduce *ar) { return ar->rank; }
-int tr_allreduce_size(const tr_allreduce *ar) { return ar->n_ranks; }
-size_t tr_allreduce_segment_bytes(const tr_allreduce *ar) { return ar->bytes; }
-
-void tr_allreduce_destroy(tr_allreduce **par)
-{
-    if (!par || !*par)
-        return;
-    tr_allreduce *ar = *par;
-    if (ar->hdr) {
-        s_rank_ctl *me = &ar->hdr->ranks[ar->rank];
-        if (atomic_load(&me->pid) == (int32_t)getpid()) {
-            pthread_mutex_unlock(&me->alive); // peers now see this rank as gone
-            /* wake anyone sleeping on our counters so they notice at once */
-            for (int c = 0; c < S_NCOUNTERS; c++)
-                s_futex(&me->ctr[c].v, FUTEX_WAKE, INT_MAX, NULL);
-        }
-        munmap(ar->hdr, ar->bytes);
-        if (shm_unlink(ar->name) != 0 && errno != ENOENT)
-            zps_log(ZPS_WARN, "allreduce", "shm_unlink %s: %s", ar->name, strerror(errno));
-    }
-    free(ar);
-    *par = NULL;
-}
-
 /* ---------------------------------------------------------------- NCCL (GPU) */
 
 struct tr_nccl {

@@ -53,7 +53,7 @@ typedef struct tr_allreduce_opts {
 
 /* Attaches rank `rank` of `n_ranks` (1..64) to the job's segment, creating it when first,
  * and waits until all ranks have attached (bounded by the timeout). job_name:
- * [A-Za-z0-9_.-]{1,64}. max_floats bounds n in later calls (and shrinks the ring for small
+ * [A-Za-z0-9_.-]{1,64}. max_floats bounds n in later calls (and shrinks the slices for small
  * jobs). opts may be NULL. On success *out is the caller's (tr_allreduce_destroy).
  * Errors: ZPS_ERR_INVALID (arguments), ZPS_ERR_CONFIG (the segment exists with another
  * geometry and live holders), ZPS_ERR_EXISTS (this rank is already attached by a live

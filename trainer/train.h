@@ -1,12 +1,14 @@
 /* train.h — the training loop of zps-trainer.
  *
  * One function runs a whole job for one trainer: it builds the model, opens the data, joins
- * the job's synchronisation back-end and steps until the configured work is done:
+ * the job's synchronisation back-end (trainer/sync.h, one file per mode) and steps until the
+ * configured work is done:
  *
  *   local      forward, backward, optimizer here (ps/optim.h, the servers' own code)
  *   sync/async/ssp  forward; backward pushes each layer's gradients to the servers as soon
- *              as they exist (last layers first); then pulls of the fresh values are issued
- *              in forward order and the next forward waits for each layer's values just
+ *              as they exist (last layers first; with --accumulate > 1, once the
+ *              micro-batches are averaged); then pulls of the fresh values are issued in
+ *              forward order and the next forward waits for each layer's values just
  *              before it needs them, so computation and communication overlap
  *   allreduce  forward, backward, gradient mean over the node's trainers (shared memory),
  *              optimizer here; every trainer holds the same model bit for bit

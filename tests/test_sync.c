@@ -1,0 +1,172 @@
+/* test_sync.c — the trainer's in-process sync back-ends (trainer/sync.h), suite tr_sync.
+ *
+ * local: end_step is exactly the servers' optimizer (ps_optim_apply) on the mean gradient, at
+ * the step begun last, with its learning rate in the record. all-reduce: with one rank it is
+ * local training bit for bit, plus the byte counts; with two ranks (threads) rank 0's wish to
+ * stop is everyone's. The PS back-end runs against real servers in it_train.
+ */
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "ps/optim.h"
+#include "tests/testutil.h"
+#include "trainer/sync.h"
+
+#define S_N 1000
+
+typedef struct s_fixture {
+    tr_config cfg;
+    float params[S_N], grads[S_N];
+    tr_sync_env env;
+} s_fixture;
+
+/* Random values and gradients (never zeros); momentum with Nesterov, weight decay and a
+ * learning rate that halves every step. */
+static void s_fixture_init(s_fixture *f, int id, int n_trainers)
+{
+    memset(f, 0, sizeof *f);
+    tr_config_default(&f->cfg);
+    ps_optim_default(&f->cfg.opt);
+    f->cfg.opt.kind = PS_OPT_MOMENTUM;
+    f->cfg.opt.lr = 0.1;
+    f->cfg.opt.momentum = 0.9;
+    f->cfg.opt.nesterov = 1;
+    f->cfg.opt.weight_decay = 1e-3;
+    f->cfg.opt.sched = PS_SCHED_EXPONENTIAL; /* so that the step number matters */
+    f->cfg.opt.decay_rate = 0.5;
+    f->cfg.opt.decay_steps = 1;
+    snprintf(f->cfg.job, sizeof f->cfg.job, "sync%d-%u", (int)getpid(), zt_rand());
+    for (int i = 0; i < S_N; i++) {
+        f->params[i] = zt_unif(-1, 1);
+        f->grads[i] = zt_unif(0.1f, 1);
+    }
+    f->env = (tr_sync_env){.cfg = &f->cfg, .id = id, .n_trainers = n_trainers,
+                           .nparams = S_N, .params = f->params, .grads = f->grads};
+}
+
+/* What two steps (3 and 4) of the optimizer make of f's values, done directly. */
+static void s_expected(const s_fixture *f, float *want)
+{
+    float slot[S_N], g[S_N];
+    float *slots[2] = {slot, NULL};
+    memcpy(want, f->params, sizeof f->params);
+    memcpy(g, f->grads, sizeof g);
+    for (int i = 0; i < S_N; i++)
+        slot[i] = ps_optim_slot_init(&f->cfg.opt, 0);
+    ps_optim_apply(&f->cfg.opt, 3, want, slots, g, S_N);
+    ps_optim_apply(&f->cfg.opt, 4, want, slots, g, S_N);
+}
+
+/* Runs steps 3 and 4 through s; checks the calls every in-process back-end shares. */
+static void s_two_steps(tr_sync *s, tr_step_record *rec)
+{
+    for (int64_t step = 3; step <= 4; step++) {
+        int stop = 0;
+        cr_assert_eq(s->begin_step(s, step, &stop), ZPS_OK);
+        cr_assert_eq(stop, 0);
+        cr_assert_eq(s->params_ready(s), ZPS_OK);
+        cr_assert_eq(s->grads_ready(s, 0, 1), ZPS_OK);
+        *rec = tr_step_record_empty(step + 1);
+        cr_assert_eq(s->end_step(s, rec), ZPS_OK);
+    }
+    int fresh = -1;
+    cr_assert_eq(s->finish(s, &fresh), ZPS_OK);
+    cr_assert_eq(fresh, 0, "in-process values cannot change after the last step");
+    cr_assert_eq(s->leave(s), ZPS_OK);
+}
+
+TestSuite(tr_sync, .timeout = 30);
+
+Test(tr_sync, local_step_is_the_servers_optimizer)
+{
+    zt_seed_init();
+    static s_fixture f;
+    s_fixture_init(&f, 0, 1);
+    static float want[S_N];
+    s_expected(&f, want);
+    tr_sync *s = NULL;
+    cr_assert_eq(tr_sync_local_new(&f.env, &s), ZPS_OK);
+    int stop = 1;
+    cr_assert_eq(s->begin_step(s, 3, &stop), ZPS_OK);
+    cr_assert_eq(stop, 1, "local: this trainer's wish is the decision");
+    tr_step_record rec;
+    s_two_steps(s, &rec);
+    cr_assert_eq(memcmp(f.params, want, sizeof want), 0, "not ps_optim_apply's values");
+    cr_assert_float_eq(rec.lr, ps_optim_lr(&f.cfg.opt, 4), 0);
+    cr_assert_eq(rec.bytes_pushed, 0);
+    cr_assert_eq(rec.net_wait_s, 0);
+    tr_sync_destroy(&s);
+    cr_assert_null(s);
+    tr_sync_destroy(&s);
+}
+
+Test(tr_sync, allreduce_of_one_rank_is_local_training)
+{
+    zt_seed_init();
+    zps_log_set_level(ZPS_LOG_WARN);
+    static s_fixture f;
+    s_fixture_init(&f, 0, 1);
+    static float want[S_N];
+    s_expected(&f, want);
+    tr_sync *s = NULL;
+    cr_assert_eq(tr_sync_allreduce_new(&f.env, &s), ZPS_OK);
+    tr_step_record rec;
+    s_two_steps(s, &rec);
+    cr_assert_eq(memcmp(f.params, want, sizeof want), 0, "the mean of one rank changed bits");
+    cr_assert_eq(rec.bytes_pushed, S_N * sizeof(float));
+    cr_assert_eq(rec.bytes_pulled, S_N * sizeof(float));
+    cr_assert_float_eq(rec.lr, ps_optim_lr(&f.cfg.opt, 4), 0);
+    tr_sync_destroy(&s);
+}
+
+typedef struct s_rank {
+    s_fixture f;
+    const char *job;
+    int wish[2];     // this rank's wish to stop at steps 0 and 1
+    int got[2];      // the decisions
+    zps_status st;
+} s_rank;
+
+static void *s_rank_thread(void *p)
+{
+    s_rank *r = p;
+    snprintf(r->f.cfg.job, sizeof r->f.cfg.job, "%s", r->job);
+    tr_sync *s = NULL;
+    r->st = tr_sync_allreduce_new(&r->f.env, &s);
+    for (int step = 0; step < 2 && r->st == ZPS_OK; step++) {
+        r->got[step] = r->wish[step];
+        r->st = s->begin_step(s, step, &r->got[step]);
+    }
+    tr_sync_destroy(&s);
+    return NULL;
+}
+
+Test(tr_sync, allreduce_stops_when_rank_0_says_so)
+{
+    zt_seed_init();
+    zps_log_set_level(ZPS_LOG_WARN);
+    static s_rank r[2];
+    char job[64];
+    snprintf(job, sizeof job, "stop%d-%u", (int)getpid(), zt_rand());
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++) {
+        s_fixture_init(&r[i].f, i, 2);
+        r[i].job = job;
+    }
+    r[0].wish[0] = 0, r[1].wish[0] = 1; // rank 1 alone cannot stop the job
+    r[0].wish[1] = 1, r[1].wish[1] = 0; // rank 0 stops everyone
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(pthread_create(&th[i], NULL, s_rank_thread, &r[i]), 0);
+    for (int i = 0; i < 2; i++)
+        pthread_join(th[i], NULL);
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(r[i].st, ZPS_OK, "rank %d: %s", i, zps_strerror(r[i].st));
+        cr_assert_eq(r[i].got[0], 0, "rank %d stopped on rank 1's wish", i);
+        cr_assert_eq(r[i].got[1], 1, "rank %d went on after rank 0 stopped", i);
+    }
+}

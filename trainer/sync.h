@@ -1,0 +1,125 @@
+/* sync.h — the trainer's gradient synchronisation back-ends (private to trainer/).
+ *
+ * The training loop (train.c) runs the same step in every mode and leaves what differs to a
+ * tr_sync: where the mean gradient goes and where the next values come from. One file per
+ * back-end:
+ *
+ *   sync_local.c      --mode local: the optimizer runs here (ps/optim.c, the servers' code)
+ *   sync_ps.c         --mode sync|async|ssp: pushes each layer's gradients from the backward
+ *                     hook, pulls the new values in forward order, and the next forward
+ *                     waits for each layer's values just before it reads them
+ *   sync_allreduce.c  --mode allreduce: shared-memory mean over the node's trainers
+ *                     (trainer/allreduce.h), then the local optimizer; rank 0 decides when
+ *                     every rank stops
+ *   (next: sync_nccl.c, the all-reduce of device gradients, behind the same calls)
+ *
+ * A step, as train.c calls it:
+ *
+ *   begin_step(step, &stop)      every step, before anything else; may overrule *stop
+ *   forward (first micro-batch)
+ *   params_ready()               the values this step computes with are in params
+ *   backward -> grads_ready(first, n) for each layer, last layer first
+ *   end_step(&rec)               the step's mean gradient is complete: apply or send it
+ *   [params_ready(), evaluate]
+ *
+ * and at the end of the job: finish() (the final values into params), the final evaluation
+ * and export, leave(), destroy().
+ *
+ * Invariants:
+ *  - The back-ends read and write host memory only (env.params, env.grads): the trainer
+ *    computes on the CPU (train.c, s_backend). Device buffers will come with the NCCL
+ *    back-end, behind these same calls.
+ *  - Gradient accumulation is the loop's business: with --accumulate K > 1 the loop averages
+ *    the K micro-batches into env.grads and then calls grads_ready once per variable, last
+ *    first; with K = 1 the model's backward calls it per layer. Either way every variable
+ *    is reported once per step, after its gradient is final and before end_step.
+ *  - grads_ready may run inside nn's backward, which cannot return a status: a back-end keeps
+ *    its first failure, refuses further work, and returns that failure from every later
+ *    grads_ready and from end_step. A failure is logged once, where it happens.
+ *  - The interface allocates nothing per step.
+ */
+#ifndef ZPS_TRAINER_SYNC_H
+#define ZPS_TRAINER_SYNC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+#include "trainer/config.h"
+#include "trainer/metrics.h"
+#include "trainer/nn/nn.h"
+
+/* What a back-end is built from; everything is borrowed and outlives the back-end. */
+typedef struct tr_sync_env {
+    const tr_config *cfg;
+    int id, n_trainers;       // this trainer, and the trainers of the job
+    nn_model *model;          // PS: its forward hook waits for the pulls
+    const nn_var *vars;       // (nvars) the model's variables, in order
+    size_t nvars;
+    size_t nparams;
+    float *params;            // (nparams) the model's values
+    float *grads;             // (nparams) the step's mean gradient (the model's own, or the
+                              // loop's accumulator with --accumulate > 1)
+    const char *const *uris;  // (n_uris) PS servers
+    int n_uris;
+} tr_sync_env;
+
+typedef struct tr_sync tr_sync;
+
+struct tr_sync {
+    /* Starts step `step` (0-based). *stop: in, this trainer wants to stop; out, the job
+     * stops now (all-reduce: rank 0 decides for every rank, which would otherwise wait for
+     * it in the next sum). */
+    zps_status (*begin_step)(tr_sync *s, int64_t step, int *stop);
+    /* The values to compute with are in params (PS: waits for the outstanding pulls). */
+    zps_status (*params_ready)(tr_sync *s);
+    /* The backward hook: the gradients of variables [first, first + n) are final. */
+    zps_status (*grads_ready)(tr_sync *s, size_t first, size_t n);
+    /* The step's gradient is complete. Fills bytes_pushed, bytes_pulled, net_wait_s,
+     * staleness and lr of rec; returns the first failure of the step, grads_ready's too. */
+    zps_status (*end_step)(tr_sync *s, tr_step_record *rec);
+    /* After the last step: the job's final values into params. *fresh = 1 when they may
+     * differ from those the last step ended with (PS: other trainers went on). */
+    zps_status (*finish)(tr_sync *s, int *fresh);
+    /* After the final evaluation and export: this trainer is done (PS: LEAVE, and with
+     * --shutdown-servers the barrier and trainer 0's SHUTDOWN). */
+    zps_status (*leave)(tr_sync *s);
+    /* Frees everything; no network traffic. */
+    void (*destroy)(tr_sync *s);
+    double net_wait;          // seconds blocked on the network or the peers this step
+};
+
+/* The back-ends. Each logs what failed; *out is the caller's (tr_sync_destroy). */
+zps_status tr_sync_local_new(const tr_sync_env *env, tr_sync **out);
+zps_status tr_sync_ps_new(const tr_sync_env *env, tr_sync **out);
+zps_status tr_sync_allreduce_new(const tr_sync_env *env, tr_sync **out);
+
+static inline void tr_sync_destroy(tr_sync **ps)
+{
+    if (ps && *ps) {
+        (*ps)->destroy(*ps);
+        *ps = NULL;
+    }
+}
+
+/* The local back-end, which the all-reduce back-end embeds (first) and extends: the optimizer
+ * applied in the trainer, ps_optim_apply (the servers' own update), on slots it owns. Set up
+ * once; a step allocates nothing. */
+typedef struct tr_sync_local {
+    tr_sync base;             // first: the tr_sync the loop holds
+    const ps_optim_config *opt;
+    float *params, *grads;    // (n) borrowed from the env
+    size_t n;
+    float *slots[2];          // (n) each, as many as the optimizer needs
+    int64_t step;             // the step begun last (0-based)
+} tr_sync_local;
+
+/* Makes *l a local back-end (its calls in l->base); a back-end that extends it then replaces
+ * some of them. */
+void tr_sync_local_init(tr_sync_local *l, const tr_sync_env *env);
+/* Applies step l->step of the mean gradient in grads; rec->lr = its learning rate. */
+void tr_sync_local_apply(tr_sync_local *l, tr_step_record *rec);
+/* Frees what init allocated, not l itself. */
+void tr_sync_local_free(tr_sync_local *l);
+
+#endif

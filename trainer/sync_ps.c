@@ -1,0 +1,391 @@
+/* sync_ps.c — --mode sync|async|ssp: the parameter servers hold the values (see sync.h).
+ *
+ * A step: backward pushes each layer's gradients as soon as they are final (grads_ready,
+ * last layer first); end_step issues the pulls of the new values in forward order, one per
+ * layer group, and waits for the pushes; the next forward waits for each group's pull just
+ * before the layer reads it (nn's forward hook), so the first layers compute while the
+ * last ones still arrive. params_ready waits for whatever pulls are left.
+ *
+ * Invariants:
+ *  - A group is the range of variables one backward hook call reported; the groups are
+ *    learnt in the first step and fixed from then on (with --accumulate > 1 the loop reports
+ *    one variable at a time, so a group is one variable). There are at most nvars of them.
+ *  - A pushed range is read by the client until its ticket is waited for, and end_step waits
+ *    for every push before the next backward overwrites the gradients.
+ *  - The version of the values in params is the oldest version among the pulls that brought
+ *    them; the pushes of a step carry it (sync, async) or the trainer's clock (ssp), as
+ *    client.h "Steps" says.
+ *  - The first push failure is kept: no later push is sent, and
+ *    grads_ready and end_step return it.
+ */
+#include "trainer/sync.h"
+
+#include <assert.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/check.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/mem.h"
+#include "ps/client.h"
+#include "ps/curve.h"
+#include "ps/optim.h"
+#include "ps/plan.h"
+
+/* A contiguous range of variables whose gradients become final together (one layer). */
+typedef struct s_group {
+    int first, n;
+} s_group;
+
+typedef struct s_ps {
+    tr_sync base;             // first: the tr_sync the loop holds
+    const tr_config *cfg;
+    nn_model *model;
+    float *params, *grads;    // (nparams) borrowed from the env
+    size_t nvars, nparams;
+    ps_plan *plan;
+    ps_client *client;
+    ps_ticket *push_t;        // (nvars) tickets of this step's pushes
+    int n_push;
+    zps_status push_err;      // first push failure (then nothing more is pushed)
+    s_group *groups;          // (nvars) groups in hook order (last layer first)
+    int n_groups;
+    int groups_known;         // the first step recorded the groups
+    ps_ticket *pull_t;        // (nvars) pull ticket of each group, forward order
+    int *var_pull;            // (nvars) forward-order pull index of each variable's group
+    uint8_t *pull_done;       // (nvars) that pull was waited for
+    int pulls_pending;
+    uint64_t pull_vmin;       // oldest version among the pulls waited for
+    zps_status pull_err;      // first failure among them
+    uint64_t version;         // model version of the values in params
+    uint64_t used_version;    // the version this step computes with
+    int64_t step;             // the step begun last (0-based)
+    int64_t push_step;        // step / clock attached to this step's pushes
+} s_ps;
+
+/* Waits for a ticket, adding the time to the step's network wait. */
+static zps_status s_wait(s_ps *p, ps_ticket t, uint64_t *version)
+{
+    uint64_t t0 = zps_now_ns();
+    zps_status st = ps_client_wait_version(p->client, t, version);
+    p->base.net_wait += (double)(zps_now_ns() - t0) * 1e-9;
+    return st;
+}
+
+/* ---- pulls ---- */
+
+/* Issues the pulls of every group in forward order (first layers first). */
+static zps_status s_issue_pulls(s_ps *p, int64_t step)
+{
+    for (int g = p->n_groups - 1, k = 0; g >= 0; g--, k++) {
+        ZPS_TRY(ps_client_pull(p->client, p->groups[g].first, p->groups[g].n, p->params, step,
+                               &p->pull_t[k]));
+        p->pull_done[k] = 0;
+    }
+    p->pulls_pending = 1;
+    p->pull_vmin = UINT64_MAX;
+    p->pull_err = ZPS_OK;
+    return ZPS_OK;
+}
+
+/* Waits for pull k (forward order) unless that was done already. */
+static void s_wait_pull(s_ps *p, int k)
+{
+    if (p->pull_done[k])
+        return;
+    p->pull_done[k] = 1;
+    uint64_t v = 0;
+    zps_status st = s_wait(p, p->pull_t[k], &v);
+    if (st != ZPS_OK && p->pull_err == ZPS_OK)
+        p->pull_err = st;
+    if (st == ZPS_OK && v < p->pull_vmin)
+        p->pull_vmin = v;
+}
+
+/* Forward hook: a layer is about to read [first, first + n); wait for its values. A failure
+ * is kept in pull_err and returned by the params_ready right after the forward. */
+static void s_pull_hook(void *ctx, size_t first, size_t n)
+{
+    s_ps *p = ctx;
+    if (p->pulls_pending)
+        for (size_t v = first; v < first + n; v++)
+            s_wait_pull(p, p->var_pull[v]);
+}
+
+/* Waits for whatever pulls the forward did not; the step computes with the oldest version
+ * received, and its pushes are tagged accordingly (client.h, "Steps"). */
+static zps_status s_params_ready(tr_sync *s)
+{
+    s_ps *p = (s_ps *)s;
+    if (p->pulls_pending) {
+        for (int k = 0; k < p->n_groups; k++)
+            s_wait_pull(p, k);
+        p->pulls_pending = 0;
+        if (p->pull_err != ZPS_OK) {
+            zps_log(ZPS_ERROR, "trainer", "PULL failed: %s: %s", zps_strerror(p->pull_err),
+                    ps_client_last_error(p->client));
+            return p->pull_err;
+        }
+        p->version = p->pull_vmin;
+    }
+    p->used_version = p->version;
+    p->push_step = p->cfg->mode == TR_MODE_SSP ? p->step : (int64_t)p->version;
+    return ZPS_OK;
+}
+
+/* The groups are known (end of the first step): map each variable to its group's pull. */
+static void s_groups_known(s_ps *p)
+{
+    for (int g = 0; g < p->n_groups; g++) {
+        int k = p->n_groups - 1 - g;
+        for (int v = p->groups[g].first; v < p->groups[g].first + p->groups[g].n; v++)
+            p->var_pull[v] = k;
+    }
+    p->groups_known = 1;
+    nn_model_set_forward_hook(p->model, s_pull_hook, p);
+}
+
+/* ---- pushes ---- */
+
+static zps_status s_begin_step(tr_sync *s, int64_t step, int *stop)
+{
+    (void)stop;
+    s_ps *p = (s_ps *)s;
+    p->step = step;
+    /* this step's values arrive during the first forward; until then, the last known */
+    p->used_version = p->version;
+    s->net_wait = 0;
+    return ZPS_OK;
+}
+
+/* The gradients of [first, first + n) are final: push them now. */
+static zps_status s_grads_ready(tr_sync *s, size_t first, size_t n)
+{
+    s_ps *p = (s_ps *)s;
+    if (!p->groups_known) {
+        assert(p->n_groups < (int)p->nvars);
+        p->groups[p->n_groups++] = (s_group){(int)first, (int)n};
+    }
+    if (p->push_err != ZPS_OK)
+        return p->push_err;
+    assert(p->n_push < (int)p->nvars);
+    zps_status st = ps_client_push(p->client, (int)first, (int)n, p->grads, p->push_step,
+                                   &p->push_t[p->n_push]);
+    if (st != ZPS_OK) {
+        p->push_err = st;
+        zps_log(ZPS_ERROR, "trainer", "PUSH failed: %s: %s", zps_strerror(st),
+                ps_client_last_error(p->client));
+        return st;
+    }
+    p->n_push++;
+    return ZPS_OK;
+}
+
+/* Waits for this step's pushes. A stale push (sync: the step was aggregated without us,
+ * e.g. we are a backup worker) is not an error: *stale is set and the next pull catches up. */
+static zps_status s_wait_pushes(s_ps *p, int *stale, uint64_t *newest)
+{
+    *stale = 0;
+    *newest = 0;
+    zps_status first_err = ZPS_OK;
+    for (int k = 0; k < p->n_push; k++) {
+        uint64_t v = 0;
+        zps_status st = s_wait(p, p->push_t[k], &v);
+        if (st == ZPS_ERR_STALE) {
+            *stale = 1;
+            st = ZPS_OK;
+        }
+        if (st != ZPS_OK && first_err == ZPS_OK)
+            first_err = st;
+        if (v > *newest)
+            *newest = v;
+    }
+    p->n_push = 0;
+    if (first_err != ZPS_OK)
+        zps_log(ZPS_ERROR, "trainer", "PUSH failed: %s: %s", zps_strerror(first_err),
+                ps_client_last_error(p->client));
+    return first_err;
+}
+
+static zps_status s_end_step(tr_sync *s, tr_step_record *rec)
+{
+    s_ps *p = (s_ps *)s;
+    const tr_config *c = p->cfg;
+    if (p->push_err != ZPS_OK)
+        return p->push_err;
+    if (!p->groups_known)
+        s_groups_known(p);
+    /* The values for the next step: sync waits (server side) for version + 1. */
+    int64_t pull_step = c->mode == TR_MODE_SYNC  ? (int64_t)p->used_version + 1
+                        : c->mode == TR_MODE_SSP ? p->step + 1
+                                                 : -1;
+    ZPS_TRY(s_issue_pulls(p, pull_step));
+    int stale;
+    uint64_t newest;
+    ZPS_TRY(s_wait_pushes(p, &stale, &newest));
+    if (stale)
+        zps_log(ZPS_DEBUG, "trainer", "step %lld: push was stale (server at %llu)",
+                (long long)p->step + 1, (unsigned long long)newest);
+    if (c->mode != TR_MODE_SYNC && newest > p->used_version)
+        rec->staleness = (double)(newest - 1 - p->used_version);
+    else
+        rec->staleness = 0;
+    rec->bytes_pushed = rec->bytes_pulled = p->nparams * sizeof(float);
+    rec->lr = ps_optim_lr(&c->opt, p->used_version);
+    rec->net_wait_s = s->net_wait;
+    return ZPS_OK;
+}
+
+/* ---- the end of the job ---- */
+
+/* The final values: whatever the servers hold now. */
+static zps_status s_finish(tr_sync *s, int *fresh)
+{
+    s_ps *p = (s_ps *)s;
+    *fresh = 1;
+    ZPS_TRY(s_params_ready(s));
+    ps_ticket t;
+    ZPS_TRY(ps_client_pull(p->client, 0, (int)p->nvars, p->params, -1, &t));
+    return s_wait(p, t, &p->version);
+}
+
+/* LEAVE: peers (sync, ssp) and barriers stop waiting for this trainer at once. */
+static zps_status s_leave(tr_sync *s)
+{
+    s_ps *p = (s_ps *)s;
+    ZPS_TRY(ps_client_leave(p->client));
+    if (p->cfg->shutdown_servers) {
+        ZPS_TRY(ps_client_barrier(p->client));
+        if (p->cfg->trainer_id == 0)
+            ZPS_TRY(ps_client_shutdown(p->client));
+    }
+    return ZPS_OK;
+}
+
+static void s_destroy(tr_sync *s)
+{
+    s_ps *p = (s_ps *)s;
+    if (p->client)
+        ps_client_destroy(&p->client);
+    ps_plan_destroy(&p->plan);
+    free(p->push_t);
+    free(p->pull_t);
+    free(p->groups);
+    free(p->var_pull);
+    free(p->pull_done);
+    free(p);
+}
+
+/* ---- joining the servers ---- */
+
+/* The client, with CURVE keys when configured. */
+static zps_status s_connect(s_ps *p, const tr_sync_env *env)
+{
+    const tr_config *c = p->cfg;
+    ps_client_opts co;
+    ps_client_opts_default(&co);
+    co.timeout_ms = c->timeout_ms;
+    co.heartbeat_thread = 1; /* a long step must not look like a dead trainer */
+    co.push_dtype = c->push_dtype;
+    if (c->curve_key[0]) {
+        char why[1200];
+        zps_status st = ps_curve_load_public(c->curve_server_key, co.curve_server_key, why,
+                                             sizeof why);
+        if (st == ZPS_OK)
+            st = ps_curve_load_keypair(c->curve_key, co.curve_public_key, co.curve_secret_key,
+                                       why, sizeof why);
+        if (st != ZPS_OK) {
+            zps_log(ZPS_ERROR, "trainer", "%s", why);
+            return st;
+        }
+        zps_log(ZPS_INFO, "trainer", "CURVE on: trainer key %.8s..., server key %.8s...",
+                co.curve_public_key, co.curve_server_key);
+    }
+    zps_status st = ps_client_new(env->uris, env->n_uris, (uint32_t)env->id, &co, &p->client);
+    explicit_bzero(co.curve_secret_key, sizeof co.curve_secret_key);
+    return st;
+}
+
+/* REGISTER, INIT (first writer wins), and the first pull of every value. */
+static zps_status s_join(s_ps *p, const tr_sync_env *env)
+{
+    const tr_config *c = p->cfg;
+    ps_job want = {0}, got = {0};
+    want.mode = c->mode == TR_MODE_SYNC ? PS_MODE_SYNC
+                : c->mode == TR_MODE_ASYNC ? PS_MODE_ASYNC
+                                           : PS_MODE_SSP;
+    want.num_trainers = (uint32_t)env->n_trainers;
+    want.replicas_to_aggregate = c->replicas_to_aggregate;
+    want.staleness = c->staleness;
+    zps_status st = ps_client_register(p->client, p->plan, &want, &got);
+    if (st != ZPS_OK) {
+        zps_log(ZPS_ERROR, "trainer", "REGISTER with the servers failed: %s: %s",
+                zps_strerror(st), ps_client_last_error(p->client));
+        return st;
+    }
+    if (got.mode != want.mode)
+        zps_log(ZPS_WARN, "trainer", "servers run mode %d, not the requested %s", got.mode,
+                tr_mode_name(c->mode));
+    /* First writer wins: every trainer offers the same seeded (or loaded) values. */
+    int first = 0;
+    st = ps_client_init(p->client, p->params, &c->opt, &first);
+    if (st != ZPS_OK) {
+        zps_log(ZPS_ERROR, "trainer", "INIT failed: %s: %s", zps_strerror(st),
+                ps_client_last_error(p->client));
+        return st;
+    }
+    zps_log(ZPS_INFO, "trainer", "%s %d servers (%u chunks, plan %016llx), mode %s, %s gradients",
+            first ? "initialised" : "joined", env->n_uris, p->plan->n_chunks,
+            (unsigned long long)p->plan->hash, tr_mode_name(c->mode), ps_dtype_name(c->push_dtype));
+    /* Start from the servers' values (another trainer may have initialised them, or a
+     * restored server may be far ahead). */
+    ps_ticket t;
+    ZPS_TRY(ps_client_pull(p->client, 0, (int)p->nvars, p->params, -1, &t));
+    st = ps_client_wait_version(p->client, t, &p->version);
+    if (st != ZPS_OK)
+        zps_log(ZPS_ERROR, "trainer", "first PULL failed: %s: %s", zps_strerror(st),
+                ps_client_last_error(p->client));
+    return st;
+}
+
+static zps_status s_setup(s_ps *p, const tr_sync_env *env)
+{
+    ps_var *pv = zps_xcalloc(env->nvars, sizeof *pv);
+    for (size_t i = 0; i < env->nvars; i++) {
+        pv[i].name = env->vars[i].name;
+        pv[i].count = env->vars[i].count;
+    }
+    zps_status st = ps_plan_new(pv, (int)env->nvars, env->n_uris, p->cfg->chunk_bytes, &p->plan);
+    free(pv);
+    ZPS_TRY(st);
+    ZPS_TRY(s_connect(p, env));
+    return s_join(p, env);
+}
+
+zps_status tr_sync_ps_new(const tr_sync_env *env, tr_sync **out)
+{
+    *out = NULL;
+    s_ps *p = zps_xcalloc(1, sizeof *p);
+    p->base = (tr_sync){.begin_step = s_begin_step, .params_ready = s_params_ready,
+                        .grads_ready = s_grads_ready, .end_step = s_end_step,
+                        .finish = s_finish, .leave = s_leave, .destroy = s_destroy};
+    p->cfg = env->cfg;
+    p->model = env->model;
+    p->params = env->params;
+    p->grads = env->grads;
+    p->nvars = env->nvars;
+    p->nparams = env->nparams;
+    p->push_t = zps_xcalloc(env->nvars, sizeof *p->push_t);
+    p->pull_t = zps_xcalloc(env->nvars, sizeof *p->pull_t);
+    p->groups = zps_xcalloc(env->nvars, sizeof *p->groups);
+    p->pull_done = zps_xcalloc(env->nvars, sizeof *p->pull_done);
+    p->var_pull = zps_xcalloc(env->nvars, sizeof *p->var_pull);
+    zps_status st = s_setup(p, env);
+    if (st != ZPS_OK) {
+        s_destroy(&p->base);
+        return st;
+    }
+    *out = &p->base;
+    return ZPS_OK;
+}
