@@ -12,6 +12,8 @@
 #include <stddef.h>
 #include <stdio.h>
 
+#include "common/opts.h"
+
 typedef int (*bench_fn)(int argc, char **argv);
 
 void bench_register(const char *name, bench_fn fn, const char *help);
@@ -24,6 +26,10 @@ void bench_register(const char *name, bench_fn fn, const char *help);
     }                                                                                  \
     static int s_bench_##name(int argc, char **argv)
 
+/* Parses a benchmark's flags (argv[0] is its name) with its table, cfg already defaulted; a
+ * refused flag's reason is followed by the usage on stderr. -1 to go on, else the exit code:
+ * 0 after --help, 2 (usage) after a refusal. */
+int bench_opts_parse(const zps_opts *o, void *cfg, int argc, char **argv);
 /* Output directory for JSON (created when missing). */
 const char *bench_out_dir(void);
 /* Opens bench_out_dir()/name for writing, its path into path (len bytes). NULL, after
