@@ -206,14 +206,7 @@ static const zps_opt s_opt[] = {
 };
 #undef F
 
-static const zps_opts s_spec = {
-    .prog = "zps-bench allreduce",
-    .usage = "usage: zps-bench allreduce [options]\n",
-    .opt = s_opt,
-    .cfg_size = sizeof(s_cfg),
-    .defaults = s_defaults,
-    .more_help = s_more_help,
-};
+static const zps_opts s_spec = BENCH_OPTS("allreduce", s_cfg, s_opt, s_defaults, s_more_help);
 
 /* zps GB/s per size (the median over repetitions of the slowest rank) and gloo's (negative
  * where it did not run). zps runs before and after gloo (half the repetitions each) and its

@@ -110,13 +110,8 @@ static const zps_opt s_env_opt[] = {
     {.type = ZPS_OPT_END},
 };
 
-static const zps_opts s_env_spec = {
-    .prog = "zps-bench env",
-    .usage = "usage: zps-bench env [options]\n",
-    .opt = s_env_opt,
-    .cfg_size = sizeof(s_env_cfg),
-    .defaults = s_env_defaults,
-};
+static const zps_opts s_env_spec =
+    BENCH_OPTS("env", s_env_cfg, s_env_opt, s_env_defaults, NULL);
 
 static int s_env(int argc, char **argv)
 {

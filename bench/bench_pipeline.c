@@ -295,13 +295,7 @@ static const zps_opt s_opt[] = {
     {.type = ZPS_OPT_END},
 };
 
-static const zps_opts s_spec = {
-    .prog = "zps-bench pipeline",
-    .usage = "usage: zps-bench pipeline [options]\n",
-    .opt = s_opt,
-    .cfg_size = sizeof(s_cfg),
-    .defaults = s_defaults,
-};
+static const zps_opts s_spec = BENCH_OPTS("pipeline", s_cfg, s_opt, s_defaults, NULL);
 
 ZPS_BENCH(pipeline, "input pipeline img/s for 299x299 JPEG (1 and 2 threads), LMDB read MB/s")
 {

@@ -381,14 +381,7 @@ static const zps_opt s_opt[] = {
 };
 #undef F
 
-static const zps_opts s_spec = {
-    .prog = "zps-bench pushpull",
-    .usage = "usage: zps-bench pushpull [options]\n",
-    .opt = s_opt,
-    .cfg_size = sizeof(cfg),
-    .defaults = s_defaults,
-    .more_help = s_more_help,
-};
+static const zps_opts s_spec = BENCH_OPTS("pushpull", cfg, s_opt, s_defaults, s_more_help);
 
 /* Fills c from the command line; -1 to go on, else the exit code (usage shown). */
 static int s_parse(int argc, char **argv, cfg *c)

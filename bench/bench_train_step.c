@@ -164,13 +164,7 @@ static const zps_opt s_opt[] = {
     {.type = ZPS_OPT_END},
 };
 
-static const zps_opts s_spec = {
-    .prog = "zps-bench train-step",
-    .usage = "usage: zps-bench train-step [options]\n",
-    .opt = s_opt,
-    .cfg_size = sizeof(s_cfg),
-    .defaults = s_defaults,
-};
+static const zps_opts s_spec = BENCH_OPTS("train-step", s_cfg, s_opt, s_defaults, NULL);
 
 static int s_train_step(int argc, char **argv)
 {
