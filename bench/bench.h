@@ -33,9 +33,9 @@ void bench_register(const char *name, bench_fn fn, const char *help);
     {.prog = "zps-bench " name, .usage = "usage: zps-bench " name " [options]\n",     \
      .opt = (table), .cfg_size = sizeof(T), .defaults = (defaults_fn), .more_help = (more)}
 
-/* Parses a benchmark's flags (argv[0] is its name) with its table, cfg already defaulted; a
- * refused flag's reason is followed by the usage on stderr. -1 to go on, else the exit code:
- * 0 after --help, 2 (usage) after a refusal. */
+/* Fills cfg with the benchmark's defaults and parses its flags (argv[0] is its name) with
+ * its table; a refused flag's reason is followed by the usage on stderr. -1 to go on, else
+ * the exit code: 0 after --help, 2 (usage) after a refusal. */
 int bench_opts_parse(const zps_opts *o, void *cfg, int argc, char **argv);
 /* Output directory for JSON (created when missing). */
 const char *bench_out_dir(void);

@@ -294,7 +294,6 @@ static int s_report(const s_cfg *c, const double *zps, const double *gloo)
 ZPS_BENCH(allreduce, "in-node shared-memory all-reduce vs torch gloo, 1-100 MB, GB/s")
 {
     s_cfg c;
-    s_defaults(&c);
     int rc = bench_opts_parse(&s_spec, &c, argc, argv);
     if (rc >= 0)
         return rc;

@@ -116,7 +116,6 @@ static const zps_opts s_env_spec =
 static int s_env(int argc, char **argv)
 {
     s_env_cfg c;
-    s_env_defaults(&c);
     int code = bench_opts_parse(&s_env_spec, &c, argc, argv);
     if (code >= 0)
         return code;

@@ -300,7 +300,6 @@ static const zps_opts s_spec = BENCH_OPTS("pipeline", s_cfg, s_opt, s_defaults, 
 ZPS_BENCH(pipeline, "input pipeline img/s for 299x299 JPEG (1 and 2 threads), LMDB read MB/s")
 {
     s_cfg c;
-    s_defaults(&c);
     int rc = bench_opts_parse(&s_spec, &c, argc, argv);
     if (rc >= 0)
         return rc;

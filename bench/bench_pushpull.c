@@ -386,7 +386,6 @@ static const zps_opts s_spec = BENCH_OPTS("pushpull", cfg, s_opt, s_defaults, s_
 /* Fills c from the command line; -1 to go on, else the exit code (usage shown). */
 static int s_parse(int argc, char **argv, cfg *c)
 {
-    s_defaults(c);
     int rc = bench_opts_parse(&s_spec, c, argc, argv);
     s_zps_io_threads = c->io_threads;
     return rc;

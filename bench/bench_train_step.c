@@ -169,7 +169,6 @@ static const zps_opts s_spec = BENCH_OPTS("train-step", s_cfg, s_opt, s_defaults
 static int s_train_step(int argc, char **argv)
 {
     s_cfg cfg;
-    s_defaults(&cfg);
     int rc = bench_opts_parse(&s_spec, &cfg, argc, argv);
     if (rc >= 0)
         return rc;

@@ -206,6 +206,19 @@ static zps_status s_concat_bwd(int n, int hw, int nin, const int *c, const float
 
 /* ---- batchnorm: one block per channel ---- */
 
+/* Each thread's a and b summed over the block into s1[0] and s2[0] (shared arrays of
+ * blockDim.x, a power of two), the same tree in both statistics and gradient sums. */
+__device__ void d_block_sum2(double *s1, double *s2, double a, double b)
+{
+    s1[threadIdx.x] = a, s2[threadIdx.x] = b;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if ((int)threadIdx.x < s)
+            s1[threadIdx.x] += s1[threadIdx.x + s], s2[threadIdx.x] += s2[threadIdx.x + s];
+        __syncthreads();
+    }
+}
+
 __global__ void g_bn_stats(int n, int c, size_t hw, const float *x, float *mean, float *var)
 {
     int ch = blockIdx.x;
@@ -217,13 +230,7 @@ __global__ void g_bn_stats(int n, int c, size_t hw, const float *x, float *mean,
         a += v;
         b += v * v;
     }
-    s1[threadIdx.x] = a, s2[threadIdx.x] = b;
-    __syncthreads();
-    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-        if ((int)threadIdx.x < s)
-            s1[threadIdx.x] += s1[threadIdx.x + s], s2[threadIdx.x] += s2[threadIdx.x + s];
-        __syncthreads();
-    }
+    d_block_sum2(s1, s2, a, b);
     if (threadIdx.x == 0) {
         double m = s1[0] / cnt, v = s2[0] / cnt - m * m;
         mean[ch] = (float)m;
@@ -267,13 +274,7 @@ __global__ void g_bn_bwd_sums(int n, int c, size_t hw, const float *x, const flo
         a += gv;
         b += gv * (x[k] - mean[ch]) * inv;
     }
-    s1[threadIdx.x] = a, s2[threadIdx.x] = b;
-    __syncthreads();
-    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-        if ((int)threadIdx.x < s)
-            s1[threadIdx.x] += s1[threadIdx.x + s], s2[threadIdx.x] += s2[threadIdx.x + s];
-        __syncthreads();
-    }
+    d_block_sum2(s1, s2, a, b);
     if (threadIdx.x == 0) {
         sg[ch] = (float)s1[0], sgx[ch] = (float)s2[0];
         if (dbeta)
