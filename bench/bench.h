@@ -12,6 +12,8 @@
 #include <stddef.h>
 #include <stdio.h>
 
+#include "common/opts.h"
+
 typedef int (*bench_fn)(int argc, char **argv);
 
 void bench_register(const char *name, bench_fn fn, const char *help);
@@ -24,6 +26,17 @@ void bench_register(const char *name, bench_fn fn, const char *help);
     }                                                                                  \
     static int s_bench_##name(int argc, char **argv)
 
+/* The zps_opts of benchmark NAME (a string literal) whose flags table fills settings struct
+ * T, defaulted by defaults_fn: every benchmark's messages start "zps-bench NAME" and its
+ * help "usage: zps-bench NAME [options]". more_help: NULL or what follows the flags. */
+#define BENCH_OPTS(name, T, table, defaults_fn, more)                                  \
+    {.prog = "zps-bench " name, .usage = "usage: zps-bench " name " [options]\n",     \
+     .opt = (table), .cfg_size = sizeof(T), .defaults = (defaults_fn), .more_help = (more)}
+
+/* Fills cfg with the benchmark's defaults and parses its flags (argv[0] is its name) with
+ * its table; a refused flag's reason is followed by the usage on stderr. -1 to go on, else
+ * the exit code: 0 after --help, 2 (usage) after a refusal. */
+int bench_opts_parse(const zps_opts *o, void *cfg, int argc, char **argv);
 /* Output directory for JSON (created when missing). */
 const char *bench_out_dir(void);
 /* Opens bench_out_dir()/name for writing, its path into path (len bytes). NULL, after

@@ -14,7 +14,6 @@
  * ratio = zps_gbps / gloo_gbps (gloo_gbps and ratio null with --no-gloo or when the peer
  * could not run).
  */
-#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +33,7 @@
 
 typedef struct {
     int ranks, reps, warmup, n_sizes;
+    int no_gloo; // --no-gloo: zps only
     int rep0; // index of this pass's first repetition in s_times
     size_t sizes[S_MAX_SIZES]; // bytes
     tr_allreduce_opts opts;
@@ -169,58 +169,50 @@ static int s_parse_sizes(const char *arg, s_cfg *c)
     return c->n_sizes ? 0 : -1;
 }
 
-/* Fills c (and *no_gloo) from the command line; -1 to go on, else the exit code. */
-static int s_parse(int argc, char **argv, s_cfg *c, int *no_gloo)
+static zps_status s_sizes_opt(void *cfg, const char *arg, char *why, size_t cap)
 {
+    if (s_parse_sizes(arg, cfg) == 0)
+        return ZPS_OK;
+    snprintf(why, cap, "wants up to %d sizes in MB (or 512KB, 64B), got '%s'", S_MAX_SIZES,
+             arg);
+    return ZPS_ERR_INVALID;
+}
+
+static void s_more_help(FILE *f)
+{
+    fprintf(f, "GB/s = bytes per rank / time of one all-reduce (1 GB = 1e9 B), median.\n");
+}
+
+static void s_defaults(void *p)
+{
+    s_cfg *c = p;
     *c = (s_cfg){.ranks = 2, .reps = 15, .warmup = 3};
     s_parse_sizes("1,4,16,64,100", c);
-    *no_gloo = 0;
-    static const struct option opts[] = {{"sizes", required_argument, 0, 's'},
-                                         {"ranks", required_argument, 0, 'n'},
-                                         {"reps", required_argument, 0, 'r'},
-                                         {"warmup", required_argument, 0, 'w'},
-                                         {"slice", required_argument, 0, 'S'},
-                                         {"ring", required_argument, 0, 'R'},
-                                         {"no-gloo", no_argument, 0, 'G'},
-                                         {"help", no_argument, 0, 'h'},
-                                         {0, 0, 0, 0}};
-    int ch;
-    while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        switch (ch) {
-        case 's':
-            if (s_parse_sizes(optarg, c) != 0) {
-                fprintf(stderr, "allreduce: bad --sizes '%s'\n", optarg);
-                return 2;
-            }
-            break;
-        case 'n': c->ranks = atoi(optarg); break;
-        case 'r': c->reps = atoi(optarg); break;
-        case 'w': c->warmup = atoi(optarg); break;
-        case 'S': c->opts.slice_floats = (size_t)atol(optarg); break;
-        case 'R': c->opts.ring = atoi(optarg); break;
-        case 'G': *no_gloo = 1; break;
-        default:
-            fprintf(ch == 'h' ? stdout : stderr,
-                    "usage: zps-bench allreduce [--sizes 1,4,16,64,100 (MB; or 512KB, 64B)]\n"
-                    "         [--ranks 2] [--reps 15] [--warmup 3] [--slice FLOATS] [--ring N]\n"
-                    "         [--no-gloo]\n"
-                    "GB/s = bytes per rank / time of one all-reduce (1 GB = 1e9 B), median.\n");
-            return ch == 'h' ? 0 : 2;
-        }
-    }
-    if (c->ranks < 2 || c->ranks > S_MAX_RANKS || c->reps < 1 || c->reps > S_MAX_REPS ||
-        c->warmup < 0) {
-        fprintf(stderr, "allreduce: --ranks 2..%d, --reps 1..%d\n", S_MAX_RANKS, S_MAX_REPS);
-        return 2;
-    }
-    return -1;
 }
+
+#define F(f) ZPS_OPT_FIELD(s_cfg, f)
+static const zps_opt s_opt[] = {
+    {"sizes", ZPS_OPT_FUNC, .fn = s_sizes_opt, .meta = "LIST", .dflt = "1,4,16,64,100",
+     .help = "buffer sizes, comma-separated, in MB (or 512KB, 64B)"},
+    {"ranks", ZPS_OPT_INT, F(ranks), 2, S_MAX_RANKS, .meta = "N", .help = "processes"},
+    {"reps", ZPS_OPT_INT, F(reps), 1, S_MAX_REPS, .meta = "N", .help = "repetitions"},
+    {"warmup", ZPS_OPT_INT, F(warmup), 0, 1000000, .meta = "N", .help = "calls before timing"},
+    {"slice", ZPS_OPT_UINT, F(opts.slice_floats), 0, 1 << 30, .meta = "FLOATS",
+     .dflt = "the all-reduce's", .help = "tr_allreduce_opts.slice_floats"},
+    {"ring", ZPS_OPT_INT, F(opts.ring), 0, 1 << 20, .meta = "N", .dflt = "the all-reduce's",
+     .help = "tr_allreduce_opts.ring"},
+    {"no-gloo", ZPS_OPT_SET, F(no_gloo), .help = "skip the gloo peer"},
+    {.type = ZPS_OPT_END},
+};
+#undef F
+
+static const zps_opts s_spec = BENCH_OPTS("allreduce", s_cfg, s_opt, s_defaults, s_more_help);
 
 /* zps GB/s per size (the median over repetitions of the slowest rank) and gloo's (negative
  * where it did not run). zps runs before and after gloo (half the repetitions each) and its
  * median is over both passes, so a change of background load during the run hits both
  * sides alike. 0, or 1 when a zps rank failed. */
-static int s_measure(const s_cfg *c, int no_gloo, double *zps, double *gloo)
+static int s_measure(const s_cfg *c, double *zps, double *gloo)
 {
     size_t tbytes = (size_t)S_MAX_SIZES * S_MAX_REPS * S_MAX_RANKS * sizeof(double);
     s_times = mmap(NULL, tbytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -233,7 +225,7 @@ static int s_measure(const s_cfg *c, int no_gloo, double *zps, double *gloo)
         gloo[si] = -1;
     int half = (c->reps + 1) / 2;
     for (int pass = 0; pass < 2; pass++) {
-        if (pass == 1 && !no_gloo)
+        if (pass == 1 && !c->no_gloo)
             s_run_gloo(c, gloo);
         s_cfg pc = *c;
         pc.reps = pass == 0 ? half : c->reps - half;
@@ -261,7 +253,7 @@ static int s_measure(const s_cfg *c, int no_gloo, double *zps, double *gloo)
 
 /* The table on stdout and allreduce.json. 0, or 1 when the file could not be written or
  * gloo was wanted and did not run. */
-static int s_report(const s_cfg *c, int no_gloo, const double *zps, const double *gloo)
+static int s_report(const s_cfg *c, const double *zps, const double *gloo)
 {
     char path[4096];
     FILE *f = bench_json_open("allreduce", "allreduce.json", path, sizeof path);
@@ -292,7 +284,7 @@ static int s_report(const s_cfg *c, int no_gloo, const double *zps, const double
         return 1;
     }
     printf("wrote %s\n", path);
-    if (!no_gloo && !gloo_ok) {
+    if (!c->no_gloo && !gloo_ok) {
         fprintf(stderr, "allreduce: the gloo peer did not run; no ratio\n");
         return 1;
     }
@@ -302,13 +294,12 @@ static int s_report(const s_cfg *c, int no_gloo, const double *zps, const double
 ZPS_BENCH(allreduce, "in-node shared-memory all-reduce vs torch gloo, 1-100 MB, GB/s")
 {
     s_cfg c;
-    int no_gloo;
-    int rc = s_parse(argc, argv, &c, &no_gloo);
+    int rc = bench_opts_parse(&s_spec, &c, argc, argv);
     if (rc >= 0)
         return rc;
     snprintf(c.job, sizeof c.job, "bench-%d", (int)getpid());
     double zps[S_MAX_SIZES], gloo[S_MAX_SIZES];
-    if (s_measure(&c, no_gloo, zps, gloo) != 0)
+    if (s_measure(&c, zps, gloo) != 0)
         return 1;
-    return s_report(&c, no_gloo, zps, gloo);
+    return s_report(&c, zps, gloo);
 }

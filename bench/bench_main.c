@@ -1,6 +1,6 @@
 /* bench_main.c — zps-bench: runs one registered benchmark (bench.h) or `env`. Its own flags
- * and env's are flag tables (common/opts.h); each benchmark parses the flags after its name. */
-#include <getopt.h>
+ * and env's are flag tables (common/opts.h); each benchmark parses the flags after its name
+ * with its own table (bench_opts_parse). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -110,20 +110,14 @@ static const zps_opt s_env_opt[] = {
     {.type = ZPS_OPT_END},
 };
 
-static const zps_opts s_env_spec = {
-    .prog = "zps-bench env",
-    .usage = "usage: zps-bench env [options]\n",
-    .opt = s_env_opt,
-    .cfg_size = sizeof(s_env_cfg),
-    .defaults = s_env_defaults,
-};
+static const zps_opts s_env_spec =
+    BENCH_OPTS("env", s_env_cfg, s_env_opt, s_env_defaults, NULL);
 
 static int s_env(int argc, char **argv)
 {
     s_env_cfg c;
-    s_env_defaults(&c);
-    int first, code;
-    if (zps_opts_parse(&s_env_spec, &c, argc, argv, &first, &code) != ZPS_OK || code >= 0)
+    int code = bench_opts_parse(&s_env_spec, &c, argc, argv);
+    if (code >= 0)
         return code;
     k_device_info info;
     zps_status st = k_device_select(c.device, &info);
@@ -152,10 +146,8 @@ int main(int argc, char **argv)
     if (!strcmp(argv[i], "env"))
         return s_env(argc - i, argv + i);
     for (int k = 0; k < s_n; k++)
-        if (!strcmp(argv[i], s_benches[k].name)) {
-            optind = 1;
+        if (!strcmp(argv[i], s_benches[k].name))
             return s_benches[k].fn(argc - i, argv + i);
-        }
     fprintf(stderr, "zps-bench: unknown benchmark '%s'\n", argv[i]);
     zps_opts_usage(&s_top_spec, stderr);
     return 2;

@@ -7,7 +7,6 @@
  * images_per_s or img_s is used; else PyTorch's measured 4.5 img/s (batch 8) is the stated
  * reference. Target: one decode thread >= 3x the reference. The output says which was used.
  */
-#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -276,33 +275,42 @@ static int s_report(const s_figures *f)
     return 0;
 }
 
+/* The command line. */
+typedef struct s_cfg {
+    double seconds;     // per measurement
+    int records, batch; // of the generated data set
+} s_cfg;
+
+static void s_defaults(void *p)
+{
+    *(s_cfg *)p = (s_cfg){.seconds = 4, .records = 160, .batch = 8};
+}
+
+static const zps_opt s_opt[] = {
+    {"seconds", ZPS_OPT_DOUBLE, ZPS_OPT_FIELD(s_cfg, seconds), 1e-3, 3600, .meta = "S",
+     .help = "per measurement"},
+    {"records", ZPS_OPT_INT, ZPS_OPT_FIELD(s_cfg, records), 1, 1000000, .meta = "N",
+     .help = "records in the generated data set (>= --batch)"},
+    {"batch", ZPS_OPT_INT, ZPS_OPT_FIELD(s_cfg, batch), 1, 4096, .meta = "B", .help = "batch size"},
+    {.type = ZPS_OPT_END},
+};
+
+static const zps_opts s_spec = BENCH_OPTS("pipeline", s_cfg, s_opt, s_defaults, NULL);
+
 ZPS_BENCH(pipeline, "input pipeline img/s for 299x299 JPEG (1 and 2 threads), LMDB read MB/s")
 {
-    double seconds = 4;
-    s_figures f = {.records = 160, .batch = 8};
-    static const struct option opts[] = {{"seconds", required_argument, 0, 's'},
-                                         {"records", required_argument, 0, 'r'},
-                                         {"batch", required_argument, 0, 'b'},
-                                         {"help", no_argument, 0, 'h'},
-                                         {0, 0, 0, 0}};
-    int c;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        switch (c) {
-        case 's': seconds = atof(optarg); break;
-        case 'r': f.records = atoi(optarg); break;
-        case 'b': f.batch = atoi(optarg); break;
-        case 'h':
-            printf("zps-bench pipeline [--seconds S (4, per measurement)] [--records N (160)] "
-                   "[--batch B (8)]\n");
-            return 0;
-        default: return 2;
-        }
+    s_cfg c;
+    int rc = bench_opts_parse(&s_spec, &c, argc, argv);
+    if (rc >= 0)
+        return rc;
+    if (c.records < c.batch) {
+        int code;
+        zps_opts_fail(&s_spec, &code, "--records %d is fewer than --batch %d", c.records,
+                      c.batch);
+        return code;
     }
-    if (seconds <= 0 || f.records < f.batch || f.batch < 1) {
-        fprintf(stderr, "pipeline: need seconds > 0 and records >= batch >= 1\n");
-        return 2;
-    }
+    double seconds = c.seconds;
+    s_figures f = {.records = c.records, .batch = c.batch};
     if (s_measure(seconds, &f) != ZPS_OK)
         return 1;
     snprintf(f.src, sizeof f.src, "PyTorch 1.13 CPU Inception-v3 training, 299x299 batch 8, "

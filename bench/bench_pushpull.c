@@ -22,7 +22,6 @@
  * Output: a table on stdout and $ZPS_BENCH_DIR/pushpull.json. The raw side lives in
  * bench_pushpull_raw.c.
  */
-#include <getopt.h>
 #include <limits.h>
 #include <pthread.h>
 #include <signal.h>
@@ -319,22 +318,9 @@ static result s_result(acc *a)
     return res;
 }
 
-static void s_usage(FILE *f)
+static void s_more_help(FILE *f)
 {
-    fprintf(f, "usage: zps-bench pushpull [--quick] [--reps N] [--max-bytes B] [--bytes B]\n"
-               "                          [--op push|pull|pushpull] [--shape 1x1|2x2] [--msg-bytes B]\n"
-               "  --quick        4 KiB, 1 MiB and 16 MiB only, fewer iterations\n"
-               "  --reps N       repetitions per cell, zps and raw alternating (1..64, default 3)\n"
-               "  --max-bytes B  largest payload (default 64 MiB)\n"
-               "  --bytes B      only this payload size\n"
-               "  --op, --shape  only this op / shape\n"
-               "  --msg-bytes B  client message size (ps_client_opts.msg_bytes, default 1 MiB)\n"
-               "  --only zps|raw|raw-warm  run one side only (for profiling; ratios printed as 0)\n"
-               "  --streams N    zps: TCP connections per server (ps_client_opts.streams, default 1)\n"
-               "  --push-dtype f32|bf16  gradients on the wire (default f32); with bf16 both sides\n"
-               "                 push half the bytes, and GB/s still counts 4 bytes per value\n"
-               "  --server-io-threads N  zps-server --io-threads (default 1)\n"
-               "Each cell runs three sides, their repetitions alternating: zps; raw ZeroMQ with\n"
+    fprintf(f, "Each cell runs three sides, their repetitions alternating: zps; raw ZeroMQ with\n"
                "glibc's allocator defaults (the issue's limit: 'ratio'); raw ZeroMQ whose server\n"
                "keeps freed memory warm as zps-server does (the stricter 'ratio_warm').\n");
 }
@@ -348,64 +334,61 @@ typedef struct cfg {
     uint64_t msg_bytes;    // ps_client_opts.msg_bytes
     int streams;           // ps_client_opts.streams
     ps_dtype dtype;        // --push-dtype
+    int io_threads;        // zps-server --io-threads
     int raw_warm, raw_fd;  // internal: run as a raw server writing its endpoint to raw_fd
 } cfg;
+
+static void s_defaults(void *p)
+{
+    *(cfg *)p = (cfg){.reps = 3, .op_mask = 7, .shape_mask = 3, .sides = 7,
+                      .max_bytes = 64u << 20, .msg_bytes = 1u << 20, .streams = 1,
+                      .dtype = PS_DTYPE_F32, .io_threads = 1, .raw_fd = -1};
+}
+
+#define F(f) ZPS_OPT_FIELD(cfg, f)
+static const zps_opt_name s_op_names[] = {{"push", 1}, {"pull", 2}, {"pushpull", 4}, {NULL, 0}};
+static const zps_opt_name s_shape_names[] = {{"1x1", 1}, {"2x2", 2}, {NULL, 0}};
+static const zps_opt_name s_side_names[] = {{"zps", 1}, {"raw", 2}, {"raw-warm", 4}, {NULL, 0}};
+static const zps_opt_name s_dtype_names[] = {
+    {"f32", PS_DTYPE_F32}, {"bf16", PS_DTYPE_BF16}, {NULL, 0}};
+
+static const zps_opt s_opt[] = {
+    {"quick", ZPS_OPT_SET, F(quick), .help = "4 KiB, 1 MiB and 16 MiB only, fewer iterations"},
+    {"reps", ZPS_OPT_INT, F(reps), 1, 64, .meta = "N",
+     .help = "repetitions per cell, zps and raw alternating (1..64)"},
+    {"max-bytes", ZPS_OPT_UINT, F(max_bytes), 0, 1e12, .meta = "B", .help = "largest payload"},
+    {"bytes", ZPS_OPT_UINT, F(only_bytes), 0, 1e12, .meta = "B", .dflt = "",
+     .help = "only this payload size"},
+    {"op", ZPS_OPT_ENUM, F(op_mask), .names = s_op_names, .dflt = "all",
+     .help = "only this op"},
+    {"shape", ZPS_OPT_ENUM, F(shape_mask), .names = s_shape_names, .dflt = "both",
+     .help = "only this shape"},
+    {"msg-bytes", ZPS_OPT_UINT, F(msg_bytes), 1, 1e12, .meta = "B",
+     .help = "client message size (ps_client_opts.msg_bytes)"},
+    {"only", ZPS_OPT_ENUM, F(sides), .names = s_side_names, .dflt = "all three",
+     .help = "run one side only (for profiling; ratios printed as 0)"},
+    {"streams", ZPS_OPT_INT, F(streams), 1, 8, .meta = "N",
+     .help = "zps: TCP connections per server (ps_client_opts.streams)"},
+    {"push-dtype", ZPS_OPT_ENUM, F(dtype), .names = s_dtype_names,
+     .help = "gradients on the wire; with bf16 both sides push half\n"
+             "the bytes, and GB/s still counts 4 bytes per value"},
+    {"server-io-threads", ZPS_OPT_INT, F(io_threads), 1, 16, .meta = "N",
+     .help = "zps-server --io-threads"},
+    {"raw-warm", ZPS_OPT_SET, F(raw_warm), .help = "internal: the raw server keeps memory warm"},
+    {"raw-server-fd", ZPS_OPT_INT, F(raw_fd), 0, 1 << 20, .meta = "FD", .dflt = "",
+     .help = "internal: run as a raw server writing its endpoint to FD"},
+    {.type = ZPS_OPT_END},
+};
+#undef F
+
+static const zps_opts s_spec = BENCH_OPTS("pushpull", cfg, s_opt, s_defaults, s_more_help);
 
 /* Fills c from the command line; -1 to go on, else the exit code (usage shown). */
 static int s_parse(int argc, char **argv, cfg *c)
 {
-    *c = (cfg){.reps = 3, .op_mask = 7, .shape_mask = 3, .sides = 7, .max_bytes = 64u << 20,
-               .msg_bytes = 1u << 20, .streams = 1, .dtype = PS_DTYPE_F32, .raw_fd = -1};
-    static const struct option opts[] = {{"quick", no_argument, 0, 'q'},
-                                         {"reps", required_argument, 0, 'r'},
-                                         {"max-bytes", required_argument, 0, 'm'},
-                                         {"bytes", required_argument, 0, 'b'},
-                                         {"op", required_argument, 0, 'o'},
-                                         {"shape", required_argument, 0, 's'},
-                                         {"msg-bytes", required_argument, 0, 'M'},
-                                         {"only", required_argument, 0, 'O'},
-                                         {"streams", required_argument, 0, 'S'},
-                                         {"push-dtype", required_argument, 0, 'D'},
-                                         {"server-io-threads", required_argument, 0, 'I'},
-                                         {"raw-warm", no_argument, 0, 'W'},
-                                         {"raw-server-fd", required_argument, 0, 'F'},
-                                         {"help", no_argument, 0, 'h'},
-                                         {0, 0, 0, 0}};
-    int ch;
-    while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        if (ch == 'q')
-            c->quick = 1;
-        else if (ch == 'r')
-            c->reps = atoi(optarg) > 0 ? (atoi(optarg) < 64 ? atoi(optarg) : 64) : 1;
-        else if (ch == 'm')
-            c->max_bytes = (size_t)strtoull(optarg, NULL, 10);
-        else if (ch == 'b')
-            c->only_bytes = (size_t)strtoull(optarg, NULL, 10);
-        else if (ch == 'o')
-            c->op_mask = !strcmp(optarg, "push") ? 1 : !strcmp(optarg, "pull") ? 2 : 4;
-        else if (ch == 's')
-            c->shape_mask = !strcmp(optarg, "1x1") ? 1 : 2;
-        else if (ch == 'M')
-            c->msg_bytes = strtoull(optarg, NULL, 10);
-        else if (ch == 'D' && ps_dtype_parse(optarg, &c->dtype) == 0)
-            ;
-        else if (ch == 'S' && atoi(optarg) >= 1 && atoi(optarg) <= 8)
-            c->streams = atoi(optarg);
-        else if (ch == 'I')
-            s_zps_io_threads = atoi(optarg) > 0 ? atoi(optarg) : 1;
-        else if (ch == 'W')
-            c->raw_warm = 1;
-        else if (ch == 'F')
-            c->raw_fd = atoi(optarg);
-        else if (ch == 'O' && (!strcmp(optarg, "zps") || !strcmp(optarg, "raw") ||
-                               !strcmp(optarg, "raw-warm")))
-            c->sides = !strcmp(optarg, "zps") ? 1 : !strcmp(optarg, "raw") ? 2 : 4;
-        else {
-            s_usage(ch == 'h' ? stdout : stderr);
-            return ch == 'h' ? 0 : 2;
-        }
-    }
-    return -1;
+    int rc = bench_opts_parse(&s_spec, c, argc, argv);
+    s_zps_io_threads = c->io_threads;
+    return rc;
 }
 
 /* One row of the table: a shape, a payload size and an op. */

@@ -10,7 +10,6 @@
  * "zps_ips", "torch_ips", "ratio", "zps_peak_rss_mb"} (torch_ips and ratio null when PyTorch
  * is unavailable or --no-torch).
  */
-#include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -141,41 +140,47 @@ __attribute__((constructor)) static void s_register(void)
                    "inception_v3 CPU training step img/s vs PyTorch 1.13 (train_step.json)");
 }
 
+/* The command line. */
+typedef struct s_cfg {
+    const char *shapes; // SIZExBATCH,...
+    int steps, warmup;
+    int torch; // run the PyTorch side
+} s_cfg;
+
+static void s_defaults(void *p)
+{
+    *(s_cfg *)p = (s_cfg){.shapes = "299x8,299x32,139x32,75x32", .steps = 5, .warmup = 2,
+                          .torch = 1};
+}
+
+static const zps_opt s_opt[] = {
+    {"shapes", ZPS_OPT_ARG, ZPS_OPT_FIELD(s_cfg, shapes), .meta = "SIZExBATCH,...",
+     .help = "input shapes; aux head on where SIZE >= 299"},
+    {"steps", ZPS_OPT_INT, ZPS_OPT_FIELD(s_cfg, steps), 1, 1000000, .meta = "N",
+     .help = "timed steps"},
+    {"warmup", ZPS_OPT_INT, ZPS_OPT_FIELD(s_cfg, warmup), 0, 1000000, .meta = "N",
+     .help = "steps before timing"},
+    {"no-torch", ZPS_OPT_CLEAR, ZPS_OPT_FIELD(s_cfg, torch), .help = "skip the PyTorch side"},
+    {.type = ZPS_OPT_END},
+};
+
+static const zps_opts s_spec = BENCH_OPTS("train-step", s_cfg, s_opt, s_defaults, NULL);
+
 static int s_train_step(int argc, char **argv)
 {
-    int warmup = 2, steps = 5, torch = 1;
-    const char *shapes = "299x8,299x32,139x32,75x32";
-    static const struct option opts[] = {{"shapes", required_argument, 0, 's'},
-                                         {"steps", required_argument, 0, 'n'},
-                                         {"warmup", required_argument, 0, 'w'},
-                                         {"no-torch", no_argument, 0, 't'},
-                                         {"help", no_argument, 0, 'h'},
-                                         {0, 0, 0, 0}};
-    int c;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        if (c == 's')
-            shapes = optarg;
-        else if (c == 'n')
-            steps = atoi(optarg);
-        else if (c == 'w')
-            warmup = atoi(optarg);
-        else if (c == 't')
-            torch = 0;
-        else {
-            fprintf(c == 'h' ? stdout : stderr,
-                    "usage: zps-bench train-step [--shapes SIZExBATCH,...] [--steps N] "
-                    "[--warmup N] [--no-torch]\n  aux head on where SIZE >= 299\n");
-            return c == 'h' ? 0 : 2;
-        }
-    }
-    if (steps < 1 || warmup < 0)
-        return 2;
+    s_cfg cfg;
+    int rc = bench_opts_parse(&s_spec, &cfg, argc, argv);
+    if (rc >= 0)
+        return rc;
+    const char *shapes = cfg.shapes;
+    int warmup = cfg.warmup, steps = cfg.steps, torch = cfg.torch;
     char path[4096];
     FILE *out = bench_json_open("train-step", "train_step.json", path, sizeof path);
     if (!out)
         return 1;
     fprintf(out, "[");
-    int rc = 0, first = 1;
+    int first = 1;
+    rc = 0;
     char *list = strdup(shapes), *save = NULL;
     printf("%-9s %6s %10s %10s %7s %12s\n", "shape", "batch", "zps img/s", "torch img/s",
            "ratio", "zps RSS MiB");

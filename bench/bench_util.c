@@ -1,7 +1,16 @@
-/* bench_util.c — helpers every benchmark shares (bench.h): where its JSON goes. */
+/* bench_util.c — helpers every benchmark shares (bench.h): its flags, where its JSON goes. */
 #include <stdio.h>
 
 #include "bench/bench.h"
+
+int bench_opts_parse(const zps_opts *o, void *cfg, int argc, char **argv)
+{
+    o->defaults(cfg);
+    int first, code;
+    if (zps_opts_parse(o, cfg, argc, argv, &first, &code) != ZPS_OK && code == 2)
+        zps_opts_usage(o, stderr);
+    return code;
+}
 
 FILE *bench_json_open(const char *bench, const char *name, char *path, size_t len)
 {

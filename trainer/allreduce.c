@@ -427,24 +427,26 @@ zps_status tr_nccl_new(tr_allreduce *ar, int device, tr_nccl **out)
     return ZPS_OK;
 }
 
-zps_status tr_nccl_sum_device(tr_nccl *nc, float *dev_buf, size_t n, int average)
+/* Both sums call the library the same way; mem names the memory in the log line. */
+static zps_status s_nccl_sum(tr_nccl *nc, k_nccl_allreduce_fn fn, float *buf, size_t n,
+                             int average, const char *mem)
 {
     char msg[256] = "";
-    if (nc->lib->nccl_allreduce(nc->comm, dev_buf, n, average, msg, sizeof msg) != 0) {
-        zps_log(ZPS_ERROR, "allreduce", "NCCL all-reduce of %zu floats: %s", n, msg);
+    if (fn(nc->comm, buf, n, average, msg, sizeof msg) != 0) {
+        zps_log(ZPS_ERROR, "allreduce", "NCCL all-reduce of %zu %sfloats: %s", n, mem, msg);
         return ZPS_ERR_NCCL;
     }
     return ZPS_OK;
 }
 
+zps_status tr_nccl_sum_device(tr_nccl *nc, float *dev_buf, size_t n, int average)
+{
+    return s_nccl_sum(nc, nc->lib->nccl_allreduce, dev_buf, n, average, "");
+}
+
 zps_status tr_nccl_sum_host(tr_nccl *nc, float *buf, size_t n, int average)
 {
-    char msg[256] = "";
-    if (nc->lib->nccl_host_allreduce(nc->comm, buf, n, average, msg, sizeof msg) != 0) {
-        zps_log(ZPS_ERROR, "allreduce", "NCCL all-reduce of %zu host floats: %s", n, msg);
-        return ZPS_ERR_NCCL;
-    }
-    return ZPS_OK;
+    return s_nccl_sum(nc, nc->lib->nccl_host_allreduce, buf, n, average, "host ");
 }
 
 void tr_nccl_destroy(tr_nccl **pnc)

@@ -139,7 +139,8 @@ static const zps_opt s_opt[] = {
              "batch: all read the global batch, each trains on its slice"},
     {.type = ZPS_OPT_TEXT, .help = "where:"},
     {"device", ZPS_OPT_STRING, F(device), .names = s_device,
-     .help = "auto: CUDA when a GPU answers, else CPU"},
+     .help = "training runs on the CPU today; auto warns when a GPU\n"
+             "answers, cuda is an error"},
     {"mode", ZPS_OPT_FUNC, .fn = s_mode, .meta = "M", .dflt = "local",
      .help = "local | sync | async | ssp | allreduce"},
     {"cluster", ZPS_OPT_STRING, F(cluster), .meta = "FILE",

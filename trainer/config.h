@@ -18,7 +18,7 @@ typedef enum tr_mode {
     TR_MODE_SYNC,      // PS, synchronous (SyncReplicas)
     TR_MODE_ASYNC,     // PS, each push applied on arrival
     TR_MODE_SSP,       // PS, bounded staleness
-    TR_MODE_ALLREDUCE, // in-node all-reduce (shared memory / NCCL), optimizer applied locally
+    TR_MODE_ALLREDUCE, // in-node all-reduce over shared memory, optimizer applied locally
 } tr_mode;
 
 /* How the trainers of a job divide the data. */

@@ -107,41 +107,28 @@ __global__ void g_dropout(size_t n, uint64_t thr, float keep, uint64_t seed, con
     S_LOOP(i, n) y[i] = (uint64_t)d_hash(seed, i) < thr ? 0.0f : x[i] * keep;
 }
 
-static zps_status s_fill(size_t n, float v, float *y)
-{
-    g_fill<<<s_blocks(n), S_T>>>(n, v, y);
-    S_LAUNCHED();
-    return ZPS_OK;
-}
+/* One grid-stride kernel over n elements on the default stream, launch checked. */
+#define S_ELEMWISE(kernel, n, ...)                                                     \
+    do {                                                                               \
+        kernel<<<s_blocks(n), S_T>>>((n), __VA_ARGS__);                                \
+        S_LAUNCHED();                                                                  \
+        return ZPS_OK;                                                                 \
+    } while (0)
+
+static zps_status s_fill(size_t n, float v, float *y) { S_ELEMWISE(g_fill, n, v, y); }
 static zps_status s_add(size_t n, const float *a, const float *b, float *y)
 {
-    g_add<<<s_blocks(n), S_T>>>(n, a, b, y);
-    S_LAUNCHED();
-    return ZPS_OK;
+    S_ELEMWISE(g_add, n, a, b, y);
 }
-static zps_status s_scale(size_t n, float a, float *x)
-{
-    g_scale<<<s_blocks(n), S_T>>>(n, a, x);
-    S_LAUNCHED();
-    return ZPS_OK;
-}
+static zps_status s_scale(size_t n, float a, float *x) { S_ELEMWISE(g_scale, n, a, x); }
 static zps_status s_axpy(size_t n, float a, const float *x, float *y)
 {
-    g_axpy<<<s_blocks(n), S_T>>>(n, a, x, y);
-    S_LAUNCHED();
-    return ZPS_OK;
+    S_ELEMWISE(g_axpy, n, a, x, y);
 }
-static zps_status s_relu_fwd(size_t n, const float *x, float *y)
-{
-    g_relu<<<s_blocks(n), S_T>>>(n, x, y);
-    S_LAUNCHED();
-    return ZPS_OK;
-}
+static zps_status s_relu_fwd(size_t n, const float *x, float *y) { S_ELEMWISE(g_relu, n, x, y); }
 static zps_status s_relu_bwd(size_t n, const float *y, const float *dy, float *dx)
 {
-    g_relu_bwd<<<s_blocks(n), S_T>>>(n, y, dy, dx);
-    S_LAUNCHED();
-    return ZPS_OK;
+    S_ELEMWISE(g_relu_bwd, n, y, dy, dx);
 }
 /* A zeroed device double for a kernel to accumulate into (the caller frees it). */
 static zps_status s_dev_zero(double **d)
@@ -178,9 +165,7 @@ static zps_status s_sumsq(size_t n, const float *x, double *out) { return s_redu
 static zps_status s_dropout_fwd(size_t n, float p, uint64_t seed, const float *x, float *y)
 {
     uint64_t thr = (uint64_t)((double)p * 4294967296.0);
-    g_dropout<<<s_blocks(n), S_T>>>(n, thr, 1.0f / (1.0f - p), seed, x, y);
-    S_LAUNCHED();
-    return ZPS_OK;
+    S_ELEMWISE(g_dropout, n, thr, 1.0f / (1.0f - p), seed, x, y);
 }
 static zps_status s_dropout_bwd(size_t n, float p, uint64_t seed, const float *dy, float *dx)
 {
@@ -221,6 +206,19 @@ static zps_status s_concat_bwd(int n, int hw, int nin, const int *c, const float
 
 /* ---- batchnorm: one block per channel ---- */
 
+/* Each thread's a and b summed over the block into s1[0] and s2[0] (shared arrays of
+ * blockDim.x, a power of two), the same tree in both statistics and gradient sums. */
+__device__ void d_block_sum2(double *s1, double *s2, double a, double b)
+{
+    s1[threadIdx.x] = a, s2[threadIdx.x] = b;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if ((int)threadIdx.x < s)
+            s1[threadIdx.x] += s1[threadIdx.x + s], s2[threadIdx.x] += s2[threadIdx.x + s];
+        __syncthreads();
+    }
+}
+
 __global__ void g_bn_stats(int n, int c, size_t hw, const float *x, float *mean, float *var)
 {
     int ch = blockIdx.x;
@@ -232,13 +230,7 @@ __global__ void g_bn_stats(int n, int c, size_t hw, const float *x, float *mean,
         a += v;
         b += v * v;
     }
-    s1[threadIdx.x] = a, s2[threadIdx.x] = b;
-    __syncthreads();
-    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-        if ((int)threadIdx.x < s)
-            s1[threadIdx.x] += s1[threadIdx.x + s], s2[threadIdx.x] += s2[threadIdx.x + s];
-        __syncthreads();
-    }
+    d_block_sum2(s1, s2, a, b);
     if (threadIdx.x == 0) {
         double m = s1[0] / cnt, v = s2[0] / cnt - m * m;
         mean[ch] = (float)m;
@@ -282,13 +274,7 @@ __global__ void g_bn_bwd_sums(int n, int c, size_t hw, const float *x, const flo
         a += gv;
         b += gv * (x[k] - mean[ch]) * inv;
     }
-    s1[threadIdx.x] = a, s2[threadIdx.x] = b;
-    __syncthreads();
-    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-        if ((int)threadIdx.x < s)
-            s1[threadIdx.x] += s1[threadIdx.x + s], s2[threadIdx.x] += s2[threadIdx.x + s];
-        __syncthreads();
-    }
+    d_block_sum2(s1, s2, a, b);
     if (threadIdx.x == 0) {
         sg[ch] = (float)s1[0], sgx[ch] = (float)s2[0];
         if (dbeta)
