@@ -27,6 +27,10 @@ uint64_t pst_seed(void);
 float pst_uniform(uint64_t *state);
 /* A temporary directory path (mkdtemp) into buf. */
 void pst_tmpdir(char *buf, size_t len);
+/* Trainer t's client to the single server at uri, with opts (NULL: the defaults), registered
+ * for plan. Asserts on failure; the caller destroys the client. */
+ps_client *pst_client_connect(const char *uri, uint32_t t, const ps_client_opts *opts,
+                              const ps_plan *plan);
 /* Trainer 0's client to the single server at uri: registered for plan and INIT with values
  * uniform in [-1, 1) from seed (copied into values when not NULL) and the default
  * optimizer (sgd, lr 0.01). Asserts on failure; the caller destroys the client. */
