@@ -104,10 +104,7 @@ Test(it_ps_restore, kill9_restore_resumes_from_checkpoint, .timeout = 60)
     ps_plan *plan;
     cr_assert_eq(ps_plan_new(s_vars, NV, 1, 8192, &plan), ZPS_OK);
     uint64_t n = plan->total;
-    ps_optim_config o;
-    ps_optim_default(&o);
-    o.kind = PS_OPT_RMSPROP;
-    o.lr = 0.01;
+    ps_optim_config o = pst_optim(PS_OPT_RMSPROP, 0.01);
     o.epsilon = 1.0;
     float *ref[STEPS + 1], *g[STEPS];
     s_reference(seed, &o, n, ref, g);

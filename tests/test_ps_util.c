@@ -122,6 +122,15 @@ float pst_uniform(uint64_t *st)
     return (float)((double)((x * 0x2545F4914F6CDD1Dull) >> 40) / (double)(1ull << 23)) - 1.0f;
 }
 
+ps_optim_config pst_optim(ps_optim_kind kind, double lr)
+{
+    ps_optim_config o;
+    ps_optim_default(&o);
+    o.kind = kind;
+    o.lr = lr;
+    return o;
+}
+
 void pst_tmpdir(char *buf, size_t len)
 {
     snprintf(buf, len, "/tmp/zps-test-XXXXXX");
