@@ -442,27 +442,27 @@ Test(k_cpu, batchnorm_statistics_exact_on_offset_channels, .init = s_init_cpu, .
     }
 }
 
-/* A copy of NCHW x in the layout a descriptor flag asks for (blocked or plain). */
-static float *s_maybe_blocked(int blocked, int n, int c, int h, int w, const float *x)
+/* A copy of x between NCHW and the layout a descriptor flag asks for: into that layout
+ * (to_layout), or back into NCHW. A plain layout is copied as it is. */
+static float *s_relayout(int blocked, int to_layout, int n, int c, int h, int w, const float *x)
 {
     size_t len = (size_t)n * c * h * w;
     float *out = zt_k_zeros(len);
-    if (blocked)
+    if (blocked && to_layout)
         k_to_blocked(n, c, h, w, x, out);
-    else
-        memcpy(out, x, len * sizeof *x);
-    return out;
-}
-/* The reverse: a plain NCHW copy of x given in that layout. */
-static float *s_maybe_plain(int blocked, int n, int c, int h, int w, const float *x)
-{
-    size_t len = (size_t)n * c * h * w;
-    float *out = zt_k_zeros(len);
-    if (blocked)
+    else if (blocked)
         k_from_blocked(n, c, h, w, x, out);
     else
         memcpy(out, x, len * sizeof *x);
     return out;
+}
+static float *s_maybe_blocked(int blocked, int n, int c, int h, int w, const float *x)
+{
+    return s_relayout(blocked, 1, n, c, h, w, x);
+}
+static float *s_maybe_plain(int blocked, int n, int c, int h, int w, const float *x)
+{
+    return s_relayout(blocked, 0, n, c, h, w, x);
 }
 
 /* Batchnorm + ReLU (forward, backward with and without dx) and max pooling on the blocked

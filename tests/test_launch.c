@@ -329,45 +329,43 @@ Test(it_launch, first_failure_stops_the_others, .timeout = 30)
     s_cleanup(&r);
 }
 
+/* The launcher's exit code per case, and the summary row of one trainer (-1: none). */
+static const struct {
+    const char *what;
+    int with_trainer; // s_setup's: 0 leaves bin/zps-trainer out
+    const char *args[12];
+    int code;
+    int trainer;
+    const char *status;
+} s_exit_cases[] = {
+    {"death by a signal is a failure", 1,
+     {"--servers", "1", "--trainers", "2", "--run-dir", "run1", "--trainer-args",
+      "--fail 0 --code kill --hang", NULL},
+     1, 0, "killed by SIGKILL"},
+    {"a binary that does not exist", 0,
+     {"--servers", "1", "--trainers", "1", "--run-dir", "run2", NULL}, 1, 0, "exit 127"},
+    {"usage: no trainers", 0, {"--servers", "1", NULL}, 2, -1, NULL},
+    {"usage: counts and --cluster", 0,
+     {"--servers", "1", "--trainers", "1", "--cluster", "x", NULL}, 2, -1, NULL},
+    {"--timeout with everything hanging", 1,
+     {"--servers", "1", "--trainers", "2", "--run-dir", "run3", "--timeout", "1",
+      "--trainer-args=--hang", NULL},
+     124, 1, "stopped"},
+};
+
 Test(it_launch, exit_codes, .timeout = 40)
 {
-    s_run r;
-    /* death by a signal is a failure */
-    s_setup(&r, 1);
-    const char *killed[] = {"--servers", "1", "--trainers", "2", "--run-dir", "run1",
-                            "--trainer-args", "--fail 0 --code kill --hang", NULL};
-    s_launch(&r, 0, NULL, killed);
-    cr_assert_eq(r.code, 1, "%s", r.out);
-    cr_assert_str_eq(s_row_status(&r, "trainer", 0), "killed by SIGKILL", "%s", r.out);
-    s_assert_all_gone(&r);
-    s_cleanup(&r);
-
-    /* a binary that does not exist */
-    s_setup(&r, 0);
-    const char *missing[] = {"--servers", "1", "--trainers", "1", "--run-dir", "run2", NULL};
-    s_launch(&r, 0, NULL, missing);
-    cr_assert_eq(r.code, 1, "%s", r.out);
-    cr_assert_str_eq(s_row_status(&r, "trainer", 0), "exit 127", "%s", r.out);
-    s_assert_all_gone(&r);
-
-    /* usage errors */
-    const char *usage[] = {"--servers", "1", NULL};
-    s_launch(&r, 0, NULL, usage);
-    cr_assert_eq(r.code, 2, "%s", r.out);
-    const char *both[] = {"--servers", "1", "--trainers", "1", "--cluster", "x", NULL};
-    s_launch(&r, 0, NULL, both);
-    cr_assert_eq(r.code, 2, "%s", r.out);
-    s_cleanup(&r);
-
-    /* --timeout with everything hanging */
-    s_setup(&r, 1);
-    const char *timeout[] = {"--servers", "1", "--trainers", "2", "--run-dir", "run3",
-                             "--timeout", "1", "--trainer-args=--hang", NULL};
-    s_launch(&r, 0, NULL, timeout);
-    cr_assert_eq(r.code, 124, "%s", r.out);
-    cr_assert_str_eq(s_row_status(&r, "trainer", 1), "stopped", "%s", r.out);
-    s_assert_all_gone(&r);
-    s_cleanup(&r);
+    for (size_t i = 0; i < sizeof s_exit_cases / sizeof s_exit_cases[0]; i++) {
+        s_run r;
+        s_setup(&r, s_exit_cases[i].with_trainer);
+        s_launch(&r, 0, NULL, s_exit_cases[i].args);
+        cr_assert_eq(r.code, s_exit_cases[i].code, "%s: %s", s_exit_cases[i].what, r.out);
+        if (s_exit_cases[i].status)
+            cr_assert_str_eq(s_row_status(&r, "trainer", s_exit_cases[i].trainer),
+                             s_exit_cases[i].status, "%s: %s", s_exit_cases[i].what, r.out);
+        s_assert_all_gone(&r);
+        s_cleanup(&r);
+    }
 }
 
 Test(it_launch, ctrl_c_stops_everything, .timeout = 30)

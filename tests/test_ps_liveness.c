@@ -104,13 +104,20 @@ static void s_expect_stats(ps_client *c, const char *const *want)
     free(json);
 }
 
-Test(it_ps_liveness, sync_continues_after_a_trainer_dies, .timeout = 60)
+/* The plan of s_vars on one server started with args; the caller destroys both. */
+static ps_plan *s_start(pst_server *srv, const char *const *args)
 {
     ps_plan *plan;
     cr_assert_eq(ps_plan_new(s_vars, 2, 1, 0, &plan), ZPS_OK);
+    cr_assert_eq(pst_spawn(srv, NULL, args), 0);
+    return plan;
+}
+
+Test(it_ps_liveness, sync_continues_after_a_trainer_dies, .timeout = 60)
+{
     pst_server srv;
     const char *args[] = {"--mode", "sync", "--num-trainers", "3", "--trainer-timeout", "1", NULL};
-    cr_assert_eq(pst_spawn(&srv, NULL, args), 0);
+    ps_plan *plan = s_start(&srv, args);
     /* trainer 0 initialises; the others need values before their first pull */
     ps_client *c0 = pst_client_init(srv.uri, plan, pst_seed(), NULL);
     ps_client_destroy(&c0);
@@ -182,11 +189,9 @@ static void *s_leave_thread(void *arg)
  * both go when trainer 0 arrives. Without LEAVE trainer 0 would wait forever. */
 Test(it_ps_liveness, sync_and_barrier_go_on_after_a_trainer_leaves, .timeout = 30)
 {
-    ps_plan *plan;
-    cr_assert_eq(ps_plan_new(s_vars, 2, 1, 0, &plan), ZPS_OK);
     pst_server srv;
     const char *args[] = {"--mode", "sync", "--num-trainers", "2", NULL};
-    cr_assert_eq(pst_spawn(&srv, NULL, args), 0);
+    ps_plan *plan = s_start(&srv, args);
     ps_client *c = pst_client_init(srv.uri, plan, pst_seed(), NULL);
     pthread_t th[2];
     larg la[2];
@@ -212,11 +217,9 @@ Test(it_ps_liveness, sync_and_barrier_go_on_after_a_trainer_leaves, .timeout = 3
  * live with the heartbeat thread and is dropped without it. */
 Test(it_ps_liveness, heartbeat_thread_keeps_a_busy_trainer_live, .timeout = 30)
 {
-    ps_plan *plan;
-    cr_assert_eq(ps_plan_new(s_vars, 2, 1, 0, &plan), ZPS_OK);
     pst_server srv;
     const char *args[] = {"--mode", "sync", "--num-trainers", "2", "--trainer-timeout", "1", NULL};
-    cr_assert_eq(pst_spawn(&srv, NULL, args), 0);
+    ps_plan *plan = s_start(&srv, args);
     ps_client_opts o;
     ps_client_opts_default(&o);
     o.heartbeat_ms = 100;
