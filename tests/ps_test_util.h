@@ -7,6 +7,7 @@
 #include <sys/types.h>
 
 #include "ps/client.h"
+#include "ps/optim.h"
 
 typedef struct pst_server {
     pid_t pid;      // 0 when not running
@@ -25,8 +26,14 @@ int pst_wait(pst_server *s, double timeout_s);
 uint64_t pst_seed(void);
 /* xorshift64* uniform in [-1, 1). */
 float pst_uniform(uint64_t *state);
+/* ps_optim_default with kind and lr set: the start of every optimizer case in the tests. */
+ps_optim_config pst_optim(ps_optim_kind kind, double lr);
 /* A temporary directory path (mkdtemp) into buf. */
 void pst_tmpdir(char *buf, size_t len);
+/* Trainer t's client to the single server at uri, with opts (NULL: the defaults), registered
+ * for plan. Asserts on failure; the caller destroys the client. */
+ps_client *pst_client_connect(const char *uri, uint32_t t, const ps_client_opts *opts,
+                              const ps_plan *plan);
 /* Trainer 0's client to the single server at uri: registered for plan and INIT with values
  * uniform in [-1, 1) from seed (copied into values when not NULL) and the default
  * optimizer (sgd, lr 0.01). Asserts on failure; the caller destroys the client. */

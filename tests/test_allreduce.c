@@ -198,6 +198,16 @@ typedef struct {
     size_t slice;
 } s_seq_ctx;
 
+/* Forks c->n ranks running fn and asserts every one exited 0. */
+static void s_ranks_ok(s_seq_ctx *c, int (*fn)(int rank, void *ctx))
+{
+    int codes[16];
+    s_fork_ranks(c->n, fn, c, codes);
+    for (int r = 0; r < c->n; r++)
+        cr_assert_eq(codes[r], 0, "rank %d exit %d; seed %llx", r, codes[r],
+                     (unsigned long long)c->seed);
+}
+
 static int s_seq_child(int rank, void *p)
 {
     s_seq_ctx *c = p;
@@ -209,22 +219,14 @@ Test(it_allreduce, three_processes_bit_identical_fixed_order, .timeout = 30)
 {
     s_seq_ctx c = {.n = 3, .seed = s_seed(), .slice = 4096};
     s_job(c.job, sizeof c.job, "seq3", c.seed);
-    int codes[3];
-    s_fork_ranks(3, s_seq_child, &c, codes);
-    for (int r = 0; r < 3; r++)
-        cr_assert_eq(codes[r], 0, "rank %d exit %d; seed %llx", r, codes[r],
-                     (unsigned long long)c.seed);
+    s_ranks_ok(&c, s_seq_child);
 }
 
 Test(it_allreduce, two_processes_default_slices, .timeout = 30)
 {
     s_seq_ctx c = {.n = 2, .seed = s_seed(), .slice = 0};
     s_job(c.job, sizeof c.job, "seq2", c.seed);
-    int codes[2];
-    s_fork_ranks(2, s_seq_child, &c, codes);
-    for (int r = 0; r < 2; r++)
-        cr_assert_eq(codes[r], 0, "rank %d exit %d; seed %llx", r, codes[r],
-                     (unsigned long long)c.seed);
+    s_ranks_ok(&c, s_seq_child);
 }
 
 /* broadcast of bytes from every root, with barriers between; exit 0 when all arrived */
@@ -258,11 +260,7 @@ Test(it_allreduce, broadcast_from_every_root, .timeout = 30)
 {
     s_seq_ctx c = {.n = 3, .seed = s_seed()};
     s_job(c.job, sizeof c.job, "bc", c.seed);
-    int codes[3];
-    s_fork_ranks(3, s_bcast_child, &c, codes);
-    for (int r = 0; r < 3; r++)
-        cr_assert_eq(codes[r], 0, "rank %d exit %d; seed %llx", r, codes[r],
-                     (unsigned long long)c.seed);
+    s_ranks_ok(&c, s_bcast_child);
 }
 
 /* rank 1 attaches and dies (SIGKILL: no clean-up); rank 0's sum must fail fast, with a long
@@ -428,11 +426,7 @@ Test(it_allreduce, stale_segment_from_crashed_job_is_reused, .timeout = 30)
     int st;
     cr_assert_eq(waitpid(pid, &st, 0), pid);
     cr_assert(access(path, F_OK) == 0, "crashed job's segment should still exist");
-    int codes[2];
-    s_fork_ranks(2, s_seq_child, &c, codes);
-    for (int r = 0; r < 2; r++)
-        cr_assert_eq(codes[r], 0, "rank %d exit %d; seed %llx", r, codes[r],
-                     (unsigned long long)c.seed);
+    s_ranks_ok(&c, s_seq_child);
     cr_assert(access(path, F_OK) != 0, "segment name should be unlinked after the job");
 }
 

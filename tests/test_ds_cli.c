@@ -6,6 +6,7 @@
 #include <criterion/criterion.h>
 #include <fcntl.h>
 #include <lmdb.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,13 +34,6 @@ static void s_rmtmp(void)
     cr_assert_eq(system(cmd), 0);
 }
 
-static uint64_t s_seed(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (uint64_t)ts.tv_nsec ^ ((uint64_t)getpid() << 32);
-}
-
 /* Runs zps-data with args (NULL-terminated); stdout+stderr into *out (caller frees).
  * Returns the exit status. */
 static int s_run(char **out, const char *const *args)
@@ -47,6 +41,20 @@ static int s_run(char **out, const char *const *args)
     char logp[128];
     snprintf(logp, sizeof logp, "%s/out.txt", s_dir);
     return zt_run("zps-data", args, NULL, logp, 300, out);
+}
+
+/* Runs zps-data with args; asserts its exit code is code and its output holds every string
+ * that follows args (NULL-terminated). */
+static void s_expect(int code, const char *const *args, ...)
+{
+    char *log;
+    cr_assert_eq(s_run(&log, args), code, "%s", log);
+    va_list ap;
+    va_start(ap, args);
+    for (const char *want; (want = va_arg(ap, const char *));)
+        cr_assert(strstr(log, want), "%s", log);
+    va_end(ap);
+    free(log);
 }
 
 TestSuite(it_ds, .init = s_mktmp, .fini = s_rmtmp, .timeout = 60);
@@ -109,51 +117,41 @@ Test(it_ds, verify_names_corrupt_records_and_truncated_shards)
     cr_assert_eq(s_run(&log, (const char *const[]){"convert", "fashion-mnist", "--out", out, "--limit",
                                                    "2000", "--encoding", "png", NULL}), 0, "%s", log);
     free(log);
-    cr_assert_eq(s_run(&log, (const char *const[]){"verify", out, "--split", "test", NULL}), 0, "%s", log);
-    cr_assert(strstr(log, "2000 records, 0 corrupt"), "%s", log);
-    free(log);
+    s_expect(0, (const char *const[]){"verify", out, "--split", "test", NULL},
+             "2000 records, 0 corrupt", NULL);
     snprintf(shard, sizeof shard, "%s/test/test-00001-of-00004", out);
     zt_shard_corrupt(shard, 7, 40, 0x10); /* any flipped bit fails the record CRC */
     zt_shard_corrupt(shard, 300, 40, 0x10);
-    cr_assert_eq(s_run(&log, (const char *const[]){"verify", out, "--split", "test", NULL}), 1, "%s", log);
-    cr_assert(strstr(log, "shard test-00001-of-00004 key 0000000007"), "%s", log);
-    cr_assert(strstr(log, "shard test-00001-of-00004 key 0000000300"), "%s", log);
-    cr_assert(strstr(log, "2000 records, 2 corrupt"), "%s", log);
-    free(log);
-    cr_assert_eq(s_run(&log, (const char *const[]){"inspect", out, "--split", "test", NULL}), 1, "%s", log);
-    cr_assert(strstr(log, "1998 in 4 shards (2 corrupt)"), "%s", log);
-    free(log);
+    s_expect(1, (const char *const[]){"verify", out, "--split", "test", NULL},
+             "shard test-00001-of-00004 key 0000000007", "shard test-00001-of-00004 key 0000000300",
+             "2000 records, 2 corrupt", NULL);
+    s_expect(1, (const char *const[]){"inspect", out, "--split", "test", NULL},
+             "1998 in 4 shards (2 corrupt)", NULL);
     /* the pipeline: fails naming the record, or skips and counts with --skip-corrupt */
-    cr_assert_eq(s_run(&log, (const char *const[]){"read", out, "--split", "test", NULL}), 1, "%s", log);
-    cr_assert(strstr(log, "shard test-00001-of-00004 key 0000000007"), "%s", log);
-    free(log);
-    cr_assert_eq(s_run(&log, (const char *const[]){"read", out, "--split", "test", "--skip-corrupt",
-                                                   "--threads", "2", "--size", "32x32x3", NULL}), 0, "%s", log);
-    cr_assert(strstr(log, "1998 images in 63 batches, 2 corrupt skipped"), "%s", log);
-    free(log);
+    s_expect(1, (const char *const[]){"read", out, "--split", "test", NULL},
+             "shard test-00001-of-00004 key 0000000007", NULL);
+    s_expect(0, (const char *const[]){"read", out, "--split", "test", "--skip-corrupt", "--threads", "2",
+                                      "--size", "32x32x3", NULL},
+             "1998 images in 63 batches, 2 corrupt skipped", NULL);
     /* truncated shard */
     char data[256];
     snprintf(data, sizeof data, "%s/train/train-00003-of-00004/data.mdb", out);
     struct stat sb;
     cr_assert_eq(stat(data, &sb), 0);
     cr_assert_eq(truncate(data, sb.st_size - 4096), 0);
-    cr_assert_eq(s_run(&log, (const char *const[]){"verify", out, "--split", "train", NULL}), 1, "%s", log);
-    cr_assert(strstr(log, "shard train-00003-of-00004 keys 0000000000..0000000499 (500 records) "
-                          "unreadable: truncated"), "%s", log);
-    cr_assert(strstr(log, "1500 records, 500 corrupt"), "%s", log);
-    free(log);
-    cr_assert_eq(s_run(&log, (const char *const[]){"read", out, "--split", "train", NULL}), 1, "%s", log);
-    cr_assert(strstr(log, "train-00003-of-00004 is truncated"), "%s", log);
-    free(log);
-    cr_assert_eq(s_run(&log, (const char *const[]){"read", out, "--split", "train", "--skip-corrupt",
-                                                   "--batch", "100", NULL}), 0, "%s", log);
-    cr_assert(strstr(log, "1500 images in 20 batches, 500 corrupt skipped"), "%s", log);
-    free(log);
+    s_expect(1, (const char *const[]){"verify", out, "--split", "train", NULL},
+             "shard train-00003-of-00004 keys 0000000000..0000000499 (500 records) "
+             "unreadable: truncated", "1500 records, 500 corrupt", NULL);
+    s_expect(1, (const char *const[]){"read", out, "--split", "train", NULL},
+             "train-00003-of-00004 is truncated", NULL);
+    s_expect(0, (const char *const[]){"read", out, "--split", "train", "--skip-corrupt", "--batch",
+                                      "100", NULL},
+             "1500 images in 20 batches, 500 corrupt skipped", NULL);
 }
 
 Test(it_ds, folder_conversion_keeps_bytes_and_writes_classes)
 {
-    uint64_t seed = s_seed(), rs = seed;
+    uint64_t seed = zt_seed_init(), rs = seed;
     static const char *const cls[3] = {"cat", "dog", "zebra"};
     ds_codec *c = ds_codec_new();
     char path[256];
@@ -186,10 +184,8 @@ Test(it_ds, folder_conversion_keeps_bytes_and_writes_classes)
     snprintf(src, sizeof src, "%s/src", s_dir);
     snprintf(out, sizeof out, "%s/out", s_dir);
     char *log;
-    cr_assert_eq(s_run(&log, (const char *const[]){"convert", "folder", src, "--out", out, "--shards", "2",
-                                                   NULL}), 0, "%s", log);
-    cr_assert(strstr(log, "15 records (1 files skipped)"), "%s", log);
-    free(log);
+    s_expect(0, (const char *const[]){"convert", "folder", src, "--out", out, "--shards", "2", NULL},
+             "15 records (1 files skipped)", NULL);
     ds_dataset *d;
     cr_assert_eq(ds_dataset_open(out, NULL, &d), ZPS_OK);
     cr_assert_eq(d->total, (uint64_t)made);
@@ -203,9 +199,8 @@ Test(it_ds, folder_conversion_keeps_bytes_and_writes_classes)
     cr_assert_eq(s_run(&log, (const char *const[]){"convert", "folder", src, "--out", out, "--resize", "16x16",
                                                    "--encoding", "png", NULL}), 0, "%s", log);
     free(log);
-    cr_assert_eq(s_run(&log, (const char *const[]){"inspect", out, NULL}), 0, "%s", log);
-    cr_assert(strstr(log, "h 16..16, w 16..16"), "%s", log);
-    free(log);
+    s_expect(0, (const char *const[]){"inspect", out, NULL},
+             "h 16..16, w 16..16", NULL);
 }
 
 Test(it_ds, detection_is_deterministic_from_the_seed)
@@ -251,7 +246,7 @@ Test(it_ds, detection_is_deterministic_from_the_seed)
  * (tests/ref/ds_resize.py), for up- and down-scaling, gray and RGB. */
 Test(it_ds, resize_matches_pytorch_bilinear)
 {
-    uint64_t seed = s_seed(), rs = seed;
+    uint64_t seed = zt_seed_init(), rs = seed;
     const char *root = getenv("ZPS_ROOT");
     const int cases[4][5] = {{23, 31, 3, 75, 50}, {28, 28, 1, 75, 75}, {120, 90, 3, 33, 47}, {9, 200, 1, 40, 17}};
     char cmd[4096];

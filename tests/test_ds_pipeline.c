@@ -19,18 +19,9 @@
 #include "datasets/pipeline.h"
 #include "datasets/shard.h"
 
-static uint64_t s_seed(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (uint64_t)ts.tv_nsec ^ ((uint64_t)getpid() << 32) ^ (uint64_t)ts.tv_sec;
-}
-
 static char s_dir[64];
 static void s_mktmp(void) { zt_mktmp(s_dir, sizeof s_dir, "zps-dp"); }
 static void s_rmtmp(void) { zt_rmtmp(s_dir); }
-static void s_capture_begin(void) { zt_capture_begin(s_dir); }
-static char *s_capture_end(void) { return zt_capture_end(); }
 
 #define SIDE 12
 /* Record g: SIDE x SIDE gray pixels from (seed, g), label g % 10, written in order g. */
@@ -99,7 +90,7 @@ TestSuite(ds_pipeline, .init = s_mktmp, .fini = s_rmtmp, .timeout = 30);
 
 Test(ds_pipeline, once_pass_returns_every_record_in_order_with_its_pixels)
 {
-    uint64_t seed = s_seed();
+    uint64_t seed = zt_seed_init();
     const int N = 3;
     const uint64_t count = 101 + seed % 50;
     s_write("ev", N, count, seed, false);
@@ -141,7 +132,7 @@ Test(ds_pipeline, once_pass_returns_every_record_in_order_with_its_pixels)
 
 Test(ds_pipeline, trainers_see_disjoint_shares_that_cover_the_dataset)
 {
-    uint64_t seed = s_seed();
+    uint64_t seed = zt_seed_init();
     const uint64_t count = 211 + seed % 100;
     s_write("sh", 4, count, seed, false);
     for (int n = 1; n <= 5; n += 2) {
@@ -205,7 +196,7 @@ static float *s_run(const ds_pipeline_opts *o, int batches, uint64_t *ids_out)
 
 Test(ds_pipeline, same_seed_same_batches_for_any_thread_count)
 {
-    uint64_t seed = s_seed();
+    uint64_t seed = zt_seed_init();
     s_write("det", 2, 90, seed, true); /* raw, PNG and JPEG records */
     ds_pipeline_opts o;
     s_opts(&o, 8);
@@ -254,7 +245,7 @@ Test(ds_pipeline, same_seed_same_batches_for_any_thread_count)
 
 Test(ds_pipeline, gray_is_replicated_when_resizing_to_three_channels)
 {
-    uint64_t seed = s_seed();
+    uint64_t seed = zt_seed_init();
     s_write("up", 1, 20, seed, false);
     ds_pipeline_opts o;
     s_opts(&o, 4);
@@ -280,11 +271,9 @@ Test(ds_pipeline, gray_is_replicated_when_resizing_to_three_channels)
     ds_pipeline_destroy(&p);
 }
 
-/* Flips one byte of the value under key idx in a shard (writable LMDB open). */
-
 Test(ds_pipeline, corrupt_records_are_named_or_skipped_and_counted)
 {
-    uint64_t seed = s_seed();
+    uint64_t seed = zt_seed_init();
     const uint64_t count = 120;
     s_write("cr", 2, count, seed, true);
     char shard[128];
@@ -303,10 +292,10 @@ Test(ds_pipeline, corrupt_records_are_named_or_skipped_and_counted)
     int32_t lab[10];
     ds_batch_info info;
     zps_status st = ZPS_OK;
-    s_capture_begin();
+    zt_capture_begin(s_dir);
     while ((st = ds_pipeline_next(p, img, lab, &info)) == ZPS_OK)
         ;
-    char *log = s_capture_end();
+    char *log = zt_capture_end();
     cr_assert_eq(st, ZPS_ERR_CORRUPT, "seed %llu", (unsigned long long)seed);
     cr_assert(strstr(log, "shard cr-00001-of-00002 key 0000000005"), "%s", log);
     free(log);
@@ -344,7 +333,7 @@ Test(ds_pipeline, corrupt_records_are_named_or_skipped_and_counted)
 
 Test(ds_pipeline, truncated_shard_fails_or_is_skipped_record_by_record)
 {
-    uint64_t seed = s_seed();
+    uint64_t seed = zt_seed_init();
     const uint64_t count = 3000;
     s_write("tr", 3, count, seed, false);
     char data[160];
@@ -359,9 +348,9 @@ Test(ds_pipeline, truncated_shard_fails_or_is_skipped_record_by_record)
     s_opts(&o, 50);
     o.once = true;
     ds_pipeline *p;
-    s_capture_begin();
+    zt_capture_begin(s_dir);
     zps_status st = ds_pipeline_new(&o, &p);
-    char *log = s_capture_end();
+    char *log = zt_capture_end();
     cr_assert_eq(st, ZPS_ERR_CORRUPT, "a truncated shard fails fast without skip_corrupt");
     cr_assert(strstr(log, "tr-00001-of-00003 is truncated"), "%s", log);
     free(log);
@@ -373,7 +362,7 @@ Test(ds_pipeline, truncated_shard_fails_or_is_skipped_record_by_record)
     ds_batch_info info;
     uint64_t got = 0;
     uint8_t px[SIDE * SIDE];
-    s_capture_begin();
+    zt_capture_begin(s_dir);
     while ((st = ds_pipeline_next(p, img, lab, &info)) == ZPS_OK) {
         for (int k = 0; k < info.count; k++, got++) {
             uint64_t g = s_writer_index(info.ids[k], 3, count);
@@ -382,7 +371,7 @@ Test(ds_pipeline, truncated_shard_fails_or_is_skipped_record_by_record)
             cr_assert_float_eq(img[(size_t)k * SIDE * SIDE + 5], px[5] / 255.f, 1e-6);
         }
     }
-    log = s_capture_end();
+    log = zt_capture_end();
     cr_assert_eq(st, ZPS_ERR_EOF);
     cr_assert_eq(got, 2000, "the two healthy shards, seed %llu", (unsigned long long)seed);
     cr_assert_eq(ds_pipeline_skipped(p), 1000);
@@ -396,7 +385,7 @@ Test(ds_pipeline, truncated_shard_fails_or_is_skipped_record_by_record)
 
 Test(ds_pipeline, truncated_image_payload_is_corrupt)
 {
-    uint64_t seed = s_seed();
+    uint64_t seed = zt_seed_init();
     ds_writer *w;
     cr_assert_eq(ds_writer_new(s_dir, "tj", 1, false, &w), ZPS_OK);
     ds_codec *c = ds_codec_new();
@@ -420,9 +409,9 @@ Test(ds_pipeline, truncated_image_payload_is_corrupt)
     cr_assert_eq(ds_pipeline_new(&o, &p), ZPS_OK);
     float img[6 * SIDE * SIDE];
     int32_t lab[6];
-    s_capture_begin();
+    zt_capture_begin(s_dir);
     zps_status st = ds_pipeline_next(p, img, lab, NULL);
-    char *log = s_capture_end();
+    char *log = zt_capture_end();
     cr_assert_eq(st, ZPS_ERR_CORRUPT);
     cr_assert(strstr(log, "shard tj-00000-of-00001 key 0000000003") && strstr(log, "JPEG"), "%s", log);
     free(log);
@@ -431,7 +420,7 @@ Test(ds_pipeline, truncated_image_payload_is_corrupt)
 
 Test(ds_pipeline, detection_boxes_follow_crop_and_flip)
 {
-    uint64_t seed = s_seed();
+    uint64_t seed = zt_seed_init();
     ds_convert_opts co = {.out = s_dir, .shards = 2, .encoding = DS_ENC_PNG, .seed = seed};
     ds_detection_opts dopt = {.canvas = 64, .min_items = 1, .max_items = 6, .n_train = 40,
                               .n_test = 8, .min_scale = 0.3f, .max_scale = 0.6f, .max_iou = 0.3f};
@@ -510,7 +499,7 @@ Test(ds_pipeline, detection_boxes_follow_crop_and_flip)
 
 Test(ds_pipeline, bad_options_are_refused)
 {
-    uint64_t seed = s_seed();
+    uint64_t seed = zt_seed_init();
     s_write("op", 1, 10, seed, false);
     ds_pipeline_opts o;
     ds_pipeline *p;

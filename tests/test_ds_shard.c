@@ -18,18 +18,9 @@
 #include "datasets/record.h"
 #include "datasets/shard.h"
 
-static uint64_t s_seed(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (uint64_t)ts.tv_nsec ^ ((uint64_t)getpid() << 32) ^ (uint64_t)ts.tv_sec;
-}
-
 static char s_dir[64];
 static void s_mktmp(void) { zt_mktmp(s_dir, sizeof s_dir, "zps-ds"); }
 static void s_rmtmp(void) { zt_rmtmp(s_dir); }
-static void s_capture_begin(void) { zt_capture_begin(s_dir); }
-static char *s_capture_end(void) { return zt_capture_end(); }
 
 /* Record g of a test dataset: h x w gray raw pixels derived from (seed, g), label g % 10. */
 static void s_make(uint64_t seed, uint64_t g, uint8_t *px, int n)
@@ -63,7 +54,7 @@ TestSuite(ds_shard, .init = s_mktmp, .fini = s_rmtmp, .timeout = 30);
 
 Test(ds_shard, records_spread_evenly_and_read_back_by_index_and_cursor)
 {
-    uint64_t seed = s_seed();
+    uint64_t seed = zt_seed_init();
     const int side = 9, N = 3 + (int)(seed % 4);
     const uint64_t count = 500 + seed % 300;
     s_write(s_dir, "tr", N, count, side, seed);
@@ -129,7 +120,7 @@ Test(ds_shard, records_spread_evenly_and_read_back_by_index_and_cursor)
 
 Test(ds_shard, map_grows_past_initial_size)
 {
-    uint64_t seed = s_seed();
+    uint64_t seed = zt_seed_init();
     /* 300 records of 96x96 = 2.7 MB in one shard, initial map 1 MiB */
     s_write(s_dir, "big", 1, 300, 96, seed);
     ds_dataset *d;
@@ -146,7 +137,7 @@ Test(ds_shard, map_grows_past_initial_size)
 
 Test(ds_shard, assignment_is_disjoint_covering_and_balanced)
 {
-    uint64_t seed = s_seed(), s = seed;
+    uint64_t seed = zt_seed_init(), s = seed;
     for (int it = 0; it < 200; it++) {
         uint64_t total = ds_rand(&s) % 100000;
         int n = 1 + (int)(ds_rand(&s) % 64);
@@ -166,15 +157,15 @@ Test(ds_shard, assignment_is_disjoint_covering_and_balanced)
 
 Test(ds_shard, prefix_split_and_several_datasets)
 {
-    uint64_t seed = s_seed();
+    uint64_t seed = zt_seed_init();
     char sub[128];
     snprintf(sub, sizeof sub, "%s/train", s_dir);
     s_write(sub, "train", 2, 40, 5, seed);
     s_write(sub, "other", 3, 30, 5, seed);
     ds_dataset *d;
-    s_capture_begin();
+    zt_capture_begin(s_dir);
     zps_status st = ds_dataset_open(sub, NULL, &d);
-    char *log = s_capture_end();
+    char *log = zt_capture_end();
     cr_assert_eq(st, ZPS_ERR_INVALID, "two datasets in one directory need a prefix");
     cr_assert(strstr(log, "several datasets"), "%s", log);
     free(log);
@@ -201,9 +192,21 @@ Test(ds_shard, prefix_split_and_several_datasets)
     ds_dataset_close(&d);
 }
 
+/* Opening the dataset in s_dir fails with want and logs msg (and msg2 when not NULL). */
+static void s_open_fails(zps_status want, const char *msg, const char *msg2)
+{
+    ds_dataset *d = NULL;
+    zt_capture_begin(s_dir);
+    zps_status st = ds_dataset_open(s_dir, NULL, &d);
+    char *log = zt_capture_end();
+    cr_assert_eq(st, want, "%s", log);
+    cr_assert(strstr(log, msg) && (!msg2 || strstr(log, msg2)), "%s", log);
+    free(log);
+}
+
 Test(ds_shard, missing_truncated_and_foreign_shards_are_named)
 {
-    uint64_t seed = s_seed();
+    uint64_t seed = zt_seed_init();
     s_write(s_dir, "ds", 4, 2000, 16, seed);
     char path[256], cmd[512];
     ds_dataset *d;
@@ -212,12 +215,7 @@ Test(ds_shard, missing_truncated_and_foreign_shards_are_named)
     struct stat sb;
     cr_assert_eq(stat(path, &sb), 0);
     cr_assert_eq(truncate(path, sb.st_size / 2), 0);
-    s_capture_begin();
-    zps_status st = ds_dataset_open(s_dir, NULL, &d);
-    char *log = s_capture_end();
-    cr_assert_eq(st, ZPS_ERR_CORRUPT);
-    cr_assert(strstr(log, "ds-00002-of-00004") && strstr(log, "truncated"), "%s", log);
-    free(log);
+    s_open_fails(ZPS_ERR_CORRUPT, "ds-00002-of-00004", "truncated");
     /* allowed damaged: opens with its record count from the meta page; every read fails */
     cr_assert_eq(ds_dataset_open_flags(s_dir, NULL, DS_OPEN_ALLOW_DAMAGED, &d), ZPS_OK);
     cr_assert_eq(d->total, 2000);
@@ -228,9 +226,9 @@ Test(ds_shard, missing_truncated_and_foreign_shards_are_named)
     cr_assert_eq(ds_reader_new(d->shards[2], &r), ZPS_OK);
     const uint8_t *v;
     size_t len;
-    s_capture_begin();
-    st = ds_reader_get(r, 17, &v, &len);
-    log = s_capture_end();
+    zt_capture_begin(s_dir);
+    zps_status st = ds_reader_get(r, 17, &v, &len);
+    char *log = zt_capture_end();
     cr_assert_eq(st, ZPS_ERR_CORRUPT);
     cr_assert(strstr(log, "shard ds-00002-of-00004 key 0000000017: shard is truncated"), "%s", log);
     free(log);
@@ -241,21 +239,11 @@ Test(ds_shard, missing_truncated_and_foreign_shards_are_named)
     for (int i = 0; i < 10000; i++)
         fputc((int)(ds_mix64(seed + (uint64_t)i) & 0xff), f);
     fclose(f);
-    s_capture_begin();
-    st = ds_dataset_open(s_dir, NULL, &d);
-    log = s_capture_end();
-    cr_assert_eq(st, ZPS_ERR_CORRUPT);
-    cr_assert(strstr(log, "ds-00002-of-00004"), "%s", log);
-    free(log);
+    s_open_fails(ZPS_ERR_CORRUPT, "ds-00002-of-00004", NULL);
     /* a missing shard */
     snprintf(cmd, sizeof cmd, "rm -rf '%s/ds-00002-of-00004'", s_dir);
     cr_assert_eq(system(cmd), 0);
-    s_capture_begin();
-    st = ds_dataset_open(s_dir, NULL, &d);
-    log = s_capture_end();
-    cr_assert_eq(st, ZPS_ERR_NOT_FOUND);
-    cr_assert(strstr(log, "missing shard ds-00002-of-00004"), "%s", log);
-    free(log);
+    s_open_fails(ZPS_ERR_NOT_FOUND, "missing shard ds-00002-of-00004", NULL);
 }
 
 Test(ds_shard, fashion_mnist_subset_pixels_equal_idx)
@@ -300,7 +288,7 @@ Test(ds_shard, fashion_mnist_subset_pixels_equal_idx)
 
 Test(ds_shard, unfinished_writes_never_look_like_a_dataset)
 {
-    uint64_t seed = s_seed();
+    uint64_t seed = zt_seed_init();
     ds_writer *w;
     cr_assert_eq(ds_writer_new(s_dir, "half", 2, false, &w), ZPS_OK);
     uint8_t px[16];

@@ -3,8 +3,8 @@
  *
  * Each S_CASE below is one op (or one family of elementwise ops) written once: it copies host
  * inputs into the back-end under test (its alloc and copy_in, so host and device back-ends
- * take the same path), runs the op there and on ref, copies the results out and compares
- * |got - ref| <= atol + rtol * |ref|. S_CASE makes one Criterion test per back-end:
+ * take the same path), runs the op there and on ref (its argument), copies the results out
+ * and compares |got - ref| <= atol + rtol * |ref|. S_CASE makes one Criterion test per back-end:
  *   k_cpu   the cpu back-end (always there)
  *   k_cuda  the cuda back-end; without a GPU every case SKIPs through ZPS_GPU_SKIP (which
  *           fails under the GPU suite's ZPS_REQUIRE_GPU=1, see scripts/test-gpu.sh)
@@ -62,10 +62,16 @@ static void s_init_cuda(void)
 
 /* One test per back-end for each case; the body sees the back-end's tolerances as t. */
 #define S_CASE(name)                                                                   \
-    static void s_case_##name(const s_tol *t);                                         \
-    Test(k_cpu, name, .init = s_init_cpu, .timeout = 60) { s_case_##name(&s_tol_cpu); } \
-    Test(k_cuda, name, .init = s_init_cuda, .timeout = 60) { s_case_##name(&s_tol_cuda); } \
-    static void s_case_##name(const s_tol *t)
+    static void s_case_##name(const s_tol *t, const k_backend *ref);                   \
+    Test(k_cpu, name, .init = s_init_cpu, .timeout = 60)                               \
+    {                                                                                  \
+        s_case_##name(&s_tol_cpu, k_backend_ref());                                    \
+    }                                                                                  \
+    Test(k_cuda, name, .init = s_init_cuda, .timeout = 60)                             \
+    {                                                                                  \
+        s_case_##name(&s_tol_cuda, k_backend_ref());                                   \
+    }                                                                                  \
+    static void s_case_##name(const s_tol *t __attribute__((unused)), const k_backend *ref)
 
 /* ---- the back-end's buffers ---- */
 
@@ -112,7 +118,6 @@ static void s_check_scalar(const char *what, double got, double ref, double atol
 /* Values are sums of products of size ~1: atol grows with sqrt of the terms summed. */
 S_CASE(conv2d_matches_ref)
 {
-    const k_backend *ref = k_backend_ref();
     for (int iter = 0; iter < 12; iter++) {
         k_conv2d d, dr;
         zt_k_random_conv(&d, 1);
@@ -153,7 +158,6 @@ S_CASE(conv2d_matches_ref)
 /* Training forward (y, batch statistics, running averages), backward, inference forward. */
 S_CASE(batchnorm_matches_ref)
 {
-    const k_backend *ref = k_backend_ref();
     for (int iter = 0; iter < 8; iter++) {
         k_bn d = {.n = zt_irand(1, 4), .c = zt_irand(1, 40), .h = zt_irand(1, 12),
                   .w = zt_irand(1, 12), .eps = 1e-3f, .momentum = zt_unif(0.05f, 0.5f),
@@ -195,7 +199,6 @@ S_CASE(batchnorm_matches_ref)
 /* Max and average pooling on random windows; one global average pool (k_gap_*). */
 S_CASE(pooling_matches_ref)
 {
-    const k_backend *ref = k_backend_ref();
     for (int iter = 0; iter < 12; iter++) {
         k_pool d, dr;
         zt_k_random_pool(&d, iter % 2 ? K_POOL_MAX : K_POOL_AVG, 1);
@@ -225,7 +228,6 @@ S_CASE(pooling_matches_ref)
 
 S_CASE(dense_matches_ref)
 {
-    const k_backend *ref = k_backend_ref();
     for (int iter = 0; iter < 6; iter++) {
         k_dense d = {.n = zt_irand(1, 16), .in = zt_irand(1, 300), .out = zt_irand(1, 40)}, dr = d;
         size_t nx = (size_t)d.n * d.in, nw = (size_t)d.out * d.in, ny = (size_t)d.n * d.out;
@@ -254,8 +256,6 @@ S_CASE(dense_matches_ref)
 
 S_CASE(relu_matches_ref)
 {
-    (void)t;
-    const k_backend *ref = k_backend_ref();
     size_t n = (size_t)zt_irand(1, 5000);
     float *x = zt_k_randv(n, -1, 1), *dy = zt_k_randv(n, -1, 1), *y = zt_k_zeros(n), *dx = zt_k_zeros(n);
     float *gx = s_up(x, n), *gdy = s_up(dy, n), *gy = s_up(y, n), *gdx = s_up(dx, n);
@@ -272,8 +272,6 @@ S_CASE(relu_matches_ref)
 /* Concat then split: copies, so bit-exact. */
 S_CASE(concat_matches_ref)
 {
-    (void)t;
-    const k_backend *ref = k_backend_ref();
     int n = zt_irand(1, 3), hw = zt_irand(1, 20), nin = zt_irand(1, 4), c[4], ctot = 0;
     float *xs[4], *gxs[4], *back[4], *gback[4];
     for (int i = 0; i < nin; i++) {
@@ -301,8 +299,6 @@ S_CASE(concat_matches_ref)
 /* The same seed drops the same elements on every back-end. */
 S_CASE(dropout_matches_ref)
 {
-    (void)t;
-    const k_backend *ref = k_backend_ref();
     size_t n = (size_t)zt_irand(1, 5000);
     float p = zt_unif(0.1f, 0.7f);
     uint64_t seed = zt_rand();
@@ -320,8 +316,6 @@ S_CASE(dropout_matches_ref)
 
 S_CASE(softmax_xent_matches_ref)
 {
-    (void)t;
-    const k_backend *ref = k_backend_ref();
     int rows = zt_irand(1, 9), k = zt_irand(2, 20);
     size_t nz = (size_t)rows * k;
     float *z = zt_k_randv(nz, -3, 3), *dz = zt_k_zeros(nz), l1, l2;
@@ -346,8 +340,6 @@ S_CASE(softmax_xent_matches_ref)
 
 S_CASE(smooth_l1_matches_ref)
 {
-    (void)t;
-    const k_backend *ref = k_backend_ref();
     size_t n = (size_t)zt_irand(1, 5000);
     float beta = zt_unif(0.5f, 2), scale = zt_unif(0.5f, 2), l1, l2;
     float *x = zt_k_randv(n, -3, 3), *tg = zt_k_randv(n, -3, 3), *dx = zt_k_zeros(n);
@@ -363,8 +355,6 @@ S_CASE(smooth_l1_matches_ref)
 /* fill, add, scale, axpy. */
 S_CASE(elementwise_matches_ref)
 {
-    (void)t;
-    const k_backend *ref = k_backend_ref();
     size_t n = (size_t)zt_irand(1, 5000);
     float alpha = zt_unif(-2, 2), v = zt_unif(-2, 2);
     float *a = zt_k_randv(n, -1, 1), *b = zt_k_randv(n, -1, 1), *y = zt_k_zeros(n);
@@ -388,8 +378,6 @@ S_CASE(elementwise_matches_ref)
 /* sum and sum of squares into a host double. */
 S_CASE(reductions_match_ref)
 {
-    (void)t;
-    const k_backend *ref = k_backend_ref();
     size_t n = (size_t)zt_irand(1, 5000);
     float *a = zt_k_randv(n, -1, 1), *ga = s_up(a, n);
     double s1, s2;
@@ -454,27 +442,27 @@ Test(k_cpu, batchnorm_statistics_exact_on_offset_channels, .init = s_init_cpu, .
     }
 }
 
-/* A copy of NCHW x in the layout a descriptor flag asks for (blocked or plain). */
-static float *s_maybe_blocked(int blocked, int n, int c, int h, int w, const float *x)
+/* A copy of x between NCHW and the layout a descriptor flag asks for: into that layout
+ * (to_layout), or back into NCHW. A plain layout is copied as it is. */
+static float *s_relayout(int blocked, int to_layout, int n, int c, int h, int w, const float *x)
 {
     size_t len = (size_t)n * c * h * w;
     float *out = zt_k_zeros(len);
-    if (blocked)
+    if (blocked && to_layout)
         k_to_blocked(n, c, h, w, x, out);
-    else
-        memcpy(out, x, len * sizeof *x);
-    return out;
-}
-/* The reverse: a plain NCHW copy of x given in that layout. */
-static float *s_maybe_plain(int blocked, int n, int c, int h, int w, const float *x)
-{
-    size_t len = (size_t)n * c * h * w;
-    float *out = zt_k_zeros(len);
-    if (blocked)
+    else if (blocked)
         k_from_blocked(n, c, h, w, x, out);
     else
         memcpy(out, x, len * sizeof *x);
     return out;
+}
+static float *s_maybe_blocked(int blocked, int n, int c, int h, int w, const float *x)
+{
+    return s_relayout(blocked, 1, n, c, h, w, x);
+}
+static float *s_maybe_plain(int blocked, int n, int c, int h, int w, const float *x)
+{
+    return s_relayout(blocked, 0, n, c, h, w, x);
 }
 
 /* Batchnorm + ReLU (forward, backward with and without dx) and max pooling on the blocked

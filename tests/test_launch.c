@@ -98,11 +98,13 @@ static void s_cleanup(s_run *r)
     cr_assert_eq(system(cmd), 0);
 }
 
-static const char *s_launcher(void)
+/* $ZPS_ROOT/scripts/<name> (the working directory without ZPS_ROOT); the text lives until
+ * the next call. */
+static const char *s_script(const char *name)
 {
     static char path[4096];
     const char *root = getenv("ZPS_ROOT");
-    snprintf(path, sizeof path, "%s/scripts/zps-launch", root && *root ? root : ".");
+    snprintf(path, sizeof path, "%s/scripts/%s", root && *root ? root : ".", name);
     return path;
 }
 
@@ -118,16 +120,19 @@ static void s_parse_pids(s_run *r)
     }
 }
 
-/* Runs the launcher in r->dir with args (NULL-terminated). When sig != 0, sends it to the
- * launcher once `wait_for` has appeared on its output. */
-static void s_launch(s_run *r, int sig, const char *wait_for, const char *const *args)
+/* Runs python3 on script in r->dir with the arguments lead then args (both NULL-terminated),
+ * stdout and stderr into r->out, the exit code (or -signal) into r->code. When sig != 0,
+ * sends it to the process once `wait_for` has appeared on its output. ZPS_BENCH_DIR is
+ * unset in the child, so scripts/compare writes only where --out-dir says. */
+static void s_exec(s_run *r, const char *script, const char *const *lead, const char *const *args,
+                   int sig, const char *wait_for)
 {
     const char *argv[40];
     int n = 0;
     argv[n++] = "/usr/bin/python3";
-    argv[n++] = s_launcher();
-    argv[n++] = "--bin-dir";
-    argv[n++] = "bin";
+    argv[n++] = script;
+    while (*lead && n < 38)
+        argv[n++] = *lead++;
     while (*args && n < 38)
         argv[n++] = *args++;
     argv[n] = NULL;
@@ -142,6 +147,7 @@ static void s_launch(s_run *r, int sig, const char *wait_for, const char *const 
         close(fds[1]);
         if (chdir(r->dir) != 0)
             _exit(126);
+        unsetenv("ZPS_BENCH_DIR");
         execv(argv[0], (char *const *)argv);
         _exit(127);
     }
@@ -157,10 +163,19 @@ static void s_launch(s_run *r, int sig, const char *wait_for, const char *const 
             signalled = 1;
         }
     }
+    r->out[len] = 0;
     close(fds[0]);
     int st = 0;
     cr_assert_eq(waitpid(pid, &st, 0), pid);
     r->code = WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
+}
+
+/* Runs the launcher in r->dir with args (NULL-terminated). When sig != 0, sends it to the
+ * launcher once `wait_for` has appeared on its output. */
+static void s_launch(s_run *r, int sig, const char *wait_for, const char *const *args)
+{
+    static const char *const lead[] = {"--bin-dir", "bin", NULL};
+    s_exec(r, s_script("zps-launch"), lead, args, sig, wait_for);
     s_parse_pids(r);
 }
 
@@ -314,45 +329,43 @@ Test(it_launch, first_failure_stops_the_others, .timeout = 30)
     s_cleanup(&r);
 }
 
+/* The launcher's exit code per case, and the summary row of one trainer (-1: none). */
+static const struct {
+    const char *what;
+    int with_trainer; // s_setup's: 0 leaves bin/zps-trainer out
+    const char *args[12];
+    int code;
+    int trainer;
+    const char *status;
+} s_exit_cases[] = {
+    {"death by a signal is a failure", 1,
+     {"--servers", "1", "--trainers", "2", "--run-dir", "run1", "--trainer-args",
+      "--fail 0 --code kill --hang", NULL},
+     1, 0, "killed by SIGKILL"},
+    {"a binary that does not exist", 0,
+     {"--servers", "1", "--trainers", "1", "--run-dir", "run2", NULL}, 1, 0, "exit 127"},
+    {"usage: no trainers", 0, {"--servers", "1", NULL}, 2, -1, NULL},
+    {"usage: counts and --cluster", 0,
+     {"--servers", "1", "--trainers", "1", "--cluster", "x", NULL}, 2, -1, NULL},
+    {"--timeout with everything hanging", 1,
+     {"--servers", "1", "--trainers", "2", "--run-dir", "run3", "--timeout", "1",
+      "--trainer-args=--hang", NULL},
+     124, 1, "stopped"},
+};
+
 Test(it_launch, exit_codes, .timeout = 40)
 {
-    s_run r;
-    /* death by a signal is a failure */
-    s_setup(&r, 1);
-    const char *killed[] = {"--servers", "1", "--trainers", "2", "--run-dir", "run1",
-                            "--trainer-args", "--fail 0 --code kill --hang", NULL};
-    s_launch(&r, 0, NULL, killed);
-    cr_assert_eq(r.code, 1, "%s", r.out);
-    cr_assert_str_eq(s_row_status(&r, "trainer", 0), "killed by SIGKILL", "%s", r.out);
-    s_assert_all_gone(&r);
-    s_cleanup(&r);
-
-    /* a binary that does not exist */
-    s_setup(&r, 0);
-    const char *missing[] = {"--servers", "1", "--trainers", "1", "--run-dir", "run2", NULL};
-    s_launch(&r, 0, NULL, missing);
-    cr_assert_eq(r.code, 1, "%s", r.out);
-    cr_assert_str_eq(s_row_status(&r, "trainer", 0), "exit 127", "%s", r.out);
-    s_assert_all_gone(&r);
-
-    /* usage errors */
-    const char *usage[] = {"--servers", "1", NULL};
-    s_launch(&r, 0, NULL, usage);
-    cr_assert_eq(r.code, 2, "%s", r.out);
-    const char *both[] = {"--servers", "1", "--trainers", "1", "--cluster", "x", NULL};
-    s_launch(&r, 0, NULL, both);
-    cr_assert_eq(r.code, 2, "%s", r.out);
-    s_cleanup(&r);
-
-    /* --timeout with everything hanging */
-    s_setup(&r, 1);
-    const char *timeout[] = {"--servers", "1", "--trainers", "2", "--run-dir", "run3",
-                             "--timeout", "1", "--trainer-args=--hang", NULL};
-    s_launch(&r, 0, NULL, timeout);
-    cr_assert_eq(r.code, 124, "%s", r.out);
-    cr_assert_str_eq(s_row_status(&r, "trainer", 1), "stopped", "%s", r.out);
-    s_assert_all_gone(&r);
-    s_cleanup(&r);
+    for (size_t i = 0; i < sizeof s_exit_cases / sizeof s_exit_cases[0]; i++) {
+        s_run r;
+        s_setup(&r, s_exit_cases[i].with_trainer);
+        s_launch(&r, 0, NULL, s_exit_cases[i].args);
+        cr_assert_eq(r.code, s_exit_cases[i].code, "%s: %s", s_exit_cases[i].what, r.out);
+        if (s_exit_cases[i].status)
+            cr_assert_str_eq(s_row_status(&r, "trainer", s_exit_cases[i].trainer),
+                             s_exit_cases[i].status, "%s: %s", s_exit_cases[i].what, r.out);
+        s_assert_all_gone(&r);
+        s_cleanup(&r);
+    }
 }
 
 Test(it_launch, ctrl_c_stops_everything, .timeout = 30)
@@ -436,49 +449,11 @@ Test(it_launch, slurm_and_ssh_command_lines, .timeout = 10)
 
 /* ---------------------------------------------------------------- scripts/compare */
 
-static const char *s_compare(void)
-{
-    static char path[4096];
-    const char *root = getenv("ZPS_ROOT");
-    snprintf(path, sizeof path, "%s/scripts/compare", root && *root ? root : ".");
-    return path;
-}
-
 /* Runs scripts/compare in r->dir with args; output into r->out. */
 static void s_run_compare(s_run *r, const char *const *args)
 {
-    const char *argv[40];
-    int n = 0;
-    argv[n++] = "/usr/bin/python3";
-    argv[n++] = s_compare();
-    while (*args && n < 38)
-        argv[n++] = *args++;
-    argv[n] = NULL;
-    int fds[2];
-    cr_assert_eq(pipe(fds), 0);
-    pid_t pid = fork();
-    cr_assert_neq(pid, -1);
-    if (pid == 0) {
-        dup2(fds[1], 1);
-        dup2(fds[1], 2);
-        close(fds[0]);
-        close(fds[1]);
-        if (chdir(r->dir) != 0)
-            _exit(126);
-        unsetenv("ZPS_BENCH_DIR");
-        execv(argv[0], (char *const *)argv);
-        _exit(127);
-    }
-    close(fds[1]);
-    size_t len = 0;
-    ssize_t k;
-    while ((k = read(fds[0], r->out + len, S_OUT - 1 - len)) > 0)
-        len += (size_t)k;
-    r->out[len] = 0;
-    close(fds[0]);
-    int st = 0;
-    cr_assert_eq(waitpid(pid, &st, 0), pid);
-    r->code = WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
+    static const char *const none[] = {NULL};
+    s_exec(r, s_script("compare"), none, args, 0, NULL);
 }
 
 /* number after "key": inside the compare.json entry of mode (NAN for null / absent) */
@@ -497,56 +472,90 @@ static double s_entry(const char *json, const char *mode, const char *key)
     return strtod(p + strlen(pat), NULL);
 }
 
+static const char *const s_cmp_modes[] = {"sync", "async", "ssp", "allreduce"};
+#define S_CMP_MODES 4
+
+/* What the compare run must report per mode. */
+typedef struct cmp_want {
+    double img_s_sum[S_CMP_MODES], hit[S_CMP_MODES], final_acc[S_CMP_MODES];
+} cmp_want;
+
+/* Trainer t's metrics file of mode mi in dir: 80 steps of 0.25 s; trainer 0 evaluates every
+ * 10 steps and reaches 85% at evaluation 3 + mi (never for allreduce); trainer 1 never
+ * evaluates. Adds the trainer's img/s and (trainer 0) its last accuracy to w. */
+static void s_write_metrics(const char *dir, int mi, int t, cmp_want *w)
+{
+    char path[300];
+    snprintf(path, sizeof path, "%s/metrics-%d.jsonl", dir, t);
+    tr_metrics_opts o = {.jsonl_path = path, .mode = TR_PROGRESS_OFF, .trainer_id = t,
+                         .mode_name = s_cmp_modes[mi], .batch = 32, .n_trainers = 2,
+                         .target_accuracy = 0.85};
+    tr_metrics *m = NULL;
+    cr_assert_eq(tr_metrics_new(&o, &m), ZPS_OK);
+    int64_t images = 0;
+    double acc = 0;
+    for (int s = 1; s <= 80; s++) {
+        tr_metrics_set_fake_time(m, 0.25 * s);
+        tr_step_record rec = tr_step_record_empty(s);
+        rec.images = 16 + rand() % 32;
+        rec.loss = 2.0 / s;
+        images += rec.images;
+        if (t == 0 && s % 10 == 0) {
+            int ev = s / 10;
+            acc = ev < 3 + mi || mi == 3 ? 0.5 + 0.3 * rand() / RAND_MAX
+                                         : 0.85 + 0.1 * rand() / RAND_MAX;
+            rec.test_accuracy = acc;
+        }
+        cr_assert_eq(tr_metrics_step(m, &rec), ZPS_OK);
+    }
+    if (t == 0)
+        w->final_acc[mi] = acc;
+    w->img_s_sum[mi] += (double)images / 20.0;
+    tr_metrics_destroy(&m);
+}
+
+/* compare.json's entry of every mode against what the metrics files hold. */
+static void s_check_compare_json(const char *json, const cmp_want *w, uint64_t seed)
+{
+    for (int mi = 0; mi < S_CMP_MODES; mi++) {
+        const char *mode = s_cmp_modes[mi];
+        double v = s_entry(json, mode, "img_s");
+        cr_assert(fabs(v - w->img_s_sum[mi]) < 1e-3 * w->img_s_sum[mi],
+                  "%s img_s %g want %g (seed %llx)", mode, v, w->img_s_sum[mi],
+                  (unsigned long long)seed);
+        double t = s_entry(json, mode, "time_to_target");
+        if (isnan(w->hit[mi]))
+            cr_assert(isnan(t), "%s never reached 85%% but time_to_target %g", mode, t);
+        else /* trainers' start records differ by the ms they were created apart */
+            cr_assert(fabs(t - w->hit[mi]) < 0.5, "%s time_to_target %g want %g", mode, t,
+                      w->hit[mi]);
+        cr_assert(fabs(s_entry(json, mode, "final_accuracy") - w->final_acc[mi]) < 1e-5,
+                  "%s final accuracy", mode);
+        cr_assert_eq(s_entry(json, mode, "trainers"), 2.0);
+    }
+}
+
 Test(it_launch, compare_table_json_and_plot_from_metrics_files, .timeout = 60)
 {
     s_run r;
     s_setup(&r, 1);
     uint64_t seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 16);
     srand((unsigned)seed);
-    static const char *modes[] = {"sync", "async", "ssp", "allreduce"};
-    double img_s_sum[4] = {0}, hit[4], final_acc[4];
+    cmp_want w;
+    memset(&w, 0, sizeof w);
     const char *cargs[16];
     int nc = 0;
-    char specs[4][256];
+    char specs[S_CMP_MODES][256];
     cargs[nc++] = "--from-runs";
-    for (int mi = 0; mi < 4; mi++) {
+    for (int mi = 0; mi < S_CMP_MODES; mi++) {
         char dir[256];
-        snprintf(dir, sizeof dir, "%s/%s", r.dir, modes[mi]);
+        snprintf(dir, sizeof dir, "%s/%s", r.dir, s_cmp_modes[mi]);
         cr_assert_eq(mkdir(dir, 0755), 0);
-        snprintf(specs[mi], sizeof specs[mi], "%s=%s", modes[mi], modes[mi]);
+        snprintf(specs[mi], sizeof specs[mi], "%s=%s", s_cmp_modes[mi], s_cmp_modes[mi]);
         cargs[nc++] = specs[mi];
-        /* mode mi reaches 85% at evaluation 3 + mi (never for allreduce); trainer 0 evaluates
-         * every 10 steps of 0.25 s; trainer 1 never evaluates */
-        hit[mi] = mi < 3 ? 0.25 * 10 * (3 + mi) : NAN;
-        for (int t = 0; t < 2; t++) {
-            char path[300];
-            snprintf(path, sizeof path, "%s/metrics-%d.jsonl", dir, t);
-            tr_metrics_opts o = {.jsonl_path = path, .mode = TR_PROGRESS_OFF, .trainer_id = t,
-                                 .mode_name = modes[mi], .batch = 32, .n_trainers = 2,
-                                 .target_accuracy = 0.85};
-            tr_metrics *m = NULL;
-            cr_assert_eq(tr_metrics_new(&o, &m), ZPS_OK);
-            int64_t images = 0;
-            double acc = 0;
-            for (int s = 1; s <= 80; s++) {
-                tr_metrics_set_fake_time(m, 0.25 * s);
-                tr_step_record rec = tr_step_record_empty(s);
-                rec.images = 16 + rand() % 32;
-                rec.loss = 2.0 / s;
-                images += rec.images;
-                if (t == 0 && s % 10 == 0) {
-                    int ev = s / 10;
-                    acc = ev < 3 + mi || mi == 3 ? 0.5 + 0.3 * rand() / RAND_MAX
-                                                 : 0.85 + 0.1 * rand() / RAND_MAX;
-                    rec.test_accuracy = acc;
-                }
-                cr_assert_eq(tr_metrics_step(m, &rec), ZPS_OK);
-            }
-            if (t == 0)
-                final_acc[mi] = acc;
-            img_s_sum[mi] += (double)images / 20.0;
-            tr_metrics_destroy(&m);
-        }
+        w.hit[mi] = mi < 3 ? 0.25 * 10 * (3 + mi) : NAN;
+        for (int t = 0; t < 2; t++)
+            s_write_metrics(dir, mi, t, &w);
     }
     cargs[nc++] = "--out-dir";
     cargs[nc++] = "out";
@@ -559,20 +568,7 @@ Test(it_launch, compare_table_json_and_plot_from_metrics_files, .timeout = 60)
     char path[300], json[16384];
     snprintf(path, sizeof path, "%s/out/compare.json", r.dir);
     s_read_file(path, json, sizeof json);
-    for (int mi = 0; mi < 4; mi++) {
-        double v = s_entry(json, modes[mi], "img_s");
-        cr_assert(fabs(v - img_s_sum[mi]) < 1e-3 * img_s_sum[mi], "%s img_s %g want %g (seed %llx)",
-                  modes[mi], v, img_s_sum[mi], (unsigned long long)seed);
-        double t = s_entry(json, modes[mi], "time_to_target");
-        if (isnan(hit[mi]))
-            cr_assert(isnan(t), "%s never reached 85%% but time_to_target %g", modes[mi], t);
-        else /* trainers' start records differ by the ms they were created apart */
-            cr_assert(fabs(t - hit[mi]) < 0.5, "%s time_to_target %g want %g", modes[mi], t,
-                      hit[mi]);
-        cr_assert(fabs(s_entry(json, modes[mi], "final_accuracy") - final_acc[mi]) < 1e-5,
-                  "%s final accuracy", modes[mi]);
-        cr_assert_eq(s_entry(json, modes[mi], "trainers"), 2.0);
-    }
+    s_check_compare_json(json, &w, seed);
     unsigned char magic[8] = {0};
     snprintf(path, sizeof path, "%s/out/compare.png", r.dir);
     FILE *f = fopen(path, "rb");

@@ -55,10 +55,116 @@ static char *s_slurp(const char *path, size_t *len)
     return buf;
 }
 
+enum { N_STEPS = 40 };
+
+/* What the test fed tr_metrics (index = step, 1..N_STEPS), and the totals the summary must
+ * report. */
+typedef struct fed {
+    uint64_t seed;
+    double t, loss[N_STEPS + 1], dt[N_STEPS + 1], acc[N_STEPS + 1], stale[N_STEPS + 1];
+    uint64_t push_total, pull_total, images_total;
+    double best, first_hit, wait_total, stale_sum, stale_max;
+    int n_stale;
+} fed;
+
+/* Records N_STEPS random steps into m (a NaN loss at step 7, staleness unknown every third
+ * step, an evaluation every fifth), keeping what a reader of the file must find in f. */
+static void s_feed_steps(tr_metrics *m, fed *f)
+{
+    f->best = f->first_hit = f->stale_max = -1;
+    for (int s = 1; s <= N_STEPS; s++) {
+        tr_step_record r = tr_step_record_empty(s);
+        f->dt[s] = 0.01 + s_uniform();
+        f->t += f->dt[s];
+        tr_metrics_set_fake_time(m, f->t);
+        r.images = 16 + (int64_t)(s_uniform() * 48);
+        r.loss = f->loss[s] = s == 7 ? NAN : 0.1 + 2 * s_uniform();
+        r.bytes_pushed = 1000 + (uint64_t)(s_uniform() * 1e6);
+        r.bytes_pulled = r.bytes_pushed / 2;
+        r.net_wait_s = s_uniform() * f->dt[s];
+        f->stale[s] = s % 3 ? floor(s_uniform() * 4) : -1;
+        r.staleness = f->stale[s];
+        f->acc[s] = s % 5 == 0 ? s_uniform() : -1;
+        r.test_accuracy = f->acc[s];
+        r.test_loss = f->acc[s] >= 0 ? 1 - f->acc[s] : -1;
+        f->push_total += r.bytes_pushed;
+        f->pull_total += r.bytes_pulled;
+        f->images_total += (uint64_t)r.images;
+        f->wait_total += r.net_wait_s;
+        if (f->stale[s] >= 0) {
+            f->stale_sum += f->stale[s];
+            f->n_stale++;
+            f->stale_max = f->stale[s] > f->stale_max ? f->stale[s] : f->stale_max;
+        }
+        if (f->acc[s] > f->best)
+            f->best = f->acc[s];
+        if (f->acc[s] >= 0.8 && f->first_hit < 0)
+            f->first_hit = f->t;
+        cr_assert_eq(tr_metrics_step(m, &r), ZPS_OK);
+    }
+}
+
+static void s_check_start(const char *l)
+{
+    cr_assert(strstr(l, "\"type\":\"start\""), "%s", l);
+    cr_assert(strstr(l, "\"mode\":\"as\\\"ync\""), "escaped mode: %s", l);
+    cr_assert_eq(s_field(l, "batch"), 32.0);
+    cr_assert_float_eq(s_field(l, "target_accuracy"), 0.8, 1e-12);
+}
+
+static void s_check_summary(const char *l, const fed *f)
+{
+    double t = f->t;
+    cr_assert(strstr(l, "\"type\":\"summary\""), "%s", l);
+    cr_assert_eq(s_field(l, "steps"), (double)N_STEPS);
+    cr_assert_eq(s_field(l, "images"), (double)f->images_total);
+    cr_assert_eq(s_field(l, "bytes_pushed"), (double)f->push_total);
+    cr_assert_eq(s_field(l, "bytes_pulled"), (double)f->pull_total);
+    cr_assert_float_eq(s_field(l, "time"), t, 1e-5 * t);
+    cr_assert_float_eq(s_field(l, "img_s"), (double)f->images_total / t, 1e-4);
+    cr_assert_float_eq(s_field(l, "best_accuracy"), f->best, 1e-5, "seed %llx",
+                       (unsigned long long)f->seed);
+    cr_assert_float_eq(s_field(l, "net_wait"), f->wait_total, 1e-4 * f->wait_total + 1e-6);
+    cr_assert_float_eq(s_field(l, "staleness_mean"), f->stale_sum / f->n_stale, 1e-5);
+    cr_assert_float_eq(s_field(l, "staleness_max"), f->stale_max, 1e-9);
+    if (f->first_hit >= 0)
+        cr_assert_float_eq(s_field(l, "time_to_target"), f->first_hit, 1e-5 * f->first_hit);
+    else
+        cr_assert(isnan(s_field(l, "time_to_target")), "%s", l);
+    cr_assert_eq(s_field(l, "evals"), (double)(N_STEPS / 5));
+}
+
+/* The record of step s; *tprev is the time of the record before it (updated). */
+static void s_check_step(const char *l, int s, const fed *f, double *tprev)
+{
+    cr_assert(strstr(l, "\"type\":\"step\""), "%s", l);
+    cr_assert_eq(s_field(l, "step"), (double)s);
+    double tt = s_field(l, "time");
+    cr_assert_float_eq(tt - *tprev, f->dt[s], 1e-5, "step %d seed %llx", s,
+                       (unsigned long long)f->seed);
+    cr_assert_float_eq(s_field(l, "img_s") * f->dt[s], s_field(l, "images"), 1e-3);
+    *tprev = tt;
+    if (isnan(f->loss[s]))
+        cr_assert(isnan(s_field(l, "loss")), "NaN loss must be null: %s", l);
+    else
+        cr_assert_float_eq(s_field(l, "loss"), f->loss[s], 1e-5 * f->loss[s]);
+    if (f->stale[s] < 0)
+        cr_assert(isnan(s_field(l, "staleness")), "unknown staleness must be null: %s", l);
+    else
+        cr_assert_eq(s_field(l, "staleness"), f->stale[s]);
+    if (f->acc[s] >= 0) {
+        cr_assert_float_eq(s_field(l, "accuracy"), f->acc[s], 1e-5);
+        cr_assert_float_eq(s_field(l, "test_loss"), 1 - f->acc[s], 1e-5);
+    } else {
+        cr_assert_eq(s_field(l, "accuracy"), -999, "no accuracy when not evaluated: %s", l);
+    }
+    cr_assert_eq(s_field(l, "lr"), -999);
+}
+
 Test(metrics, jsonl_records_match_the_steps, .timeout = 10)
 {
     zps_log_set_level(ZPS_LOG_OFF);
-    uint64_t seed = s_seed();
+    fed f = {.seed = s_seed()};
     char path[] = "/tmp/zps-metrics-XXXXXX";
     int fd = mkstemp(path);
     cr_assert_geq(fd, 0);
@@ -69,47 +175,13 @@ Test(metrics, jsonl_records_match_the_steps, .timeout = 10)
                          .n_trainers = 2, .total_steps = 40, .target_accuracy = 0.8};
     tr_metrics *m = NULL;
     cr_assert_eq(tr_metrics_new(&o, &m), ZPS_OK);
-    enum { N = 40 };
-    double t = 0, loss[N + 1], dt[N + 1], acc[N + 1], stale[N + 1];
-    uint64_t push_total = 0, pull_total = 0, images_total = 0;
-    double best = -1, first_hit = -1, wait_total = 0, stale_sum = 0, stale_max = -1;
-    int n_stale = 0;
-    for (int s = 1; s <= N; s++) {
-        tr_step_record r = tr_step_record_empty(s);
-        dt[s] = 0.01 + s_uniform();
-        t += dt[s];
-        tr_metrics_set_fake_time(m, t);
-        r.images = 16 + (int64_t)(s_uniform() * 48);
-        r.loss = loss[s] = s == 7 ? NAN : 0.1 + 2 * s_uniform();
-        r.bytes_pushed = 1000 + (uint64_t)(s_uniform() * 1e6);
-        r.bytes_pulled = r.bytes_pushed / 2;
-        r.net_wait_s = s_uniform() * dt[s];
-        stale[s] = s % 3 ? floor(s_uniform() * 4) : -1;
-        r.staleness = stale[s];
-        acc[s] = s % 5 == 0 ? s_uniform() : -1;
-        r.test_accuracy = acc[s];
-        r.test_loss = acc[s] >= 0 ? 1 - acc[s] : -1;
-        push_total += r.bytes_pushed;
-        pull_total += r.bytes_pulled;
-        images_total += (uint64_t)r.images;
-        wait_total += r.net_wait_s;
-        if (stale[s] >= 0) {
-            stale_sum += stale[s];
-            n_stale++;
-            stale_max = stale[s] > stale_max ? stale[s] : stale_max;
-        }
-        if (acc[s] > best)
-            best = acc[s];
-        if (acc[s] >= 0.8 && first_hit < 0)
-            first_hit = t;
-        cr_assert_eq(tr_metrics_step(m, &r), ZPS_OK);
-    }
+    s_feed_steps(m, &f);
     tr_metrics_totals tot;
     tr_metrics_get_totals(m, &tot);
-    cr_assert_eq(tot.steps, N);
-    cr_assert_eq((uint64_t)tot.images, images_total);
+    cr_assert_eq(tot.steps, N_STEPS);
+    cr_assert_eq((uint64_t)tot.images, f.images_total);
     cr_assert_eq(tr_metrics_finish(m), ZPS_OK);
-    tr_step_record late = tr_step_record_empty(N + 1);
+    tr_step_record late = tr_step_record_empty(N_STEPS + 1);
     cr_assert_eq(tr_metrics_step(m, &late), ZPS_ERR_INVALID);
     tr_metrics_destroy(&m);
     cr_assert_null(m);
@@ -126,58 +198,14 @@ Test(metrics, jsonl_records_match_the_steps, .timeout = 10)
         cr_assert_eq(l[0], '{', "line %d: %s", lines, l);
         cr_assert_eq(l[strlen(l) - 1], '}', "line %d: %s", lines, l);
         cr_assert_eq(s_field(l, "trainer"), 1.0);
-        if (lines == 0) {
-            cr_assert(strstr(l, "\"type\":\"start\""), "%s", l);
-            cr_assert(strstr(l, "\"mode\":\"as\\\"ync\""), "escaped mode: %s", l);
-            cr_assert_eq(s_field(l, "batch"), 32.0);
-            cr_assert_float_eq(s_field(l, "target_accuracy"), 0.8, 1e-12);
-            continue;
-        }
-        if (lines == N + 1) {
-            cr_assert(strstr(l, "\"type\":\"summary\""), "%s", l);
-            cr_assert_eq(s_field(l, "steps"), (double)N);
-            cr_assert_eq(s_field(l, "images"), (double)images_total);
-            cr_assert_eq(s_field(l, "bytes_pushed"), (double)push_total);
-            cr_assert_eq(s_field(l, "bytes_pulled"), (double)pull_total);
-            cr_assert_float_eq(s_field(l, "time"), t, 1e-5 * t);
-            cr_assert_float_eq(s_field(l, "img_s"), (double)images_total / t, 1e-4);
-            cr_assert_float_eq(s_field(l, "best_accuracy"), best, 1e-5, "seed %llx",
-                               (unsigned long long)seed);
-            cr_assert_float_eq(s_field(l, "net_wait"), wait_total, 1e-4 * wait_total + 1e-6);
-            cr_assert_float_eq(s_field(l, "staleness_mean"), stale_sum / n_stale, 1e-5);
-            cr_assert_float_eq(s_field(l, "staleness_max"), stale_max, 1e-9);
-            if (first_hit >= 0)
-                cr_assert_float_eq(s_field(l, "time_to_target"), first_hit, 1e-5 * first_hit);
-            else
-                cr_assert(isnan(s_field(l, "time_to_target")), "%s", l);
-            cr_assert_eq(s_field(l, "evals"), (double)(N / 5));
-            continue;
-        }
-        int s = lines;
-        cr_assert(strstr(l, "\"type\":\"step\""), "%s", l);
-        cr_assert_eq(s_field(l, "step"), (double)s);
-        double tt = s_field(l, "time");
-        cr_assert_float_eq(tt - tprev, dt[s], 1e-5, "step %d seed %llx", s,
-                           (unsigned long long)seed);
-        cr_assert_float_eq(s_field(l, "img_s") * dt[s], s_field(l, "images"), 1e-3);
-        tprev = tt;
-        if (isnan(loss[s]))
-            cr_assert(isnan(s_field(l, "loss")), "NaN loss must be null: %s", l);
+        if (lines == 0)
+            s_check_start(l);
+        else if (lines == N_STEPS + 1)
+            s_check_summary(l, &f);
         else
-            cr_assert_float_eq(s_field(l, "loss"), loss[s], 1e-5 * loss[s]);
-        if (stale[s] < 0)
-            cr_assert(isnan(s_field(l, "staleness")), "unknown staleness must be null: %s", l);
-        else
-            cr_assert_eq(s_field(l, "staleness"), stale[s]);
-        if (acc[s] >= 0) {
-            cr_assert_float_eq(s_field(l, "accuracy"), acc[s], 1e-5);
-            cr_assert_float_eq(s_field(l, "test_loss"), 1 - acc[s], 1e-5);
-        } else {
-            cr_assert_eq(s_field(l, "accuracy"), -999, "no accuracy when not evaluated: %s", l);
-        }
-        cr_assert_eq(s_field(l, "lr"), -999);
+            s_check_step(l, lines, &f, &tprev);
     }
-    cr_assert_eq(lines, N + 2);
+    cr_assert_eq(lines, N_STEPS + 2);
 }
 
 /* feeds n steps at 0.1 s, evaluating every `eval` steps (0: never) */

@@ -120,6 +120,93 @@ static void s_fini(void)
     s_dir[0] = 0;
 }
 
+/* Saves m's weights and a random batch (n images of 3 x size x size, labels < classes) into
+ * dir for the PyTorch script; the batch into *x, *y (caller frees). */
+static void s_write_inputs(const char *dir, nn_model *m, int size, int n, int classes, float **x,
+                           int32_t **y)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/w.bin", dir);
+    cr_assert_eq(nn_model_save(m, path), ZPS_OK);
+    size_t nx = (size_t)n * 3 * size * size;
+    *x = malloc(nx * sizeof **x);
+    *y = malloc((size_t)n * sizeof **y);
+    for (size_t i = 0; i < nx; i++)
+        (*x)[i] = (float)(zt_rand() % 2000001) / 1e6f - 1.0f;
+    for (int i = 0; i < n; i++)
+        (*y)[i] = (int32_t)(zt_rand() % (uint32_t)classes);
+    snprintf(path, sizeof path, "%s/x.bin", dir);
+    s_write(path, *x, nx * sizeof **x);
+    snprintf(path, sizeof path, "%s/y.bin", dir);
+    s_write(path, *y, (size_t)n * sizeof **y);
+}
+
+/* ref[0]: float64 (the truth); ref[1]: float32; ref[2..]: float32 on perturbed inputs; each
+ * of total values. */
+static void s_read_refs(const char *dir, size_t total, double **ref)
+{
+    char path[4200];
+    for (int i = 0; i < 2 + S_NPERT; i++) {
+        if (i < 2)
+            snprintf(path, sizeof path, "%s/ref.%s", dir, i == 0 ? "f64" : "f32");
+        else
+            snprintf(path, sizeof path, "%s/ref.pert%d", dir, i - 2);
+        ref[i] = s_read(path, total);
+    }
+}
+
+/* The comparison's running tally over the tensors. */
+typedef struct tally {
+    int bad, tight, torch_tight, checked;
+    double worst;
+    const char *worst_name;
+    int verbose;
+} tally;
+
+/* One tensor of cnt values, at off in the reference files: zps's error against float64 must
+ * be within 1e-3 plus four times torch's own float32 and perturbed-input errors. */
+static void s_check_tensor(const char *name, const float *mine, double *const *ref, size_t off,
+                           size_t cnt, tally *ty)
+{
+    const double *t64 = ref[0];
+    double ez = s_rel(mine, NULL, t64 + off, cnt);
+    double e32 = s_rel(NULL, ref[1] + off, t64 + off, cnt), ep = 0;
+    for (int i = 2; i < 2 + S_NPERT; i++)
+        ep = fmax(ep, s_rel(NULL, ref[i] + off, t64 + off, cnt));
+    double bound = 1e-3 + 4 * fmax(e32, ep);
+    ty->checked++;
+    ty->tight += ez <= 1e-3;
+    ty->torch_tight += e32 <= 1e-3;
+    if (ez / bound > ty->worst)
+        ty->worst = ez / bound, ty->worst_name = name;
+    if (ty->verbose)
+        fprintf(stderr, "%-48s zps %.3g  torch f32 %.3g  perturbed %.3g  bound %.3g\n", name, ez,
+                e32, ep, bound);
+    if (ez > bound) {
+        ty->bad++;
+        /* stderr, not cr_log_warn: that makes Criterion exit 1 (tests/testutil.h) */
+        fprintf(stderr, "[over bound] %s: zps error %.3g, torch float32 %.3g, perturbed %.3g, "
+                "bound %.3g\n", name, ez, e32, ep, bound);
+    }
+}
+
+/* Every tensor of m after forward and backward: the logits, the gradients, the running
+ * statistics, each at its place in the reference files. */
+static void s_check_tensors(nn_model *m, const float *logits, int n, int classes,
+                            double *const *ref, tally *ty)
+{
+    size_t nv, ns, np = nn_model_param_count(m);
+    const nn_var *v = nn_model_vars(m, &nv), *st = nn_model_stats(m, &ns);
+    size_t base = 1 + (size_t)n * classes;
+    s_check_tensor("logits", logits, ref, 1, (size_t)n * classes, ty);
+    for (size_t k = 0; k < nv; k++)
+        s_check_tensor(v[k].name, nn_model_grads(m) + v[k].offset, ref, base + v[k].offset,
+                       v[k].count, ty);
+    for (size_t k = 0; k < ns; k++)
+        s_check_tensor(st[k].name, nn_model_statbuf(m) + st[k].offset, ref,
+                       base + np + st[k].offset, st[k].count, ty);
+}
+
 static void s_compare(int size, int n, int aux, int classes)
 {
     nn_model_opts o;
@@ -131,21 +218,11 @@ static void s_compare(int size, int n, int aux, int classes)
     const k_backend *be = k_backend_by_name(bn ? bn : "cpu");
     cr_assert_not_null(be, "no back-end %s", bn);
     cr_assert_eq(nn_model_create(be, &o, &m), ZPS_OK);
-    char *dir = s_dir, path[4200];
+    char *dir = s_dir;
     zt_mktmp(s_dir, sizeof s_dir, "zps-inception");
-    snprintf(path, sizeof path, "%s/w.bin", dir);
-    cr_assert_eq(nn_model_save(m, path), ZPS_OK);
-    size_t nx = (size_t)n * 3 * size * size;
-    float *x = malloc(nx * sizeof *x);
-    int32_t *y = malloc((size_t)n * sizeof *y);
-    for (size_t i = 0; i < nx; i++)
-        x[i] = (float)(zt_rand() % 2000001) / 1e6f - 1.0f;
-    for (int i = 0; i < n; i++)
-        y[i] = (int32_t)(zt_rand() % (uint32_t)classes);
-    snprintf(path, sizeof path, "%s/x.bin", dir);
-    s_write(path, x, nx * sizeof *x);
-    snprintf(path, sizeof path, "%s/y.bin", dir);
-    s_write(path, y, (size_t)n * sizeof *y);
+    float *x;
+    int32_t *y;
+    s_write_inputs(dir, m, size, n, classes, &x, &y);
     s_run_python(dir, n, size, classes, aux, S_PERTURB);
 
     float loss;
@@ -155,75 +232,27 @@ static void s_compare(int size, int n, int aux, int classes)
     cr_assert_eq(nn_model_tensor(m, "fc", &logits, &ln, &lc, &lh, &lw), ZPS_OK);
     cr_assert_eq(nn_model_backward(m, NULL, NULL), ZPS_OK);
 
-    size_t nv, ns, np = nn_model_param_count(m), nst = nn_model_stat_count(m);
-    const nn_var *v = nn_model_vars(m, &nv), *st = nn_model_stats(m, &ns);
-    size_t total = 1 + (size_t)n * classes + np + nst;
-    /* ref[0]: float64 (the truth); ref[1]: float32; ref[2..]: float32 on perturbed inputs */
+    size_t total = 1 + (size_t)n * classes + nn_model_param_count(m) + nn_model_stat_count(m);
     double *ref[2 + S_NPERT];
-    for (int i = 0; i < 2 + S_NPERT; i++) {
-        if (i < 2)
-            snprintf(path, sizeof path, "%s/ref.%s", dir, i == 0 ? "f64" : "f32");
-        else
-            snprintf(path, sizeof path, "%s/ref.pert%d", dir, i - 2);
-        ref[i] = s_read(path, total);
-    }
+    s_read_refs(dir, total, ref);
     const double *t64 = ref[0];
-
     double dl = 0;
     for (int i = 1; i < 2 + S_NPERT; i++)
         dl = fmax(dl, fabs(ref[i][0] - t64[0]));
     cr_assert(fabs(loss - t64[0]) <= 1e-4 * fabs(t64[0]) + 4 * dl,
               "loss %.9g, torch float64 %.9g, float32 %.9g (seed %llu)", loss, t64[0], ref[1][0],
               (unsigned long long)s_seed);
-    int bad = 0, tight = 0, torch_tight = 0, checked = 0;
-    double worst = 0;
-    const char *worst_name = "";
-    const int verbose = getenv("ZPS_INCEPTION_VERBOSE") != NULL;
-    /* tensors: logits, gradients, running statistics */
-    for (size_t k = 0; k < 1 + nv + ns; k++) {
-        const char *name;
-        const float *mine;
-        size_t off, cnt;
-        if (k == 0) {
-            name = "logits", mine = logits, off = 1, cnt = (size_t)n * classes;
-        } else if (k <= nv) {
-            const nn_var *q = &v[k - 1];
-            name = q->name, mine = nn_model_grads(m) + q->offset,
-            off = 1 + (size_t)n * classes + q->offset, cnt = q->count;
-        } else {
-            const nn_var *q = &st[k - 1 - nv];
-            name = q->name, mine = nn_model_statbuf(m) + q->offset,
-            off = 1 + (size_t)n * classes + np + q->offset, cnt = q->count;
-        }
-        double ez = s_rel(mine, NULL, t64 + off, cnt);
-        double e32 = s_rel(NULL, ref[1] + off, t64 + off, cnt), ep = 0;
-        for (int i = 2; i < 2 + S_NPERT; i++)
-            ep = fmax(ep, s_rel(NULL, ref[i] + off, t64 + off, cnt));
-        double bound = 1e-3 + 4 * fmax(e32, ep);
-        checked++;
-        tight += ez <= 1e-3;
-        torch_tight += e32 <= 1e-3;
-        if (ez / bound > worst)
-            worst = ez / bound, worst_name = name;
-        if (verbose)
-            fprintf(stderr, "%-48s zps %.3g  torch f32 %.3g  perturbed %.3g  bound %.3g\n", name, ez,
-                    e32, ep, bound);
-        if (ez > bound) {
-            bad++;
-            /* stderr, not cr_log_warn: that makes Criterion exit 1 (tests/testutil.h) */
-            fprintf(stderr, "[over bound] %s: zps error %.3g, torch float32 %.3g, perturbed %.3g, "
-                    "bound %.3g\n", name, ez, e32, ep, bound);
-        }
-    }
+    tally ty = {.worst_name = "", .verbose = getenv("ZPS_INCEPTION_VERBOSE") != NULL};
+    s_check_tensors(m, logits, n, classes, ref, &ty);
     fprintf(stderr, "inception %dx%d batch %d aux %d: %d tensors; within 1e-3 of float64: zps %d, "
                 "torch float32 %d; worst error/bound %.2f (%s)\n",
-                size, size, n, aux, checked, tight, torch_tight, worst, worst_name);
+                size, size, n, aux, ty.checked, ty.tight, ty.torch_tight, ty.worst, ty.worst_name);
     s_fini(); // before the verdict, to free the space at once (an early failure: .fini)
     free(x), free(y);
     for (int i = 0; i < 2 + S_NPERT; i++)
         free(ref[i]);
     nn_model_destroy(&m);
-    cr_assert(bad == 0, "%d of %d tensors outside the bound (seed %llu)", bad, checked,
+    cr_assert(ty.bad == 0, "%d of %d tensors outside the bound (seed %llu)", ty.bad, ty.checked,
               (unsigned long long)s_seed);
 }
 Test(it_nn_inception, matches_pytorch_at_299_with_aux, .init = s_init, .fini = s_fini, .timeout = 120)

@@ -14,12 +14,10 @@
  * waited for the timeout would take at least 30 s.
  */
 #include <criterion/criterion.h>
-#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -40,57 +38,14 @@
 static const ps_var s_vars[] = {{"w", 3000}, {"b", 7}};
 #define NV 2
 
-/* Runs $ZPS_BIN/zps-server with args (NULL-terminated), stdout and stderr into out;
- * returns the wait status. Killed (and the test failed) after timeout_s. */
-static int s_run_server(const char *const *args, char *out, size_t cap, double timeout_s)
+/* Runs $ZPS_BIN/zps-server with args (NULL-terminated), stdout and stderr into
+ * dir/server.out and *out (caller frees); returns its exit code. Killed (and the test
+ * failed) after 10 s, or when it did not exit normally. */
+static int s_run_server(const char *dir, const char *const *args, char **out)
 {
-    const char *bin = getenv("ZPS_BIN");
-    char path[1024];
-    snprintf(path, sizeof path, "%s/zps-server", bin ? bin : "build/bin");
-    const char *argv[32];
-    int n = 0;
-    argv[n++] = path;
-    for (int i = 0; args[i] && n < 31; i++)
-        argv[n++] = args[i];
-    argv[n] = NULL;
-    int fds[2];
-    cr_assert_eq(pipe(fds), 0);
-    pid_t pid = fork();
-    cr_assert(pid >= 0);
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        dup2(fds[1], 1);
-        dup2(fds[1], 2);
-        close(fds[0]);
-        close(fds[1]);
-        execv(path, (char *const *)argv);
-        _exit(127);
-    }
-    close(fds[1]);
-    size_t got = 0;
-    double end = zps_now_s() + timeout_s;
-    for (;;) {
-        struct pollfd p = {fds[0], POLLIN, 0};
-        if (zps_now_s() > end)
-            break;
-        if (poll(&p, 1, 100) <= 0)
-            continue;
-        ssize_t k = read(fds[0], out + got, cap - 1 - got);
-        if (k <= 0)
-            break;
-        got += (size_t)k;
-        if (got == cap - 1)
-            break;
-    }
-    out[got] = 0;
-    close(fds[0]);
-    pst_server p = {.pid = pid};
-    int st = pst_wait(&p, end - zps_now_s() > 0.1 ? end - zps_now_s() : 0.1);
-    if (st == -1) {
-        st = pst_kill(&p, SIGKILL);
-        cr_assert_fail("zps-server %s did not finish in %.0f s:\n%s", args[0], timeout_s, out);
-    }
-    return st;
+    char log[320];
+    snprintf(log, sizeof log, "%s/server.out", dir);
+    return zt_run("zps-server", args, NULL, log, 10, out);
 }
 
 /* A numeric STATS field (-1 when absent). */
@@ -112,14 +67,15 @@ TestSuite(it_ps_curve, .timeout = 60);
 
 Test(it_ps_curve, keygen_binary_round_trip_and_refusal)
 {
-    char dir[256], prefix[300], kpath[320], ppath[320], out[8192], why[1024];
+    char dir[256], prefix[300], kpath[320], ppath[320], why[1024], *out;
     zt_mktmp(dir, sizeof dir, "zps-curve");
     snprintf(prefix, sizeof prefix, "%s/srv", dir);
     snprintf(kpath, sizeof kpath, "%s.key", prefix);
     snprintf(ppath, sizeof ppath, "%s.pub", prefix);
     const char *args[] = {"--keygen", prefix, NULL};
-    int st = s_run_server(args, out, sizeof out, 10);
-    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "keygen failed: %s", out);
+    int code = s_run_server(dir, args, &out);
+    cr_assert_eq(code, 0, "keygen failed: %s", out);
+    free(out);
     struct stat sk;
     cr_assert_eq(stat(kpath, &sk), 0);
     cr_assert_eq(sk.st_mode & 0777, 0600);
@@ -128,9 +84,10 @@ Test(it_ps_curve, keygen_binary_round_trip_and_refusal)
     cr_assert_eq(ps_curve_load_public(ppath, pub2, why, sizeof why), ZPS_OK, "%s", why);
     cr_assert_str_eq(pub, pub2);
     char *before = pct_slurp(kpath);
-    st = s_run_server(args, out, sizeof out, 10);
-    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 1, "second keygen: status %d: %s", st, out);
+    code = s_run_server(dir, args, &out);
+    cr_assert_eq(code, 1, "second keygen: exit %d: %s", code, out);
     cr_assert_not_null(strstr(out, "exists; not overwriting"), "%s", out);
+    free(out);
     char *after = pct_slurp(kpath);
     cr_assert_str_eq(before, after);
     free(before);
@@ -140,7 +97,7 @@ Test(it_ps_curve, keygen_binary_round_trip_and_refusal)
 
 Test(it_ps_curve, server_refuses_bad_key_files)
 {
-    char dir[256], key[300], allow[300], wide[300], badallow[300], missing[300], out[8192];
+    char dir[256], key[300], allow[300], wide[300], badallow[300], missing[300], *out;
     zt_mktmp(dir, sizeof dir, "zps-curve");
     pct_keygen(dir, "server");
     pct_keygen(dir, "t0");
@@ -164,12 +121,12 @@ Test(it_ps_curve, server_refuses_bad_key_files)
     };
     const char *named[] = {wide, badallow, missing, NULL};
     for (int i = 0; i < 4; i++) {
-        int st = s_run_server(cases[i], out, sizeof out, 10);
-        cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == (i == 3 ? 2 : 1),
-                  "case %d: status %d:\n%s", i, st, out);
+        int code = s_run_server(dir, cases[i], &out);
+        cr_assert_eq(code, i == 3 ? 2 : 1, "case %d: exit %d:\n%s", i, code, out);
         cr_assert_not_null(strstr(out, want[i]), "case %d: '%s' not in:\n%s", i, want[i], out);
         if (named[i])
             cr_assert_not_null(strstr(out, named[i]), "case %d: %s not named:\n%s", i, named[i], out);
+        free(out);
     }
     zt_rmtmp(dir);
 }

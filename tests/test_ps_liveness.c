@@ -90,13 +90,34 @@ static void *s_thread(void *arg)
     return NULL;
 }
 
-Test(it_ps_liveness, sync_continues_after_a_trainer_dies, .timeout = 60)
+/* Expects server 0's STATS to hold every string of want (NULL-terminated) and the version
+ * STEPS. */
+static void s_expect_stats(ps_client *c, const char *const *want)
+{
+    char *json;
+    cr_assert_eq(ps_client_stats(c, 0, &json), ZPS_OK);
+    for (int i = 0; want[i]; i++)
+        cr_expect(strstr(json, want[i]), "%s", json);
+    char ver[32];
+    snprintf(ver, sizeof ver, "\"version\":%d,", STEPS);
+    cr_expect(strstr(json, ver), "%s", json);
+    free(json);
+}
+
+/* The plan of s_vars on one server started with args; the caller destroys both. */
+static ps_plan *s_start(pst_server *srv, const char *const *args)
 {
     ps_plan *plan;
     cr_assert_eq(ps_plan_new(s_vars, 2, 1, 0, &plan), ZPS_OK);
+    cr_assert_eq(pst_spawn(srv, NULL, args), 0);
+    return plan;
+}
+
+Test(it_ps_liveness, sync_continues_after_a_trainer_dies, .timeout = 60)
+{
     pst_server srv;
     const char *args[] = {"--mode", "sync", "--num-trainers", "3", "--trainer-timeout", "1", NULL};
-    cr_assert_eq(pst_spawn(&srv, NULL, args), 0);
+    ps_plan *plan = s_start(&srv, args);
     /* trainer 0 initialises; the others need values before their first pull */
     ps_client *c0 = pst_client_init(srv.uri, plan, pst_seed(), NULL);
     ps_client_destroy(&c0);
@@ -143,13 +164,8 @@ Test(it_ps_liveness, sync_continues_after_a_trainer_dies, .timeout = 60)
     const char *uris[1] = {srv.uri};
     ps_client *c;
     cr_assert_eq(ps_client_new(uris, 1, 0, NULL, &c), ZPS_OK);
-    char *json;
-    cr_assert_eq(ps_client_stats(c, 0, &json), ZPS_OK);
-    cr_expect(strstr(json, "\"trainers_dropped\":1,"), "%s", json);
-    char want[32];
-    snprintf(want, sizeof want, "\"version\":%d,", STEPS);
-    cr_expect(strstr(json, want), "%s", json);
-    free(json);
+    const char *want[] = {"\"trainers_dropped\":1,", NULL};
+    s_expect_stats(c, want);
     ps_client_destroy(&c);
     pst_kill(&srv, SIGTERM);
     ps_plan_destroy(&plan);
@@ -173,11 +189,9 @@ static void *s_leave_thread(void *arg)
  * both go when trainer 0 arrives. Without LEAVE trainer 0 would wait forever. */
 Test(it_ps_liveness, sync_and_barrier_go_on_after_a_trainer_leaves, .timeout = 30)
 {
-    ps_plan *plan;
-    cr_assert_eq(ps_plan_new(s_vars, 2, 1, 0, &plan), ZPS_OK);
     pst_server srv;
     const char *args[] = {"--mode", "sync", "--num-trainers", "2", NULL};
-    cr_assert_eq(pst_spawn(&srv, NULL, args), 0);
+    ps_plan *plan = s_start(&srv, args);
     ps_client *c = pst_client_init(srv.uri, plan, pst_seed(), NULL);
     pthread_t th[2];
     larg la[2];
@@ -192,14 +206,8 @@ Test(it_ps_liveness, sync_and_barrier_go_on_after_a_trainer_leaves, .timeout = 3
         cr_expect_eq(la[t].a.status, 0, "trainer %d: %s", t, la[t].a.err);
     cr_expect_eq(la[0].a.steps_done, STEPS);
     cr_expect_eq(la[1].a.steps_done, 2);
-    char *json;
-    cr_assert_eq(ps_client_stats(c, 0, &json), ZPS_OK);
-    cr_expect(strstr(json, "\"trainers_left\":1,"), "%s", json);
-    cr_expect(strstr(json, "\"trainers_dropped\":0,"), "%s", json);
-    char want[32];
-    snprintf(want, sizeof want, "\"version\":%d,", STEPS);
-    cr_expect(strstr(json, want), "%s", json);
-    free(json);
+    const char *want[] = {"\"trainers_left\":1,", "\"trainers_dropped\":0,", NULL};
+    s_expect_stats(c, want);
     ps_client_destroy(&c);
     pst_kill(&srv, SIGTERM);
     ps_plan_destroy(&plan);
@@ -209,22 +217,16 @@ Test(it_ps_liveness, sync_and_barrier_go_on_after_a_trainer_leaves, .timeout = 3
  * live with the heartbeat thread and is dropped without it. */
 Test(it_ps_liveness, heartbeat_thread_keeps_a_busy_trainer_live, .timeout = 30)
 {
-    ps_plan *plan;
-    cr_assert_eq(ps_plan_new(s_vars, 2, 1, 0, &plan), ZPS_OK);
     pst_server srv;
     const char *args[] = {"--mode", "sync", "--num-trainers", "2", "--trainer-timeout", "1", NULL};
-    cr_assert_eq(pst_spawn(&srv, NULL, args), 0);
-    const char *uris[1] = {srv.uri};
+    ps_plan *plan = s_start(&srv, args);
     ps_client_opts o;
     ps_client_opts_default(&o);
     o.heartbeat_ms = 100;
     o.heartbeat_thread = 1;
-    ps_client *busy, *plain;
-    cr_assert_eq(ps_client_new(uris, 1, 0, &o, &busy), ZPS_OK);
+    ps_client *busy = pst_client_connect(srv.uri, 0, &o, plan);
     o.heartbeat_thread = 0;
-    cr_assert_eq(ps_client_new(uris, 1, 1, &o, &plain), ZPS_OK);
-    cr_assert_eq(ps_client_register(busy, plan, NULL, NULL), ZPS_OK);
-    cr_assert_eq(ps_client_register(plain, plan, NULL, NULL), ZPS_OK);
+    ps_client *plain = pst_client_connect(srv.uri, 1, &o, plan);
     zps_sleep_ns(2500000000ull); // both "compute" for 2.5 s, well past the timeout
     char *json;
     cr_assert_eq(ps_client_stats(busy, 0, &json), ZPS_OK);

@@ -20,14 +20,75 @@
 static const ps_var s_vars[] = {{"w1", 3000}, {"b1", 7}, {"w2", 1500}, {"b2", 3}};
 #define NV 4
 
+/* The state of one async case: two trainers' clients and copies, and the reference. */
+typedef struct acase {
+    uint64_t seed, r, n, applied;
+    int nv;
+    ps_dtype dt;
+    ps_optim_config o;
+    ps_client *c[2];
+    float *ref, *v[2], *g, *slots[2];
+    uint64_t ver[2]; // the version of v[t]
+    uint16_t *wire;
+} acase;
+
+/* Both trainers' clients (wire dtype a->dt) to the servers at uris, registered for plan;
+ * the servers' flags make the job async. */
+static void s_async_connect(acase *a, const ps_plan *plan, const char *const *uris)
+{
+    ps_client_opts co;
+    ps_client_opts_default(&co);
+    co.push_dtype = a->dt;
+    for (int t = 0; t < 2; t++) {
+        cr_assert_eq(ps_client_new(uris, 2, (uint32_t)t, &co, &a->c[t]), ZPS_OK);
+        ps_job eff;
+        cr_assert_eq(ps_client_register(a->c[t], plan, NULL, &eff), ZPS_OK);
+        cr_assert_eq(eff.mode, PS_MODE_ASYNC);
+    }
+}
+
+/* Trainer t refreshes its copy v[t] and learns its version. */
+static void s_async_pull(acase *a, int t)
+{
+    ps_ticket tk;
+    cr_assert_eq(ps_client_pull(a->c[t], 0, a->nv, a->v[t], 0, &tk), ZPS_OK);
+    cr_assert_eq(ps_client_wait_version(a->c[t], tk, &a->ver[t]), ZPS_OK);
+}
+
+/* Push k: a trainer drawn from the seed pushes a gradient from its (maybe stale) copy; the
+ * reference applies it as received. Every other push the trainer refreshes and compares. */
+static void s_async_push(acase *a, int k)
+{
+    uint64_t n = a->n;
+    int t = pst_uniform(&a->r) > 0.0f;
+    for (uint64_t i = 0; i < n; i++)
+        a->g[i] = 0.5f * a->v[t][i] + pst_uniform(&a->r);
+    ps_ticket tk;
+    cr_assert_eq(ps_client_push(a->c[t], 0, a->nv, a->g, (int64_t)a->ver[t], &tk), ZPS_OK);
+    cr_assert_eq(ps_client_wait(a->c[t], tk), ZPS_OK, "%s", ps_client_last_error(a->c[t]));
+    if (a->dt == PS_DTYPE_BF16) { // what went on the wire
+        ps_f32_to_bf16(a->wire, a->g, n);
+        ps_bf16_to_f32(a->g, a->wire, n);
+    }
+    ps_optim_apply(&a->o, a->applied++, a->ref, a->slots, a->g, n);
+    /* Only sometimes refresh, so later pushes are stale. */
+    if (k % 2 == 0) {
+        s_async_pull(a, t);
+        cr_assert_eq(a->ver[t], a->applied);
+        cr_assert(!memcmp(a->v[t], a->ref, n * 4), "push %d: values differ (seed %llu)", k,
+                  (unsigned long long)a->seed);
+    }
+}
+
 /* Two trainers push in turn (wire dtype dt); the values equal the pushes applied one by one
  * in arrival order, each gradient as the server received it (bf16: rounded, then widened). */
 static void s_async_case(const ps_var *vars, int nv, uint64_t chunk_bytes, ps_dtype dt)
 {
-    uint64_t seed = pst_seed();
+    acase a = {.seed = pst_seed(), .nv = nv, .dt = dt};
+    a.r = a.seed;
     ps_plan *plan;
     cr_assert_eq(ps_plan_new(vars, nv, 2, chunk_bytes, &plan), ZPS_OK);
-    uint64_t n = plan->total;
+    uint64_t n = a.n = plan->total;
     pst_server srv[2];
     const char *args[] = {"--mode", "async", "--num-trainers", "2", NULL};
     const char *uris[2];
@@ -35,79 +96,46 @@ static void s_async_case(const ps_var *vars, int nv, uint64_t chunk_bytes, ps_dt
         cr_assert_eq(pst_spawn(&srv[i], NULL, args), 0);
         uris[i] = srv[i].uri;
     }
-    ps_client *c[2];
-    ps_client_opts co;
-    ps_client_opts_default(&co);
-    co.push_dtype = dt;
-    for (int t = 0; t < 2; t++) {
-        cr_assert_eq(ps_client_new(uris, 2, (uint32_t)t, &co, &c[t]), ZPS_OK);
-        ps_job eff;
-        cr_assert_eq(ps_client_register(c[t], plan, NULL, &eff), ZPS_OK);
-        cr_assert_eq(eff.mode, PS_MODE_ASYNC);
-    }
-    ps_optim_config o;
-    ps_optim_default(&o);
-    o.kind = PS_OPT_ADAM;
-    o.lr = 0.01;
-    float *ref = zps_xmalloc(n * 4), *v[2], *g = zps_xmalloc(n * 4);
-    float *slots[2] = {zps_xcalloc(n, 4), zps_xcalloc(n, 4)};
-    uint16_t *wire = zps_xmalloc(n * 2);
-    uint64_t r = seed;
+    s_async_connect(&a, plan, uris);
+    a.o = pst_optim(PS_OPT_ADAM, 0.01);
+    a.ref = zps_xmalloc(n * 4);
+    a.g = zps_xmalloc(n * 4);
+    a.slots[0] = zps_xcalloc(n, 4);
+    a.slots[1] = zps_xcalloc(n, 4);
+    a.wire = zps_xmalloc(n * 2);
     for (uint64_t i = 0; i < n; i++)
-        ref[i] = pst_uniform(&r);
-    cr_assert_eq(ps_client_init(c[0], ref, &o, NULL), ZPS_OK);
+        a.ref[i] = pst_uniform(&a.r);
+    cr_assert_eq(ps_client_init(a.c[0], a.ref, &a.o, NULL), ZPS_OK);
     int first = -1;
-    cr_assert_eq(ps_client_init(c[1], ref, &o, &first), ZPS_OK);
+    cr_assert_eq(ps_client_init(a.c[1], a.ref, &a.o, &first), ZPS_OK);
     cr_assert_eq(first, 0, "second INIT must be refused (first writer wins)");
-    uint64_t ver[2] = {0, 0};
-    ps_ticket tk;
     for (int t = 0; t < 2; t++) {
-        v[t] = zps_xmalloc(n * 4);
-        cr_assert_eq(ps_client_pull(c[t], 0, nv, v[t], 0, &tk), ZPS_OK);
-        cr_assert_eq(ps_client_wait_version(c[t], tk, &ver[t]), ZPS_OK);
+        a.v[t] = zps_xmalloc(n * 4);
+        s_async_pull(&a, t);
     }
     const int pushes = 12;
-    uint64_t applied = 0;
-    for (int k = 0; k < pushes; k++) {
-        int t = pst_uniform(&r) > 0.0f;
-        /* gradient from the trainer's (maybe stale) copy */
-        for (uint64_t i = 0; i < n; i++)
-            g[i] = 0.5f * v[t][i] + pst_uniform(&r);
-        cr_assert_eq(ps_client_push(c[t], 0, nv, g, (int64_t)ver[t], &tk), ZPS_OK);
-        cr_assert_eq(ps_client_wait(c[t], tk), ZPS_OK, "%s", ps_client_last_error(c[t]));
-        if (dt == PS_DTYPE_BF16) { // what went on the wire
-            ps_f32_to_bf16(wire, g, n);
-            ps_bf16_to_f32(g, wire, n);
-        }
-        ps_optim_apply(&o, applied++, ref, slots, g, n);
-        /* Only sometimes refresh, so later pushes are stale. */
-        if (k % 2 == 0) {
-            cr_assert_eq(ps_client_pull(c[t], 0, nv, v[t], 0, &tk), ZPS_OK);
-            cr_assert_eq(ps_client_wait_version(c[t], tk, &ver[t]), ZPS_OK);
-            cr_assert_eq(ver[t], applied);
-            cr_assert(!memcmp(v[t], ref, n * 4), "push %d: values differ (seed %llu)", k,
-                      (unsigned long long)seed);
-        }
-    }
-    cr_assert_eq(ps_client_pull(c[0], 0, nv, v[0], 0, &tk), ZPS_OK);
-    cr_assert_eq(ps_client_wait(c[0], tk), ZPS_OK);
-    cr_assert(!memcmp(v[0], ref, n * 4), "final values differ (seed %llu)", (unsigned long long)seed);
+    for (int k = 0; k < pushes; k++)
+        s_async_push(&a, k);
+    ps_ticket tk;
+    cr_assert_eq(ps_client_pull(a.c[0], 0, nv, a.v[0], 0, &tk), ZPS_OK);
+    cr_assert_eq(ps_client_wait(a.c[0], tk), ZPS_OK);
+    cr_assert(!memcmp(a.v[0], a.ref, n * 4), "final values differ (seed %llu)", (unsigned long long)a.seed);
     char *json;
-    cr_assert_eq(ps_client_stats(c[0], 0, &json), ZPS_OK);
+    cr_assert_eq(ps_client_stats(a.c[0], 0, &json), ZPS_OK);
     cr_assert(strstr(json, "\"staleness\":{\"0\":"), "%s", json);
     cr_assert(!strstr(json, "\"1\":0,\"2\":0,\"3\":0,\"4-7\":0,"), "no stale push recorded: %s", json);
     free(json);
     for (int t = 0; t < 2; t++) {
-        ps_client_destroy(&c[t]);
-        free(v[t]);
+        ps_client_destroy(&a.c[t]);
+        free(a.v[t]);
     }
     for (int i = 0; i < 2; i++)
         pst_kill(&srv[i], SIGTERM);
-    free(ref);
-    free(g);
-    free(wire);
-    free(slots[0]);
-    free(slots[1]);
+    free(a.ref);
+    free(a.g);
+    free(a.wire);
+    free(a.slots[0]);
+    free(a.slots[1]);
     ps_plan_destroy(&plan);
 }
 

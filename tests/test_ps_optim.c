@@ -77,27 +77,19 @@ static void s_check(const ps_optim_config *c, const char *name)
 
 Test(ps_optim, every_optimizer_matches_the_double_formula)
 {
-    ps_optim_config c;
-    ps_optim_default(&c);
-    c.lr = 0.1;
+    ps_optim_config c = pst_optim(PS_OPT_SGD, 0.1);
     c.weight_decay = 0.01;
     s_check(&c, "sgd");
     c.kind = PS_OPT_MOMENTUM;
     s_check(&c, "momentum");
     c.nesterov = 1;
     s_check(&c, "nesterov");
-    ps_optim_default(&c);
-    c.kind = PS_OPT_RMSPROP;
-    c.lr = 0.045;
+    c = pst_optim(PS_OPT_RMSPROP, 0.045);
     c.epsilon = 1.0;
     s_check(&c, "rmsprop");
-    ps_optim_default(&c);
-    c.kind = PS_OPT_ADAM;
-    c.lr = 0.01;
+    c = pst_optim(PS_OPT_ADAM, 0.01);
     s_check(&c, "adam");
-    ps_optim_default(&c);
-    c.kind = PS_OPT_ADAGRAD;
-    c.lr = 0.1;
+    c = pst_optim(PS_OPT_ADAGRAD, 0.1);
     c.epsilon = 1e-7;
     s_check(&c, "adagrad");
 }

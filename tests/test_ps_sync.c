@@ -217,10 +217,7 @@ static void s_run(const ps_optim_config *opt, const char *name)
  * trainer-id order, so the run is as bit-reproducible as with f32. */
 Test(it_ps_sync, bitwise_equal_to_reference_with_bf16_gradients, .timeout = 30)
 {
-    ps_optim_config o;
-    ps_optim_default(&o);
-    o.kind = PS_OPT_RMSPROP;
-    o.lr = 0.01;
+    ps_optim_config o = pst_optim(PS_OPT_RMSPROP, 0.01);
     o.decay = 0.9;
     o.momentum = 0.9;
     o.epsilon = 1.0;
@@ -231,25 +228,17 @@ Test(it_ps_sync, bitwise_equal_to_reference_with_bf16_gradients, .timeout = 30)
  * sync result must not change by a bit. */
 Test(it_ps_sync, bitwise_equal_to_reference_with_two_streams, .timeout = 30)
 {
-    ps_optim_config o;
-    ps_optim_default(&o);
-    o.kind = PS_OPT_MOMENTUM;
-    o.lr = 0.02;
+    ps_optim_config o = pst_optim(PS_OPT_MOMENTUM, 0.02);
     o.momentum = 0.9;
     s_run_job(&o, "momentum, 2 streams", 2, PS_DTYPE_F32);
 }
 
 Test(it_ps_sync, bitwise_equal_to_reference_for_every_optimizer, .timeout = 60)
 {
-    ps_optim_config o;
-    ps_optim_default(&o);
-    o.kind = PS_OPT_SGD;
-    o.lr = 0.05;
+    ps_optim_config o = pst_optim(PS_OPT_SGD, 0.05);
     o.weight_decay = 1e-3;
     s_run(&o, "sgd");
-    ps_optim_default(&o);
-    o.kind = PS_OPT_MOMENTUM;
-    o.lr = 0.02;
+    o = pst_optim(PS_OPT_MOMENTUM, 0.02);
     o.momentum = 0.9;
     s_run(&o, "momentum");
     o.nesterov = 1;
@@ -258,27 +247,60 @@ Test(it_ps_sync, bitwise_equal_to_reference_for_every_optimizer, .timeout = 60)
     o.decay_steps = 2;
     o.staircase = 1;
     s_run(&o, "nesterov+exponential");
-    ps_optim_default(&o);
-    o.kind = PS_OPT_RMSPROP;
-    o.lr = 0.045;
+    o = pst_optim(PS_OPT_RMSPROP, 0.045);
     o.decay = 0.9;
     o.momentum = 0.9;
     o.epsilon = 1.0;
     s_run(&o, "rmsprop");
-    ps_optim_default(&o);
-    o.kind = PS_OPT_ADAM;
-    o.lr = 1e-3;
+    o = pst_optim(PS_OPT_ADAM, 1e-3);
     o.warmup_steps = 2;
     o.sched = PS_SCHED_COSINE;
     o.total_steps = 3;
     o.min_lr = 1e-5;
     s_run(&o, "adam+warmup+cosine");
-    ps_optim_default(&o);
-    o.kind = PS_OPT_ADAGRAD;
-    o.lr = 0.1;
+    o = pst_optim(PS_OPT_ADAGRAD, 0.1);
     o.epsilon = 1e-7;
     o.weight_decay = 1e-4;
     s_run(&o, "adagrad");
+}
+
+/* Pushes every variable's gradient g for step s from c and waits for the reply. */
+static void s_push_wait(ps_client *c, const float *g, int s)
+{
+    ps_ticket tk;
+    cr_assert_eq(ps_client_push(c, 0, NV, g, s, &tk), ZPS_OK);
+    cr_assert_eq(ps_client_wait(c, tk), ZPS_OK, "%s", ps_client_last_error(c));
+}
+
+/* Pulls every variable at min_version (-1: any) into v; asserts the version is want. */
+static void s_pull_version(ps_client *c, float *v, int64_t min_version, uint64_t want)
+{
+    ps_ticket tk;
+    uint64_t ver;
+    cr_assert_eq(ps_client_pull(c, 0, NV, v, min_version, &tk), ZPS_OK);
+    cr_assert_eq(ps_client_wait_version(c, tk, &ver), ZPS_OK);
+    cr_assert_eq(ver, want);
+}
+
+/* One step s of the two fast trainers c[0] and c[1] with fresh noise gradients g[0], g[1];
+ * applies their average to ref (momentum slot mom) and checks trainer 0 pulls exactly ref. */
+static void s_backup_step(ps_client **c, float **g, const ps_optim_config *o, float *ref,
+                          float *mom, float *v, uint64_t n, int s, uint64_t *r, uint64_t seed)
+{
+    for (int t = 0; t < 2; t++) {
+        for (uint64_t i = 0; i < n; i++)
+            g[t][i] = pst_uniform(r);
+        s_push_wait(c[t], g[t], s);
+    }
+    float *sp[1] = {mom};
+    float *avg = zps_xmalloc(n * 4);
+    for (uint64_t i = 0; i < n; i++)
+        avg[i] = (g[0][i] + g[1][i]) / 2.0f;
+    ps_optim_apply(o, (uint64_t)s, ref, sp, avg, n);
+    free(avg);
+    s_pull_version(c[0], v, s + 1, (uint64_t)s + 1);
+    cr_assert(!memcmp(v, ref, n * 4), "step %d differs from the 2-replica reference (seed %llu)", s,
+              (unsigned long long)seed);
 }
 
 /* Backup workers: 3 trainers, the server aggregates 2. Trainers 0 and 1 step without
@@ -302,10 +324,7 @@ Test(it_ps_sync, backup_workers_drop_late_pushes, .timeout = 30)
         cr_assert_eq(ps_client_new(uris, NS, (uint32_t)t, NULL, &c[t]), ZPS_OK);
         cr_assert_eq(ps_client_register(c[t], plan, NULL, NULL), ZPS_OK, "%s", ps_client_last_error(c[t]));
     }
-    ps_optim_config o;
-    ps_optim_default(&o);
-    o.kind = PS_OPT_MOMENTUM;
-    o.lr = 0.05;
+    ps_optim_config o = pst_optim(PS_OPT_MOMENTUM, 0.05);
     float *v = zps_xmalloc(n * 4), *ref = zps_xmalloc(n * 4), *g[3], *mom = zps_xcalloc(n, 4);
     for (int t = 0; t < 3; t++)
         g[t] = zps_xmalloc(n * 4);
@@ -316,32 +335,14 @@ Test(it_ps_sync, backup_workers_drop_late_pushes, .timeout = 30)
     /* Trainer 2 computes its step-0 gradient now, from version 0, and sits on it. */
     for (uint64_t i = 0; i < n; i++)
         g[2][i] = pst_uniform(&r);
-    ps_ticket tk, tk2;
     const int steps = 3;
-    for (int s = 0; s < steps; s++) {
-        for (int t = 0; t < 2; t++) {
-            for (uint64_t i = 0; i < n; i++)
-                g[t][i] = pst_uniform(&r);
-            cr_assert_eq(ps_client_push(c[t], 0, NV, g[t], s, &tk), ZPS_OK);
-            cr_assert_eq(ps_client_wait(c[t], tk), ZPS_OK, "%s", ps_client_last_error(c[t]));
-        }
-        float *sp[1] = {mom};
-        float *avg = zps_xmalloc(n * 4);
-        for (uint64_t i = 0; i < n; i++)
-            avg[i] = (g[0][i] + g[1][i]) / 2.0f;
-        ps_optim_apply(&o, (uint64_t)s, ref, sp, avg, n);
-        free(avg);
-        uint64_t ver;
-        cr_assert_eq(ps_client_pull(c[0], 0, NV, v, s + 1, &tk), ZPS_OK);
-        cr_assert_eq(ps_client_wait_version(c[0], tk, &ver), ZPS_OK);
-        cr_assert_eq(ver, (uint64_t)s + 1);
-        cr_assert(!memcmp(v, ref, n * 4), "step %d differs from the 2-replica reference (seed %llu)", s,
-                  (unsigned long long)seed);
-    }
+    for (int s = 0; s < steps; s++)
+        s_backup_step(c, g, &o, ref, mom, v, n, s, &r, seed);
     /* The slow trainer finally pushes step 0. */
-    cr_assert_eq(ps_client_push(c[2], 0, NV, g[2], 0, &tk2), ZPS_OK);
+    ps_ticket tk;
+    cr_assert_eq(ps_client_push(c[2], 0, NV, g[2], 0, &tk), ZPS_OK);
     uint64_t ver = 0;
-    cr_assert_eq(ps_client_wait_version(c[2], tk2, &ver), ZPS_ERR_STALE);
+    cr_assert_eq(ps_client_wait_version(c[2], tk, &ver), ZPS_ERR_STALE);
     cr_assert_eq(ver, (uint64_t)steps);
     cr_assert(strstr(ps_client_last_error(c[2]), "behind"), "message: %s", ps_client_last_error(c[2]));
     for (int i = 0; i < NS; i++) {
@@ -352,16 +353,10 @@ Test(it_ps_sync, backup_workers_drop_late_pushes, .timeout = 30)
         free(json);
     }
     /* Rejoin: pull the latest version, push the current step with a fast trainer. */
-    cr_assert_eq(ps_client_pull(c[2], 0, NV, v, -1, &tk), ZPS_OK);
-    cr_assert_eq(ps_client_wait_version(c[2], tk, &ver), ZPS_OK);
-    cr_assert_eq(ver, (uint64_t)steps);
-    cr_assert_eq(ps_client_push(c[2], 0, NV, g[2], steps, &tk), ZPS_OK);
-    cr_assert_eq(ps_client_wait(c[2], tk), ZPS_OK, "%s", ps_client_last_error(c[2]));
-    cr_assert_eq(ps_client_push(c[0], 0, NV, g[0], steps, &tk), ZPS_OK);
-    cr_assert_eq(ps_client_wait(c[0], tk), ZPS_OK);
-    cr_assert_eq(ps_client_pull(c[1], 0, NV, v, steps + 1, &tk), ZPS_OK);
-    cr_assert_eq(ps_client_wait_version(c[1], tk, &ver), ZPS_OK);
-    cr_assert_eq(ver, (uint64_t)steps + 1);
+    s_pull_version(c[2], v, -1, (uint64_t)steps);
+    s_push_wait(c[2], g[2], steps);
+    s_push_wait(c[0], g[0], steps);
+    s_pull_version(c[1], v, steps + 1, (uint64_t)steps + 1);
     for (int t = 0; t < 3; t++) {
         ps_client_destroy(&c[t]);
         free(g[t]);

@@ -17,12 +17,20 @@
 #include "common/proc.h"
 #include "tests/ps_test_util.h"
 
-ps_client *pst_client_init(const char *uri, const ps_plan *plan, uint64_t seed, float *values)
+ps_client *pst_client_connect(const char *uri, uint32_t t, const ps_client_opts *opts,
+                              const ps_plan *plan)
 {
     const char *uris[1] = {uri};
     ps_client *c;
-    cr_assert_eq(ps_client_new(uris, 1, 0, NULL, &c), ZPS_OK);
-    cr_assert_eq(ps_client_register(c, plan, NULL, NULL), ZPS_OK);
+    cr_assert_eq(ps_client_new(uris, 1, t, opts, &c), ZPS_OK);
+    cr_assert_eq(ps_client_register(c, plan, NULL, NULL), ZPS_OK, "REGISTER: %s",
+                 ps_client_last_error(c));
+    return c;
+}
+
+ps_client *pst_client_init(const char *uri, const ps_plan *plan, uint64_t seed, float *values)
+{
+    ps_client *c = pst_client_connect(uri, 0, NULL, plan);
     float *v = values ? values : zps_xmalloc(plan->total * 4);
     for (uint64_t i = 0; i < plan->total; i++)
         v[i] = pst_uniform(&seed);
@@ -112,6 +120,15 @@ float pst_uniform(uint64_t *st)
     x ^= x >> 27;
     *st = x;
     return (float)((double)((x * 0x2545F4914F6CDD1Dull) >> 40) / (double)(1ull << 23)) - 1.0f;
+}
+
+ps_optim_config pst_optim(ps_optim_kind kind, double lr)
+{
+    ps_optim_config o;
+    ps_optim_default(&o);
+    o.kind = kind;
+    o.lr = lr;
+    return o;
 }
 
 void pst_tmpdir(char *buf, size_t len)

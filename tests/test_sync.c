@@ -80,15 +80,22 @@ static void s_two_steps(tr_sync *s, tr_step_record *rec)
     cr_assert_eq(s->leave(s), ZPS_OK);
 }
 
+/* A fresh seed, the fixture of a single trainer in f, and in want what steps 3 and 4 must
+ * make of its values. */
+static void s_one_rank(s_fixture *f, float *want)
+{
+    zt_seed_init();
+    s_fixture_init(f, 0, 1);
+    s_expected(f, want);
+}
+
 TestSuite(tr_sync, .timeout = 30);
 
 Test(tr_sync, local_step_is_the_servers_optimizer)
 {
-    zt_seed_init();
     static s_fixture f;
-    s_fixture_init(&f, 0, 1);
     static float want[S_N];
-    s_expected(&f, want);
+    s_one_rank(&f, want);
     tr_sync *s = NULL;
     cr_assert_eq(tr_sync_local_new(&f.env, &s), ZPS_OK);
     int stop = 1;
@@ -107,12 +114,10 @@ Test(tr_sync, local_step_is_the_servers_optimizer)
 
 Test(tr_sync, allreduce_of_one_rank_is_local_training)
 {
-    zt_seed_init();
     zps_log_set_level(ZPS_LOG_WARN);
     static s_fixture f;
-    s_fixture_init(&f, 0, 1);
     static float want[S_N];
-    s_expected(&f, want);
+    s_one_rank(&f, want);
     tr_sync *s = NULL;
     cr_assert_eq(tr_sync_allreduce_new(&f.env, &s), ZPS_OK);
     tr_step_record rec;

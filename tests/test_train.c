@@ -89,31 +89,19 @@ static void s_expect_ok(pst_server *p, const char *log, double timeout_s)
 
 static char s_tmp[512], s_data[600];
 
-/* A small Fashion-MNIST copy for the tests of this file. */
-static void s_make_data(void)
+/* Converts Fashion-MNIST (its first `limit` images of each split, or all when limit is
+ * NULL) into 2 shards under a fresh s_tmp, at s_data. */
+static void s_convert(const char *limit, double timeout_s)
 {
     pst_tmpdir(s_tmp, sizeof s_tmp);
     snprintf(s_data, sizeof s_data, "%s/fm", s_tmp);
     char log[700];
     snprintf(log, sizeof log, "%s/data.log", s_tmp);
     pst_server p;
-    const char *args[] = {"convert", "fashion-mnist", "--out", s_data, "--limit", "2048",
-                          "--shards", "2", NULL};
+    const char *args[] = {"convert", "fashion-mnist", "--out", s_data, "--shards", "2",
+                          limit ? "--limit" : NULL, limit, NULL};
     s_spawn(&p, "zps-data", log, args);
-    s_expect_ok(&p, log, 60);
-}
-
-/* The whole Fashion-MNIST (the accuracy targets are for the real test split). */
-static void s_make_data_full(void)
-{
-    pst_tmpdir(s_tmp, sizeof s_tmp);
-    snprintf(s_data, sizeof s_data, "%s/fm", s_tmp);
-    char log[700];
-    snprintf(log, sizeof log, "%s/data.log", s_tmp);
-    pst_server p;
-    const char *args[] = {"convert", "fashion-mnist", "--out", s_data, "--shards", "2", NULL};
-    s_spawn(&p, "zps-data", log, args);
-    s_expect_ok(&p, log, 120);
+    s_expect_ok(&p, log, timeout_s);
 }
 
 static void s_cleanup(void)
@@ -175,7 +163,7 @@ static void s_trainer(pst_server *p, const char *name, char *log, size_t log_len
  * normalises over the images one forward sees: that is what a trainer of batch b does. */
 static void s_equivalence(const char *model, const char *opt)
 {
-    s_make_data();
+    s_convert("2048", 60);
     int bn = strcmp(model, "convnet") == 0;
     const char *common[] = {"--data", s_data, "--model", model, "--steps", "20", "--shard",
                             "batch", "--optimizer", opt, "--eval-batches", "1", "--no-progress",
@@ -336,7 +324,7 @@ static void s_wait_step(const char *fifo, int step)
 /* A 2-trainer fleet in mode reaches 85% test accuracy; dtype: --push-dtype. */
 static void s_reach_85(const char *mode, const char *dtype)
 {
-    s_make_data_full();
+    s_convert(NULL, 120); // the accuracy targets are for the real test split
     s_fleet f = {0};
     const char *sargs[] = {"--mode", mode, "--num-trainers", "2", "--staleness", "2", NULL};
     s_fleet_servers(&f, sargs);
@@ -365,15 +353,31 @@ Test(it_train, ssp_fleet_with_bf16_gradients_reaches_85_percent, .timeout = 450)
     s_reach_85("ssp", "bf16");
 }
 
+/* Trainer 1's metrics go to a FIFO, so that the test can follow its steps as they come. */
+static void s_trainer1_fifo(s_fleet *f)
+{
+    snprintf(f->metrics[1], sizeof f->metrics[1], "%s/t1.fifo", s_tmp);
+    cr_assert_eq(mkfifo(f->metrics[1], 0600), 0);
+}
+
+/* Kills trainer 1 (SIGKILL, reaped); trainer 0 must still exit 0 after its `steps` steps. */
+static void s_kill1_trainer0_finishes(s_fleet *f, int steps)
+{
+    cr_assert(kill(f->tr[1].pid, SIGKILL) == 0);
+    pst_wait(&f->tr[1], 10);
+    f->tr[1].pid = 0;
+    s_expect_ok(&f->tr[0], f->log[0], 120);
+    cr_assert_eq(s_summary(f->metrics[0], "steps"), steps);
+}
+
 /* async: kill -9 one trainer mid-run; the other finishes all its steps. */
 Test(it_train, async_survives_a_killed_trainer)
 {
-    s_make_data();
+    s_convert("2048", 60);
     s_fleet f = {0};
     const char *sargs[] = {"--mode", "async", "--num-trainers", "2", NULL};
     s_fleet_servers(&f, sargs);
-    snprintf(f.metrics[1], sizeof f.metrics[1], "%s/t1.fifo", s_tmp);
-    cr_assert_eq(mkfifo(f.metrics[1], 0600), 0);
+    s_trainer1_fifo(&f);
     const char *e0[] = {"--mode", "async", "--model", "mlp", "--steps", "150",
                         "--eval-batches", "1", NULL};
     const char *e1[] = {"--mode", "async", "--model", "mlp", "--steps", "100000",
@@ -381,33 +385,24 @@ Test(it_train, async_survives_a_killed_trainer)
     s_fleet_trainer(&f, 1, e1);
     s_wait_step(f.metrics[1], 5);
     s_fleet_trainer(&f, 0, e0);
-    cr_assert(kill(f.tr[1].pid, SIGKILL) == 0);
-    pst_wait(&f.tr[1], 10);
-    f.tr[1].pid = 0;
-    s_expect_ok(&f.tr[0], f.log[0], 120);
-    cr_assert_eq(s_summary(f.metrics[0], "steps"), 150);
+    s_kill1_trainer0_finishes(&f, 150);
     s_fleet_stop(&f);
 }
 
 /* sync with --trainer-timeout: kill one trainer; the other goes on after the timeout. */
 Test(it_train, sync_goes_on_after_trainer_timeout)
 {
-    s_make_data();
+    s_convert("2048", 60);
     s_fleet f = {0};
     const char *sargs[] = {"--mode", "sync", "--num-trainers", "2", "--trainer-timeout", "2",
                            NULL};
     s_fleet_servers(&f, sargs);
-    snprintf(f.metrics[1], sizeof f.metrics[1], "%s/t1.fifo", s_tmp);
-    cr_assert_eq(mkfifo(f.metrics[1], 0600), 0);
+    s_trainer1_fifo(&f);
     const char *e[] = {"--mode", "sync", "--model", "mlp", "--steps", "40", "--eval-batches",
                        "1", NULL};
     s_fleet_trainer(&f, 0, e);
     s_fleet_trainer(&f, 1, e);
     s_wait_step(f.metrics[1], 10);
-    cr_assert(kill(f.tr[1].pid, SIGKILL) == 0);
-    pst_wait(&f.tr[1], 10);
-    f.tr[1].pid = 0;
-    s_expect_ok(&f.tr[0], f.log[0], 120);
-    cr_assert_eq(s_summary(f.metrics[0], "steps"), 40);
+    s_kill1_trainer0_finishes(&f, 40);
     s_fleet_stop(&f);
 }
