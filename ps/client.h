@@ -147,6 +147,11 @@ zps_status ps_client_checkpoint(ps_client *c);
 /* SHUTDOWN every server (each checkpoints first when configured). */
 zps_status ps_client_shutdown(ps_client *c);
 
+/* This client's incarnation nonce: random, never 0, fixed for the client's life. Every
+ * request carries it (REGISTER also the start time, host name and pid); a server refuses
+ * a second live incarnation of a trainer id (docs/ps.md "Trainer identity"). */
+uint64_t ps_client_incarnation(const ps_client *c);
+
 /* Message of the last failure ("" when none); borrowed, valid until the next call. */
 const char *ps_client_last_error(const ps_client *c);
 int ps_client_num_servers(const ps_client *c);
