@@ -133,61 +133,110 @@ static long long s_stat(ps_client *c, const char *key)
     return v;
 }
 
-/* async, --trainer-timeout 1: holder A (this process), B refused while A lives, C after A's
- * LEAVE (and A refused once C holds the id), D refused while C lives, then accepted once C
- * was killed and timed out. Every accepted push counts once, no refused one at all. */
-Test(it_ps_ident, a_second_live_process_with_one_trainer_id_is_refused, .timeout = 60)
-{
-    uint64_t seed = pst_seed(), r = seed;
-    ps_plan *plan;
-    cr_assert_eq(ps_plan_new(s_vars, NV, 1, 0, &plan), ZPS_OK);
-    uint64_t n = plan->total;
+/* A server in mode with one plan, the initial values and every step's gradient. */
+typedef struct fx {
     pst_server srv;
-    const char *args[] = {"--mode", "async", "--num-trainers", "2", "--trainer-timeout", "1", NULL};
-    cr_assert_eq(pst_spawn(&srv, NULL, args), 0);
-    float *ref = zps_xmalloc(n * 4), *v = zps_xmalloc(n * 4), *g[STEPS];
-    for (uint64_t i = 0; i < n; i++)
-        ref[i] = pst_uniform(&r);
-    for (int s = 0; s < STEPS; s++) {
-        g[s] = zps_xmalloc(n * 4);
-        for (uint64_t i = 0; i < n; i++)
-            g[s][i] = pst_uniform(&r);
-    }
+    ps_plan *plan;
+    uint64_t n, seed;
+    float *ref;       // (n) the initial values, then what the steps make of them
+    float *g[STEPS];  // (n) each
     ps_optim_config o;
-    ps_optim_default(&o);
-    o.lr = 0.25;
+} fx;
 
-    /* A holds trainer 0 and pushes; B, a second process with id 0, is refused */
-    ps_client *a = s_client(srv.uri, 1);
-    cr_assert_eq(ps_client_register(a, plan, NULL, NULL), ZPS_OK, "%s", ps_client_last_error(a));
-    cr_assert_eq(ps_client_init(a, ref, &o, NULL), ZPS_OK, "%s", ps_client_last_error(a));
-    cr_assert_eq(s_push_steps(a, g, 0, STEPS_A / 2), ZPS_OK, "%s", ps_client_last_error(a));
+static void s_fx_new(fx *f, const char *mode, const char *trainers)
+{
+    f->seed = pst_seed();
+    uint64_t r = f->seed;
+    cr_assert_eq(ps_plan_new(s_vars, NV, 1, 0, &f->plan), ZPS_OK);
+    f->n = f->plan->total;
+    const char *args[] = {"--mode", mode, "--num-trainers", trainers, "--trainer-timeout", "1",
+                          NULL};
+    cr_assert_eq(pst_spawn(&f->srv, NULL, args), 0);
+    f->ref = zps_xmalloc(f->n * 4);
+    for (uint64_t i = 0; i < f->n; i++)
+        f->ref[i] = pst_uniform(&r);
+    for (int s = 0; s < STEPS; s++) {
+        f->g[s] = zps_xmalloc(f->n * 4);
+        for (uint64_t i = 0; i < f->n; i++)
+            f->g[s][i] = pst_uniform(&r);
+    }
+    ps_optim_default(&f->o);
+    f->o.lr = 0.25;
+}
+
+static void s_fx_free(fx *f)
+{
+    pst_kill(&f->srv, SIGTERM);
+    for (int s = 0; s < STEPS; s++)
+        free(f->g[s]);
+    free(f->ref);
+    ps_plan_destroy(&f->plan);
+}
+
+/* Every accepted step applied exactly once, in order, and the refused ones not at all: the
+ * values (through c) are the first `steps` updates bit for bit, and STATS adds up. */
+static void s_expect_steps(fx *f, ps_client *c, int steps)
+{
+    float *v = zps_xmalloc(f->n * 4);
+    for (int s = 0; s < steps; s++)
+        ps_optim_apply(&f->o, (uint64_t)s, f->ref, NULL, f->g[s], f->n);
+    ps_ticket t;
+    cr_assert_eq(ps_client_pull(c, 0, NV, v, -1, &t), ZPS_OK);
+    cr_assert_eq(ps_client_wait(c, t), ZPS_OK, "%s", ps_client_last_error(c));
+    cr_assert(!memcmp(v, f->ref, f->n * 4), "values differ from %d steps applied once each "
+              "(seed %llu)", steps, (unsigned long long)f->seed);
+    free(v);
+    cr_expect_eq(s_stat(c, "version"), steps);
+    cr_expect_eq(s_stat(c, "updates"), (long long)steps * f->plan->n_chunks);
+    cr_expect_eq(s_stat(c, "pushes"), (long long)steps * f->plan->n_chunks);
+}
+
+/* A holds trainer 0, initialises and pushes; B, a second process with id 0, is refused at
+ * REGISTER (naming both) and its push too; A goes on. Returns A. */
+static ps_client *s_phase_second_refused(fx *f)
+{
+    ps_client *a = s_client(f->srv.uri, 1);
+    cr_assert_eq(ps_client_register(a, f->plan, NULL, NULL), ZPS_OK, "%s", ps_client_last_error(a));
+    cr_assert_eq(ps_client_init(a, f->ref, &f->o, NULL), ZPS_OK, "%s", ps_client_last_error(a));
+    cr_assert_eq(s_push_steps(a, f->g, 0, STEPS_A / 2), ZPS_OK, "%s", ps_client_last_error(a));
     report rep;
-    pid_t b = s_spawn_child(srv.uri, plan, g, 0, 1, &rep, NULL);
+    pid_t b = s_spawn_child(f->srv.uri, f->plan, f->g, STEPS_A / 2, 1, &rep, NULL);
     cr_assert_eq(waitpid(b, NULL, 0), b);
     cr_assert_eq(rep.reg, ZPS_ERR_EXISTS, "second process: got %s: %s (seed %llu)",
-                 zps_status_name(rep.reg), rep.msg, (unsigned long long)seed);
+                 zps_status_name(rep.reg), rep.msg, (unsigned long long)f->seed);
     s_expect_names(rep.msg, getpid(), b);
     cr_expect_eq(rep.push, ZPS_ERR_TRAINER, "its push: %s", zps_status_name(rep.push));
-    cr_assert_eq(s_push_steps(a, g, STEPS_A / 2, STEPS_A - STEPS_A / 2), ZPS_OK, "A after B: %s",
-                 ps_client_last_error(a));
+    cr_assert_eq(s_push_steps(a, f->g, STEPS_A / 2, STEPS_A - STEPS_A / 2), ZPS_OK,
+                 "A after B: %s", ps_client_last_error(a));
+    return a;
+}
 
-    /* A leaves: C takes the id over; A, no longer the holder, is refused while C lives */
+/* A leaves: C (a process kept alive through *hold) takes the id over and pushes; A, no
+ * longer the holder, is refused while C lives. Returns C's pid. */
+static pid_t s_phase_after_leave(fx *f, ps_client *a, int *hold)
+{
     cr_assert_eq(ps_client_leave(a), ZPS_OK);
-    int hold;
-    pid_t cpid = s_spawn_child(srv.uri, plan, g, STEPS_A, STEPS_C, &rep, &hold);
+    report rep;
+    pid_t cpid = s_spawn_child(f->srv.uri, f->plan, f->g, STEPS_A, STEPS_C, &rep, hold);
     cr_assert_eq(rep.reg, ZPS_OK, "after LEAVE: %s", rep.msg);
     cr_assert_eq(rep.push, ZPS_OK, "after LEAVE: %s", rep.msg);
+    float *v = zps_xmalloc(f->n * 4);
     ps_ticket t;
     cr_assert_eq(ps_client_pull(a, 0, NV, v, -1, &t), ZPS_OK);
     zps_status st = ps_client_wait(a, t);
     cr_assert_eq(st, ZPS_ERR_EXISTS, "the replaced holder: got %s: %s", zps_status_name(st),
                  ps_client_last_error(a));
     s_expect_names(ps_client_last_error(a), cpid, getpid());
+    free(v);
+    return cpid;
+}
 
-    /* D is refused while C lives; C dies (kill -9); D gets the id once C timed out */
-    ps_client *d = s_client(srv.uri, 0);
-    st = ps_client_register(d, plan, NULL, NULL);
+/* D is refused while C lives; C dies (kill -9); D gets the id once C timed out and
+ * pushes. Returns D. */
+static ps_client *s_phase_after_kill(fx *f, pid_t cpid, int hold)
+{
+    ps_client *d = s_client(f->srv.uri, 0);
+    zps_status st = ps_client_register(d, f->plan, NULL, NULL);
     cr_assert_eq(st, ZPS_ERR_EXISTS, "while C lives: got %s: %s", zps_status_name(st),
                  ps_client_last_error(d));
     s_expect_names(ps_client_last_error(d), cpid, getpid());
@@ -195,35 +244,46 @@ Test(it_ps_ident, a_second_live_process_with_one_trainer_id_is_refused, .timeout
     kill(cpid, SIGKILL);
     cr_assert_eq(waitpid(cpid, NULL, 0), cpid);
     close(hold);
-    while ((st = ps_client_register(d, plan, NULL, NULL)) == ZPS_ERR_EXISTS &&
+    while ((st = ps_client_register(d, f->plan, NULL, NULL)) == ZPS_ERR_EXISTS &&
            zps_now_s() < t_kill + 10)
         zps_sleep_ns(100000000);
     cr_assert_eq(st, ZPS_OK, "after C died: %s", ps_client_last_error(d));
     cr_log_info("the id was free %.2f s after kill -9 (--trainer-timeout 1)", zps_now_s() - t_kill);
-    cr_assert_eq(s_push_steps(d, g, STEPS_A + STEPS_C, STEPS_D), ZPS_OK, "%s",
+    cr_assert_eq(s_push_steps(d, f->g, STEPS_A + STEPS_C, STEPS_D), ZPS_OK, "%s",
                  ps_client_last_error(d));
+    return d;
+}
 
-    /* every accepted step applied exactly once, in order; the refused ones not at all */
-    for (int s = 0; s < STEPS; s++)
-        ps_optim_apply(&o, (uint64_t)s, ref, NULL, g[s], n);
-    cr_assert_eq(ps_client_pull(d, 0, NV, v, -1, &t), ZPS_OK);
-    cr_assert_eq(ps_client_wait(d, t), ZPS_OK, "%s", ps_client_last_error(d));
-    cr_assert(!memcmp(v, ref, n * 4), "values differ from %d steps applied once each (seed %llu)",
-              STEPS, (unsigned long long)seed);
-    cr_expect_eq(s_stat(d, "version"), STEPS);
-    cr_expect_eq(s_stat(d, "updates"), (long long)STEPS * plan->n_chunks);
-    cr_expect_eq(s_stat(d, "pushes"), (long long)STEPS * plan->n_chunks);
+/* async, --trainer-timeout 1: holder A (this process), B refused while A lives, C after A's
+ * LEAVE (and A refused once C holds the id), D refused while C lives, then accepted once C
+ * was killed and timed out. Every accepted push counts once, no refused one at all. */
+Test(it_ps_ident, a_second_live_process_with_one_trainer_id_is_refused, .timeout = 60)
+{
+    fx f;
+    s_fx_new(&f, "async", "2");
+    ps_client *a = s_phase_second_refused(&f);
+    int hold;
+    pid_t cpid = s_phase_after_leave(&f, a, &hold);
+    ps_client *d = s_phase_after_kill(&f, cpid, hold);
+    s_expect_steps(&f, d, STEPS);
     /* B, A's re-REGISTER, D (and D's tries until C timed out) */
     cr_expect_geq(s_stat(d, "ZPS_ERR_EXISTS"), 3);
     cr_expect_geq(s_stat(d, "ZPS_ERR_TRAINER"), 2, "B's push and A's pull");
-
-
     ps_client_destroy(&a);
     ps_client_destroy(&d);
-    pst_kill(&srv, SIGTERM);
-    for (int s = 0; s < STEPS; s++)
-        free(g[s]);
-    free(ref);
-    free(v);
-    ps_plan_destroy(&plan);
+    s_fx_free(&f);
+}
+
+/* sync with one trainer: the second process is refused before it can push anything (it
+ * used to fail later, on "elements pushed more than once"); every step is A's alone. */
+Test(it_ps_ident, sync_refuses_a_second_process_before_it_pushes, .timeout = 30)
+{
+    fx f;
+    s_fx_new(&f, "sync", "1");
+    ps_client *a = s_phase_second_refused(&f);
+    s_expect_steps(&f, a, STEPS_A);
+    cr_expect_eq(s_stat(a, "ZPS_ERR_EXISTS"), 1);
+    cr_expect_eq(s_stat(a, "stale_dropped"), 0);
+    ps_client_destroy(&a);
+    s_fx_free(&f);
 }
