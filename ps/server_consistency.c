@@ -16,6 +16,8 @@
  *   - A trainer that timed out or left is not waited for (sync aggregation, ssp clocks,
  *     barrier) until it speaks again; the check runs whenever one drops (ps_srv_after_drop).
  *   - The per-trainer sync accumulators and held frames are allocated once and reused.
+ *   - Liveness also decides who holds a trainer id (ps_srv_incarnation_live): a holder that
+ *     left, was dropped, or is silent past the timeout can be replaced.
  */
 #include <inttypes.h>
 #include <stdio.h>

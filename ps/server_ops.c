@@ -5,6 +5,10 @@
  * Invariants:
  *   - A rejected request gets an error reply, bumps a counter and changes nothing but the
  *     trainer's liveness (a request from a known trainer proves it is alive).
+ *   - A trainer id is held by one incarnation (docs/ps.md "Trainer identity"): a REGISTER
+ *     from another one is refused while the holder is live, and takes over (with a clean
+ *     slate: ps_srv_trainer_reset) when it is not; requests with another nonce are refused
+ *     by ps_srv_check_trainer and are no sign of life.
  *   - A push request id is handled once per trainer: a retry gets the first status back and
  *     is never applied twice (ps_srv_rid_seen).
  *   - async / ssp: the reply of a PUSH goes out before the arithmetic (ps_srv_apply_ranges):
