@@ -397,6 +397,18 @@ static zps_status s_simple(ps_client *c, int op, int only_server, uint64_t *vers
     return st;
 }
 
+/* A REGISTER some server refused because another live process holds the id: LEAVE every
+ * server, so those that took this incarnation (their view of the holder's liveness can
+ * differ near --trainer-timeout) hand the id back instead of refusing the holder. The
+ * refusal stays the error. */
+static void s_register_undo(ps_client *c)
+{
+    char err[sizeof c->err];
+    memcpy(err, c->err, sizeof err);
+    s_simple(c, ZPS__OP__OP_LEAVE, -1, NULL, NULL);
+    memcpy(c->err, err, sizeof err);
+}
+
 zps_status ps_client_register(ps_client *c, const ps_plan *plan, const ps_job *job,
                               ps_job *effective)
 {
@@ -413,6 +425,8 @@ zps_status ps_client_register(ps_client *c, const ps_plan *plan, const ps_job *j
     c->reg_job_reply = NULL;
     c->reg_opt_seen = c->reg_opt_conflict = 0;
     zps_status st = s_simple(c, ZPS__OP__OP_REGISTER, -1, NULL, NULL);
+    if (st == ZPS_ERR_EXISTS && c->n > 1)
+        s_register_undo(c);
     if (st != ZPS_OK)
         return st;
     if (c->reg_opt_conflict) {

@@ -287,3 +287,49 @@ Test(it_ps_ident, sync_refuses_a_second_process_before_it_pushes, .timeout = 30)
     ps_client_destroy(&a);
     s_fx_free(&f);
 }
+
+/* Two servers whose views of the holder differ (server 0 times it out after 1 s, server 1
+ * after 100 s): a newcomer that server 1 refuses LEAVEs both, so server 0 hands the id
+ * back and the holder, silent but alive, goes on instead of being refused there. */
+Test(it_ps_ident, a_refusal_by_one_server_hands_the_id_back_on_the_others, .timeout = 30)
+{
+    uint64_t seed = pst_seed(), r = seed;
+    ps_plan *plan;
+    cr_assert_eq(ps_plan_new(s_vars, NV, 2, 0, &plan), ZPS_OK);
+    cr_assert(plan->server_chunks[0] && plan->server_chunks[1]);
+    pst_server srv[2];
+    const char *to[2] = {"1", "100"};
+    for (int i = 0; i < 2; i++) {
+        const char *args[] = {"--mode", "async", "--num-trainers", "1", "--trainer-timeout",
+                              to[i], NULL};
+        cr_assert_eq(pst_spawn(&srv[i], NULL, args), 0);
+    }
+    const char *uris[2] = {srv[0].uri, srv[1].uri};
+    ps_client_opts o;
+    ps_client_opts_default(&o);
+    o.timeout_ms = 5000;
+    ps_client *x, *y;
+    cr_assert_eq(ps_client_new(uris, 2, 0, &o, &x), ZPS_OK);
+    cr_assert_eq(ps_client_new(uris, 2, 0, &o, &y), ZPS_OK);
+    float *v = zps_xmalloc(plan->total * 4);
+    for (uint64_t i = 0; i < plan->total; i++)
+        v[i] = pst_uniform(&r);
+    ps_optim_config oc;
+    ps_optim_default(&oc);
+    cr_assert_eq(ps_client_register(x, plan, NULL, NULL), ZPS_OK, "%s", ps_client_last_error(x));
+    cr_assert_eq(ps_client_init(x, v, &oc, NULL), ZPS_OK, "%s", ps_client_last_error(x));
+    zps_sleep_ns(1600000000ull); // x is silent: past server 0's timeout, not server 1's
+    zps_status st = ps_client_register(y, plan, NULL, NULL);
+    cr_assert_eq(st, ZPS_ERR_EXISTS, "got %s: %s", zps_status_name(st), ps_client_last_error(y));
+    ps_ticket t;
+    cr_assert_eq(ps_client_push(x, 0, NV, v, 0, &t), ZPS_OK);
+    st = ps_client_wait(x, t);
+    cr_assert_eq(st, ZPS_OK, "the holder after a refused newcomer: %s: %s (seed %llu)",
+                 zps_status_name(st), ps_client_last_error(x), (unsigned long long)seed);
+    ps_client_destroy(&x);
+    ps_client_destroy(&y);
+    for (int i = 0; i < 2; i++)
+        pst_kill(&srv[i], SIGTERM);
+    free(v);
+    ps_plan_destroy(&plan);
+}
