@@ -13,9 +13,14 @@
  * - The servers' job (REGISTER) is the first reply's; their optimizers must agree.
  */
 #include <assert.h>
+#include <errno.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "common/check.h"
 #include "common/mem.h"
@@ -37,6 +42,7 @@ void ps_client_opts_default(ps_client_opts *o)
 
 const char *ps_client_last_error(const ps_client *c) { return c->err; }
 int ps_client_num_servers(const ps_client *c) { return c->n; }
+uint64_t ps_client_incarnation(const ps_client *c) { return c->inc.nonce; }
 
 /* ------------------------------------------------------------------------- lifecycle */
 
@@ -76,6 +82,36 @@ static zps_status s_check_opts(const ps_client_opts *o)
                 (int)o->push_dtype);
         return ZPS_ERR_INVALID;
     }
+    return ZPS_OK;
+}
+
+/* c's incarnation: a random nonce (never 0), the wall-clock start, host name and pid. Two
+ * clients never share a nonce, even in one process. */
+static zps_status s_incarnation(ps_client *c)
+{
+    uint64_t nonce = 0;
+    while (!nonce) {
+        ssize_t got = getrandom(&nonce, sizeof nonce, 0);
+        if (got != (ssize_t)sizeof nonce && !(got == -1 && errno == EINTR)) {
+            zps_log(ZPS_ERROR, "client", "getrandom: %s", got == -1 ? strerror(errno) : "short read");
+            return ZPS_ERR_SYS;
+        }
+    }
+    struct timespec ts;
+    ZPS_CHECK_SYS(clock_gettime(CLOCK_REALTIME, &ts));
+    if (gethostname(c->inc_host, sizeof c->inc_host) == -1 || !c->inc_host[0])
+        snprintf(c->inc_host, sizeof c->inc_host, "unknown");
+    c->inc_host[sizeof c->inc_host - 1] = 0;
+    for (char *p = c->inc_host; *p; p++) // the server takes printable ASCII only
+        if (*p <= ' ' || *p >= 127)
+            *p = '?';
+    zps__incarnation__init(&c->inc);
+    c->inc.nonce = nonce;
+    c->inc.start_unix_ms = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    c->inc.host = c->inc_host;
+    c->inc.pid = (uint32_t)getpid();
+    zps__incarnation__init(&c->inc_nonce);
+    c->inc_nonce.nonce = nonce;
     return ZPS_OK;
 }
 
@@ -127,6 +163,11 @@ zps_status ps_client_new(const char *const *server_uris, int n_servers, uint32_t
     c->trainer = trainer_id;
     c->ctx = ctx;
     s_alloc(c, n_servers);
+    zps_status ist = s_incarnation(c);
+    if (ist != ZPS_OK) {
+        ps_client_destroy(&c);
+        return ist;
+    }
     for (int i = 0; i < n_servers; i++) {
         c->uris[i] = zps_xstrdup(server_uris[i]);
         zps_status st = ps_client_open_socket(c, i);
@@ -356,6 +397,18 @@ static zps_status s_simple(ps_client *c, int op, int only_server, uint64_t *vers
     return st;
 }
 
+/* A REGISTER some server refused because another live process holds the id: LEAVE every
+ * server, so those that took this incarnation (their view of the holder's liveness can
+ * differ near --trainer-timeout) hand the id back instead of refusing the holder. The
+ * refusal stays the error. */
+static void s_register_undo(ps_client *c)
+{
+    char err[sizeof c->err];
+    memcpy(err, c->err, sizeof err);
+    s_simple(c, ZPS__OP__OP_LEAVE, -1, NULL, NULL);
+    memcpy(c->err, err, sizeof err);
+}
+
 zps_status ps_client_register(ps_client *c, const ps_plan *plan, const ps_job *job,
                               ps_job *effective)
 {
@@ -372,6 +425,8 @@ zps_status ps_client_register(ps_client *c, const ps_plan *plan, const ps_job *j
     c->reg_job_reply = NULL;
     c->reg_opt_seen = c->reg_opt_conflict = 0;
     zps_status st = s_simple(c, ZPS__OP__OP_REGISTER, -1, NULL, NULL);
+    if (st == ZPS_ERR_EXISTS && c->n > 1)
+        s_register_undo(c);
     if (st != ZPS_OK)
         return st;
     if (c->reg_opt_conflict) {
@@ -384,6 +439,9 @@ zps_status ps_client_register(ps_client *c, const ps_plan *plan, const ps_job *j
         c->job.replicas_to_aggregate = c->reg_job_reply->replicas_to_aggregate;
         c->job.staleness = c->reg_job_reply->staleness;
     }
+    if (!c->registered)
+        zps_log(ZPS_INFO, "client", "trainer %u: incarnation %016" PRIx64 " (host %s pid %u)",
+                c->trainer, c->inc.nonce, c->inc.host, c->inc.pid);
     c->registered = 1;
     ps_client_hb_start(c);
     if (effective)

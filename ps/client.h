@@ -30,6 +30,11 @@
  * then fails with ZPS_ERR_TIMEOUT. A server that lost the trainer's registration (it was
  * restarted) is re-registered automatically and the request resent.
  *
+ * Identity: each client is one incarnation of its trainer id (a random nonce, start time,
+ * host, pid; ps_client_incarnation). While another live process holds the id, REGISTER
+ * fails with ZPS_ERR_EXISTS and a message naming both; a client whose id was taken over
+ * fails its next request the same way (docs/ps.md "Trainer identity").
+ *
  * Security: with the three curve_* keys set, every socket of the client (the DEALERs, the
  * heartbeat thread's, sockets reopened after a failure) is a CURVE client (docs/ps.md
  * "Security"). Whether keys are set or not, a handshake the server refuses — a key not in
@@ -146,6 +151,11 @@ zps_status ps_client_stats(ps_client *c, int server, char **json);
 zps_status ps_client_checkpoint(ps_client *c);
 /* SHUTDOWN every server (each checkpoints first when configured). */
 zps_status ps_client_shutdown(ps_client *c);
+
+/* This client's incarnation nonce: random, never 0, fixed for the client's life. Every
+ * request carries it (REGISTER also the start time, host name and pid); a server refuses
+ * a second live incarnation of a trainer id (docs/ps.md "Trainer identity"). */
+uint64_t ps_client_incarnation(const ps_client *c);
 
 /* Message of the last failure ("" when none); borrowed, valid until the next call. */
 const char *ps_client_last_error(const ps_client *c);

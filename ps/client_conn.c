@@ -73,11 +73,9 @@ static void *s_hb_main(void *arg)
             if (!socks[i])
                 continue;
             Zps__Header h = ZPS__HEADER__INIT;
-            h.version = ZPS_PROTOCOL_VERSION;
-            h.op = ZPS__OP__OP_HEARTBEAT;
+            ps_client_header_ident(c, &h, ZPS__OP__OP_HEARTBEAT);
             h.request_id = rid++;
-            h.trainer_id = c->trainer;
-            uint8_t buf[64];
+            uint8_t buf[128];
             size_t hl = zps__header__pack(&h, buf);
             zmq_send(socks[i], buf, hl, ZMQ_DONTWAIT);
         }
@@ -189,6 +187,14 @@ static void s_frame_done(void *data, void *hint)
     atomic_fetch_sub(&sl->frames_out, 1);
 }
 
+void ps_client_header_ident(ps_client *c, Zps__Header *h, int op)
+{
+    h->version = ZPS_PROTOCOL_VERSION;
+    h->op = (Zps__Op)op;
+    h->trainer_id = c->trainer;
+    h->incarnation = op == ZPS__OP__OP_REGISTER ? &c->inc : &c->inc_nonce;
+}
+
 static void s_fill_job(const ps_client *c, Zps__JobConfig *j)
 {
     zps__job_config__init(j);
@@ -292,10 +298,8 @@ zps_status ps_client_send_slot(ps_client *c, ps_client_slot *sl, const ps_optim_
     Zps__JobConfig job;
     Zps__OptimizerConfig om;
     Zps__Schedule sm;
-    h.version = ZPS_PROTOCOL_VERSION;
-    h.op = (Zps__Op)sl->op;
+    ps_client_header_ident(c, &h, sl->op);
     h.request_id = sl->rid;
-    h.trainer_id = c->trainer;
     h.step = sl->step;
     h.server_index = (uint32_t)sl->server;
     h.plan_hash = c->plan ? c->plan->hash : 0;

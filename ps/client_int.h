@@ -61,7 +61,7 @@ typedef struct ps_client_ticket {
     int status;
     int waited;
     uint64_t version;  // min model_version of the replies
-    char msg[384];
+    char msg[512];
 } ps_client_ticket;
 
 struct ps_client {
@@ -104,9 +104,17 @@ struct ps_client {
     unsigned mon_gen;      // keeps monitor endpoints unique across reopened sockets
     int *hs_silent;        // (n) handshakes server i closed without a reason since a success
     char (*refused)[320];  // (n) why server i refused our handshake ("": it has not)
+    Zps__Incarnation inc;  // who this client is, sent whole with REGISTER (docs/ps.md
+                           // "Trainer identity"); host points into inc_host
+    Zps__Incarnation inc_nonce; // inc's nonce alone, sent with every other request
+    char inc_host[64];
 };
 
 /* ---- client_conn.c: transport */
+
+/* The header fields every request of c carries: protocol version, trainer id, incarnation
+ * (whole on REGISTER, the nonce on the rest). */
+void ps_client_header_ident(ps_client *c, Zps__Header *h, int op);
 
 /* Opens server i's DEALER (opts.streams connections) and its handshake monitor. */
 zps_status ps_client_open_socket(ps_client *c, int i);

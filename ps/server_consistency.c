@@ -16,6 +16,8 @@
  *   - A trainer that timed out or left is not waited for (sync aggregation, ssp clocks,
  *     barrier) until it speaks again; the check runs whenever one drops (ps_srv_after_drop).
  *   - The per-trainer sync accumulators and held frames are allocated once and reused.
+ *   - Liveness also decides who holds a trainer id (ps_srv_incarnation_live): a holder that
+ *     left, was dropped, or is silent past the timeout can be replaced.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -490,6 +492,33 @@ void ps_srv_after_drop(ps_server *s)
         for (uint32_t lc = 0; lc < s->n_local; lc++)
             s_sync_try_apply(s, lc);
     ps_srv_check_pending(s); // and barriers
+}
+
+int ps_srv_incarnation_live(const ps_server *s, uint32_t t, double *silent_s)
+{
+    const ps_srv_trainer *tr = &s->trainers[t];
+    uint64_t now = zps_now_ns();
+    *silent_s = now > tr->last_seen_ns ? (double)(now - tr->last_seen_ns) * 1e-9 : 0;
+    double lim = s->cfg.trainer_timeout_s > 0 ? s->cfg.trainer_timeout_s : PS_SRV_IDENT_SILENT_S;
+    return tr->registered && !tr->left && !tr->dropped && *silent_s <= lim;
+}
+
+void ps_srv_trainer_reset(ps_server *s, uint32_t t)
+{
+    ps_srv_trainer *tr = &s->trainers[t];
+    memset(tr->rid, 0, sizeof tr->rid);
+    tr->rid_pos = 0;
+    s_held_release(tr, UINT32_MAX);
+    if (tr->covered)
+        memset(tr->covered, 0, (s->local_total + 63) / 64 * sizeof *tr->covered);
+    for (uint32_t lc = 0; s->recv_n && lc < s->n_local; lc++) {
+        uint32_t *rv = &s->recv_n[(size_t)lc * s->n_trainers + t];
+        if (s->mode == PS_MODE_SYNC && *rv) {
+            s->chunks[lc].n_complete -= *rv == s->chunks[lc].count;
+            s->st.stale_dropped++;
+        }
+        *rv = 0;
+    }
 }
 
 void ps_srv_liveness(ps_server *s)

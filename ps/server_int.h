@@ -31,6 +31,9 @@
 #define PS_SRV_LAT_BUCKETS 96
 #define PS_SRV_N_OPS 12
 #define PS_SRV_STALE_BUCKETS 8
+/* Without --trainer-timeout, an incarnation silent this long no longer holds its trainer
+ * id against a new one (docs/ps.md "Trainer identity"). */
+#define PS_SRV_IDENT_SILENT_S 10.0
 
 /* Indexed by op (Zps__Op) and by ps_mode. */
 extern const char *const ps_srv_op_names[PS_SRV_N_OPS];
@@ -55,8 +58,17 @@ typedef struct ps_srv_held {
     zmq_msg_t msg;      // a reference to the frame (has_msg)
 } ps_srv_held;
 
+/* The process that holds a trainer id (docs/ps.md "Trainer identity"). */
+typedef struct ps_srv_incarnation {
+    uint64_t nonce;         // 0: none registered yet
+    int64_t start_unix_ms;
+    uint32_t pid;
+    char host[64];          // checked printable at REGISTER
+} ps_srv_incarnation;
+
 typedef struct ps_srv_trainer {
     int registered;
+    ps_srv_incarnation inc;  // the registered incarnation: requests with another nonce are refused
     int dropped;             // silent past --trainer-timeout, or left (sync/ssp: not waited for)
     int left;                // sent LEAVE: heartbeats and barriers do not bring it back
     uint64_t last_seen_ns;
@@ -286,6 +298,14 @@ void ps_srv_pending_reinit(ps_server *s);
 void ps_srv_after_drop(ps_server *s);
 /* Drops trainers silent past --trainer-timeout. */
 void ps_srv_liveness(ps_server *s);
+/* Whether trainer t's registered incarnation is live: not left, not dropped, and heard
+ * from within --trainer-timeout (PS_SRV_IDENT_SILENT_S without one); *silent_s how long
+ * it has been silent. */
+int ps_srv_incarnation_live(const ps_server *s, uint32_t t, double *silent_s);
+/* A new incarnation takes trainer t over from a dead or departed one: what the old one
+ * left half done (sync partial pushes, async partial chunk counts, request ids) is
+ * forgotten, so the new one starts clean. */
+void ps_srv_trainer_reset(ps_server *s, uint32_t t);
 
 /* ---- server_stats.c */
 

@@ -5,6 +5,10 @@
  * Invariants:
  *   - A rejected request gets an error reply, bumps a counter and changes nothing but the
  *     trainer's liveness (a request from a known trainer proves it is alive).
+ *   - A trainer id is held by one incarnation (docs/ps.md "Trainer identity"): a REGISTER
+ *     from another one is refused while the holder is live, and takes over (with a clean
+ *     slate: ps_srv_trainer_reset) when it is not; requests with another nonce are refused
+ *     by ps_srv_check_trainer and are no sign of life.
  *   - A push request id is handled once per trainer: a retry gets the first status back and
  *     is never applied twice (ps_srv_rid_seen).
  *   - async / ssp: the reply of a PUSH goes out before the arithmetic (ps_srv_apply_ranges):
@@ -53,6 +57,33 @@ static void s_adopt_job(ps_server *s, const Zps__JobConfig *j, uint32_t nt)
     }
 }
 
+/* A checked REGISTER's incarnation holds the trainer id from now on. One that takes over
+ * from another (dead, dropped or departed: ps_srv_check_register refused it otherwise)
+ * starts from a clean slate and says so in the log. */
+static void s_adopt_incarnation(ps_server *s, const Zps__Header *h)
+{
+    uint32_t t = h->trainer_id;
+    ps_srv_trainer *tr = &s->trainers[t];
+    const Zps__Incarnation *in = h->incarnation;
+    if (!tr->registered) {
+        zps_log(ZPS_INFO, "ps", "trainer %u registered: host %s pid %u (incarnation %016" PRIx64 ")",
+                t, in->host, in->pid, in->nonce);
+    } else if (tr->inc.nonce != in->nonce) {
+        double silent;
+        ps_srv_incarnation_live(s, t, &silent);
+        zps_log(ZPS_WARN, "ps", "trainer %u: host %s pid %u (incarnation %016" PRIx64 ") replaces "
+                "host %s pid %u (incarnation %016" PRIx64 "), which %s %.1f s ago",
+                t, in->host, in->pid, in->nonce, tr->inc.host, tr->inc.pid, tr->inc.nonce,
+                tr->left ? "left; last heard from" : "was last heard from", silent);
+        ps_srv_trainer_reset(s, t);
+    }
+    tr->registered = 1;
+    tr->inc.nonce = in->nonce;
+    tr->inc.start_unix_ms = in->start_unix_ms;
+    tr->inc.pid = in->pid;
+    snprintf(tr->inc.host, sizeof tr->inc.host, "%s", in->host);
+}
+
 void ps_srv_op_register(ps_server *s, zmq_msg_t *ident, const Zps__Header *h)
 {
     char why[512];
@@ -65,10 +96,7 @@ void ps_srv_op_register(ps_server *s, zmq_msg_t *ident, const Zps__Header *h)
     s_adopt_job(s, h->job, nt);
     s_adopt_plan(s, h);
     ps_srv_trainers_ensure(s);
-    ps_srv_trainer *tr = &s->trainers[h->trainer_id];
-    if (!tr->registered)
-        zps_log(ZPS_INFO, "ps", "trainer %u registered", h->trainer_id);
-    tr->registered = 1;
+    s_adopt_incarnation(s, h);
     ps_srv_seen(s, h->trainer_id);
     ps_srv_reply r = {h->op, h->request_id, ZPS_OK,
                       s->initialised ? "initialised" : "not initialised", ps_srv_min_version(s),

@@ -112,8 +112,18 @@ zps_status ps_srv_check_trainer(const ps_server *s, const Zps__Header *h, char *
         S_WHY("trainer %u is not in this job (%u trainers)", h->trainer_id, s->n_trainers);
         return ZPS_ERR_TRAINER;
     }
-    if (!s->trainers[h->trainer_id].registered) {
+    const ps_srv_trainer *tr = &s->trainers[h->trainer_id];
+    if (!tr->registered) {
         S_WHY("trainer %u has not registered with this server (REGISTER first)", h->trainer_id);
+        return ZPS_ERR_TRAINER;
+    }
+    uint64_t nonce = h->incarnation ? h->incarnation->nonce : 0;
+    if (nonce != tr->inc.nonce) {
+        /* ZPS_ERR_TRAINER: the client registers again, and that REGISTER says who holds
+         * the id when it is still live. */
+        S_WHY("trainer %u: this request comes from incarnation %016" PRIx64 ", but the id is "
+              "held by incarnation %016" PRIx64 " (host %s pid %u): REGISTER first",
+              h->trainer_id, nonce, tr->inc.nonce, tr->inc.host, tr->inc.pid);
         return ZPS_ERR_TRAINER;
     }
     return ZPS_OK;
@@ -276,6 +286,47 @@ static zps_status s_check_job_sync(const ps_server *s, const Zps__Header *h, uin
     return ZPS_OK;
 }
 
+/* REGISTER's incarnation: complete, with a host name fit for a log line. */
+static zps_status s_check_incarnation(const Zps__Header *h, char *why, size_t why_len)
+{
+    const Zps__Incarnation *in = h->incarnation;
+    if (!in || !in->nonce || !in->pid || !in->host) {
+        S_WHY("REGISTER of trainer %u without an incarnation (nonce, start time, host, pid): "
+              "the client is older than this server", h->trainer_id);
+        return ZPS_ERR_INVALID;
+    }
+    size_t n = strlen(in->host);
+    int ok = n > 0 && n < sizeof ((ps_srv_incarnation *)0)->host;
+    for (size_t i = 0; ok && i < n; i++)
+        ok = in->host[i] > ' ' && in->host[i] < 127;
+    if (!ok) {
+        S_WHY("REGISTER of trainer %u: incarnation host name is empty, longer than 63 bytes "
+              "or not printable ASCII", h->trainer_id);
+        return ZPS_ERR_INVALID;
+    }
+    return ZPS_OK;
+}
+
+/* A second live incarnation of the same trainer id is refused, naming both. */
+static zps_status s_check_holder(const ps_server *s, const Zps__Header *h, char *why,
+                                 size_t why_len)
+{
+    uint32_t t = h->trainer_id;
+    double silent;
+    if (!s->trainers || h->incarnation->nonce == s->trainers[t].inc.nonce ||
+        !ps_srv_incarnation_live(s, t, &silent))
+        return ZPS_OK;
+    const ps_srv_incarnation *old = &s->trainers[t].inc;
+    const Zps__Incarnation *in = h->incarnation;
+    S_WHY("trainer %u is held by a live process, host %s pid %u (incarnation %016" PRIx64
+          ", heard from %.1f s ago); this REGISTER comes from host %s pid %u (incarnation %016"
+          PRIx64 "). Two processes with one id would mix their updates: stop one or give it "
+          "another id (the id is free once its holder LEAVEs or is silent for %g s)",
+          t, old->host, old->pid, old->nonce, silent, in->host, in->pid, in->nonce,
+          s->cfg.trainer_timeout_s > 0 ? s->cfg.trainer_timeout_s : PS_SRV_IDENT_SILENT_S);
+    return ZPS_ERR_EXISTS;
+}
+
 zps_status ps_srv_check_register(const ps_server *s, const Zps__Header *h, uint32_t *nt,
                                  char *why, size_t why_len)
 {
@@ -300,7 +351,9 @@ zps_status ps_srv_check_register(const ps_server *s, const Zps__Header *h, uint3
               h->trainer_id);
         return ZPS_ERR_PLAN;
     }
-    return ZPS_OK;
+    if ((st = s_check_incarnation(h, why, why_len)) != ZPS_OK)
+        return st;
+    return s_check_holder(s, h, why, why_len);
 }
 
 /* INIT's optimizer, plan and first-writer rule; the ranges' count against the frames. */

@@ -120,6 +120,7 @@ Test(it_ps_liveness, sync_continues_after_a_trainer_dies, .timeout = 60)
     ps_plan *plan = s_start(&srv, args);
     /* trainer 0 initialises; the others need values before their first pull */
     ps_client *c0 = pst_client_init(srv.uri, plan, pst_seed(), NULL);
+    cr_assert_eq(ps_client_leave(c0), ZPS_OK); // frees trainer id 0 for the thread below
     ps_client_destroy(&c0);
     int fds[2];
     cr_assert_eq(pipe(fds), 0);
@@ -193,12 +194,23 @@ Test(it_ps_liveness, sync_and_barrier_go_on_after_a_trainer_leaves, .timeout = 3
     const char *args[] = {"--mode", "sync", "--num-trainers", "2", NULL};
     ps_plan *plan = s_start(&srv, args);
     ps_client *c = pst_client_init(srv.uri, plan, pst_seed(), NULL);
+    cr_assert_eq(ps_client_leave(c), ZPS_OK); // frees trainer id 0 for the thread; STATS later
     pthread_t th[2];
     larg la[2];
     for (int t = 0; t < 2; t++) {
         la[t] = (larg){{srv.uri, plan, t, 0, 0, ""}, t == 0 ? STEPS : 2,
                        t == 0 ? END_BARRIER : END_LEAVE_BARRIER};
         pthread_create(&th[t], NULL, s_leave_thread, &la[t]);
+        /* trainer 0 is back (c left) before trainer 1 reaches the barrier */
+        for (double end = zps_now_s() + 10; t == 0 && zps_now_s() < end;) {
+            char *js;
+            cr_assert_eq(ps_client_stats(c, 0, &js), ZPS_OK);
+            int back = strstr(js, "\"live_trainers\":2,") != NULL;
+            free(js);
+            if (back)
+                break;
+            zps_sleep_ns(2000000);
+        }
     }
     for (int t = 0; t < 2; t++)
         pthread_join(th[t], NULL);
@@ -206,7 +218,10 @@ Test(it_ps_liveness, sync_and_barrier_go_on_after_a_trainer_leaves, .timeout = 3
         cr_expect_eq(la[t].a.status, 0, "trainer %d: %s", t, la[t].a.err);
     cr_expect_eq(la[0].a.steps_done, STEPS);
     cr_expect_eq(la[1].a.steps_done, 2);
-    const char *want[] = {"\"trainers_left\":1,", "\"trainers_dropped\":0,", NULL};
+    char ver[32];
+    snprintf(ver, sizeof ver, "\"version\":%d,", STEPS);
+    /* c (trainer 0, left before the threads) and trainer 1 left */
+    const char *want[] = {"\"trainers_left\":2,", "\"trainers_dropped\":0,", ver, NULL};
     s_expect_stats(c, want);
     ps_client_destroy(&c);
     pst_kill(&srv, SIGTERM);

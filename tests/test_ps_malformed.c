@@ -21,7 +21,37 @@ static const ps_var s_vars[] = {{"w", 60000}, {"b", 10}};
 typedef struct raw {
     void *ctx, *sock;
     uint64_t rid;
+    uint64_t nonce; // the incarnation its requests carry by default (0: none)
 } raw;
+
+/* Which incarnation a case's request carries (docs/ps.md "Trainer identity"). */
+enum { I_OWN, I_NONE, I_OTHER, I_NO_HOST, I_BAD_HOST };
+
+/* Incarnation kind `which` of raw r into *inc; NULL for none. */
+static const Zps__Incarnation *s_inc(const raw *r, int which, Zps__Incarnation *inc)
+{
+    zps__incarnation__init(inc);
+    if (which == I_NONE || (which == I_OWN && !r->nonce))
+        return NULL;
+    inc->nonce = which == I_OWN ? r->nonce : 0x5eed5eed5eedull;
+    inc->start_unix_ms = 1;
+    inc->pid = 4242;
+    inc->host = which == I_NO_HOST ? NULL : which == I_BAD_HOST ? "bad host" : "other-host";
+    return inc;
+}
+
+/* The REGISTER fields of a request for plan (job j filled). */
+static void s_register_fields(Zps__Header *h, Zps__JobConfig *j, const ps_plan *plan)
+{
+    zps__job_config__init(j);
+    j->num_chunks = plan->n_chunks;
+    j->num_servers = 1;
+    j->chunk_bytes = plan->chunk_bytes;
+    j->num_variables = (uint32_t)plan->n_vars;
+    j->total_count = plan->total;
+    h->plan_hash = plan->hash;
+    h->job = j;
+}
 
 /* A DEALER connected to uri; rcvhwm > 0: a peer that holds at most that many replies and
  * a small kernel buffer (one that stops reading). */
@@ -76,12 +106,19 @@ static int s_send_raw(raw *r, const void *hdr, size_t hl, const void *const *pl,
     return st;
 }
 
-/* A request header for op with the given ranges; returns packed bytes (caller frees). */
+/* A request header for op with the given ranges and r's incarnation (inc: another one,
+ * or I_NONE; REGISTER: with plan's job); returns packed bytes (caller frees). */
 static uint8_t *s_hdr(raw *r, int op, uint32_t version, uint32_t trainer, int64_t step,
-                      const Zps__KeyRange *ranges, int n, int is_reply, size_t *len)
+                      const Zps__KeyRange *ranges, int n, int is_reply, int inc,
+                      const ps_plan *plan, size_t *len)
 {
     Zps__Header h = ZPS__HEADER__INIT;
+    Zps__Incarnation in;
+    Zps__JobConfig j;
     Zps__KeyRange *rp[64];
+    h.incarnation = (Zps__Incarnation *)s_inc(r, inc, &in);
+    if (op == ZPS__OP__OP_REGISTER && plan)
+        s_register_fields(&h, &j, plan);
     for (int i = 0; i < n; i++)
         rp[i] = (Zps__KeyRange *)&ranges[i];
     h.version = version;
@@ -104,7 +141,7 @@ static int s_req(raw *r, int op, const Zps__KeyRange *kr, int n, const void *con
                  const size_t *pll, int npl, char *msg, size_t msg_len)
 {
     size_t hl;
-    uint8_t *h = s_hdr(r, op, ZPS_PROTOCOL_VERSION, 0, 0, kr, n, 0, &hl);
+    uint8_t *h = s_hdr(r, op, ZPS_PROTOCOL_VERSION, 0, 0, kr, n, 0, I_OWN, NULL, &hl);
     int st = s_send_raw(r, h, hl, pl, pll, npl, msg, msg_len);
     free(h);
     return st;
@@ -167,6 +204,8 @@ typedef struct m_case {
     m_range r[2];
     int n_frames;
     m_frame f[2];
+    int inc;             // I_*: the incarnation the request carries (default trainer 0's)
+    const char *msg_has; // the reply's message contains it (NULL: not checked)
 } m_case;
 
 #define B(k) {(uint64_t)(k), 0}
@@ -224,6 +263,24 @@ static const m_case s_cases[] = {
      .r = {R0(4096)}, GOOD1},
     {"pull of no ranges", ZPS_ERR_FRAMES, .op = ZPS__OP__OP_PULL},
     {"heartbeat with a payload frame", ZPS_ERR_FRAMES, .op = ZPS__OP__OP_HEARTBEAT, GOOD1},
+    /* trainer identity: every request of a registered trainer carries its incarnation */
+    {"push without an incarnation", ZPS_ERR_TRAINER, PUSH1(R0(4096)), GOOD1, .inc = I_NONE},
+    {"push from another incarnation", ZPS_ERR_TRAINER, PUSH1(R0(4096)), GOOD1, .inc = I_OTHER,
+     .msg_has = "incarnation 00005eed5eed5eed"},
+    {"pull from another incarnation", ZPS_ERR_TRAINER, .op = ZPS__OP__OP_PULL, .n_ranges = 1,
+     .r = {R0(4096)}, .inc = I_OTHER},
+    {"heartbeat from another incarnation", ZPS_ERR_TRAINER, .op = ZPS__OP__OP_HEARTBEAT,
+     .inc = I_OTHER},
+    {"leave from another incarnation", ZPS_ERR_TRAINER, .op = ZPS__OP__OP_LEAVE, .inc = I_OTHER},
+    {"REGISTER without an incarnation", ZPS_ERR_INVALID, .op = ZPS__OP__OP_REGISTER,
+     .inc = I_NONE, .msg_has = "without an incarnation"},
+    {"REGISTER with an incarnation without a host", ZPS_ERR_INVALID, .op = ZPS__OP__OP_REGISTER,
+     .inc = I_NO_HOST},
+    {"REGISTER with a host name that has a space", ZPS_ERR_INVALID, .op = ZPS__OP__OP_REGISTER,
+     .inc = I_BAD_HOST, .msg_has = "printable"},
+    /* trainer 0's client is live: a second process with its id is refused, named */
+    {"REGISTER of a second live incarnation", ZPS_ERR_EXISTS, .op = ZPS__OP__OP_REGISTER,
+     .inc = I_OTHER, .msg_has = "this REGISTER comes from host other-host pid 4242"},
 };
 
 #undef B
@@ -297,7 +354,7 @@ static int s_run_case(raw *rw, const m_case *c, const ps_plan *plan, const m_pay
     }
     size_t hl;
     uint8_t *h = s_hdr(rw, c->op, ZPS_PROTOCOL_VERSION + c->version_add, c->trainer, 0, kr, nr,
-                       c->is_reply, &hl);
+                       c->is_reply, c->inc, plan, &hl);
     int got = s_send_raw(rw, h, c->shape == M_TRUNCATED ? hl - 3 : hl, pl, pll, nf, msg, msg_len);
     free(h);
     return got;
@@ -331,6 +388,7 @@ Test(it_ps_malformed, every_bad_request_gets_its_error_and_changes_nothing, .tim
     ps_client *c = pst_client_init(srv.uri, plan, seed, init); // sgd, lr 0.01
     raw rw;
     s_raw_open(&rw, srv.uri, 0);
+    rw.nonce = ps_client_incarnation(c); // the raw requests speak for trainer 0's client
     m_payloads pls;
     s_payloads(&pls, &r);
     char msg[512];
@@ -341,6 +399,8 @@ Test(it_ps_malformed, every_bad_request_gets_its_error_and_changes_nothing, .tim
         cr_expect_eq(got, mc->want, "%s: got %d (%s) want %s; message '%s' (seed %llu)", mc->name,
                      got, zps_status_name(got) ? zps_status_name(got) : "?",
                      zps_status_name(mc->want), msg, (unsigned long long)seed);
+        cr_expect(!mc->msg_has || strstr(msg, mc->msg_has), "%s: message '%s' lacks '%s'",
+                  mc->name, msg, mc->msg_has);
     }
     /* a second INIT (first writer wins), through the client */
     for (uint64_t i = 0; i < n; i++)
@@ -404,6 +464,7 @@ Test(it_ps_malformed, sync_overlapping_ranges_are_refused, .timeout = 30)
 
     raw rw;
     s_raw_open(&rw, srv.uri, 0);
+    rw.nonce = ps_client_incarnation(c);
     char msg[512];
     uint32_t key = plan->chunks[0].key;
     cr_assert_eq(s_push1(&rw, key, gr, 0, q, msg, sizeof msg), ZPS_OK, "%s", msg);
@@ -458,18 +519,15 @@ Test(it_ps_malformed, sync_overlapping_ranges_are_refused, .timeout = 30)
 static void s_stuck_peer(raw *r, const ps_plan *plan)
 {
     Zps__Header h = ZPS__HEADER__INIT;
-    Zps__JobConfig j = ZPS__JOB_CONFIG__INIT;
-    j.num_chunks = plan->n_chunks;
-    j.num_servers = 1;
-    j.chunk_bytes = plan->chunk_bytes;
-    j.num_variables = 1;
-    j.total_count = plan->total;
+    Zps__JobConfig j;
+    Zps__Incarnation in;
+    r->nonce = 77;
+    h.incarnation = (Zps__Incarnation *)s_inc(r, I_OWN, &in);
+    s_register_fields(&h, &j, plan);
     h.version = ZPS_PROTOCOL_VERSION;
     h.op = ZPS__OP__OP_REGISTER;
     h.request_id = 1;
     h.trainer_id = 1;
-    h.plan_hash = plan->hash;
-    h.job = &j;
     uint8_t buf[512];
     size_t hl = zps__header__pack(&h, buf);
     cr_assert_eq(s_send_raw(r, buf, hl, NULL, NULL, 0, NULL, 0), ZPS_OK);
@@ -481,6 +539,8 @@ static void s_stuck_peer(raw *r, const ps_plan *plan)
     }
     h.op = ZPS__OP__OP_PULL;
     h.job = NULL;
+    in.host = NULL; // the nonce alone, as a client sends it
+    in.pid = 0;
     h.step = -1;
     h.n_ranges = nr;
     h.ranges = rp;

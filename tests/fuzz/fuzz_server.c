@@ -15,7 +15,10 @@
  * Input format: byte 0 low 4 bits + 1 = number of frames; then per frame a 2-byte
  * little-endian length and that many bytes (cut short at the end of the input). Byte 0 bit
  * 4 set: frame 0 is replaced by a valid PUSH, PULL or PUSHPULL header whose ranges come
- * from the next bytes, so the fuzzer reaches range and payload validation quickly.
+ * from the next bytes, so the fuzzer reaches range and payload validation quickly. Such a
+ * header mostly carries trainer 0's registered incarnation nonce, else none, a foreign one,
+ * or it becomes a REGISTER with an incarnation made from the input (docs/ps.md "Trainer
+ * identity").
  */
 #include <pthread.h>
 #include <stdint.h>
@@ -35,6 +38,9 @@ static ps_server *s_srv;
 static void *s_ctx, *s_dealer;
 static ps_plan *s_plan;
 static float *s_values, *s_check;
+
+/* The nonce trainer 0's requests must carry: its registered incarnation's. */
+static uint64_t s_nonce(void) { return s_srv->trainers ? s_srv->trainers[0].inc.nonce : 0; }
 
 static void *s_serve(void *arg)
 {
@@ -86,8 +92,11 @@ static void s_setup(void)
 static void s_pull_all(void)
 {
     Zps__Header h = ZPS__HEADER__INIT;
+    Zps__Incarnation in = ZPS__INCARNATION__INIT;
     Zps__KeyRange r[64], *rp[64];
     size_t n = s_plan->n_chunks < 64 ? s_plan->n_chunks : 64;
+    in.nonce = s_nonce();
+    h.incarnation = &in;
     for (size_t i = 0; i < n; i++) {
         zps__key_range__init(&r[i]);
         r[i].key = s_plan->chunks[i].key;
@@ -157,11 +166,43 @@ typedef struct s_input {
     uint8_t hbuf[8192];
 } s_input;
 
+/* The incarnation of a structured header of len bytes at q (into in, host: 16 bytes):
+ * trainer 0's (4 in 7), none, a foreign nonce, or a REGISTER's whole one from the input. */
+static void s_structured_inc(Zps__Header *h, const uint8_t *q, size_t len, Zps__Incarnation *in,
+                             char *host, Zps__JobConfig *j)
+{
+    int kind = (int)(len % 7);
+    zps__incarnation__init(in);
+    in->nonce = kind == 4 ? s_nonce() ^ 0x100 : s_nonce();
+    h->incarnation = kind == 5 ? NULL : in;
+    if (kind != 6)
+        return;
+    size_t hl = len < 15 ? len : 15; // any bytes: the server must refuse what is not printable
+    memcpy(host, q, hl);
+    host[hl] = 0;
+    in->nonce = len % 2 ? 0 : 0x9e3779b97f4a7c15ull * (len + 1);
+    in->pid = (uint32_t)len;
+    in->host = host;
+    zps__job_config__init(j);
+    j->num_chunks = s_plan->n_chunks;
+    j->num_servers = 1;
+    j->num_variables = (uint32_t)s_plan->n_vars;
+    j->total_count = s_plan->total;
+    j->chunk_bytes = s_plan->chunk_bytes;
+    h->op = ZPS__OP__OP_REGISTER;
+    h->plan_hash = s_plan->hash;
+    h->job = j;
+}
+
 /* A valid PUSH / PULL / PUSHPULL header whose ranges come from the len bytes at q. */
 static size_t s_structured(const uint8_t *q, size_t len, uint8_t *out)
 {
     Zps__Header h = ZPS__HEADER__INIT;
+    Zps__Incarnation in;
+    Zps__JobConfig j;
+    char host[16];
     Zps__KeyRange r[8], *rp[8];
+    const uint8_t *q0 = q;
     size_t nr = len / 10 > 8 ? 8 : len / 10;
     for (size_t i = 0; i < nr; i++, q += 10) {
         zps__key_range__init(&r[i]);
@@ -178,6 +219,9 @@ static size_t s_structured(const uint8_t *q, size_t len, uint8_t *out)
     h.step = (int64_t)(len % 5) - 1;
     h.n_ranges = nr;
     h.ranges = rp;
+    s_structured_inc(&h, q0, len, &in, host, &j);
+    if (h.op == ZPS__OP__OP_REGISTER)
+        h.n_ranges = 0;
     return zps__header__pack(&h, out);
 }
 
