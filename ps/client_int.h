@@ -104,6 +104,7 @@ struct ps_client {
     unsigned mon_gen;      // keeps monitor endpoints unique across reopened sockets
     int *hs_silent;        // (n) handshakes server i closed without a reason since a success
     char (*refused)[320];  // (n) why server i refused our handshake ("": it has not)
+    uint64_t deadline_ns;  // ps_client_set_deadline: waits give up then (0: no deadline)
 };
 
 /* ---- client_conn.c: transport */
