@@ -84,26 +84,13 @@ static double s_num(const char *line, const char *key)
     return p ? strtod(p + strlen(pat), NULL) : -1;
 }
 
-/* Echoes a process's log to stderr (on a failure). */
-static void s_dump(const char *path)
-{
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return;
-    char line[1024];
-    fprintf(stderr, "---- %s\n", path);
-    while (fgets(line, sizeof line, f))
-        fputs(line, stderr);
-    fclose(f);
-}
-
 /* Waits up to timeout_s for p to exit; its wait status (fails, dumping log, on a timeout). */
 static int s_wait(pst_server *p, const char *log, double timeout_s)
 {
     int st = pst_wait(p, timeout_s);
     if (st == -1) {
         pst_kill(p, SIGKILL);
-        s_dump(log);
+        pst_dump(log);
         cr_assert_fail("%s did not end within %.0f s", log, timeout_s);
     }
     return st;
@@ -150,17 +137,24 @@ static int s_file_has(const char *path, const char *what)
 
 /* ---- a corrupt record in a sync fleet ---- */
 
-Test(it_exits, sync_trainer_failing_on_a_corrupt_record_leaves)
+/* Data with a corrupt record in trainer 0's share, one sync server that never drops a
+ * silent trainer (only LEAVE frees the peers), and its 2 trainers with extra flags. */
+static void s_sync_fleet(pst_server *srv, s_trainer t[2], const char *const *extra)
 {
     s_make_data(1);
-    pst_server srv;
     const char *sargs[] = {"--mode", "sync", "--num-trainers", "2", "--trainer-timeout", "0",
                            NULL};
-    cr_assert_eq(pst_spawn(&srv, NULL, sargs), 0);
+    cr_assert_eq(pst_spawn(srv, NULL, sargs), 0);
+    for (int r = 0; r < 2; r++)
+        s_start_trainer(&t[r], srv->uri, r, 2, extra);
+}
+
+Test(it_exits, sync_trainer_failing_on_a_corrupt_record_leaves)
+{
+    pst_server srv;
     s_trainer t[2];
     const char *extra[] = {"--mode", "sync", "--steps", "30", NULL};
-    for (int r = 0; r < 2; r++)
-        s_start_trainer(&t[r], srv.uri, r, 2, extra);
+    s_sync_fleet(&srv, t, extra);
     /* trainer 0 meets the corrupt record within its first epoch (16 steps) */
     int st = s_wait(&t[0].p, t[0].log, 120);
     double t_fail = zps_now_s();
@@ -183,20 +177,15 @@ Test(it_exits, sync_trainer_failing_on_a_corrupt_record_leaves)
 
 Test(it_exits, skip_corrupt_skips_and_counts)
 {
-    s_make_data(1);
     pst_server srv;
-    const char *sargs[] = {"--mode", "sync", "--num-trainers", "2", "--trainer-timeout", "0",
-                           NULL};
-    cr_assert_eq(pst_spawn(&srv, NULL, sargs), 0);
     s_trainer t[2];
     /* 32 steps of 64 = two epochs of trainer 0's 1024 records: the bad record twice */
     const char *extra[] = {"--mode", "sync", "--steps", "32", "--skip-corrupt", "5", NULL};
-    for (int r = 0; r < 2; r++)
-        s_start_trainer(&t[r], srv.uri, r, 2, extra);
+    s_sync_fleet(&srv, t, extra);
     for (int r = 0; r < 2; r++) {
         int st = s_wait(&t[r].p, t[r].log, 120);
         if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
-            s_dump(t[r].log);
+            pst_dump(t[r].log);
         cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "trainer %d failed (status %d)", r, st);
     }
     char *sum0 = s_summary_line(t[0].metrics);

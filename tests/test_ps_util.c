@@ -94,6 +94,18 @@ int pst_start(pst_server *s, const char *prog, const char *log, const char *cons
     return 0;
 }
 
+void pst_dump(const char *log)
+{
+    FILE *f = fopen(log, "r");
+    if (!f)
+        return;
+    char line[1024];
+    fprintf(stderr, "---- %s\n", log);
+    while (fgets(line, sizeof line, f))
+        fputs(line, stderr);
+    fclose(f);
+}
+
 int pst_wait(pst_server *s, double timeout_s)
 {
     if (!s->pid)
