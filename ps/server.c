@@ -310,8 +310,9 @@ zps_status ps_server_run(ps_server *s)
     /* Stopped from outside (a signal): the final checkpoint SHUTDOWN would have written, so
      * a launcher's SIGTERM loses nothing (a no-op without --checkpoint-dir). */
     if (s->stop == S_STOP_ASKED) {
-        zps_log(ZPS_INFO, "ps", "stopping: final checkpoint%s",
-                s->cfg.checkpoint_dir[0] && s->initialised ? "" : " (none configured)");
+        zps_log(ZPS_INFO, "ps", "stopping%s", !s->cfg.checkpoint_dir[0] ? " (no --checkpoint-dir)"
+                                              : s->initialised ? ": final checkpoint"
+                                                               : " (no values to checkpoint)");
         return ps_srv_write_checkpoint(s);
     }
     return ZPS_OK;
