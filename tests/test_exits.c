@@ -297,7 +297,8 @@ Test(it_exits, client_waits_end_on_the_stop_flag_and_at_a_deadline, .timeout = 3
     double took = zps_now_s() - t0;
     pthread_join(th, NULL);
     cr_assert_eq(st, ZPS_ERR_INTERRUPTED, "%s", zps_strerror(st));
-    cr_assert(took >= 0.29 && took < 0.6, "the wait ended %.3f s after it began", took);
+    /* within a poll slice (0.1 s) of the flag; the rest is slack for a loaded machine */
+    cr_assert(took >= 0.29 && took < 1.5, "the wait ended %.3f s after it began", took);
     /* a deadline: the flag no longer interrupts, a live server answers LEAVE */
     ps_client_set_deadline(c, 500);
     cr_assert_eq(ps_client_leave(c), ZPS_OK, "%s", ps_client_last_error(c));
@@ -307,7 +308,7 @@ Test(it_exits, client_waits_end_on_the_stop_flag_and_at_a_deadline, .timeout = 3
     cr_assert_eq(ps_client_pull(c, 0, 2, v, 6, &tk), ZPS_OK);
     cr_assert_eq(ps_client_wait(c, tk), ZPS_ERR_TIMEOUT);
     took = zps_now_s() - t0;
-    cr_assert(took >= 0.29 && took < 0.6, "the deadline wait took %.3f s", took);
+    cr_assert(took >= 0.29 && took < 1.5, "the deadline wait took %.3f s", took);
     ps_client_set_deadline(c, 0);
     ps_client_destroy(&c);
     free(v);
