@@ -10,6 +10,11 @@
  * gradient accumulation (--accumulate) is handled here, in s_forward_backward, and nowhere
  * else.
  *
+ * Exits: every way out of a run whose back-end exists tells the peers (the back-end's
+ * leave() at the end, abandon() on an error or a signal: s_stop_early) and writes the
+ * summary record; a signal stop cuts the back-end's network waits short (ZPS_ERR_INTERRUPTED)
+ * and is not a failure.
+ *
  * Ownership: tr_run owns everything it creates and frees it on every exit path through
  * s_job_free. Per-step work allocates nothing: batch buffers, the gradient accumulator and
  * the evaluation cache here, and each back-end's slots and tickets, are sized once at start.
