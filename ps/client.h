@@ -49,6 +49,7 @@
 #ifndef ZPS_PS_CLIENT_H
 #define ZPS_PS_CLIENT_H
 
+#include <signal.h>
 #include <stdint.h>
 
 #include "common/status.h"
@@ -81,6 +82,11 @@ typedef struct ps_client_opts {
     char curve_server_key[41]; // the servers' public key (one key pair for the fleet)
     char curve_public_key[41]; // this trainer's key pair
     char curve_secret_key[41];
+    /* A flag the caller's signal handler raises to stop (NULL: none). Once *stop != 0, every
+     * wait (ps_client_wait*, ps_client_poll and the blocking operations) returns
+     * ZPS_ERR_INTERRUPTED within one poll slice (<= 100 ms), whatever it waits for, and
+     * leaves its requests behind: the caller is stopping, not failing. */
+    const volatile sig_atomic_t *stop;
 } ps_client_opts;
 
 /* What the trainer asks for at REGISTER; zeros mean "whatever the server has". */
@@ -140,6 +146,12 @@ zps_status ps_client_wait_all(ps_client *c);
  * a barrier, and any push, pull or REGISTER later brings it back. Stops the heartbeat
  * thread. */
 zps_status ps_client_leave(ps_client *c);
+
+/* From now on every wait of c gives up ms milliseconds from now (ZPS_ERR_TIMEOUT, naming
+ * what is still open) and the stop flag no longer interrupts it: for a stopping trainer's
+ * last words (LEAVE), which must neither hang on a dead server nor be cut short by the stop
+ * that caused them. ms <= 0 lifts the deadline. */
+void ps_client_set_deadline(ps_client *c, int ms);
 
 /* Returns when every live trainer reached the barrier (held by server 0). */
 zps_status ps_client_barrier(ps_client *c);

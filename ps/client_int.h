@@ -108,6 +108,7 @@ struct ps_client {
                            // "Trainer identity"); host points into inc_host
     Zps__Incarnation inc_nonce; // inc's nonce alone, sent with every other request
     char inc_host[64];
+    uint64_t deadline_ns;  // ps_client_set_deadline: waits give up then (0: no deadline)
 };
 
 /* ---- client_conn.c: transport */

@@ -12,6 +12,8 @@
  * - A slot is recycled only once ZeroMQ released every zero-copy frame of it (frames_out 0).
  * - A ticket's status is its first failure; later failures do not overwrite its message.
  * - A request is sent at most max_retries + 1 times; resend k waits backoff_ms * 2^(k-1).
+ * - A wait never blocks past one poll slice (<= 100 ms) after the stop flag rose or the
+ *   deadline passed; what it waited for stays in flight and is dropped with the client.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -296,6 +298,29 @@ void ps_client_timeouts(ps_client *c)
 
 /* ------------------------------------------------------------------------- waiting */
 
+void ps_client_set_deadline(ps_client *c, int ms)
+{
+    c->deadline_ns = ms > 0 ? zps_now_ns() + (uint64_t)ms * 1000000ull : 0;
+}
+
+/* Why a wait must end before its ticket completed: the stop flag (ZPS_ERR_INTERRUPTED) or
+ * the deadline (ZPS_ERR_TIMEOUT), with c->err saying so; ZPS_OK to go on waiting. Checked
+ * before every poll slice, so a stop is noticed within one slice. */
+static zps_status s_wait_cut(ps_client *c, int open)
+{
+    if (c->deadline_ns) {
+        if (zps_now_ns() < c->deadline_ns)
+            return ZPS_OK;
+        snprintf(c->err, sizeof c->err, "%d request(s) unanswered at the deadline", open);
+        return ZPS_ERR_TIMEOUT;
+    }
+    if (c->o.stop && *c->o.stop) {
+        snprintf(c->err, sizeof c->err, "interrupted: stopping");
+        return ZPS_ERR_INTERRUPTED;
+    }
+    return ZPS_OK;
+}
+
 zps_status ps_client_wait_ticket(ps_client *c, ps_ticket t, uint64_t *version, int mark_waited)
 {
     ps_client_ticket *tk = ps_client_ticket_get(c, t);
@@ -304,6 +329,7 @@ zps_status ps_client_wait_ticket(ps_client *c, ps_ticket t, uint64_t *version, i
         return ZPS_ERR_NOT_FOUND;
     }
     while (tk->open > 0) {
+        ZPS_TRY(s_wait_cut(c, tk->open));
         int ms = c->o.heartbeat_ms > 0 && c->o.heartbeat_ms < 100 ? c->o.heartbeat_ms : 100;
         ZPS_TRY(ps_client_pump(c, ms));
     }
@@ -326,6 +352,7 @@ zps_status ps_client_poll(ps_client *c, ps_ticket t, int timeout_ms, int *done)
     do {
         if (tk->open <= 0)
             break;
+        ZPS_TRY(s_wait_cut(c, tk->open));
         uint64_t now = zps_now_ns();
         int ms = now >= end ? 0 : (int)((end - now) / 1000000ull);
         ZPS_TRY(ps_client_pump(c, ms > 100 ? 100 : ms));

@@ -25,6 +25,10 @@
 #include "common/mem.h"
 #include "ps/server_int.h"
 
+/* s->stop set by ps_server_stop (a signal), not by SHUTDOWN (which checkpoints itself, and
+ * sets 1). */
+#define S_STOP_ASKED 2
+
 /* Reply frames at least this large are sent zero-copy from the values (ps_srv_wait_readers). */
 #define S_ZC_MIN 16384
 
@@ -38,6 +42,7 @@ void ps_server_config_default(ps_server_config *c)
     memset(c, 0, sizeof *c);
     snprintf(c->bind, sizeof c->bind, "tcp://127.0.0.1:0");
     c->staleness = -1;
+    c->trainer_timeout_s = PS_DEFAULT_TRAINER_TIMEOUT_S;
     c->max_message_bytes = 1ull << 30;
     c->stats_every_s = 30;
     c->io_threads = 1;
@@ -302,10 +307,18 @@ zps_status ps_server_run(ps_server *s)
         ps_srv_send(s, &p->ident, &r, NULL, 0);
         ps_srv_pending_drop(s, 0);
     }
+    /* Stopped from outside (a signal): the final checkpoint SHUTDOWN would have written, so
+     * a launcher's SIGTERM loses nothing (a no-op without --checkpoint-dir). */
+    if (s->stop == S_STOP_ASKED) {
+        zps_log(ZPS_INFO, "ps", "stopping%s", !s->cfg.checkpoint_dir[0] ? " (no --checkpoint-dir)"
+                                              : s->initialised ? ": final checkpoint"
+                                                               : " (no values to checkpoint)");
+        return ps_srv_write_checkpoint(s);
+    }
     return ZPS_OK;
 }
 
-void ps_server_stop(ps_server *s) { s->stop = 1; }
+void ps_server_stop(ps_server *s) { s->stop = S_STOP_ASKED; }
 
 const char *ps_server_endpoint(const ps_server *s) { return s->endpoint; }
 

@@ -30,6 +30,11 @@ typedef enum ps_mode {
 #define PS_MAX_RANGES 16384
 /* Most trainers one job may have. */
 #define PS_MAX_TRAINERS 4096
+/* --trainer-timeout's default, in seconds (docs/ps.md "Liveness" says why 30): a live
+ * trainer heartbeats every second even in a long step, so this only has to outlast a
+ * trainer's start-up and a network outage the fleet should ride out, while the peers of a
+ * dead trainer go on after it. */
+#define PS_DEFAULT_TRAINER_TIMEOUT_S 30.0
 
 typedef struct ps_server_config {
     char bind[512];               // tcp://HOST:PORT, port 0 or * = ephemeral
@@ -39,7 +44,8 @@ typedef struct ps_server_config {
     uint32_t num_trainers;        // 0: from REGISTER
     uint32_t replicas_to_aggregate; // 0: num_trainers (or from REGISTER)
     int staleness;                // -1: from REGISTER (ssp)
-    double trainer_timeout_s;     // 0: never drop a trainer
+    double trainer_timeout_s;     // drop a trainer silent this long (default
+                                  // PS_DEFAULT_TRAINER_TIMEOUT_S); 0: never
     char checkpoint_dir[512];     // "" = no checkpoints
     uint64_t checkpoint_every_versions; // 0 = off
     double checkpoint_every_seconds;    // 0 = off
@@ -67,7 +73,9 @@ void ps_server_config_default(ps_server_config *c);
 zps_status ps_server_new(const ps_server_config *cfg, ps_server **out);
 /* The endpoint actually bound (ephemeral port resolved), e.g. tcp://127.0.0.1:40123. */
 const char *ps_server_endpoint(const ps_server *s);
-/* Serves until SHUTDOWN or ps_server_stop(); returns ZPS_OK then. */
+/* Serves until SHUTDOWN or ps_server_stop(); returns ZPS_OK then. After ps_server_stop()
+ * it first writes a final checkpoint (with --checkpoint-dir; SHUTDOWN writes its own) and
+ * returns that write's status. */
 zps_status ps_server_run(ps_server *s);
 /* Waits up to timeout_ms for one request and handles it (*handled = 1), then runs the
  * timers. For tests and the fuzz target, which drive the server step by step. */

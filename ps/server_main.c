@@ -1,4 +1,7 @@
 /* server_main.c — zps-server: parses flags, binds, serves until SHUTDOWN or a signal.
+ * SIGTERM and SIGINT (what zps-launch sends) stop it gracefully: pending requests are
+ * answered, a final checkpoint is written when --checkpoint-dir is set, and it exits 0 (1
+ * when that checkpoint fails). A second signal changes nothing; SIGKILL is the hard stop.
  * The flags are parsed by ps/server_config.c (documented in docs/ps.md and by --help). Prints
  *     zps-server listening on tcp://HOST:PORT
  * on stdout (flushed) once bound, so scripts and tests can learn an ephemeral port.

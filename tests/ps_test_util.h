@@ -18,6 +18,11 @@ typedef struct pst_server {
 /* Starts $ZPS_BIN/zps-server with --bind BIND (NULL: tcp://127.0.0.1:0) and the extra
  * arguments (NULL-terminated), waits (<= 10 s) for its "listening on" line. 0 on success. */
 int pst_spawn(pst_server *s, const char *bind, const char *const *args);
+/* Starts $ZPS_BIN/<prog> with args (NULL-terminated), stdout and stderr into log, without
+ * waiting for anything; it dies with the test (PR_SET_PDEATHSIG). 0 on success. */
+int pst_start(pst_server *s, const char *prog, const char *log, const char *const *args);
+/* Echoes a process's log file to stderr (after a failure). */
+void pst_dump(const char *log);
 /* Sends sig and reaps the process (<= 10 s, then SIGKILL). Returns the wait status. */
 int pst_kill(pst_server *s, int sig);
 /* Waits up to timeout_s for the process to exit by itself; returns the wait status or -1. */

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -71,6 +72,46 @@ int pst_spawn(pst_server *s, const char *bind, const char *const *args)
     }
     s->status = pst_kill(s, SIGKILL);
     return -1;
+}
+
+int pst_start(pst_server *s, const char *prog, const char *log, const char *const *args)
+{
+    memset(s, 0, sizeof *s);
+    const char *bin = getenv("ZPS_BIN");
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", bin ? bin : "build/bin", prog);
+    const char *argv[64] = {path};
+    int n = 1;
+    for (; args[n - 1] && n < 63; n++)
+        argv[n] = args[n - 1];
+    argv[n] = NULL;
+    pid_t pid = fork();
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+        }
+        execv(path, (char *const *)argv);
+        _exit(127);
+    }
+    s->pid = pid;
+    return 0;
+}
+
+void pst_dump(const char *log)
+{
+    FILE *f = fopen(log, "r");
+    if (!f)
+        return;
+    char line[1024];
+    fprintf(stderr, "---- %s\n", log);
+    while (fgets(line, sizeof line, f))
+        fputs(line, stderr);
+    fclose(f);
 }
 
 int pst_wait(pst_server *s, double timeout_s)

@@ -24,51 +24,12 @@
 #include "tests/ps_test_util.h"
 #include "trainer/nn/nn.h"
 
-static const char *s_bin(void)
-{
-    const char *b = getenv("ZPS_BIN");
-    cr_assert_not_null(b, "ZPS_BIN unset: run through make test");
-    return b;
-}
-
-/* Starts $ZPS_BIN/<prog> with args (NULL-terminated), stdout+stderr to log. */
+/* Starts $ZPS_BIN/<prog> with args (NULL-terminated), stdout+stderr to log; it dies with
+ * the test, so a failed assert never leaves it holding Criterion's pipes. */
 static void s_spawn(pst_server *p, const char *prog, const char *log, const char *const *args)
 {
-    char path[1024];
-    snprintf(path, sizeof path, "%s/%s", s_bin(), prog);
-    const char *argv[64];
-    int n = 0;
-    argv[n++] = path;
-    for (; args[n - 1] && n < 63; n++)
-        argv[n] = args[n - 1];
-    argv[n] = NULL;
-    pid_t pid = fork();
-    cr_assert(pid >= 0);
-    if (pid == 0) {
-        /* dies with the test, so a failed assert never leaves it holding Criterion's pipes */
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
-        }
-        execv(path, (char *const *)argv);
-        _exit(127);
-    }
-    p->pid = pid;
-    p->uri[0] = 0;
-}
-
-static void s_dump(const char *log)
-{
-    FILE *f = fopen(log, "r");
-    if (!f)
-        return;
-    char line[1024];
-    fprintf(stderr, "---- %s\n", log);
-    while (fgets(line, sizeof line, f))
-        fputs(line, stderr);
-    fclose(f);
+    cr_assert_not_null(getenv("ZPS_BIN"), "ZPS_BIN unset: run through make test");
+    cr_assert_eq(pst_start(p, prog, log, args), 0, "cannot start %s", prog);
 }
 
 /* Waits for a trainer to exit 0 within timeout_s (else kills it and fails). */
@@ -77,11 +38,11 @@ static void s_expect_ok(pst_server *p, const char *log, double timeout_s)
     int st = pst_wait(p, timeout_s);
     if (st == -1) {
         pst_kill(p, SIGKILL);
-        s_dump(log);
+        pst_dump(log);
         cr_assert_fail("%s did not finish in %.0f s", log, timeout_s);
     }
     if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-        s_dump(log);
+        pst_dump(log);
         cr_assert_fail("%s failed (wait status %d)", log, st);
     }
     p->pid = 0;

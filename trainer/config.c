@@ -137,6 +137,9 @@ static const zps_opt s_opt[] = {
     {"shard", ZPS_OPT_ENUM, F(shard), .names = s_shard,
      .help = "records: each trainer reads its share;\n"
              "batch: all read the global batch, each trains on its slice"},
+    {"skip-corrupt", ZPS_OPT_INT, F(skip_corrupt), 0, S_STEPS, .meta = "N", .dflt = "0",
+     .help = "skip and count up to N training records that fail their\n"
+             "checksum or do not decode; the N+1st is an error"},
     {.type = ZPS_OPT_TEXT, .help = "where:"},
     {"device", ZPS_OPT_STRING, F(device), .names = s_device,
      .help = "training runs on the CPU today; auto warns when a GPU\n"

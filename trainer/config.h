@@ -44,6 +44,7 @@ typedef struct tr_config {
     int threads;              // decode threads
     int augment;              // random crop + flip
     tr_shard_mode shard;
+    int64_t skip_corrupt;     // skip up to this many corrupt training records (0: none)
     /* where and how */
     char device[16];          // auto | cpu | cuda
     tr_mode mode;

@@ -41,6 +41,8 @@ struct tr_metrics {
     double staleness_sum;     // for the mean
     int64_t staleness_n;      // steps that reported staleness
     int64_t last_step;        // step number of the last record
+    int64_t skipped;          // corrupt training records skipped (tr_metrics_set_end)
+    const char *end;          // how the run ended: "done", "signal", "error" (a literal)
     char line[S_LINE];        // the reused output buffer
     size_t len;               // bytes used in line
 };
@@ -205,6 +207,7 @@ zps_status tr_metrics_new(const tr_metrics_opts *opts, tr_metrics **out)
     m->tty = m->o.mode == TR_PROGRESS_TTY ||
              (m->o.mode == TR_PROGRESS_AUTO && isatty(fileno(m->out)));
     m->fake_now = -1;
+    m->end = "done";
     m->tot.last_loss = NAN;
     m->tot.last_accuracy = -1;
     m->tot.best_accuracy = -1;
@@ -329,7 +332,8 @@ zps_status tr_metrics_finish(tr_metrics *m)
     s_num(m, "net_wait_frac", t->time_s > 0 ? t->net_wait_s / t->time_s : 0, 4);
     s_opt(m, "staleness_mean", t->staleness_mean, 6);
     s_opt(m, "staleness_max", t->staleness_max, 6);
-    s_append(m, ",\"evals\":%d}", t->evals);
+    s_append(m, ",\"evals\":%d,\"skipped_records\":%lld,\"end\":\"%s\"}", t->evals,
+             (long long)m->skipped, m->end);
     zps_status st = s_write_line(m);
     if (m->o.mode != TR_PROGRESS_OFF) {
         if (m->dirty_tty)
@@ -351,6 +355,10 @@ zps_status tr_metrics_finish(tr_metrics *m)
             s_duration(d, sizeof d, t->time_to_target);
             s_append(m, ", %.0f%% reached at %s", 100 * m->o.target_accuracy, d);
         }
+        if (m->skipped)
+            s_append(m, ", %lld corrupt records skipped", (long long)m->skipped);
+        if (strcmp(m->end, "done") != 0)
+            s_append(m, " (stopped by %s)", strcmp(m->end, "signal") == 0 ? "a signal" : "an error");
         s_append(m, "\n");
         fwrite(m->line, 1, m->len, m->out);
         fflush(m->out);
@@ -359,6 +367,14 @@ zps_status tr_metrics_finish(tr_metrics *m)
 }
 
 void tr_metrics_get_totals(const tr_metrics *m, tr_metrics_totals *out) { *out = m->tot; }
+
+void tr_metrics_set_end(tr_metrics *m, tr_metrics_end end, int64_t skipped)
+{
+    static const char *const names[] = {"done", "signal", "error"};
+    assert((unsigned)end < sizeof names / sizeof names[0]);
+    m->end = names[end];
+    m->skipped = skipped;
+}
 
 void tr_metrics_set_fake_time(tr_metrics *m, double now_s) { m->fake_now = now_s; }
 

@@ -14,7 +14,11 @@
  *   {"type":"summary","trainer":0,"steps":500,"time":61.2,"images":32000,"img_s":522.9,
  *    "final_loss":0.31,"final_accuracy":0.874,"best_accuracy":0.874,"time_to_target":48.9,
  *    "bytes_pushed":...,"bytes_pulled":...,"net_wait":4.1,"net_wait_frac":0.067,
- *    "staleness_mean":0.8,"staleness_max":3,"evals":10}
+ *    "staleness_mean":0.8,"staleness_max":3,"evals":10,"skipped_records":0,"end":"done"}
+ *
+ * "end" says how the run ended: "done" (its steps, target or time limit), "signal" (SIGTERM
+ * or SIGINT) or "error"; every way out of a started run writes the summary.
+ * "skipped_records" counts the corrupt training records skipped (zps-trainer --skip-corrupt).
  *
  * Units: time and net_wait in seconds since the trainer's first tr_metrics_step call starts
  * its clock (tr_metrics_new), img_s in images per second (this step: images / step time),
@@ -91,6 +95,17 @@ zps_status tr_metrics_step(tr_metrics *m, const tr_step_record *r);
 /* Writes the summary record and ends the progress line (a final plain line either way).
  * Idempotent; later steps are ZPS_ERR_INVALID. */
 zps_status tr_metrics_finish(tr_metrics *m);
+
+/* How a run ended, for the summary record. */
+typedef enum tr_metrics_end {
+    TR_END_DONE = 0, // its steps, its target or its time limit (the default)
+    TR_END_SIGNAL,   // stopped by SIGTERM / SIGINT
+    TR_END_ERROR,    // stopped by a failure
+} tr_metrics_end;
+
+/* Sets what the summary says about the end and the corrupt training records skipped; call
+ * before tr_metrics_finish (later calls change nothing written). */
+void tr_metrics_set_end(tr_metrics *m, tr_metrics_end end, int64_t skipped);
 
 /* Totals so far (for the trainer's own end-of-run log). */
 typedef struct tr_metrics_totals {

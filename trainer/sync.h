@@ -23,7 +23,8 @@
  *   [params_ready(), evaluate]
  *
  * and at the end of the job: finish() (the final values into params), the final evaluation
- * and export, leave(), destroy().
+ * and export, leave(), destroy(). A job that stops early (an error, a signal) calls
+ * abandon() instead of whatever of that did not happen, then destroy().
  *
  * Invariants:
  *  - The back-ends read and write host memory only (env.params, env.grads): the trainer
@@ -41,6 +42,7 @@
 #ifndef ZPS_TRAINER_SYNC_H
 #define ZPS_TRAINER_SYNC_H
 
+#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -62,6 +64,7 @@ typedef struct tr_sync_env {
                               // loop's accumulator with --accumulate > 1)
     const char *const *uris;  // (n_uris) PS servers
     int n_uris;
+    const volatile sig_atomic_t *stop; // raised by SIGTERM/SIGINT: network waits end at once
 } tr_sync_env;
 
 typedef struct tr_sync tr_sync;
@@ -84,6 +87,11 @@ struct tr_sync {
     /* After the final evaluation and export: this trainer is done (PS: LEAVE, and with
      * --shutdown-servers the barrier and trainer 0's SHUTDOWN). */
     zps_status (*leave)(tr_sync *s);
+    /* The job stops early (an error, a signal, also during set-up): tell the peers now,
+     * waiting a fraction of a second at most (a dead server cannot answer; it drops this
+     * trainer after its --trainer-timeout). Nothing after a successful leave(). NULL: there
+     * is nobody to tell. */
+    void (*abandon)(tr_sync *s);
     /* Frees everything; no network traffic. */
     void (*destroy)(tr_sync *s);
     double net_wait;          // seconds blocked on the network or the peers this step

@@ -17,6 +17,8 @@
  *    client.h "Steps" says.
  *  - The first push failure is kept: no later push is sent, and
  *    grads_ready and end_step return it.
+ *  - Once REGISTER succeeded, every way out sends LEAVE: leave() at the end, abandon() on an
+ *    early stop (train.c) or a failed set-up; waits end at once when the stop flag rises.
  */
 #include "trainer/sync.h"
 
@@ -62,7 +64,17 @@ typedef struct s_ps {
     uint64_t used_version;    // the version this step computes with
     int64_t step;             // the step begun last (0-based)
     int64_t push_step;        // step / clock attached to this step's pushes
+    const volatile sig_atomic_t *stop; // the trainer's stop flag (env)
+    int joined;               // REGISTER succeeded: the servers expect this trainer
+    int left;                 // LEAVE answered, or abandon() tried it
 } s_ps;
+
+/* Logs a failed request; one interrupted by the trainer's stop flag is not a failure. */
+static void s_log_fail(const s_ps *p, const char *what, zps_status st)
+{
+    zps_log(st == ZPS_ERR_INTERRUPTED ? ZPS_DEBUG : ZPS_ERROR, "trainer", "%s failed: %s: %s",
+            what, zps_strerror(st), ps_client_last_error(p->client));
+}
 
 /* Waits for a ticket, adding the time to the step's network wait. */
 static zps_status s_wait(s_ps *p, ps_ticket t, uint64_t *version)
@@ -123,8 +135,7 @@ static zps_status s_params_ready(tr_sync *s)
             s_wait_pull(p, k);
         p->pulls_pending = 0;
         if (p->pull_err != ZPS_OK) {
-            zps_log(ZPS_ERROR, "trainer", "PULL failed: %s: %s", zps_strerror(p->pull_err),
-                    ps_client_last_error(p->client));
+            s_log_fail(p, "PULL", p->pull_err);
             return p->pull_err;
         }
         p->version = p->pull_vmin;
@@ -174,8 +185,7 @@ static zps_status s_grads_ready(tr_sync *s, size_t first, size_t n)
                                    &p->push_t[p->n_push]);
     if (st != ZPS_OK) {
         p->push_err = st;
-        zps_log(ZPS_ERROR, "trainer", "PUSH failed: %s: %s", zps_strerror(st),
-                ps_client_last_error(p->client));
+        s_log_fail(p, "PUSH", st);
         return st;
     }
     p->n_push++;
@@ -203,8 +213,7 @@ static zps_status s_wait_pushes(s_ps *p, int *stale, uint64_t *newest)
     }
     p->n_push = 0;
     if (first_err != ZPS_OK)
-        zps_log(ZPS_ERROR, "trainer", "PUSH failed: %s: %s", zps_strerror(first_err),
-                ps_client_last_error(p->client));
+        s_log_fail(p, "PUSH", first_err);
     return first_err;
 }
 
@@ -255,12 +264,36 @@ static zps_status s_leave(tr_sync *s)
 {
     s_ps *p = (s_ps *)s;
     ZPS_TRY(ps_client_leave(p->client));
+    p->left = 1;
     if (p->cfg->shutdown_servers) {
         ZPS_TRY(ps_client_barrier(p->client));
         if (p->cfg->trainer_id == 0)
             ZPS_TRY(ps_client_shutdown(p->client));
     }
     return ZPS_OK;
+}
+
+/* How long abandon() waits for LEAVE's answers: a signal stop must end within about a
+ * second; after an error there is time to let a busy server answer. */
+#define S_ABANDON_SIGNAL_MS 500
+#define S_ABANDON_ERROR_MS 2000
+
+static void s_abandon(tr_sync *s)
+{
+    s_ps *p = (s_ps *)s;
+    if (!p->client || !p->joined || p->left)
+        return;
+    p->left = 1;
+    int stopping = p->stop && *p->stop;
+    ps_client_set_deadline(p->client, stopping ? S_ABANDON_SIGNAL_MS : S_ABANDON_ERROR_MS);
+    zps_status st = ps_client_leave(p->client);
+    ps_client_set_deadline(p->client, 0);
+    if (st == ZPS_OK)
+        zps_log(ZPS_INFO, "trainer", "sent LEAVE: the servers no longer wait for this trainer");
+    else
+        zps_log(ZPS_WARN, "trainer", "LEAVE not answered (%s: %s): a server that did not get "
+                "it drops this trainer after its --trainer-timeout", zps_strerror(st),
+                ps_client_last_error(p->client));
 }
 
 static void s_destroy(tr_sync *s)
@@ -288,6 +321,7 @@ static zps_status s_connect(s_ps *p, const tr_sync_env *env)
     co.timeout_ms = c->timeout_ms;
     co.heartbeat_thread = 1; /* a long step must not look like a dead trainer */
     co.push_dtype = c->push_dtype;
+    co.stop = env->stop;
     if (c->curve_key[0]) {
         char why[1200];
         zps_status st = ps_curve_load_public(c->curve_server_key, co.curve_server_key, why,
@@ -320,10 +354,10 @@ static zps_status s_join(s_ps *p, const tr_sync_env *env)
     want.staleness = c->staleness;
     zps_status st = ps_client_register(p->client, p->plan, &want, &got);
     if (st != ZPS_OK) {
-        zps_log(ZPS_ERROR, "trainer", "REGISTER with the servers failed: %s: %s",
-                zps_strerror(st), ps_client_last_error(p->client));
+        s_log_fail(p, "REGISTER with the servers", st);
         return st;
     }
+    p->joined = 1;
     if (got.mode != want.mode)
         zps_log(ZPS_WARN, "trainer", "servers run mode %d, not the requested %s", got.mode,
                 tr_mode_name(c->mode));
@@ -331,8 +365,7 @@ static zps_status s_join(s_ps *p, const tr_sync_env *env)
     int first = 0;
     st = ps_client_init(p->client, p->params, &c->opt, &first);
     if (st != ZPS_OK) {
-        zps_log(ZPS_ERROR, "trainer", "INIT failed: %s: %s", zps_strerror(st),
-                ps_client_last_error(p->client));
+        s_log_fail(p, "INIT", st);
         return st;
     }
     zps_log(ZPS_INFO, "trainer", "%s %d servers (%u chunks, plan %016llx), mode %s, %s gradients",
@@ -344,8 +377,7 @@ static zps_status s_join(s_ps *p, const tr_sync_env *env)
     ZPS_TRY(ps_client_pull(p->client, 0, (int)p->nvars, p->params, -1, &t));
     st = ps_client_wait_version(p->client, t, &p->version);
     if (st != ZPS_OK)
-        zps_log(ZPS_ERROR, "trainer", "first PULL failed: %s: %s", zps_strerror(st),
-                ps_client_last_error(p->client));
+        s_log_fail(p, "first PULL", st);
     return st;
 }
 
@@ -369,8 +401,10 @@ zps_status tr_sync_ps_new(const tr_sync_env *env, tr_sync **out)
     s_ps *p = zps_xcalloc(1, sizeof *p);
     p->base = (tr_sync){.begin_step = s_begin_step, .params_ready = s_params_ready,
                         .grads_ready = s_grads_ready, .end_step = s_end_step,
-                        .finish = s_finish, .leave = s_leave, .destroy = s_destroy};
+                        .finish = s_finish, .leave = s_leave, .abandon = s_abandon,
+                        .destroy = s_destroy};
     p->cfg = env->cfg;
+    p->stop = env->stop;
     p->model = env->model;
     p->params = env->params;
     p->grads = env->grads;
@@ -383,6 +417,7 @@ zps_status tr_sync_ps_new(const tr_sync_env *env, tr_sync **out)
     p->var_pull = zps_xcalloc(env->nvars, sizeof *p->var_pull);
     zps_status st = s_setup(p, env);
     if (st != ZPS_OK) {
+        s_abandon(&p->base); /* registered, then failed: the servers must not wait for us */
         s_destroy(&p->base);
         return st;
     }

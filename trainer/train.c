@@ -10,6 +10,11 @@
  * gradient accumulation (--accumulate) is handled here, in s_forward_backward, and nowhere
  * else.
  *
+ * Exits: every way out of a run whose back-end exists tells the peers (the back-end's
+ * leave() at the end, abandon() on an error or a signal: s_stop_early) and writes the
+ * summary record; a signal stop cuts the back-end's network waits short (ZPS_ERR_INTERRUPTED)
+ * and is not a failure.
+ *
  * Ownership: tr_run owns everything it creates and frees it on every exit path through
  * s_job_free. Per-step work allocates nothing: batch buffers, the gradient accumulator and
  * the evaluation cache here, and each back-end's slots and tickets, are sized once at start.
@@ -34,11 +39,14 @@
 #include "trainer/models/models.h"
 #include "trainer/sync.h"
 
+/* The signal that asked to stop (0: none). The loop checks it before each step and the PS
+ * client before each poll slice of a wait, so a trainer blocked on the network stops within
+ * 0.1 s. A second signal is not caught: it ends the process the default way. */
 static volatile sig_atomic_t s_stop;
 static void s_on_signal(int sig)
 {
-    (void)sig;
-    s_stop = 1;
+    s_stop = sig;
+    signal(sig, SIG_DFL);
 }
 
 typedef struct s_job {
@@ -69,6 +77,7 @@ typedef struct s_job {
     double last_acc, last_loss;  // last evaluation (< 0: none yet)
     int64_t last_eval_step;      // steps done when it was measured (-1: none)
     int reached;                 // last_acc reached --stop-accuracy
+    int64_t skipped;             // corrupt training records skipped (--skip-corrupt)
 } s_job;
 
 static void s_job_free(s_job *j)
@@ -207,6 +216,7 @@ static zps_status s_model_and_data(s_job *j)
     j->read_batch = c->batch * (by_batch ? j->n_trainers : 1);
     po.batch = j->read_batch;
     po.augment = c->augment;
+    po.skip_corrupt = c->skip_corrupt > 0;
     zps_status st = ds_pipeline_new(&po, &j->train);
     if (st != ZPS_OK) {
         zps_log(ZPS_ERROR, "trainer", "cannot open the training split of %s: %s", c->data,
@@ -311,7 +321,8 @@ static zps_status s_sync_new(s_job *j)
                        .model = j->model, .vars = j->vars, .nvars = j->nvars,
                        .nparams = j->nparams, .params = j->params,
                        .grads = j->acc ? j->acc : j->grads,
-                       .uris = (const char *const *)j->uris, .n_uris = j->n_uris};
+                       .uris = (const char *const *)j->uris, .n_uris = j->n_uris,
+                       .stop = &s_stop};
     switch (j->cfg->mode) {
     case TR_MODE_LOCAL:
         return tr_sync_local_new(&env, &j->sync);
@@ -389,14 +400,30 @@ static zps_status s_setup(s_job *j, tr_result *res, int *done)
 
 /* ---- the loop ---- */
 
-/* Reads the next batch; x/y point at this trainer's slice of it. */
+/* Reads the next batch; x/y point at this trainer's slice of it. The pipeline logs each
+ * corrupt record it skips (--skip-corrupt N); the N+1st is an error. */
 static zps_status s_next_batch(s_job *j, const float **x, const int32_t **y)
 {
     ds_batch_info info;
     zps_status st = ds_pipeline_next(j->train, j->images, j->labels, &info);
     if (st != ZPS_OK) {
-        zps_log(ZPS_ERROR, "trainer", "reading training data: %s", zps_strerror(st));
+        zps_log(ZPS_ERROR, "trainer", "reading training data: %s%s", zps_strerror(st),
+                st == ZPS_ERR_CORRUPT && !j->cfg->skip_corrupt
+                    ? " (--skip-corrupt N skips up to N such records)"
+                    : "");
         return st;
+    }
+    if (info.skipped) {
+        j->skipped += info.skipped;
+        if (j->skipped > j->cfg->skip_corrupt) {
+            zps_log(ZPS_ERROR, "trainer", "%lld corrupt training records, more than "
+                    "--skip-corrupt %lld", (long long)j->skipped,
+                    (long long)j->cfg->skip_corrupt);
+            return ZPS_ERR_CORRUPT;
+        }
+        zps_log(ZPS_WARN, "trainer", "step %lld: skipped %lld corrupt training record(s), %lld "
+                "of at most %lld so far", (long long)j->step + 1, (long long)info.skipped,
+                (long long)j->skipped, (long long)j->cfg->skip_corrupt);
     }
     size_t off = j->cfg->shard == TR_SHARD_BATCH ? (size_t)j->id * (size_t)j->cfg->batch : 0;
     *x = j->images + off * j->sample_floats;
@@ -506,8 +533,6 @@ static zps_status s_train(s_job *j)
             j->reached = 1;
         }
     }
-    if (s_stop)
-        zps_log(ZPS_WARN, "trainer", "stopped by a signal at step %lld", (long long)j->step);
     return ZPS_OK;
 }
 
@@ -517,8 +542,9 @@ static zps_status s_wrap_up(s_job *j, tr_result *res)
     const tr_config *c = j->cfg;
     int fresh;
     ZPS_TRY(j->sync->finish(j->sync, &fresh));
-    /* The final model's accuracy, unless the last step measured exactly these values. */
-    if (s_is_evaluator(j) && (fresh || j->last_eval_step != j->step)) {
+    /* The final model's accuracy, unless the last step measured exactly these values; not
+     * after a signal, which wants the trainer gone within a second. */
+    if (s_is_evaluator(j) && !s_stop && (fresh || j->last_eval_step != j->step)) {
         ZPS_TRY(s_evaluate(j, &j->last_acc, &j->last_loss));
         j->last_eval_step = j->step;
     }
@@ -531,6 +557,7 @@ static zps_status s_wrap_up(s_job *j, tr_result *res)
         zps_log(ZPS_INFO, "trainer", "wrote %s", c->export_path);
     }
     ZPS_TRY(j->sync->leave(j->sync));
+    tr_metrics_set_end(j->metrics, s_stop ? TR_END_SIGNAL : TR_END_DONE, j->skipped);
     ZPS_TRY(tr_metrics_finish(j->metrics));
     tr_metrics_totals tot;
     tr_metrics_get_totals(j->metrics, &tot);
@@ -539,6 +566,27 @@ static zps_status s_wrap_up(s_job *j, tr_result *res)
             "%.1f s",
             (long long)tot.steps, tot.img_per_s, tot.last_loss,
             tot.time_s > 0 ? 100.0 * tot.net_wait_s / tot.time_s : 0, tot.time_s);
+    return ZPS_OK;
+}
+
+/* Every way out of a run that did not reach s_wrap_up's end: LEAVE (so sync and ssp peers
+ * do not wait for a trainer that is gone) and the summary record. A stop asked for by a
+ * signal (the network waits it cut short return ZPS_ERR_INTERRUPTED) is not a failure:
+ * ZPS_OK then, else st. */
+static zps_status s_stop_early(s_job *j, zps_status st)
+{
+    int by_signal = s_stop && st == ZPS_ERR_INTERRUPTED;
+    if (j->sync && j->sync->abandon)
+        j->sync->abandon(j->sync);
+    if (j->metrics) {
+        tr_metrics_set_end(j->metrics, by_signal ? TR_END_SIGNAL : TR_END_ERROR, j->skipped);
+        tr_metrics_finish(j->metrics);
+    }
+    if (!by_signal) {
+        zps_log(ZPS_ERROR, "trainer", "trainer %d failed after %lld steps: %s", j->id,
+                (long long)j->step, zps_strerror(st));
+        return st;
+    }
     return ZPS_OK;
 }
 
@@ -561,7 +609,12 @@ zps_status tr_run(const tr_config *cfg, tr_result *res)
     if (st == ZPS_OK && !eval_only_done)
         st = s_wrap_up(&j, res);
     if (st != ZPS_OK)
-        zps_log(ZPS_ERROR, "trainer", "trainer %d failed: %s", j.id, zps_strerror(st));
+        st = s_stop_early(&j, st);
+    if (s_stop) {
+        res->steps = j.step;
+        zps_log(ZPS_WARN, "trainer", "stopped by %s after %lld steps", strsignal((int)s_stop),
+                (long long)j.step);
+    }
     s_job_free(&j);
     return st;
 }

@@ -35,7 +35,10 @@ typedef struct tr_result {
 } tr_result;
 
 /* Runs the job described by cfg for this trainer; res (may be NULL) gets the outcome.
- * Everything it logs names what failed. */
+ * Everything it logs names what failed. SIGTERM and SIGINT stop the run (within a poll
+ * slice when it waits on the network): ZPS_OK then, like a finished run; a second signal
+ * is not caught. Every way out sends LEAVE and writes the metrics summary (docs/training.md,
+ * "Stopping and failing"). */
 zps_status tr_run(const tr_config *cfg, tr_result *res);
 
 #endif
