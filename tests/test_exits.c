@@ -250,6 +250,37 @@ Test(it_exits, sigterm_stops_a_trainer_blocked_on_a_dead_server)
     free(sum);
 }
 
+/* A trainer restarted after a kill -9 finds its id held by the dead process until the
+ * server's --trainer-timeout passes: it waits (--register-wait) instead of failing. */
+Test(it_exits, a_restarted_trainer_waits_for_its_killed_predecessor)
+{
+    s_make_data(0);
+    pst_server srv;
+    const char *sargs[] = {"--mode", "async", "--num-trainers", "1", "--trainer-timeout", "2",
+                           NULL};
+    cr_assert_eq(pst_spawn(&srv, NULL, sargs), 0);
+    s_trainer t;
+    const char *forever[] = {"--mode", "async", "--steps", "1000000", NULL};
+    s_start_trainer(&t, srv.uri, 0, 1, forever);
+    double end = zps_now_s() + 120;
+    while (!s_file_has(t.metrics, "\"step\":3,") && zps_now_s() < end)
+        zps_sleep_ns(20000000);
+    cr_assert(s_file_has(t.metrics, "\"step\":3,"), "the trainer did not reach step 3");
+    pst_kill(&t.p, SIGKILL);
+    const char *five[] = {"--mode", "async", "--steps", "5", "--register-wait", "30", NULL};
+    s_start_trainer(&t, srv.uri, 0, 1, five);
+    int st = s_wait(&t.p, t.log, 90);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+        pst_dump(t.log);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the restarted trainer: status %d", st);
+    cr_assert(s_file_has(t.log, "--register-wait"), "it never had to wait: the test proves nothing");
+    char *sum = s_summary_line(t.metrics);
+    cr_assert_not_null(sum, "no summary record");
+    cr_assert(s_num(sum, "steps") == 5, "%s", sum);
+    free(sum);
+    pst_kill(&srv, SIGTERM);
+}
+
 /* ---- the client's interruptible waits ---- */
 
 static const ps_var s_vars[] = {{"w", 3000}, {"b", 10}};

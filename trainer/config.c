@@ -49,6 +49,7 @@ void tr_config_default(tr_config *c)
     c->mode = TR_MODE_LOCAL;
     c->chunk_bytes = PS_DEFAULT_CHUNK_BYTES;
     c->timeout_ms = 30000;
+    c->register_wait_s = 45;
     c->batch = 64;
     c->epochs = 1.0;
     c->accumulate = 1;
@@ -164,6 +165,10 @@ static const zps_opt s_opt[] = {
      .help = "job name: names the all-reduce segment"},
     {"timeout-ms", ZPS_OPT_INT, F(timeout_ms), 10, 86400000, .meta = "MS",
      .help = "PS request timeout before a resend"},
+    {"register-wait", ZPS_OPT_DOUBLE, F(register_wait_s), 0, 86400, .meta = "SEC",
+     .help = "when an earlier process of this trainer id (killed, not yet\n"
+             "timed out on the servers) still holds the id, retry REGISTER\n"
+             "this long; past the servers' --trainer-timeout (30 s)"},
     {"curve-server-key", ZPS_OPT_STRING, F(curve_server_key), .meta = "FILE",
      .help = "the servers' CURVE public key (their .pub): encrypt and\n"
              "authenticate PS traffic; needs --curve-key"},

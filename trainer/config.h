@@ -57,6 +57,8 @@ typedef struct tr_config {
     uint64_t chunk_bytes;     // PS chunk size (default PS_DEFAULT_CHUNK_BYTES)
     char job[64];             // job name (all-reduce shared-memory segment, metrics)
     int timeout_ms;           // PS request timeout before a resend
+    double register_wait_s;   // REGISTER refused because an earlier process of this trainer id
+                              // still holds it: retry this long (it times out on the servers)
     char curve_server_key[512]; // PS: the servers' CURVE public key file ("" = plaintext)
     char curve_key[512];      // PS: this trainer's CURVE key pair file (with the above)
     ps_dtype push_dtype;      // PS: gradients on the wire as f32 (default) or bf16

@@ -25,6 +25,7 @@
 #include <assert.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/check.h"
 #include "common/clock.h"
@@ -341,6 +342,27 @@ static zps_status s_connect(s_ps *p, const tr_sync_env *env)
     return st;
 }
 
+/* REGISTER. A trainer restarted after a kill -9 finds its id still held by the dead process
+ * until the servers' --trainer-timeout passes (docs/ps.md "Trainer identity"): it retries
+ * for --register-wait seconds instead of failing, stopping at once on a signal. */
+static zps_status s_register(s_ps *p, const tr_sync_env *env, const ps_job *want, ps_job *got)
+{
+    uint64_t t0 = zps_now_ns();
+    int told = 0;
+    for (;;) {
+        zps_status st = ps_client_register(p->client, p->plan, want, got);
+        double waited = (double)(zps_now_ns() - t0) * 1e-9;
+        if (st != ZPS_ERR_EXISTS || waited >= p->cfg->register_wait_s || (env->stop && *env->stop))
+            return st;
+        if (!told++)
+            zps_log(ZPS_WARN, "trainer", "%s; waiting up to %.0f s (--register-wait) for the "
+                    "servers to time that process out", ps_client_last_error(p->client),
+                    p->cfg->register_wait_s);
+        for (int i = 0; i < 5 && !(env->stop && *env->stop); i++)
+            nanosleep(&(struct timespec){0, 200000000}, NULL);
+    }
+}
+
 /* REGISTER, INIT (first writer wins), and the first pull of every value. */
 static zps_status s_join(s_ps *p, const tr_sync_env *env)
 {
@@ -352,7 +374,7 @@ static zps_status s_join(s_ps *p, const tr_sync_env *env)
     want.num_trainers = (uint32_t)env->n_trainers;
     want.replicas_to_aggregate = c->replicas_to_aggregate;
     want.staleness = c->staleness;
-    zps_status st = ps_client_register(p->client, p->plan, &want, &got);
+    zps_status st = s_register(p, env, &want, &got);
     if (st != ZPS_OK) {
         s_log_fail(p, "REGISTER with the servers", st);
         return st;
