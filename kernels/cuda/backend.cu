@@ -11,6 +11,9 @@
  * checked, on purpose: frees and descriptor destruction on release and error paths, whose
  * failure leaves nothing to undo. Allocation failure in the table's alloc is its NULL return.
  * Backward ops accumulate (+=) into parameter gradients and overwrite input gradients.
+ * Nothing is allocated per call on the step path: reductions and losses use one grow-only
+ * device and pinned-host scratch (s_scratch); a convolution's workspace and algorithms and a
+ * batchnorm's sums are made once per descriptor (per shape), on first use.
  * No blocked layouts (prefers_blocked is NULL).
  */
 #include <cublas_v2.h>
@@ -44,6 +47,12 @@ static cublasHandle_t s_cublas;
 #define S_CUBLAS(expr)                                                                 \
     S_CHECK(cublasStatus_t, CUBLAS_STATUS_SUCCESS, cublasGetStatusString, ZPS_ERR_CUBLAS, expr)
 #define S_LAUNCHED() S_CUDA(cudaGetLastError())
+#define S_TRY(expr)                                                                    \
+    do {                                                                               \
+        zps_status t_ = (expr);                                                        \
+        if (t_ != ZPS_OK)                                                              \
+            return t_;                                                                 \
+    } while (0)
 
 
 static const int S_T = 256;
@@ -130,25 +139,48 @@ static zps_status s_relu_bwd(size_t n, const float *y, const float *dy, float *d
 {
     S_ELEMWISE(g_relu_bwd, n, y, dy, dx);
 }
-/* A zeroed device double for a kernel to accumulate into (the caller frees it). */
-static zps_status s_dev_zero(double **d)
+/* Grow-only scratch for the ops whose results come back to the host (reductions, losses):
+ * one device and one pinned host buffer, so the step path allocates nothing once the
+ * largest batch has been seen. Every op runs on the one default stream, so one buffer of
+ * each serves all ops in turn (a growth frees the old one: cudaFree waits for the device). */
+static void *s_dscr, *s_hscr;
+static size_t s_dscr_cap, s_hscr_cap;
+static zps_status s_scratch(size_t bytes, void **dev, void **host)
 {
-    S_CUDA(cudaMalloc(d, sizeof(double)));
-    cudaError_t e = cudaMemset(*d, 0, sizeof(double));
-    if (e != cudaSuccess)
-        cudaFree(*d);
-    S_CUDA(e);
+    if (dev && bytes > s_dscr_cap) {
+        if (s_dscr)
+            S_CUDA(cudaFree(s_dscr));
+        s_dscr = NULL, s_dscr_cap = 0;
+        size_t cap = bytes < 4096 ? 4096 : bytes;
+        S_CUDA(cudaMalloc(&s_dscr, cap));
+        s_dscr_cap = cap;
+    }
+    if (host && bytes > s_hscr_cap) {
+        if (s_hscr)
+            S_CUDA(cudaFreeHost(s_hscr));
+        s_hscr = NULL, s_hscr_cap = 0;
+        size_t cap = bytes < 4096 ? 4096 : bytes;
+        S_CUDA(cudaMallocHost(&s_hscr, cap));
+        s_hscr_cap = cap;
+    }
+    if (dev)
+        *dev = s_dscr;
+    if (host)
+        *host = s_hscr;
     return ZPS_OK;
 }
-/* After the kernel that accumulated into d: its launch status, then d's value into *out;
- * d is freed either way. */
+/* A zeroed device double (scratch) for a kernel to accumulate into. */
+static zps_status s_dev_zero(double **d)
+{
+    S_TRY(s_scratch(sizeof(double), (void **)d, NULL));
+    S_CUDA(cudaMemset(*d, 0, sizeof(double)));
+    return ZPS_OK;
+}
+/* After the kernel that accumulated into d: its launch status, then d's value into *out. */
 static zps_status s_dev_take(double *d, double *out)
 {
-    cudaError_t e = cudaGetLastError();
-    if (e == cudaSuccess)
-        e = cudaMemcpy(out, d, sizeof(double), cudaMemcpyDeviceToHost);
-    cudaFree(d);
-    S_CUDA(e);
+    S_CUDA(cudaGetLastError());
+    S_CUDA(cudaMemcpy(out, d, sizeof(double), cudaMemcpyDeviceToHost));
     return ZPS_OK;
 }
 static zps_status s_reduce(size_t n, const float *x, int sq, double *out)
@@ -512,43 +544,28 @@ __global__ void g_xent(int n, int k, const float *z, const int32_t *labels, floa
 static zps_status s_softmax_xent(int n, int k, const float *z, const int32_t *labels, float smooth,
                                  float scale, float *loss, int *correct, float *dz)
 {
-    int32_t *hl = (int32_t *)malloc(sizeof(int32_t) * (size_t)n);
-    if (!hl)
-        return ZPS_ERR_NOMEM;
-    cudaError_t e = cudaMemcpy(hl, labels, sizeof(int32_t) * (size_t)n, cudaMemcpyDeviceToHost);
-    int bad = 0;
-    for (int i = 0; e == cudaSuccess && i < n; i++)
-        bad |= hl[i] < 0 || hl[i] >= k;
-    free(hl);
-    S_CUDA(e);
-    if (bad)
-        return ZPS_ERR_INVALID;
-    float *rl;
-    S_CUDA(cudaMalloc(&rl, (sizeof(float) + sizeof(int)) * (size_t)n));
+    /* per row: a float loss and an int verdict, on the device and back on the host */
+    size_t bytes = (sizeof(float) + sizeof(int)) * (size_t)n;
+    void *dv, *hv;
+    S_TRY(s_scratch(bytes, &dv, &hv));
+    int32_t *hl = (int32_t *)hv;
+    S_CUDA(cudaMemcpy(hl, labels, sizeof(int32_t) * (size_t)n, cudaMemcpyDeviceToHost));
+    for (int i = 0; i < n; i++)
+        if (hl[i] < 0 || hl[i] >= k)
+            return ZPS_ERR_INVALID;
+    float *rl = (float *)dv;
     int *rr = (int *)(rl + n);
     g_xent<<<(n + 127) / 128, 128>>>(n, k, z, labels, smooth, scale, rl, rr, dz);
-    e = cudaGetLastError();
-    if (e != cudaSuccess)
-        cudaFree(rl);
-    S_CUDA(e);
-    float *h = (float *)malloc((sizeof(float) + sizeof(int)) * (size_t)n);
-    if (!h) {
-        cudaFree(rl);
-        return ZPS_ERR_NOMEM;
-    }
-    e = cudaMemcpy(h, rl, (sizeof(float) + sizeof(int)) * (size_t)n, cudaMemcpyDeviceToHost);
-    cudaFree(rl);
-    if (e == cudaSuccess) {
-        double t = 0;
-        int c = 0;
-        for (int i = 0; i < n; i++)
-            t += h[i], c += ((int *)(h + n))[i];
-        *loss = (float)(t / n);
-        if (correct)
-            *correct = c;
-    }
-    free(h);
-    S_CUDA(e);
+    S_LAUNCHED();
+    float *h = (float *)hv;
+    S_CUDA(cudaMemcpy(h, rl, bytes, cudaMemcpyDeviceToHost));
+    double t = 0;
+    int c = 0;
+    for (int i = 0; i < n; i++)
+        t += h[i], c += ((int *)(h + n))[i];
+    *loss = (float)(t / n);
+    if (correct)
+        *correct = c;
     return ZPS_OK;
 }
 
