@@ -481,6 +481,35 @@ void ps_srv_pending_reinit(ps_server *s)
     }
 }
 
+/* ------------------------------------------------------------------------- rollback */
+
+void ps_srv_sync_reset(ps_server *s)
+{
+    for (uint32_t t = 0; s->trainers && t < s->n_trainers; t++) {
+        ps_srv_trainer *tr = &s->trainers[t];
+        s_held_release(tr, UINT32_MAX);
+        if (tr->covered)
+            memset(tr->covered, 0, (s->local_total + 63) / 64 * sizeof *tr->covered);
+    }
+    if (s->recv_n)
+        memset(s->recv_n, 0, (size_t)s->n_local * s->n_trainers * sizeof *s->recv_n);
+    for (uint32_t lc = 0; lc < s->n_local; lc++)
+        s->chunks[lc].n_complete = 0;
+    for (size_t i = 0; i < s->n_pending;) {
+        ps_srv_pending *p = &s->pending[i];
+        if (!p->n_ranges) {
+            i++;
+            continue;
+        }
+        char msg[160];
+        snprintf(msg, sizeof msg, "the fleet rolled back to version %" PRIu64 ": pull again",
+                 s->rb_version);
+        ps_srv_reply rr = {p->op, p->rid, ZPS_ERR_STALE, msg, s->rb_version, 0, 0};
+        ps_srv_send(s, &p->ident, &rr, NULL, 0);
+        ps_srv_pending_drop(s, i);
+    }
+}
+
 /* ------------------------------------------------------------------------- liveness */
 
 void ps_srv_after_drop(ps_server *s)

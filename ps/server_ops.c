@@ -138,6 +138,14 @@ static int s_check_ranged(ps_server *s, zmq_msg_t *ident, const Zps__Header *h, 
     zps_status st = ps_srv_check_trainer(s, h, why, sizeof why);
     if (st == ZPS_OK)
         st = ps_srv_check_ranges(s, h, nframes, has_data, why, sizeof why);
+    if (st == ZPS_OK && s->mode == PS_MODE_SYNC && h->step >= 0 && h->rollback_token != s->rb_token) {
+        /* sent before the trainer knew of the fleet's last rollback: its step belongs to an
+         * abandoned timeline (ahead of the restored version) */
+        st = ZPS_ERR_STALE;
+        snprintf(why, sizeof why, "step %" PRId64 " is ahead of the fleet, which rolled back to "
+                 "version %" PRIu64 " (rollback %016" PRIx64 "): roll back and redo", h->step,
+                 s->rb_version, s->rb_token);
+    }
     if (st != ZPS_OK) {
         ps_srv_reject(s, ident, h->op, h->request_id, st, why);
         return 0;
@@ -294,10 +302,45 @@ static void s_op_shutdown(ps_server *s, zmq_msg_t *ident, const Zps__Header *h)
     s->stop = 1;
 }
 
+/* ROLLBACK (sync): go back to the checkpoint of version `step`, once per rollback token;
+ * a repeat of the token we hold already is answered OK and changes nothing, an older token
+ * (a rollback overtaken by a newer one) is refused. */
+static void s_op_rollback(ps_server *s, zmq_msg_t *ident, const Zps__Header *h)
+{
+    char why[512] = "";
+    zps_status st = ZPS_OK;
+    uint64_t v = (uint64_t)h->step;
+    if (s->mode != PS_MODE_SYNC || !h->rollback_token || h->step < 0) {
+        st = ZPS_ERR_INVALID;
+        snprintf(why, sizeof why, "ROLLBACK needs sync mode, a rollback token and a version");
+    } else if (h->rollback_token < s->rb_token) {
+        st = ZPS_ERR_STALE;
+        snprintf(why, sizeof why, "a newer rollback (to version %" PRIu64 ") happened already",
+                 s->rb_version);
+    } else if (h->rollback_token > s->rb_token) {
+        st = ps_srv_rollback(s, v, why, sizeof why);
+        if (st == ZPS_OK) {
+            s->rb_token = h->rollback_token;
+            s->rb_version = v;
+            ps_srv_sync_reset(s);
+            zps_log(ZPS_WARN, "ps", "rolled back to version %" PRIu64 " (rollback %016" PRIx64
+                    ", asked by trainer %u)", v, s->rb_token, h->trainer_id);
+        }
+    }
+    if (st != ZPS_OK) {
+        ps_srv_reject(s, ident, h->op, h->request_id, st, why);
+        return;
+    }
+    ps_srv_reply r = {h->op, h->request_id, ZPS_OK, "", ps_srv_min_version(s), 0, 0};
+    ps_srv_send(s, ident, &r, NULL, 0);
+    ps_srv_check_pending(s);
+}
+
 void ps_srv_op_simple(ps_server *s, zmq_msg_t *ident, const Zps__Header *h, uint64_t t0)
 {
     int op = h->op;
-    if (op == ZPS__OP__OP_HEARTBEAT || op == ZPS__OP__OP_LEAVE || op == ZPS__OP__OP_BARRIER) {
+    if (op == ZPS__OP__OP_HEARTBEAT || op == ZPS__OP__OP_LEAVE || op == ZPS__OP__OP_BARRIER ||
+        op == ZPS__OP__OP_ROLLBACK) {
         char why[512];
         zps_status st = ps_srv_check_trainer(s, h, why, sizeof why);
         if (st != ZPS_OK) {
@@ -330,6 +373,9 @@ void ps_srv_op_simple(ps_server *s, zmq_msg_t *ident, const Zps__Header *h, uint
         break;
     case ZPS__OP__OP_SHUTDOWN:
         s_op_shutdown(s, ident, h);
+        break;
+    case ZPS__OP__OP_ROLLBACK:
+        s_op_rollback(s, ident, h);
         break;
     }
     ps_srv_latency(s, op, t0);

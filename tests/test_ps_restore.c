@@ -89,12 +89,19 @@ Test(it_ps_restore, kill9_restore_resumes_from_checkpoint, .timeout = 60)
     cr_assert_eq(pst_spawn(&srv, uri, rargs), 0, "restart with --restore failed");
     cr_assert_str_eq(srv.uri, uri);
 
-    /* The client's step-5 push reaches a server at version 4: refused, with the version. */
+    /* The client's step-5 push reaches a server restored at version 4: refused, and the
+     * client learns that the fleet rolls back to 4 (sync recovery, docs/ps.md). */
     cr_assert_eq(ps_client_push(c, 0, NV, g[5], 5, &tk), ZPS_OK);
     zps_status st = ps_client_wait_version(c, tk, &ver);
     cr_assert_eq(st, ZPS_ERR_STALE, "got %s: %s", zps_status_name(st), ps_client_last_error(c));
     cr_assert_eq(ver, 4);
-    cr_assert(strstr(ps_client_last_error(c), "ahead"), "%s", ps_client_last_error(c));
+    cr_assert(strstr(ps_client_last_error(c), "rolls back to version 4"), "%s",
+              ps_client_last_error(c));
+    cr_assert(ps_client_rollback_pending(c, &ver));
+    cr_assert_eq(ver, 4);
+    cr_assert_eq(ps_client_rollback(c, &ver), ZPS_OK, "%s", ps_client_last_error(c));
+    cr_assert_eq(ver, 4);
+    cr_assert(!ps_client_rollback_pending(c, NULL));
     cr_assert_eq(ps_client_pull(c, 0, NV, v, -1, &tk), ZPS_OK);
     cr_assert_eq(ps_client_wait_version(c, tk, &ver), ZPS_OK);
     cr_assert_eq(ver, 4);
