@@ -224,6 +224,11 @@ static const m_case s_cases[] = {
      .r = {R0(4096)}, GOOD1},
     {"pull of no ranges", ZPS_ERR_FRAMES, .op = ZPS__OP__OP_PULL},
     {"heartbeat with a payload frame", ZPS_ERR_FRAMES, .op = ZPS__OP__OP_HEARTBEAT, GOOD1},
+    /* ROLLBACK: sync only, with a token; async here */
+    {"rollback outside sync mode", ZPS_ERR_INVALID, .op = ZPS__OP__OP_ROLLBACK},
+    {"rollback from an unregistered trainer", ZPS_ERR_TRAINER, .op = ZPS__OP__OP_ROLLBACK,
+     .trainer = 1},
+    {"rollback with a payload frame", ZPS_ERR_FRAMES, .op = ZPS__OP__OP_ROLLBACK, GOOD1},
 };
 
 #undef B
