@@ -26,6 +26,17 @@ void ps_ckpt_path(const char *dir, int index, char *buf, size_t len)
     snprintf(buf, len, "%s/server-%d.ckpt", dir, index);
 }
 
+/* A rename or link in dir is durable once the directory is fsync'ed. */
+static zps_status s_fsync_dir(const char *dir)
+{
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    ZPS_CHECK_FILE(dfd, dir);
+    if (fsync(dfd) == -1)
+        zps_log(ZPS_WARN, "ckpt", "%s: fsync of the directory: %s", dir, strerror(errno));
+    close(dfd);
+    return ZPS_OK;
+}
+
 void ps_ckpt_version_path(const char *dir, int index, uint64_t version, char *buf, size_t len)
 {
     snprintf(buf, len, "%s/server-%d.v%" PRIu64 ".ckpt", dir, index, version);
@@ -124,12 +135,7 @@ zps_status ps_ckpt_keep_version(const char *dir, int index, uint64_t version, in
     int n = s_list_versions(dir, index, &vs);
     s_unlink_versions(dir, index, vs, n, keep);
     free(vs);
-    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    ZPS_CHECK_FILE(dfd, dir);
-    if (fsync(dfd) == -1)
-        zps_log(ZPS_WARN, "ckpt", "%s: fsync of the directory: %s", dir, strerror(errno));
-    close(dfd);
-    return ZPS_OK;
+    return s_fsync_dir(dir);
 }
 
 /* crc32 over n bytes; its length argument is uInt, so it is fed in pieces. */
@@ -223,12 +229,7 @@ zps_status ps_ckpt_write(const char *dir, int index, const ps_ckpt *c)
         unlink(tmp);
         return ZPS_ERR_IO;
     }
-    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    ZPS_CHECK_FILE(dfd, dir);
-    if (fsync(dfd) == -1)
-        zps_log(ZPS_WARN, "ckpt", "%s: fsync of the directory: %s", dir, strerror(errno));
-    close(dfd);
-    return ZPS_OK;
+    return s_fsync_dir(dir);
 }
 
 void ps_ckpt_free(ps_ckpt *c)

@@ -17,6 +17,9 @@ typedef struct pst_server {
 /* Starts $ZPS_BIN/zps-server with --bind BIND (NULL: tcp://127.0.0.1:0) and the extra
  * arguments (NULL-terminated), waits (<= 10 s) for its "listening on" line. 0 on success. */
 int pst_spawn(pst_server *s, const char *bind, const char *const *args);
+/* Starts $ZPS_BIN/<prog> with args (NULL-terminated), stdout and stderr into log; the
+ * child dies with the test. Does not wait: pst_wait / pst_kill reap it. */
+void pst_spawn_prog(pst_server *p, const char *prog, const char *log, const char *const *args);
 /* Sends sig and reaps the process (<= 10 s, then SIGKILL). Returns the wait status. */
 int pst_kill(pst_server *s, int sig);
 /* Waits up to timeout_s for the process to exit by itself; returns the wait status or -1. */

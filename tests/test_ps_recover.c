@@ -1,7 +1,7 @@
 /* test_ps_recover.c — sync recovery without restarting trainers, and fast failover, with
  * real server processes (docs/ps.md "Recovery").
  *
- * rollback_redo: 2 servers and 2 trainer threads in sync mode, checkpoints every K
+ * kill9_restore_rolls_back_and_redoes: 2 servers and 2 trainer threads in sync mode, checkpoints every K
  * versions. Server 1 is killed with SIGKILL mid-run and restarted with --restore: the
  * trainers learn that the fleet rolls back to the restored version, roll server 0 back,
  * and redo the steps after it. The gradient of a step is a function of (trainer, step,
@@ -9,9 +9,15 @@
  * fault-free reference trajectory bit for bit, and each server's STATS must account for
  * every version once (updates + updates_restored - updates_undone = chunks x steps).
  *
- * failover_is_fast: a request the dead server never answered is resent as soon as the
- * restarted server accepts the connection, not after --timeout-ms (30 s here); the time
- * from the restart to the first reply is printed. */
+ * trainers_redo_after_a_server_restore: the same end to end with zps-trainer processes
+ * (checkpoints every 5 versions): the trainers are not restarted, they roll the fleet back,
+ * rewind their input and redo the steps after the restored version. What it proves: the
+ * exported model equals, bit for bit, that of the same fleet run without a fault (the redo
+ * replays the same batches on the same values), and STATS accounts for every version once.
+ *
+ * failover_resends_at_once, restored_server_answers_a_waiting_pull: a request the dead
+ * server never answered is resent as soon as the restarted server accepts the connection,
+ * not after --timeout-ms (30 s here); the time from the restart to the reply is printed. */
 #include <criterion/criterion.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -20,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -29,6 +36,7 @@
 #include "ps/optim.h"
 #include "ps/plan.h"
 #include "tests/ps_test_util.h"
+#include "trainer/nn/nn.h"
 
 static const ps_var s_vars[] = {{"conv", 4000}, {"bn", 16}, {"fc", 2000}};
 #define NV 3
@@ -285,6 +293,21 @@ Test(it_ps_recover, kill9_restore_rolls_back_and_redoes, .timeout = 90)
     ps_plan_destroy(&plan);
 }
 
+/* One server started with args (its endpoint into uri, 256 bytes) and n clients of it,
+ * trainers 0..n-1, with --timeout-ms 30000: a recovery must not wait for it. */
+static void s_one_server(pst_server *srv, const char *const *args, char *uri, int n,
+                         ps_client **c)
+{
+    cr_assert_eq(pst_spawn(srv, NULL, args), 0);
+    snprintf(uri, 256, "%s", srv->uri);
+    const char *uris[1] = {uri};
+    ps_client_opts co;
+    ps_client_opts_default(&co);
+    co.timeout_ms = 30000;
+    for (int t = 0; t < n; t++)
+        cr_assert_eq(ps_client_new(uris, 1, (uint32_t)t, &co, &c[t]), ZPS_OK);
+}
+
 Test(it_ps_recover, restored_server_answers_a_waiting_pull, .timeout = 25)
 {
     char dir[256];
@@ -295,15 +318,9 @@ Test(it_ps_recover, restored_server_answers_a_waiting_pull, .timeout = 25)
     const char *args[] = {"--mode", "sync", "--num-trainers", "1", "--checkpoint-dir", dir,
                           "--checkpoint-every-versions", "1", NULL, NULL};
     pst_server srv;
-    cr_assert_eq(pst_spawn(&srv, NULL, args), 0);
     char uri[256];
-    snprintf(uri, sizeof uri, "%s", srv.uri);
-    const char *uris[1] = {uri};
-    ps_client_opts co;
-    ps_client_opts_default(&co);
-    co.timeout_ms = 30000; // recovery must not wait for it
     ps_client *c;
-    cr_assert_eq(ps_client_new(uris, 1, 0, &co, &c), ZPS_OK);
+    s_one_server(&srv, args, uri, 1, &c);
     cr_assert_eq(ps_client_register(c, plan, NULL, NULL), ZPS_OK);
     float *v = zps_xcalloc(plan->total, 4), *g = zps_xcalloc(plan->total, 4);
     for (uint64_t i = 0; i < plan->total; i++)
@@ -373,16 +390,9 @@ Test(it_ps_recover, failover_resends_at_once, .timeout = 25)
     cr_assert_eq(ps_plan_new(&v1, 1, 1, 0, &plan), ZPS_OK);
     const char *args[] = {"--mode", "async", "--num-trainers", "2", NULL};
     pst_server srv;
-    cr_assert_eq(pst_spawn(&srv, NULL, args), 0);
     char uri[256];
-    snprintf(uri, sizeof uri, "%s", srv.uri);
-    const char *uris[1] = {uri};
-    ps_client_opts co;
-    ps_client_opts_default(&co);
-    co.timeout_ms = 30000; // recovery must not wait for it
     ps_client *c[2];
-    for (int t = 0; t < 2; t++)
-        cr_assert_eq(ps_client_new(uris, 1, (uint32_t)t, &co, &c[t]), ZPS_OK);
+    s_one_server(&srv, args, uri, 2, c);
     cr_assert_eq(ps_client_register(c[0], plan, NULL, NULL), ZPS_OK);
     s_barrier_arg b = {c[0], ZPS_OK, 0};
     pthread_t th;
@@ -405,4 +415,142 @@ Test(it_ps_recover, failover_resends_at_once, .timeout = 25)
         ps_client_destroy(&c[t]);
     pst_kill(&srv, SIGTERM);
     ps_plan_destroy(&plan);
+}
+
+/* ---- end to end: zps-trainer processes ---- */
+
+#define TSTEPS "60"
+
+static char s_tmp[512], s_data[600]; /* the end-to-end test's files */
+
+static void s_expect_ok(pst_server *p, const char *log, double timeout_s)
+{
+    int st = pst_wait(p, timeout_s);
+    if (st == -1)
+        pst_kill(p, SIGKILL);
+    if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+        char cmd[800];
+        snprintf(cmd, sizeof cmd, "tail -40 '%s' >&2", log);
+        int rc = system(cmd);
+        (void)rc;
+        cr_assert_fail("%s failed or did not finish (wait status %d)", log, st);
+    }
+}
+
+/* Whether the metrics file holds the record of step `step`. */
+static int s_has_step(const char *path, int step)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    char line[4096], pat[32];
+    snprintf(pat, sizeof pat, "\"step\":%d,", step);
+    int seen = 0;
+    while (!seen && fgets(line, sizeof line, f))
+        seen = strstr(line, pat) != NULL;
+    fclose(f);
+    return seen;
+}
+
+/* One fleet run; with kill_at > 0, server 1 dies once trainer 1 logged that step and comes
+ * back with --restore. The model goes to tag.bin; the servers' STATS are checked. */
+static void s_run(const char *tag, int kill_at)
+{
+    char ck[700], logs[2][700], tlog[2][700], met[2][700], out[700], servers[600];
+    snprintf(ck, sizeof ck, "%s/ck-%s", s_tmp, tag);
+    snprintf(out, sizeof out, "%s/%s.bin", s_tmp, tag);
+    pst_server srv[2], tr[2];
+    const char *idx[2] = {"0", "1"};
+    const char *sargs[2][14];
+    for (int i = 0; i < 2; i++) {
+        const char *a[] = {"--mode", "sync", "--num-trainers", "2", "--checkpoint-dir", ck,
+                           "--checkpoint-every-versions", "5", "--index", idx[i], NULL, NULL};
+        memcpy(sargs[i], a, sizeof a);
+        cr_assert_eq(pst_spawn(&srv[i], NULL, sargs[i]), 0);
+    }
+    char uri1[256];
+    snprintf(uri1, sizeof uri1, "%s", srv[1].uri);
+    snprintf(servers, sizeof servers, "%s,%s", srv[0].uri, srv[1].uri);
+    for (int r = 0; r < 2; r++) {
+        snprintf(tlog[r], sizeof tlog[r], "%s/%s-t%d.log", s_tmp, tag, r);
+        snprintf(met[r], sizeof met[r], "%s/%s-t%d.jsonl", s_tmp, tag, r);
+        const char *a[] = {"--data", s_data, "--servers", servers, "--num-trainers", "2",
+                           "--trainer-id", idx[r], "--no-progress", "--metrics", met[r],
+                           "--threads", "0", "--mode", "sync", "--model", "mlp", "--steps",
+                           TSTEPS, "--eval-batches", "1", "--timeout-ms", "30000",
+                           r == 0 ? "--export" : NULL, out, NULL};
+        pst_spawn_prog(&tr[r], "zps-trainer", tlog[r], a);
+    }
+    double restarted = 0;
+    if (kill_at > 0) {
+        while (!s_has_step(met[1], kill_at))
+            zps_sleep_ns(5000000);
+        pst_kill(&srv[1], SIGKILL);
+        zps_sleep_ns(300000000);
+        sargs[1][10] = "--restore";
+        snprintf(logs[1], sizeof logs[1], "%s", uri1);
+        cr_assert_eq(pst_spawn(&srv[1], logs[1], sargs[1]), 0, "restart with --restore failed");
+        restarted = zps_now_s();
+    }
+    for (int r = 0; r < 2; r++)
+        s_expect_ok(&tr[r], tlog[r], 120);
+    if (kill_at > 0)
+        cr_log_info("%s: the trainers finished %.1f s after the restart", tag,
+                    zps_now_s() - restarted);
+    const char *uris[2] = {srv[0].uri, uri1};
+    ps_client *c;
+    cr_assert_eq(ps_client_new(uris, 2, 0, NULL, &c), ZPS_OK);
+    for (int i = 0; i < 2; i++) {
+        char *json = NULL;
+        cr_assert_eq(ps_client_stats(c, i, &json), ZPS_OK, "%s", ps_client_last_error(c));
+        uint64_t chunks = s_field(json, "chunks"), upd = s_field(json, "updates"),
+                 restored = s_field(json, "updates_restored"),
+                 undone = s_field(json, "updates_undone");
+        cr_log_info("%s server %d: version %" PRIu64 ", updates %" PRIu64 " + restored %" PRIu64
+                    " - undone %" PRIu64 ", rollbacks %" PRIu64, tag, i, s_field(json, "version"),
+                    upd, restored, undone, s_field(json, "rollbacks"));
+        cr_assert_eq(s_field(json, "version"), (uint64_t)atoi(TSTEPS), "%s", json);
+        cr_assert_eq(upd + restored - undone, chunks * (uint64_t)atoi(TSTEPS), "%s", json);
+        if (kill_at > 0 && i == 0)
+            cr_assert_geq(s_field(json, "rollbacks"), 1, "server 0 never rolled back: %s", json);
+        free(json);
+    }
+    ps_client_destroy(&c);
+    for (int i = 0; i < 2; i++)
+        pst_kill(&srv[i], SIGTERM);
+}
+
+Test(it_ps_recover, trainers_redo_after_a_server_restore, .timeout = 300)
+{
+    pst_tmpdir(s_tmp, sizeof s_tmp);
+    snprintf(s_data, sizeof s_data, "%s/fm", s_tmp);
+    char log[700];
+    snprintf(log, sizeof log, "%s/data.log", s_tmp);
+    pst_server p;
+    const char *args[] = {"convert", "fashion-mnist", "--out", s_data, "--limit", "2048",
+                          "--shards", "2", NULL};
+    pst_spawn_prog(&p, "zps-data", log, args);
+    s_expect_ok(&p, log, 60);
+    s_run("clean", 0);
+    s_run("fault", 27);
+    char a[700], b[700];
+    snprintf(a, sizeof a, "%s/clean.bin", s_tmp);
+    snprintf(b, sizeof b, "%s/fault.bin", s_tmp);
+    nn_weights *wa = NULL, *wb = NULL;
+    cr_assert_eq(nn_weights_read(a, &wa), ZPS_OK);
+    cr_assert_eq(nn_weights_read(b, &wb), ZPS_OK);
+    cr_assert_eq(wa->param_count, wb->param_count);
+    size_t bad = wa->param_count;
+    for (size_t i = 0; i < wa->param_count && bad == wa->param_count; i++)
+        if (memcmp(&wa->params[i], &wb->params[i], sizeof(float)))
+            bad = i;
+    cr_assert_eq(bad, wa->param_count, "weight %zu: %.9g after the recovery, %.9g without a fault",
+                 bad, bad < wb->param_count ? (double)wb->params[bad] : 0.0,
+                 bad < wa->param_count ? (double)wa->params[bad] : 0.0);
+    nn_weights_destroy(&wa);
+    nn_weights_destroy(&wb);
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", s_tmp);
+    int rc = system(cmd);
+    (void)rc;
 }

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -63,6 +64,33 @@ int pst_spawn(pst_server *s, const char *bind, const char *const *args)
     }
     s->status = pst_kill(s, SIGKILL);
     return -1;
+}
+
+void pst_spawn_prog(pst_server *p, const char *prog, const char *log, const char *const *args)
+{
+    const char *bin = getenv("ZPS_BIN");
+    cr_assert_not_null(bin, "ZPS_BIN unset: run through make test");
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", bin, prog);
+    const char *argv[64] = {path};
+    int n = 1;
+    for (; args[n - 1] && n < 63; n++)
+        argv[n] = args[n - 1];
+    argv[n] = NULL;
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+        }
+        execv(path, (char *const *)argv);
+        _exit(127);
+    }
+    memset(p, 0, sizeof *p);
+    p->pid = pid;
 }
 
 int pst_wait(pst_server *s, double timeout_s)

@@ -24,39 +24,10 @@
 #include "tests/ps_test_util.h"
 #include "trainer/nn/nn.h"
 
-static const char *s_bin(void)
-{
-    const char *b = getenv("ZPS_BIN");
-    cr_assert_not_null(b, "ZPS_BIN unset: run through make test");
-    return b;
-}
-
 /* Starts $ZPS_BIN/<prog> with args (NULL-terminated), stdout+stderr to log. */
 static void s_spawn(pst_server *p, const char *prog, const char *log, const char *const *args)
 {
-    char path[1024];
-    snprintf(path, sizeof path, "%s/%s", s_bin(), prog);
-    const char *argv[64];
-    int n = 0;
-    argv[n++] = path;
-    for (; args[n - 1] && n < 63; n++)
-        argv[n] = args[n - 1];
-    argv[n] = NULL;
-    pid_t pid = fork();
-    cr_assert(pid >= 0);
-    if (pid == 0) {
-        /* dies with the test, so a failed assert never leaves it holding Criterion's pipes */
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
-        }
-        execv(path, (char *const *)argv);
-        _exit(127);
-    }
-    p->pid = pid;
-    p->uri[0] = 0;
+    pst_spawn_prog(p, prog, log, args);
 }
 
 static void s_dump(const char *log)
