@@ -12,6 +12,11 @@
  * - A slot is recycled only once ZeroMQ released every zero-copy frame of it (frames_out 0).
  * - A ticket's status is its first failure; later failures do not overwrite its message.
  * - A request is sent at most max_retries + 1 times; resend k waits backoff_ms * 2^(k-1).
+ *   A server whose connection dropped and came back gets everything outstanding resent at
+ *   once (ps_client_resend_server): same request ids, so the server's dedup still holds.
+ * - A slot carries the rollback token known when it was made, resends included; a reply
+ *   with a newer token (sync) fails every ticket slot of the old timeline, so no wait hangs
+ *   on a version nobody will push (docs/ps.md "Recovery").
  */
 #include <inttypes.h>
 #include <stdio.h>

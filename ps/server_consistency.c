@@ -16,6 +16,8 @@
  *   - A trainer that timed out or left is not waited for (sync aggregation, ssp clocks,
  *     barrier) until it speaks again; the check runs whenever one drops (ps_srv_after_drop).
  *   - The per-trainer sync accumulators and held frames are allocated once and reused.
+ *   - A sync rollback (ps_srv_sync_reset) leaves no trace of the abandoned timeline: no held
+ *     range, coverage bit or count, and no waiting pull.
  */
 #include <inttypes.h>
 #include <stdio.h>

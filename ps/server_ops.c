@@ -11,6 +11,8 @@
  *     the trainer's next request travels while the server applies this one. Nothing can
  *     observe the difference: the server handles one request at a time, so whatever comes
  *     after the push sees it applied.
+ *   - sync: a PUSH / PULL / PUSHPULL with a step whose rollback token is not the server's is
+ *     refused before anything changes: it belongs to a timeline the fleet abandoned.
  */
 #include <inttypes.h>
 #include <stdio.h>
