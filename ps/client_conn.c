@@ -39,8 +39,8 @@
 /* Fast failover (docs/ps.md "Recovery"): ZMTP heartbeats find a silent peer within
  * S_HB_TIMEOUT_MS, and a dropped connection is retried at least every S_RECONNECT_MAX_MS,
  * so a server that is back is found within about a second. */
-#define S_HB_IVL_MS 250
-#define S_HB_TIMEOUT_MS 1000
+#define S_HB_IVL_MS 500
+#define S_HB_TIMEOUT_MS 1500
 #define S_RECONNECT_MAX_MS 250
 
 /* CURVE client options on a new socket (nothing without keys). -1 on failure. */

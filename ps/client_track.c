@@ -207,14 +207,13 @@ static int s_lost_registration(ps_client *c, int server, ps_client_slot *sl, int
 /* sync: the fleet rolled back (or must: a server was restored). Every request of the old
  * timeline fails ZPS_ERR_STALE now (a pull could otherwise wait forever for a version
  * nobody will push), and the caller is told (ps_client_rollback_pending). */
-static void s_rollback_seen(ps_client *c, uint64_t token, uint64_t version)
+static void s_rollback_seen(ps_client *c)
 {
-    c->rb_token = token;
-    c->rb_version = version;
     if (!c->registered || c->job.mode != PS_MODE_SYNC)
         return;
     c->rb_pending = 1;
     char m[160];
+    uint64_t version = c->rb_version;
     snprintf(m, sizeof m, "the fleet rolls back to version %" PRIu64 " (a server was restored)",
              version);
     zps_log(ZPS_WARN, "client", "%s", m);
@@ -233,8 +232,15 @@ static void s_note_server(ps_client *c, int server, const Zps__Header *h)
             zps_log(ZPS_WARN, "client", "server %d (%s) was restarted", server, c->uris[server]);
         c->incarnation[server] = h->server_incarnation;
     }
-    if (h->rollback_token > c->rb_token) // tokens grow with time: a newer one wins
-        s_rollback_seen(c, h->rollback_token, h->rollback_version);
+    if (h->rollback_token > c->rb_token) { // tokens grow with time: a newer one wins
+        c->rb_token = h->rollback_token;
+        c->rb_version = h->rollback_version;
+        s_rollback_seen(c);
+    } else if (h->rollback_token < c->rb_token && h->status == ZPS_ERR_STALE) {
+        /* refused by a server that has not taken the newest rollback (every server was
+         * restored, each with its own; or it missed ours): it must roll back too */
+        s_rollback_seen(c);
+    }
 }
 
 void ps_client_resend_server(ps_client *c, int server)

@@ -225,7 +225,9 @@ static void s_check_stats(const char *const *uris, int i)
     ps_client_destroy(&c);
 }
 
-Test(it_ps_recover, kill9_restore_rolls_back_and_redoes, .timeout = 90)
+/* Kills server 1 (both: and server 0) mid-run and restarts it with --restore; the trainer
+ * threads finish on the fault-free trajectory. */
+static void s_kill_restore(int both)
 {
     uint64_t seed = pst_seed();
     char dir[256];
@@ -256,10 +258,14 @@ Test(it_ps_recover, kill9_restore_rolls_back_and_redoes, .timeout = 90)
     }
     while (s_min_done(tr) < KILL_AT)
         zps_sleep_ns(2000000);
-    pst_kill(&srv[1], SIGKILL);
+    for (int i = both ? 0 : 1; i < 2; i++)
+        pst_kill(&srv[i], SIGKILL);
     zps_sleep_ns(300000000);
-    args[1][10] = "--restore";
-    cr_assert_eq(pst_spawn(&srv[1], uri[1], args[1]), 0, "restart with --restore failed");
+    /* each restored server starts its own rollback: with both, the fleet must agree */
+    for (int i = both ? 0 : 1; i < 2; i++) {
+        args[i][10] = "--restore";
+        cr_assert_eq(pst_spawn(&srv[i], uri[i], args[i]), 0, "restart with --restore failed");
+    }
     double restarted = zps_now_s();
     for (int t = 0; t < NT; t++)
         pthread_join(th[t], NULL);
@@ -291,6 +297,14 @@ Test(it_ps_recover, kill9_restore_rolls_back_and_redoes, .timeout = 90)
     free(x0);
     pst_rmdir(dir);
     ps_plan_destroy(&plan);
+}
+
+Test(it_ps_recover, kill9_restore_rolls_back_and_redoes, .timeout = 90) { s_kill_restore(0); }
+
+/* Both servers die and come back, each with its own rollback token: one wins everywhere. */
+Test(it_ps_recover, both_servers_restored_agree_on_one_rollback, .timeout = 90)
+{
+    s_kill_restore(1);
 }
 
 /* One server started with args (its endpoint into uri, 256 bytes) and n clients of it,
