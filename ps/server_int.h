@@ -255,7 +255,10 @@ void ps_srv_shard_init(ps_server *s, const ps_srv_init_table *t);
 void ps_srv_shard_free(ps_server *s);
 /* async / ssp: applies the n validated ranges of s->ranges, each at its recorded version. */
 void ps_srv_apply_ranges(ps_server *s, uint32_t n);
-zps_status ps_srv_write_checkpoint(ps_server *s);
+/* cut: every server of a sync fleet writes this version too (INIT, SHUTDOWN, the multiples
+ * of --checkpoint-every-versions): it is also kept as a versioned file (docs/ps.md
+ * "Recovery"). The timer's and CHECKPOINT's are not. */
+zps_status ps_srv_write_checkpoint(ps_server *s, int cut);
 /* After an update: a checkpoint when --checkpoint-every-versions says so. */
 void ps_srv_maybe_checkpoint(ps_server *s);
 zps_status ps_srv_restore(ps_server *s);

@@ -105,7 +105,7 @@ void ps_srv_op_init(ps_server *s, zmq_msg_t *ident, const Zps__Header *h, int nf
             h->trainer_id, s->n_local, s->local_total, ps_optim_kind_name(s->opt.kind));
     s->last_ckpt_version = 0;
     if (s->cfg.checkpoint_dir[0])
-        ps_srv_write_checkpoint(s);
+        ps_srv_write_checkpoint(s, 1); // version 0 everywhere: a cut
     ps_srv_reply r = {op, h->request_id, ZPS_OK, "initialised", 0, 0, 1};
     ps_srv_send(s, ident, &r, NULL, 0);
 }
@@ -284,7 +284,7 @@ static void s_op_stats(ps_server *s, zmq_msg_t *ident, const Zps__Header *h)
 
 static void s_op_checkpoint(ps_server *s, zmq_msg_t *ident, const Zps__Header *h)
 {
-    zps_status st = s->cfg.checkpoint_dir[0] ? ps_srv_write_checkpoint(s) : ZPS_ERR_UNSUPPORTED;
+    zps_status st = s->cfg.checkpoint_dir[0] ? ps_srv_write_checkpoint(s, 0) : ZPS_ERR_UNSUPPORTED;
     ps_srv_reply r = {h->op, h->request_id, st,
                       st == ZPS_OK ? "checkpoint written"
                       : st == ZPS_ERR_UNSUPPORTED ? "no --checkpoint-dir"
@@ -295,7 +295,7 @@ static void s_op_checkpoint(ps_server *s, zmq_msg_t *ident, const Zps__Header *h
 
 static void s_op_shutdown(ps_server *s, zmq_msg_t *ident, const Zps__Header *h)
 {
-    zps_status st = ps_srv_write_checkpoint(s);
+    zps_status st = ps_srv_write_checkpoint(s, 1); // the job ends: every server at its end
     ps_srv_reply r = {h->op, h->request_id, st,
                       st == ZPS_OK ? "shutting down" : "shutting down; checkpoint failed",
                       ps_srv_min_version(s), 0, 0};

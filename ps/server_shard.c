@@ -277,7 +277,7 @@ static uint64_t s_max_version(const ps_server *s)
     return m;
 }
 
-zps_status ps_srv_write_checkpoint(ps_server *s)
+zps_status ps_srv_write_checkpoint(ps_server *s, int cut)
 {
     if (!s->cfg.checkpoint_dir[0] || !s->initialised)
         return ZPS_OK;
@@ -290,7 +290,8 @@ zps_status ps_srv_write_checkpoint(ps_server *s)
     free(c.opt);
     zps_aligned_free(slots);
     uint64_t v = ps_srv_min_version(s);
-    if (st == ZPS_OK && s->mode == PS_MODE_SYNC && s_max_version(s) == v)
+    if (st == ZPS_OK && cut && s->cfg.checkpoint_every_versions && s->mode == PS_MODE_SYNC &&
+        s_max_version(s) == v)
         st = ps_ckpt_keep_version(s->cfg.checkpoint_dir, s->cfg.index, v, S_KEEP_VERSIONS);
     if (st == ZPS_OK) {
         s->st.checkpoints++;
@@ -305,7 +306,7 @@ zps_status ps_srv_write_checkpoint(ps_server *s)
     return st;
 }
 
-zps_status ps_server_checkpoint(ps_server *s) { return ps_srv_write_checkpoint(s); }
+zps_status ps_server_checkpoint(ps_server *s) { return ps_srv_write_checkpoint(s, 0); }
 
 void ps_srv_maybe_checkpoint(ps_server *s)
 {
@@ -317,7 +318,7 @@ void ps_srv_maybe_checkpoint(ps_server *s)
      * model at that version), so the files of one version form a consistent cut. */
     if (s->mode == PS_MODE_SYNC ? v % k == 0 && v > s->last_ckpt_version
                                 : v >= s->last_ckpt_version + k)
-        ps_srv_write_checkpoint(s);
+        ps_srv_write_checkpoint(s, 1);
 }
 
 /* The checkpoint's optimizer record into *oc, and its server index: ZPS_ERR_CORRUPT (logged)
