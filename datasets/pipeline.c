@@ -509,6 +509,28 @@ zps_status ds_pipeline_next(ds_pipeline *p, float *images, int32_t *labels,
     return st;
 }
 
+void ds_pipeline_seek(ds_pipeline *p, int64_t b)
+{
+    assert(p && b >= 0 && !p->o.once);
+    if (p->o.threads == 0) {
+        p->consumed = b;
+        return;
+    }
+    pthread_mutex_lock(&p->mu);
+    /* let the batches claimed so far finish (a worker builds without the lock), then drop
+     * them: nobody touches a slot after that until the claims restart at b */
+    for (int64_t k = p->consumed; k < p->next_claim; k++) {
+        s_slot *sl = &p->slots[k % p->depth];
+        while (!(sl->ready && sl->batch == k))
+            pthread_cond_wait(&p->ready, &p->mu);
+    }
+    for (int i = 0; i < p->depth; i++)
+        p->slots[i].ready = false;
+    p->consumed = p->next_claim = b;
+    pthread_cond_broadcast(&p->space);
+    pthread_mutex_unlock(&p->mu);
+}
+
 void ds_pipeline_destroy(ds_pipeline **pp)
 {
     if (!pp || !*pp)

@@ -96,6 +96,13 @@ zps_status ds_pipeline_new(const ds_pipeline_opts *opts, ds_pipeline **out);
 zps_status ds_pipeline_next(ds_pipeline *p, float *images, int32_t *labels,
                             ds_batch_info *info);
 
+/* Training: the next ds_pipeline_next hands out batch number b again (b counts batches
+ * from the start, across epochs: epoch b / batches_per_epoch, index b mod it), exactly the
+ * batch it handed out (or would have) as the b-th: the output is a function of (seed,
+ * epoch, index). A trainer redoing steps after a sync rollback seeks back with it.
+ * Batches decoded ahead are thrown away. */
+void ds_pipeline_seek(ds_pipeline *p, int64_t b);
+
 /* Stops the threads and frees everything; *pp = NULL. Safe on NULL. */
 void ds_pipeline_destroy(ds_pipeline **pp);
 

@@ -8,6 +8,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <inttypes.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -22,6 +24,118 @@
 void ps_ckpt_path(const char *dir, int index, char *buf, size_t len)
 {
     snprintf(buf, len, "%s/server-%d.ckpt", dir, index);
+}
+
+/* A rename or link in dir is durable once the directory is fsync'ed. */
+static zps_status s_fsync_dir(const char *dir)
+{
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    ZPS_CHECK_FILE(dfd, dir);
+    if (fsync(dfd) == -1)
+        zps_log(ZPS_WARN, "ckpt", "%s: fsync of the directory: %s", dir, strerror(errno));
+    close(dfd);
+    return ZPS_OK;
+}
+
+void ps_ckpt_version_path(const char *dir, int index, uint64_t version, char *buf, size_t len)
+{
+    snprintf(buf, len, "%s/server-%d.v%" PRIu64 ".ckpt", dir, index, version);
+}
+
+/* The version a directory entry names when it is a versioned checkpoint of server index. */
+static int s_versioned(const char *name, int index, uint64_t *v)
+{
+    char pre[32];
+    int pl = snprintf(pre, sizeof pre, "server-%d.v", index);
+    if (strncmp(name, pre, (size_t)pl))
+        return 0;
+    char *end;
+    errno = 0;
+    unsigned long long x = strtoull(name + pl, &end, 10);
+    if (end == name + pl || errno || strcmp(end, ".ckpt"))
+        return 0;
+    *v = x;
+    return 1;
+}
+
+static int s_desc(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* The versions of server index's versioned files in dir, newest first, in *out (the
+ * caller's, free); their count, or -1 when dir cannot be read. */
+static int s_list_versions(const char *dir, int index, uint64_t **out)
+{
+    *out = NULL;
+    DIR *d = opendir(dir);
+    if (!d)
+        return -1;
+    size_t n = 0, cap = 0;
+    uint64_t *vs = NULL;
+    for (struct dirent *e; (e = readdir(d));) {
+        uint64_t v;
+        if (!s_versioned(e->d_name, index, &v))
+            continue;
+        if (n == cap) {
+            cap = cap ? 2 * cap : 16;
+            vs = zps_xrealloc(vs, cap * sizeof *vs);
+        }
+        vs[n++] = v;
+    }
+    closedir(d);
+    if (n)
+        qsort(vs, n, sizeof *vs, s_desc);
+    *out = vs;
+    return (int)n;
+}
+
+zps_status ps_ckpt_newest_version(const char *dir, int index, uint64_t *version)
+{
+    uint64_t *vs;
+    int n = s_list_versions(dir, index, &vs);
+    if (n > 0)
+        *version = vs[0];
+    free(vs);
+    return n > 0 ? ZPS_OK : ZPS_ERR_NOT_FOUND;
+}
+
+/* Removes the versioned files of vs[from..n). */
+static void s_unlink_versions(const char *dir, int index, const uint64_t *vs, int n, int from)
+{
+    char vpath[1100];
+    for (int i = from; i < n; i++) {
+        ps_ckpt_version_path(dir, index, vs[i], vpath, sizeof vpath);
+        if (unlink(vpath) == -1)
+            zps_log(ZPS_WARN, "ckpt", "cannot remove %s: %s", vpath, strerror(errno));
+    }
+}
+
+void ps_ckpt_drop_after(const char *dir, int index, uint64_t version)
+{
+    uint64_t *vs;
+    int n = s_list_versions(dir, index, &vs), k = 0;
+    while (k < n && vs[k] > version)
+        k++;
+    s_unlink_versions(dir, index, vs, k, 0);
+    free(vs);
+}
+
+zps_status ps_ckpt_keep_version(const char *dir, int index, uint64_t version, int keep)
+{
+    char path[1100], vpath[1100];
+    ps_ckpt_path(dir, index, path, sizeof path);
+    ps_ckpt_version_path(dir, index, version, vpath, sizeof vpath);
+    if (unlink(vpath) == -1 && errno != ENOENT)
+        ZPS_CHECK_FILE(-1, vpath);
+    ZPS_CHECK_FILE(link(path, vpath), vpath);
+    /* everything older than the keep newest goes; the listing is sorted newest first */
+    uint64_t *vs;
+    int n = s_list_versions(dir, index, &vs);
+    s_unlink_versions(dir, index, vs, n, keep);
+    free(vs);
+    return s_fsync_dir(dir);
 }
 
 /* crc32 over n bytes; its length argument is uInt, so it is fed in pieces. */
@@ -115,12 +229,7 @@ zps_status ps_ckpt_write(const char *dir, int index, const ps_ckpt *c)
         unlink(tmp);
         return ZPS_ERR_IO;
     }
-    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    ZPS_CHECK_FILE(dfd, dir);
-    if (fsync(dfd) == -1)
-        zps_log(ZPS_WARN, "ckpt", "%s: fsync of the directory: %s", dir, strerror(errno));
-    close(dfd);
-    return ZPS_OK;
+    return s_fsync_dir(dir);
 }
 
 void ps_ckpt_free(ps_ckpt *c)

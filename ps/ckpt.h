@@ -50,6 +50,17 @@ typedef struct ps_ckpt {
 
 /* "DIR/server-INDEX.ckpt" into buf. */
 void ps_ckpt_path(const char *dir, int index, char *buf, size_t len);
+/* Sync mode keeps versioned copies as well (docs/ps.md "Recovery"):
+ * DIR/server-INDEX.vVERSION.ckpt, a hard link to the server-INDEX.ckpt of that version,
+ * made right after it was written, so a versioned file is as atomic as the latest. */
+void ps_ckpt_version_path(const char *dir, int index, uint64_t version, char *buf, size_t len);
+/* Links the current DIR/server-INDEX.ckpt as version `version` (replacing an older link of
+ * that version) and removes every versioned file but the `keep` newest. */
+zps_status ps_ckpt_keep_version(const char *dir, int index, uint64_t version, int keep);
+/* Removes the versioned checkpoints of server INDEX newer than version. */
+void ps_ckpt_drop_after(const char *dir, int index, uint64_t version);
+/* The newest versioned checkpoint of server INDEX in DIR: ZPS_ERR_NOT_FOUND when none. */
+zps_status ps_ckpt_newest_version(const char *dir, int index, uint64_t *version);
 /* Atomic write (see above). */
 zps_status ps_ckpt_write(const char *dir, int index, const ps_ckpt *c);
 /* Reads and verifies path. ZPS_ERR_NOT_FOUND when absent, ZPS_ERR_CORRUPT with a logged

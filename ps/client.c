@@ -126,6 +126,8 @@ static void s_alloc(ps_client *c, int n)
     c->mons = zps_xcalloc((size_t)n, sizeof *c->mons);
     c->hs_silent = zps_xcalloc((size_t)n, sizeof *c->hs_silent);
     c->refused = zps_xcalloc((size_t)n, sizeof *c->refused);
+    c->down = zps_xcalloc((size_t)n, sizeof *c->down);
+    c->incarnation = zps_xcalloc((size_t)n, sizeof *c->incarnation);
     c->slots = zps_xcalloc(PS_CLIENT_SLOTS, sizeof *c->slots);
     c->free_slots = zps_xmalloc(PS_CLIENT_SLOTS * sizeof *c->free_slots);
     for (uint32_t i = 0; i < PS_CLIENT_SLOTS; i++)
@@ -204,6 +206,8 @@ void ps_client_destroy(ps_client **pc)
     free(c->mons);
     free(c->hs_silent);
     free(c->refused);
+    free(c->down);
+    free(c->incarnation);
     free(c->kr);
     free(c->krp);
     free(c->slots);
@@ -377,8 +381,8 @@ int ps_client_take_reply(ps_client *c, ps_client_slot *sl, const Zps__Header *h,
 
 /* Sends op to every server (or only_server when >= 0) as one ticket and waits; a status
  * accept() takes counts as success. */
-static zps_status s_simple(ps_client *c, int op, int only_server, uint64_t *version,
-                           int (*accept)(int status))
+static zps_status s_simple_at(ps_client *c, int op, int only_server, int64_t step,
+                              uint64_t *version, int (*accept)(int status))
 {
     ps_ticket t;
     ZPS_TRY(ps_client_ticket_new(c, &t));
@@ -386,7 +390,7 @@ static zps_status s_simple(ps_client *c, int op, int only_server, uint64_t *vers
     for (int s = 0; s < c->n; s++) {
         if (only_server >= 0 && s != only_server)
             continue;
-        ps_client_slot *sl = ps_client_slot_new(c, s, t, op, 0);
+        ps_client_slot *sl = ps_client_slot_new(c, s, t, op, step);
         if (!sl)
             return ZPS_ERR_BUSY;
         ps_client_slot_submit(c, tk, sl, NULL);
@@ -395,6 +399,12 @@ static zps_status s_simple(ps_client *c, int op, int only_server, uint64_t *vers
     if (accept && accept(st))
         st = ZPS_OK;
     return st;
+}
+
+static zps_status s_simple(ps_client *c, int op, int only_server, uint64_t *version,
+                           int (*accept)(int status))
+{
+    return s_simple_at(c, op, only_server, 0, version, accept);
 }
 
 /* A REGISTER some server refused because another live process holds the id: LEAVE every
@@ -548,4 +558,28 @@ zps_status ps_client_leave(ps_client *c)
 zps_status ps_client_shutdown(ps_client *c)
 {
     return s_simple(c, ZPS__OP__OP_SHUTDOWN, -1, NULL, NULL);
+}
+
+int ps_client_rollback_pending(const ps_client *c, uint64_t *version)
+{
+    if (version)
+        *version = c->rb_version;
+    return c->rb_pending;
+}
+
+zps_status ps_client_rollback(ps_client *c, uint64_t *version)
+{
+    (void)ps_client_wait_all(c); // the old timeline's requests: they failed, or are done
+    zps_status st = ZPS_OK;
+    /* a newer rollback seen meanwhile (a second restore) is done next, at most a few */
+    for (int round = 0; c->rb_pending && round < 8; round++) {
+        c->rb_pending = 0;
+        uint64_t v = c->rb_version;
+        st = s_simple_at(c, ZPS__OP__OP_ROLLBACK, -1, (int64_t)v, NULL, NULL);
+        if (st == ZPS_OK && !c->rb_pending)
+            zps_log(ZPS_INFO, "client", "every server is back at version %" PRIu64, v);
+    }
+    if (version)
+        *version = c->rb_version;
+    return c->rb_pending ? ZPS_ERR_BUSY : st;
 }

@@ -169,6 +169,16 @@ zps_status ps_client_shutdown(ps_client *c);
  * a second live incarnation of a trainer id (docs/ps.md "Trainer identity"). */
 uint64_t ps_client_incarnation(const ps_client *c);
 
+/* Recovery (sync mode; docs/ps.md "Recovery"). When a server was killed and restored from
+ * its checkpoint of version v, the fleet goes back to v: every request of this client that
+ * was in flight fails with ZPS_ERR_STALE, and so does every later push or pull until the
+ * caller has called ps_client_rollback. 1 (and *version = v, may be NULL) when that is
+ * pending. */
+int ps_client_rollback_pending(const ps_client *c, uint64_t *version);
+/* Waits for everything in flight, then has every server load its checkpoint of v (once per
+ * rollback, whichever trainer asks first). Afterwards the servers hold exactly the model of
+ * version v: pull it (step v) and redo the steps after it. *version (may be NULL) = v. */
+zps_status ps_client_rollback(ps_client *c, uint64_t *version);
 /* Message of the last failure ("" when none); borrowed, valid until the next call. */
 const char *ps_client_last_error(const ps_client *c);
 int ps_client_num_servers(const ps_client *c);

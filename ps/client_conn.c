@@ -34,7 +34,14 @@
 /* Handshake events the client watches on each DEALER. */
 #define S_HS_EVENTS                                                                    \
     (ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |            \
-     ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
+     ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |           \
+     ZMQ_EVENT_DISCONNECTED)
+/* Fast failover (docs/ps.md "Recovery"): ZMTP heartbeats find a silent peer within
+ * S_HB_TIMEOUT_MS, and a dropped connection is retried at least every S_RECONNECT_MAX_MS,
+ * so a server that is back is found within about a second. */
+#define S_HB_IVL_MS 500
+#define S_HB_TIMEOUT_MS 1500
+#define S_RECONNECT_MAX_MS 250
 
 /* CURVE client options on a new socket (nothing without keys). -1 on failure. */
 static int s_curve_sockopts(const ps_client *c, void *s)
@@ -143,8 +150,12 @@ zps_status ps_client_open_socket(ps_client *c, int i)
     char mon_ep[96];
     snprintf(mon_ep, sizeof mon_ep, "inproc://zps-client-monitor-%p-%d-%u", (void *)c, i,
              c->mon_gen++);
-    int zero = 0, linger = 1000, ivl = 100, ivlmax = 2000;
+    int zero = 0, linger = 1000, ivl = 100, ivlmax = S_RECONNECT_MAX_MS;
+    int hb_ivl = S_HB_IVL_MS, hb_timeout = S_HB_TIMEOUT_MS, hb_ttl = 2 * S_HB_TIMEOUT_MS;
     if (zmq_setsockopt(s, ZMQ_SNDHWM, &zero, sizeof zero) == -1 ||
+        zmq_setsockopt(s, ZMQ_HEARTBEAT_IVL, &hb_ivl, sizeof hb_ivl) == -1 ||
+        zmq_setsockopt(s, ZMQ_HEARTBEAT_TIMEOUT, &hb_timeout, sizeof hb_timeout) == -1 ||
+        zmq_setsockopt(s, ZMQ_HEARTBEAT_TTL, &hb_ttl, sizeof hb_ttl) == -1 ||
         zmq_setsockopt(s, ZMQ_RCVHWM, &zero, sizeof zero) == -1 ||
         zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger) == -1 ||
         zmq_setsockopt(s, ZMQ_RECONNECT_IVL, &ivl, sizeof ivl) == -1 ||
@@ -301,6 +312,7 @@ zps_status ps_client_send_slot(ps_client *c, ps_client_slot *sl, const ps_optim_
     ps_client_header_ident(c, &h, sl->op);
     h.request_id = sl->rid;
     h.step = sl->step;
+    h.rollback_token = sl->token;
     h.server_index = (uint32_t)sl->server;
     h.plan_hash = c->plan ? c->plan->hash : 0;
     if (sl->op == ZPS__OP__OP_REGISTER || sl->op == ZPS__OP__OP_INIT) {
@@ -423,8 +435,19 @@ static void s_protocol_refusal(const ps_client *c, uint32_t val, char *why, size
 static void s_handshake_event(ps_client *c, int i, unsigned ev, uint32_t val)
 {
     char why[320];
+    if (ev == ZMQ_EVENT_DISCONNECTED) {
+        c->down[i] = 1;
+        return;
+    }
     if (ev == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
         c->hs_silent[i] = 0;
+        if (c->down[i]) { /* back: what it had outstanding may be lost, send it again now */
+            c->down[i] = 0;
+            c->reconnect_ns = zps_now_ns();
+            zps_log(ZPS_INFO, "client", "server %d (%s) is reachable again: resending", i,
+                    c->uris[i]);
+            ps_client_resend_server(c, i);
+        }
         if (c->refused[i][0])
             zps_log(ZPS_INFO, "client", "server %d (%s) accepts the handshake again", i,
                     c->uris[i]);

@@ -40,6 +40,7 @@ typedef struct ps_client_slot {
     ps_ticket ticket;     // 0: internal (heartbeat, re-register)
     int op;
     int64_t step;
+    uint64_t token;       // the rollback the request belongs to (client.h "Recovery")
     ps_piece *pieces;     // (n_pieces) owned, reused
     size_t n_pieces, cap_pieces;
     const float *src;     // push: flat gradient buffer
@@ -109,6 +110,12 @@ struct ps_client {
     Zps__Incarnation inc_nonce; // inc's nonce alone, sent with every other request
     char inc_host[64];
     uint64_t deadline_ns;  // ps_client_set_deadline: waits give up then (0: no deadline)
+    int *down;             // (n) server i's connection dropped; a handshake brings it back
+    uint64_t *incarnation; // (n) the server process last heard from (0: none yet)
+    uint64_t rb_token;     // the fleet's newest rollback this client knows (0: none)
+    uint64_t rb_version;   // ... and the version it went back to
+    int rb_pending;        // sync: a rollback the caller has not done yet (ps_client_rollback)
+    uint64_t reconnect_ns; // when a dropped server last came back (0: never)
 };
 
 /* ---- client_conn.c: transport */
@@ -166,6 +173,8 @@ void ps_client_handle_reply(ps_client *c, int server, int nframes);
 void ps_client_timeouts(ps_client *c);
 /* Server refused our handshake: fails every request to it. */
 void ps_client_fail_server(ps_client *c, int server);
+/* Server came back after its connection dropped: sends everything outstanding to it now. */
+void ps_client_resend_server(ps_client *c, int server);
 
 /* ---- client.c: the operations */
 

@@ -14,6 +14,11 @@
  * - A request is sent at most max_retries + 1 times; resend k waits backoff_ms * 2^(k-1).
  * - A wait never blocks past one poll slice (<= 100 ms) after the stop flag rose or the
  *   deadline passed; what it waited for stays in flight and is dropped with the client.
+ *   A server whose connection dropped and came back gets everything outstanding resent at
+ *   once (ps_client_resend_server): same request ids, so the server's dedup still holds.
+ * - A slot carries the rollback token known when it was made, resends included; a reply
+ *   with a newer token (sync) fails every ticket slot of the old timeline, so no wait hangs
+ *   on a version nobody will push (docs/ps.md "Recovery").
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -39,6 +44,7 @@ ps_client_slot *ps_client_slot_new(ps_client *c, int server, ps_ticket t, int op
     sl->ticket = t;
     sl->op = op;
     sl->step = step;
+    sl->token = c->rb_token;
     sl->n_pieces = 0;
     sl->src = NULL;
     sl->dst = NULL;
@@ -200,6 +206,59 @@ static int s_lost_registration(ps_client *c, int server, ps_client_slot *sl, int
     return 1;
 }
 
+/* sync: the fleet rolled back (or must: a server was restored). Every request of the old
+ * timeline fails ZPS_ERR_STALE now (a pull could otherwise wait forever for a version
+ * nobody will push), and the caller is told (ps_client_rollback_pending). */
+static void s_rollback_seen(ps_client *c)
+{
+    if (!c->registered || c->job.mode != PS_MODE_SYNC)
+        return;
+    c->rb_pending = 1;
+    char m[160];
+    uint64_t version = c->rb_version;
+    snprintf(m, sizeof m, "the fleet rolls back to version %" PRIu64 " (a server was restored)",
+             version);
+    zps_log(ZPS_WARN, "client", "%s", m);
+    for (uint32_t i = 0; i < PS_CLIENT_SLOTS; i++) {
+        ps_client_slot *sl = &c->slots[i];
+        if (sl->rid && sl->ticket && sl->op != ZPS__OP__OP_ROLLBACK)
+            ps_client_slot_finish(c, sl, ZPS_ERR_STALE, m, version);
+    }
+}
+
+/* What any reply says about its server: a new process, a rollback we did not know. */
+static void s_note_server(ps_client *c, int server, const Zps__Header *h)
+{
+    if (h->server_incarnation && c->incarnation[server] != h->server_incarnation) {
+        if (c->incarnation[server])
+            zps_log(ZPS_WARN, "client", "server %d (%s) was restarted", server, c->uris[server]);
+        c->incarnation[server] = h->server_incarnation;
+    }
+    if (h->rollback_token > c->rb_token) { // tokens grow with time: a newer one wins
+        c->rb_token = h->rollback_token;
+        c->rb_version = h->rollback_version;
+        s_rollback_seen(c);
+    } else if (h->rollback_token < c->rb_token && h->status == ZPS_ERR_STALE) {
+        /* refused by a server that has not taken the newest rollback (every server was
+         * restored, each with its own; or it missed ours): it must roll back too */
+        s_rollback_seen(c);
+    }
+}
+
+void ps_client_resend_server(ps_client *c, int server)
+{
+    for (uint32_t i = 0; i < PS_CLIENT_SLOTS; i++) {
+        ps_client_slot *sl = &c->slots[i];
+        if (!sl->rid || sl->server != server || sl->await_reg || sl->done)
+            continue;
+        zps_status st = ps_client_send_slot(c, sl, NULL);
+        if (st != ZPS_OK && sl->ticket)
+            ps_client_slot_finish(c, sl, st, ps_client_send_err(c, server, st), UINT64_MAX);
+        else if (st != ZPS_OK)
+            ps_client_slot_release(c, sl);
+    }
+}
+
 void ps_client_handle_reply(ps_client *c, int server, int nframes)
 {
     Zps__Header *h = zps__header__unpack(NULL, zmq_msg_size(&c->frames[0]),
@@ -208,6 +267,7 @@ void ps_client_handle_reply(ps_client *c, int server, int nframes)
         zps_log(ZPS_WARN, "client", "server %d sent an unreadable reply header", server);
         return;
     }
+    s_note_server(c, server, h);
     ps_client_slot *sl = s_reply_slot(c, server, h);
     int status = h->status;
     const char *msg = h->message ? h->message : "";

@@ -19,6 +19,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
 
 #include "common/check.h"
 #include "common/clock.h"
@@ -34,7 +36,8 @@
 
 const char *const ps_srv_op_names[PS_SRV_N_OPS] = {"unknown", "register", "init", "push",
                                                    "pull", "pushpull", "barrier", "heartbeat",
-                                                   "checkpoint", "stats", "shutdown", "leave"};
+                                                   "checkpoint", "stats", "shutdown", "leave",
+                                                   "rollback"};
 const char *const ps_srv_mode_names[4] = {"unset", "sync", "async", "ssp"};
 
 void ps_server_config_default(ps_server_config *c)
@@ -79,6 +82,9 @@ static zps_status s_send_head(ps_server *s, zmq_msg_t *ident, const ps_srv_reply
     h.model_version = r->version;
     h.server_index = (uint32_t)s->cfg.index;
     h.plan_hash = s->plan_hash;
+    h.server_incarnation = s->incarnation;
+    h.rollback_token = s->rb_token;
+    h.rollback_version = s->rb_version;
     if (r->with_job) {
         job.mode = (Zps__Mode)s->mode;
         job.num_trainers = s->n_trainers;
@@ -212,7 +218,7 @@ static void s_timers(ps_server *s)
     }
     if (s->cfg.checkpoint_every_seconds > 0 && s->initialised &&
         now - s->last_ckpt_s >= s->cfg.checkpoint_every_seconds)
-        ps_srv_write_checkpoint(s);
+        ps_srv_write_checkpoint(s, 0);
     if (s->cfg.stats_every_s > 0 && now - s->last_stats_s >= s->cfg.stats_every_s) {
         s->last_stats_s = now;
         ps_srv_stats_log(s);
@@ -313,7 +319,7 @@ zps_status ps_server_run(ps_server *s)
         zps_log(ZPS_INFO, "ps", "stopping%s", !s->cfg.checkpoint_dir[0] ? " (no --checkpoint-dir)"
                                               : s->initialised ? ": final checkpoint"
                                                                : " (no values to checkpoint)");
-        return ps_srv_write_checkpoint(s);
+        return ps_srv_write_checkpoint(s, 0);
     }
     return ZPS_OK;
 }
@@ -426,6 +432,15 @@ static zps_status s_open_socket(ps_server *s)
     return ZPS_OK;
 }
 
+/* A random non-zero 64-bit number, different for every process start. */
+static uint64_t s_incarnation(void)
+{
+    uint64_t x = 0;
+    if (getrandom(&x, sizeof x, 0) != (ssize_t)sizeof x)
+        x = zps_now_ns() ^ ((uint64_t)getpid() << 32);
+    return x ? x : 1;
+}
+
 zps_status ps_server_new(const ps_server_config *cfg, ps_server **out)
 {
     *out = NULL;
@@ -438,6 +453,7 @@ zps_status ps_server_new(const ps_server_config *cfg, ps_server **out)
     s->staleness = cfg->staleness;
     s->frames = zps_xcalloc(PS_SRV_MAX_FRAMES, sizeof *s->frames);
     s->ranges = zps_xcalloc(PS_MAX_RANGES, sizeof *s->ranges);
+    s->incarnation = s_incarnation();
     double now = zps_now_s();
     s->last_ckpt_s = s->last_stats_s = s->last_liveness_s = now;
     zps_status st = s_open_socket(s);

@@ -18,6 +18,8 @@
  *   - The per-trainer sync accumulators and held frames are allocated once and reused.
  *   - Liveness also decides who holds a trainer id (ps_srv_incarnation_live): a holder that
  *     left, was dropped, or is silent past the timeout can be replaced.
+ *   - A sync rollback (ps_srv_sync_reset) leaves no trace of the abandoned timeline: no held
+ *     range, coverage bit or count, and no waiting pull.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -478,6 +480,35 @@ void ps_srv_pending_reinit(ps_server *s)
         }
         ps_srv_reply rr = {p->op, p->rid, ZPS_ERR_BUSY, "values were re-initialised; pull again",
                            0, 0, 0};
+        ps_srv_send(s, &p->ident, &rr, NULL, 0);
+        ps_srv_pending_drop(s, i);
+    }
+}
+
+/* ------------------------------------------------------------------------- rollback */
+
+void ps_srv_sync_reset(ps_server *s)
+{
+    for (uint32_t t = 0; s->trainers && t < s->n_trainers; t++) {
+        ps_srv_trainer *tr = &s->trainers[t];
+        s_held_release(tr, UINT32_MAX);
+        if (tr->covered)
+            memset(tr->covered, 0, (s->local_total + 63) / 64 * sizeof *tr->covered);
+    }
+    if (s->recv_n)
+        memset(s->recv_n, 0, (size_t)s->n_local * s->n_trainers * sizeof *s->recv_n);
+    for (uint32_t lc = 0; lc < s->n_local; lc++)
+        s->chunks[lc].n_complete = 0;
+    for (size_t i = 0; i < s->n_pending;) {
+        ps_srv_pending *p = &s->pending[i];
+        if (!p->n_ranges) {
+            i++;
+            continue;
+        }
+        char msg[160];
+        snprintf(msg, sizeof msg, "the fleet rolled back to version %" PRIu64 ": pull again",
+                 s->rb_version);
+        ps_srv_reply rr = {p->op, p->rid, ZPS_ERR_STALE, msg, s->rb_version, 0, 0};
         ps_srv_send(s, &p->ident, &rr, NULL, 0);
         ps_srv_pending_drop(s, i);
     }

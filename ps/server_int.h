@@ -29,7 +29,7 @@
 #define PS_SRV_MAX_FRAMES (PS_MAX_RANGES + 2)
 #define PS_SRV_RID_RING 64
 #define PS_SRV_LAT_BUCKETS 96
-#define PS_SRV_N_OPS 12
+#define PS_SRV_N_OPS 13
 #define PS_SRV_STALE_BUCKETS 8
 /* Without --trainer-timeout, an incarnation silent this long no longer holds its trainer
  * id against a new one (docs/ps.md "Trainer identity"). */
@@ -118,6 +118,10 @@ typedef struct ps_srv_stats {
     uint64_t trainers_dropped, trainers_rejoined, trainers_left;
     uint64_t reader_waits; // updates that waited for zmq to finish sending the old values
     uint64_t values_cow;   // waits that gave up: values moved to a fresh copy (stuck peer)
+    /* recovery: updates + updates_restored - updates_undone = the sum of chunk versions */
+    uint64_t rollbacks;        // ROLLBACKs that loaded a checkpoint
+    uint64_t updates_undone;   // chunk updates those rollbacks discarded
+    uint64_t updates_restored; // chunk updates the --restore checkpoint brought
 } ps_srv_stats;
 
 /* A values block (and its reader counts) replaced while zmq still sent from it. */
@@ -186,6 +190,10 @@ struct ps_server {
 
     /* checkpoints and timers (server_shard.c, server.c) */
     uint64_t last_ckpt_version;
+    /* sync recovery (server_shard.c, server_ops.c; docs/ps.md "Recovery"): this process's
+     * random incarnation, and the last rollback it took part in (its token, 0 = none, and
+     * the version it went back to). A restored server starts one (ps_srv_rollback_token). */
+    uint64_t incarnation, rb_token, rb_version;
     double last_ckpt_s, last_stats_s, last_liveness_s;
 
     ps_srv_stats st;      // (every file counts; server_stats.c reports)
@@ -259,10 +267,20 @@ void ps_srv_shard_init(ps_server *s, const ps_srv_init_table *t);
 void ps_srv_shard_free(ps_server *s);
 /* async / ssp: applies the n validated ranges of s->ranges, each at its recorded version. */
 void ps_srv_apply_ranges(ps_server *s, uint32_t n);
-zps_status ps_srv_write_checkpoint(ps_server *s);
+/* cut: every server of a sync fleet writes this version too (INIT, SHUTDOWN, the multiples
+ * of --checkpoint-every-versions): it is also kept as a versioned file (docs/ps.md
+ * "Recovery"). The timer's and CHECKPOINT's are not. */
+zps_status ps_srv_write_checkpoint(ps_server *s, int cut);
 /* After an update: a checkpoint when --checkpoint-every-versions says so. */
 void ps_srv_maybe_checkpoint(ps_server *s);
 zps_status ps_srv_restore(ps_server *s);
+/* sync: the shard goes back to its versioned checkpoint of version v (same chunk table),
+ * and versioned checkpoints after v (an abandoned timeline) are removed. ZPS_ERR_NOT_FOUND
+ * or ZPS_ERR_CORRUPT with why when that checkpoint cannot be used; nothing changed then. */
+zps_status ps_srv_rollback(ps_server *s, uint64_t v, char *why, size_t why_len);
+/* A new rollback token: the wall clock in ms (so a later rollback has a larger token) and
+ * 16 bits of the incarnation. */
+uint64_t ps_srv_rollback_token(const ps_server *s);
 
 /* ---- server_consistency.c */
 
@@ -296,6 +314,9 @@ void ps_srv_check_barrier(ps_server *s);
 void ps_srv_pending_reinit(ps_server *s);
 /* A trainer stopped being waited for (timed out or left). */
 void ps_srv_after_drop(ps_server *s);
+/* sync rollback: every pushed range, coverage bit and count is dropped, and waiting pulls
+ * are answered ZPS_ERR_STALE (they wait for a version of the abandoned timeline). */
+void ps_srv_sync_reset(ps_server *s);
 /* Drops trainers silent past --trainer-timeout. */
 void ps_srv_liveness(ps_server *s);
 /* Whether trainer t's registered incarnation is live: not left, not dropped, and heard
@@ -324,7 +345,7 @@ void ps_srv_op_push(ps_server *s, zmq_msg_t *ident, const Zps__Header *h, int nf
                     uint64_t t0);
 void ps_srv_op_pull(ps_server *s, zmq_msg_t *ident, const Zps__Header *h, int nframes,
                     uint64_t t0);
-/* HEARTBEAT, LEAVE, BARRIER, STATS, CHECKPOINT, SHUTDOWN. */
+/* HEARTBEAT, LEAVE, BARRIER, STATS, CHECKPOINT, SHUTDOWN, ROLLBACK. */
 void ps_srv_op_simple(ps_server *s, zmq_msg_t *ident, const Zps__Header *h, uint64_t t0);
 
 #endif

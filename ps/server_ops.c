@@ -15,6 +15,8 @@
  *     the trainer's next request travels while the server applies this one. Nothing can
  *     observe the difference: the server handles one request at a time, so whatever comes
  *     after the push sees it applied.
+ *   - sync: a PUSH / PULL / PUSHPULL with a step whose rollback token is not the server's is
+ *     refused before anything changes: it belongs to a timeline the fleet abandoned.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -131,7 +133,7 @@ void ps_srv_op_init(ps_server *s, zmq_msg_t *ident, const Zps__Header *h, int nf
             h->trainer_id, s->n_local, s->local_total, ps_optim_kind_name(s->opt.kind));
     s->last_ckpt_version = 0;
     if (s->cfg.checkpoint_dir[0])
-        ps_srv_write_checkpoint(s);
+        ps_srv_write_checkpoint(s, 1); // version 0 everywhere: a cut
     ps_srv_reply r = {op, h->request_id, ZPS_OK, "initialised", 0, 0, 1};
     ps_srv_send(s, ident, &r, NULL, 0);
 }
@@ -166,6 +168,14 @@ static int s_check_ranged(ps_server *s, zmq_msg_t *ident, const Zps__Header *h, 
     zps_status st = ps_srv_check_trainer(s, h, why, sizeof why);
     if (st == ZPS_OK)
         st = ps_srv_check_ranges(s, h, nframes, has_data, why, sizeof why);
+    if (st == ZPS_OK && s->mode == PS_MODE_SYNC && h->step >= 0 && h->rollback_token != s->rb_token) {
+        /* sent before the trainer knew of the fleet's last rollback: its step belongs to an
+         * abandoned timeline (ahead of the restored version) */
+        st = ZPS_ERR_STALE;
+        snprintf(why, sizeof why, "step %" PRId64 " is ahead of the fleet, which rolled back to "
+                 "version %" PRIu64 " (rollback %016" PRIx64 "): roll back and redo", h->step,
+                 s->rb_version, s->rb_token);
+    }
     if (st != ZPS_OK) {
         ps_srv_reject(s, ident, h->op, h->request_id, st, why);
         return 0;
@@ -302,7 +312,7 @@ static void s_op_stats(ps_server *s, zmq_msg_t *ident, const Zps__Header *h)
 
 static void s_op_checkpoint(ps_server *s, zmq_msg_t *ident, const Zps__Header *h)
 {
-    zps_status st = s->cfg.checkpoint_dir[0] ? ps_srv_write_checkpoint(s) : ZPS_ERR_UNSUPPORTED;
+    zps_status st = s->cfg.checkpoint_dir[0] ? ps_srv_write_checkpoint(s, 0) : ZPS_ERR_UNSUPPORTED;
     ps_srv_reply r = {h->op, h->request_id, st,
                       st == ZPS_OK ? "checkpoint written"
                       : st == ZPS_ERR_UNSUPPORTED ? "no --checkpoint-dir"
@@ -313,7 +323,7 @@ static void s_op_checkpoint(ps_server *s, zmq_msg_t *ident, const Zps__Header *h
 
 static void s_op_shutdown(ps_server *s, zmq_msg_t *ident, const Zps__Header *h)
 {
-    zps_status st = ps_srv_write_checkpoint(s);
+    zps_status st = ps_srv_write_checkpoint(s, 1); // the job ends: every server at its end
     ps_srv_reply r = {h->op, h->request_id, st,
                       st == ZPS_OK ? "shutting down" : "shutting down; checkpoint failed",
                       ps_srv_min_version(s), 0, 0};
@@ -322,10 +332,45 @@ static void s_op_shutdown(ps_server *s, zmq_msg_t *ident, const Zps__Header *h)
     s->stop = 1;
 }
 
+/* ROLLBACK (sync): go back to the checkpoint of version `step`, once per rollback token;
+ * a repeat of the token we hold already is answered OK and changes nothing, an older token
+ * (a rollback overtaken by a newer one) is refused. */
+static void s_op_rollback(ps_server *s, zmq_msg_t *ident, const Zps__Header *h)
+{
+    char why[512] = "";
+    zps_status st = ZPS_OK;
+    uint64_t v = (uint64_t)h->step;
+    if (s->mode != PS_MODE_SYNC || !h->rollback_token || h->step < 0) {
+        st = ZPS_ERR_INVALID;
+        snprintf(why, sizeof why, "ROLLBACK needs sync mode, a rollback token and a version");
+    } else if (h->rollback_token < s->rb_token) {
+        st = ZPS_ERR_STALE;
+        snprintf(why, sizeof why, "a newer rollback (to version %" PRIu64 ") happened already",
+                 s->rb_version);
+    } else if (h->rollback_token > s->rb_token) {
+        st = ps_srv_rollback(s, v, why, sizeof why);
+        if (st == ZPS_OK) {
+            s->rb_token = h->rollback_token;
+            s->rb_version = v;
+            ps_srv_sync_reset(s);
+            zps_log(ZPS_WARN, "ps", "rolled back to version %" PRIu64 " (rollback %016" PRIx64
+                    ", asked by trainer %u)", v, s->rb_token, h->trainer_id);
+        }
+    }
+    if (st != ZPS_OK) {
+        ps_srv_reject(s, ident, h->op, h->request_id, st, why);
+        return;
+    }
+    ps_srv_reply r = {h->op, h->request_id, ZPS_OK, "", ps_srv_min_version(s), 0, 0};
+    ps_srv_send(s, ident, &r, NULL, 0);
+    ps_srv_check_pending(s);
+}
+
 void ps_srv_op_simple(ps_server *s, zmq_msg_t *ident, const Zps__Header *h, uint64_t t0)
 {
     int op = h->op;
-    if (op == ZPS__OP__OP_HEARTBEAT || op == ZPS__OP__OP_LEAVE || op == ZPS__OP__OP_BARRIER) {
+    if (op == ZPS__OP__OP_HEARTBEAT || op == ZPS__OP__OP_LEAVE || op == ZPS__OP__OP_BARRIER ||
+        op == ZPS__OP__OP_ROLLBACK) {
         char why[512];
         zps_status st = ps_srv_check_trainer(s, h, why, sizeof why);
         if (st != ZPS_OK) {
@@ -358,6 +403,9 @@ void ps_srv_op_simple(ps_server *s, zmq_msg_t *ident, const Zps__Header *h, uint
         break;
     case ZPS__OP__OP_SHUTDOWN:
         s_op_shutdown(s, ident, h);
+        break;
+    case ZPS__OP__OP_ROLLBACK:
+        s_op_rollback(s, ident, h);
         break;
     }
     ps_srv_latency(s, op, t0);

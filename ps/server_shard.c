@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/check.h"
 #include "common/clock.h"
@@ -264,7 +265,19 @@ static void s_ckpt_fill(ps_server *s, ps_ckpt *c, float **slots)
     zps__optimizer_config__pack(&om, c->opt);
 }
 
-zps_status ps_srv_write_checkpoint(ps_server *s)
+/* sync: versioned checkpoints kept (the newest first); a rollback can go back this far. */
+#define S_KEEP_VERSIONS 3
+
+static uint64_t s_max_version(const ps_server *s)
+{
+    uint64_t m = 0;
+    for (uint32_t i = 0; i < s->n_local; i++)
+        if (s->chunks[i].version > m)
+            m = s->chunks[i].version;
+    return m;
+}
+
+zps_status ps_srv_write_checkpoint(ps_server *s, int cut)
 {
     if (!s->cfg.checkpoint_dir[0] || !s->initialised)
         return ZPS_OK;
@@ -277,6 +290,9 @@ zps_status ps_srv_write_checkpoint(ps_server *s)
     free(c.opt);
     zps_aligned_free(slots);
     uint64_t v = ps_srv_min_version(s);
+    if (st == ZPS_OK && cut && s->cfg.checkpoint_every_versions && s->mode == PS_MODE_SYNC &&
+        s_max_version(s) == v)
+        st = ps_ckpt_keep_version(s->cfg.checkpoint_dir, s->cfg.index, v, S_KEEP_VERSIONS);
     if (st == ZPS_OK) {
         s->st.checkpoints++;
         s->last_ckpt_version = v;
@@ -290,13 +306,19 @@ zps_status ps_srv_write_checkpoint(ps_server *s)
     return st;
 }
 
-zps_status ps_server_checkpoint(ps_server *s) { return ps_srv_write_checkpoint(s); }
+zps_status ps_server_checkpoint(ps_server *s) { return ps_srv_write_checkpoint(s, 0); }
 
 void ps_srv_maybe_checkpoint(ps_server *s)
 {
-    if (s->cfg.checkpoint_every_versions &&
-        ps_srv_min_version(s) >= s->last_ckpt_version + s->cfg.checkpoint_every_versions)
-        ps_srv_write_checkpoint(s);
+    uint64_t k = s->cfg.checkpoint_every_versions, v = ps_srv_min_version(s);
+    if (!k)
+        return;
+    /* sync: every server writes at the multiples of K, the moment its last chunk reaches
+     * one; no chunk can be further (that needs every trainer to have pulled the whole
+     * model at that version), so the files of one version form a consistent cut. */
+    if (s->mode == PS_MODE_SYNC ? v % k == 0 && v > s->last_ckpt_version
+                                : v >= s->last_ckpt_version + k)
+        ps_srv_write_checkpoint(s, 1);
 }
 
 /* The checkpoint's optimizer record into *oc, and its server index: ZPS_ERR_CORRUPT (logged)
@@ -342,8 +364,10 @@ static void s_restore_shard(ps_server *s, const ps_ckpt *c)
     memcpy(s->values, c->values, c->local_total * 4);
     for (uint32_t i = 0; i < c->n_slots; i++)
         memcpy(s->slots[i], c->slots + (size_t)i * c->local_total, c->local_total * 4);
-    for (uint32_t i = 0; i < c->n_local; i++)
+    for (uint32_t i = 0; i < c->n_local; i++) {
         s->chunks[i].version = c->chunks[i].version;
+        s->st.updates_restored += c->chunks[i].version;
+    }
     s->initialised = 1;
     s->last_ckpt_version = ps_srv_min_version(s);
 }
@@ -351,7 +375,12 @@ static void s_restore_shard(ps_server *s, const ps_ckpt *c)
 zps_status ps_srv_restore(ps_server *s)
 {
     char path[1100], why[256];
-    ps_ckpt_path(s->cfg.checkpoint_dir, s->cfg.index, path, sizeof path);
+    uint64_t newest;
+    /* sync recovery needs a version every server has: the newest versioned file wins */
+    if (ps_ckpt_newest_version(s->cfg.checkpoint_dir, s->cfg.index, &newest) == ZPS_OK)
+        ps_ckpt_version_path(s->cfg.checkpoint_dir, s->cfg.index, newest, path, sizeof path);
+    else
+        ps_ckpt_path(s->cfg.checkpoint_dir, s->cfg.index, path, sizeof path);
     ps_ckpt c;
     zps_status st = ps_ckpt_read(path, &c, why, sizeof why);
     if (st == ZPS_ERR_NOT_FOUND) {
@@ -374,8 +403,68 @@ zps_status ps_srv_restore(ps_server *s)
     s_restore_shard(s, &c);
     ps_ckpt_free(&c);
     ps_srv_trainers_ensure(s);
+    /* A sync fleet must come back to this version with us (docs/ps.md "Recovery"). */
+    s->rb_token = ps_srv_rollback_token(s);
+    s->rb_version = ps_srv_min_version(s);
     zps_log(ZPS_INFO, "ps", "restored %s: %u chunks, %" PRIu64 " values, version %" PRIu64
             ", plan %016" PRIx64, path, s->n_local, s->local_total, ps_srv_min_version(s),
             s->plan_hash);
+    return ZPS_OK;
+}
+
+/* The checkpoint c has the shard's plan and chunk table (a rollback may not change them). */
+static int s_same_table(const ps_server *s, const ps_ckpt *c)
+{
+    if (c->plan_hash != s->plan_hash || c->n_local != s->n_local ||
+        c->n_slots != (uint32_t)s->n_slots || c->local_total != s->local_total)
+        return 0;
+    for (uint32_t i = 0; i < c->n_local; i++)
+        if (c->chunks[i].key != s->chunks[i].key || c->chunks[i].count != s->chunks[i].count)
+            return 0;
+    return 1;
+}
+
+uint64_t ps_srv_rollback_token(const ps_server *s)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts); // comparable across hosts, unlike the monotonic clock
+    uint64_t ms = (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+    return ms << 16 | (s->incarnation & 0xffff);
+}
+
+zps_status ps_srv_rollback(ps_server *s, uint64_t v, char *why, size_t why_len)
+{
+    char path[1100], cwhy[256];
+    ps_ckpt_version_path(s->cfg.checkpoint_dir, s->cfg.index, v, path, sizeof path);
+    ps_ckpt c;
+    zps_status st = s->cfg.checkpoint_dir[0] ? ps_ckpt_read(path, &c, cwhy, sizeof cwhy)
+                                             : ZPS_ERR_NOT_FOUND;
+    if (st != ZPS_OK) {
+        snprintf(why, why_len, "cannot roll back to version %" PRIu64 ": %s", v,
+                 st == ZPS_ERR_NOT_FOUND ? "no checkpoint of that version (needs --checkpoint-dir "
+                                           "and --checkpoint-every-versions K dividing it)"
+                                         : cwhy);
+        return st;
+    }
+    if (!s->initialised || !s_same_table(s, &c)) {
+        snprintf(why, why_len, "cannot roll back to version %" PRIu64 ": %s holds another plan "
+                 "or chunk table", v, path);
+        ps_ckpt_free(&c);
+        return ZPS_ERR_CORRUPT;
+    }
+    for (uint32_t i = 0; i < s->n_local; i++) {
+        ps_srv_chunk *ch = &s->chunks[i];
+        ps_srv_wait_readers(s, i);
+        memcpy(s->values + ch->off, c.values + ch->off, ch->count * 4);
+        for (uint32_t k = 0; k < c.n_slots; k++)
+            memcpy(s->slots[k] + ch->off, c.slots + (size_t)k * c.local_total + ch->off, ch->count * 4);
+        if (ch->version > c.chunks[i].version)
+            s->st.updates_undone += ch->version - c.chunks[i].version;
+        ch->version = c.chunks[i].version;
+    }
+    s->st.rollbacks++;
+    ps_ckpt_free(&c);
+    ps_ckpt_drop_after(s->cfg.checkpoint_dir, s->cfg.index, v);
+    s->last_ckpt_version = v;
     return ZPS_OK;
 }

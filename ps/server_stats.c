@@ -73,6 +73,9 @@ static size_t s_json_counters(ps_server *s, char *b, size_t cap, size_t n)
         s->st.stale_dropped, s->st.checkpoints, s->st.trainers_dropped, s->st.trainers_rejoined,
         s->st.trainers_left,
         s->n_pending, s->st.reader_waits, s->st.values_cow);
+    S_J(",\"rollbacks\":%" PRIu64 ",\"updates_undone\":%" PRIu64 ",\"updates_restored\":%" PRIu64
+        ",\"rollback_version\":%" PRIu64, s->st.rollbacks, s->st.updates_undone,
+        s->st.updates_restored, s->rb_version);
     ps_curve_counts cc = {0, 0, 0};
     if (s->zap)
         ps_curve_zap_counts(s->zap, &cc);

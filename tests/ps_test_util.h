@@ -23,6 +23,9 @@ int pst_spawn(pst_server *s, const char *bind, const char *const *args);
 int pst_start(pst_server *s, const char *prog, const char *log, const char *const *args);
 /* Echoes a process's log file to stderr (after a failure). */
 void pst_dump(const char *log);
+/* Starts $ZPS_BIN/<prog> with args (NULL-terminated), stdout and stderr into log; the
+ * child dies with the test. Does not wait: pst_wait / pst_kill reap it. */
+void pst_spawn_prog(pst_server *p, const char *prog, const char *log, const char *const *args);
 /* Sends sig and reaps the process (<= 10 s, then SIGKILL). Returns the wait status. */
 int pst_kill(pst_server *s, int sig);
 /* Waits up to timeout_s for the process to exit by itself; returns the wait status or -1. */

@@ -519,3 +519,43 @@ Test(ds_pipeline, bad_options_are_refused)
     o.path = "/nonexistent/zps";
     cr_assert_eq(ds_pipeline_new(&o, &p), ZPS_ERR_NOT_FOUND);
 }
+
+/* Seeking back to batch b hands out the same batches as the first time from b on (a trainer
+ * redoing steps after a sync rollback), across an epoch boundary, for any thread count. */
+Test(ds_pipeline, seek_replays_the_same_batches)
+{
+    uint64_t seed = zt_seed_init();
+    s_write("det", 2, 60, seed, true);
+    ds_pipeline_opts o;
+    s_opts(&o, 8);
+    o.augment = true;
+    o.seed = seed;
+    const int B = 8, N = 20; /* 7 batches per epoch: the replay crosses epochs */
+    size_t per = (size_t)B * SIDE * SIDE;
+    float *first = malloc(sizeof(float) * per * N), *img = malloc(sizeof(float) * per);
+    int32_t lab[8];
+    const int threads[] = {0, 2};
+    for (int t = 0; t < 2; t++) {
+        o.threads = threads[t];
+        o.prefetch = 3;
+        ds_pipeline *p;
+        cr_assert_eq(ds_pipeline_new(&o, &p), ZPS_OK);
+        for (int b = 0; b < N; b++)
+            cr_assert_eq(ds_pipeline_next(p, first + (size_t)b * per, lab, NULL), ZPS_OK);
+        const int back[] = {5, 13, 0};
+        for (int k = 0; k < 3; k++) {
+            ds_pipeline_seek(p, back[k]);
+            for (int b = back[k]; b < back[k] + 4; b++) {
+                ds_batch_info info;
+                cr_assert_eq(ds_pipeline_next(p, img, lab, &info), ZPS_OK);
+                cr_assert_eq(info.epoch * 7 + info.index, b);
+                cr_assert_eq(memcmp(img, first + (size_t)b * per, per * sizeof(float)), 0,
+                             "batch %d differs after a seek to %d (%d threads, seed %llu)", b,
+                             back[k], threads[t], (unsigned long long)seed);
+            }
+        }
+        ds_pipeline_destroy(&p);
+    }
+    free(first);
+    free(img);
+}

@@ -106,3 +106,43 @@ Test(ps_ckpt, round_trip_and_corruption)
     free(c.opt);
     pst_rmdir(dir);
 }
+
+/* Versioned files (sync recovery): each is the checkpoint of its version, the `keep`
+ * newest stay, the newest is found by number (not by name order), and drop_after removes
+ * the versions of an abandoned timeline. */
+Test(ps_ckpt, versioned_files_keep_the_newest)
+{
+    uint64_t r = pst_seed(), v;
+    char dir[256], path[512], why[256];
+    pst_tmpdir(dir, sizeof dir);
+    ps_ckpt c, d;
+    s_make(&c, &r);
+    cr_assert_eq(ps_ckpt_newest_version(dir, 1, &v), ZPS_ERR_NOT_FOUND);
+    const uint64_t vs[] = {0, 5, 10, 95, 100};
+    for (int k = 0; k < 5; k++) {
+        c.chunks[0].version = vs[k];
+        cr_assert_eq(ps_ckpt_write(dir, 1, &c), ZPS_OK);
+        cr_assert_eq(ps_ckpt_keep_version(dir, 1, vs[k], 3), ZPS_OK);
+    }
+    cr_assert_eq(ps_ckpt_newest_version(dir, 1, &v), ZPS_OK);
+    cr_assert_eq(v, 100);
+    cr_assert_eq(ps_ckpt_newest_version(dir, 0, &v), ZPS_ERR_NOT_FOUND, "server 0 has none");
+    for (int k = 0; k < 5; k++) {
+        ps_ckpt_version_path(dir, 1, vs[k], path, sizeof path);
+        zps_status st = ps_ckpt_read(path, &d, why, sizeof why);
+        cr_assert_eq(st, k < 2 ? ZPS_ERR_NOT_FOUND : ZPS_OK, "version %llu: %s",
+                     (unsigned long long)vs[k], why);
+        if (st == ZPS_OK) {
+            cr_assert_eq(d.chunks[0].version, vs[k]);
+            ps_ckpt_free(&d);
+        }
+    }
+    ps_ckpt_drop_after(dir, 1, 10);
+    cr_assert_eq(ps_ckpt_newest_version(dir, 1, &v), ZPS_OK);
+    cr_assert_eq(v, 10);
+    free(c.chunks);
+    zps_aligned_free(c.values);
+    zps_aligned_free(c.slots);
+    free(c.opt);
+    pst_rmdir(dir);
+}

@@ -281,6 +281,11 @@ static const m_case s_cases[] = {
     /* trainer 0's client is live: a second process with its id is refused, named */
     {"REGISTER of a second live incarnation", ZPS_ERR_EXISTS, .op = ZPS__OP__OP_REGISTER,
      .inc = I_OTHER, .msg_has = "this REGISTER comes from host other-host pid 4242"},
+    /* ROLLBACK: sync only, with a token; async here */
+    {"rollback outside sync mode", ZPS_ERR_INVALID, .op = ZPS__OP__OP_ROLLBACK},
+    {"rollback from an unregistered trainer", ZPS_ERR_TRAINER, .op = ZPS__OP__OP_ROLLBACK,
+     .trainer = 1},
+    {"rollback with a payload frame", ZPS_ERR_FRAMES, .op = ZPS__OP__OP_ROLLBACK, GOOD1},
 };
 
 #undef B

@@ -70,12 +70,13 @@ static void s_pull_expect(ps_client *c, float *v, int64_t min_version, uint64_t 
 }
 
 /* --restore must refuse to start (exit 1) from the checkpoint in dir with a flipped byte,
- * then with that byte restored and the file truncated. */
+ * then with that byte restored and the file truncated. In sync mode --restore loads the
+ * newest versioned checkpoint (docs/ps.md "Recovery"), here the one of version STEPS. */
 static void s_expect_corrupt_refused(const char *dir, const char *uri, const char *const *rargs)
 {
     pst_server srv;
     char path[512];
-    snprintf(path, sizeof path, "%s/server-0.ckpt", dir);
+    snprintf(path, sizeof path, "%s/server-0.v%d.ckpt", dir, STEPS);
     struct stat sb;
     cr_assert_eq(stat(path, &sb), 0);
     int fd = open(path, O_RDWR);
@@ -132,14 +133,21 @@ Test(it_ps_restore, kill9_restore_resumes_from_checkpoint, .timeout = 60)
     cr_assert_eq(pst_spawn(&srv, uri, rargs), 0, "restart with --restore failed");
     cr_assert_str_eq(srv.uri, uri);
 
-    /* The client's step-5 push reaches a server at version 4: refused, with the version. */
+    /* The client's step-5 push reaches a server restored at version 4: refused, and the
+     * client learns that the fleet rolls back to 4 (sync recovery, docs/ps.md). */
     ps_ticket tk;
     uint64_t ver;
     cr_assert_eq(ps_client_push(c, 0, NV, g[5], 5, &tk), ZPS_OK);
     zps_status st = ps_client_wait_version(c, tk, &ver);
     cr_assert_eq(st, ZPS_ERR_STALE, "got %s: %s", zps_status_name(st), ps_client_last_error(c));
     cr_assert_eq(ver, 4);
-    cr_assert(strstr(ps_client_last_error(c), "ahead"), "%s", ps_client_last_error(c));
+    cr_assert(strstr(ps_client_last_error(c), "rolls back to version 4"), "%s",
+              ps_client_last_error(c));
+    cr_assert(ps_client_rollback_pending(c, &ver));
+    cr_assert_eq(ver, 4);
+    cr_assert_eq(ps_client_rollback(c, &ver), ZPS_OK, "%s", ps_client_last_error(c));
+    cr_assert_eq(ver, 4);
+    cr_assert(!ps_client_rollback_pending(c, NULL));
     s_pull_expect(c, v, -1, 4, ref[4], n, seed, "restored values differ from version 4");
     s_push_steps(c, g, 4, STEPS);
     s_pull_expect(c, v, STEPS, STEPS, ref[STEPS], n, seed,

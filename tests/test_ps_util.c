@@ -194,3 +194,9 @@ void pst_rmdir(const char *dir)
     closedir(d);
     rmdir(dir);
 }
+
+void pst_spawn_prog(pst_server *p, const char *prog, const char *log, const char *const *args)
+{
+    cr_assert_not_null(getenv("ZPS_BIN"), "ZPS_BIN unset: run through make test");
+    cr_assert_eq(pst_start(p, prog, log, args), 0, "cannot start %s", prog);
+}

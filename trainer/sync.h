@@ -95,6 +95,11 @@ struct tr_sync {
     /* Frees everything; no network traffic. */
     void (*destroy)(tr_sync *s);
     double net_wait;          // seconds blocked on the network or the peers this step
+    /* Sync recovery (PS sync mode, docs/ps.md "Recovery"): when params_ready or end_step
+     * fails with redo_from >= 0, the servers rolled back to an older version and the
+     * values of that version are in params; the loop goes back to step redo_from (its
+     * input too) and runs on. -1 otherwise; begin_step resets it. */
+    int64_t redo_from;
 };
 
 /* The back-ends. Each logs what failed; *out is the caller's (tr_sync_destroy). */

@@ -59,7 +59,8 @@ void tr_sync_local_init(tr_sync_local *l, const tr_sync_env *env)
                          .n = env->nparams};
     l->base = (tr_sync){.begin_step = s_begin_step, .params_ready = s_nothing,
                         .grads_ready = s_grads_ready, .end_step = s_end_step,
-                        .finish = s_finish, .leave = s_nothing, .destroy = s_destroy};
+                        .finish = s_finish, .leave = s_nothing, .destroy = s_destroy,
+                        .redo_from = -1};
     int ns = ps_optim_slots(l->opt->kind);
     for (int s = 0; s < ns; s++) {
         l->slots[s] = zps_xaligned(64, l->n * sizeof(float));

@@ -68,6 +68,8 @@ typedef struct s_ps {
     const volatile sig_atomic_t *stop; // the trainer's stop flag (env)
     int joined;               // REGISTER succeeded: the servers expect this trainer
     int left;                 // LEAVE answered, or abandon() tried it
+    uint64_t *step_version;   // (cap_steps) sync: the version step k computed with
+    int64_t cap_steps;
 } s_ps;
 
 /* Logs a failed request; one interrupted by the trainer's stop flag is not a failure. */
@@ -84,6 +86,60 @@ static zps_status s_wait(s_ps *p, ps_ticket t, uint64_t *version)
     zps_status st = ps_client_wait_version(p->client, t, version);
     p->base.net_wait += (double)(zps_now_ns() - t0) * 1e-9;
     return st;
+}
+
+/* ---- recovery (sync: docs/ps.md "Recovery") ---- */
+
+/* The first step that computed with version v or later (the steps to redo start there); the
+ * step after the current one when none did yet. */
+static int64_t s_redo_step(const s_ps *p, uint64_t v)
+{
+    for (int64_t k = 0; k <= p->step && k < p->cap_steps; k++)
+        if (p->step_version[k] >= v)
+            return k;
+    return p->step + 1;
+}
+
+/* After a failed wait: when the fleet rolled back, rolls this trainer back too (the servers,
+ * then the values of that version into params) and returns ZPS_ERR_STALE with redo_from
+ * set, so the loop redoes the steps after it. Otherwise st, unchanged. */
+static zps_status s_recover(s_ps *p, zps_status st)
+{
+    uint64_t v;
+    if (!ps_client_rollback_pending(p->client, &v))
+        return st;
+    zps_status rs = ps_client_rollback(p->client, &v);
+    ps_ticket t;
+    if (rs == ZPS_OK)
+        rs = ps_client_pull(p->client, 0, (int)p->nvars, p->params, (int64_t)v, &t);
+    if (rs == ZPS_OK)
+        rs = ps_client_wait_version(p->client, t, &p->version);
+    if (rs != ZPS_OK) {
+        zps_log(ZPS_ERROR, "trainer", "rollback to version %llu failed: %s: %s",
+                (unsigned long long)v, zps_strerror(rs), ps_client_last_error(p->client));
+        return rs;
+    }
+    p->used_version = p->version;
+    p->pulls_pending = 0;
+    p->n_push = 0;
+    p->push_err = ZPS_OK;
+    p->base.redo_from = s_redo_step(p, v);
+    zps_log(ZPS_WARN, "trainer", "the servers rolled back to version %llu: redoing from step %lld",
+            (unsigned long long)v, (long long)p->base.redo_from + 1);
+    return ZPS_ERR_STALE;
+}
+
+/* Notes the version step p->step computes with (sync: where a redo starts). */
+static void s_note_step_version(s_ps *p)
+{
+    if (p->step >= p->cap_steps) {
+        int64_t cap = p->cap_steps ? 2 * p->cap_steps : 1024;
+        while (cap <= p->step)
+            cap *= 2;
+        p->step_version = zps_xrealloc(p->step_version, (size_t)cap * sizeof *p->step_version);
+        p->cap_steps = cap;
+    }
+    p->step_version[p->step] = p->used_version;
 }
 
 /* ---- pulls ---- */
@@ -136,13 +192,16 @@ static zps_status s_params_ready(tr_sync *s)
             s_wait_pull(p, k);
         p->pulls_pending = 0;
         if (p->pull_err != ZPS_OK) {
-            s_log_fail(p, "PULL", p->pull_err);
-            return p->pull_err;
+            zps_status st = s_recover(p, p->pull_err);
+            if (p->base.redo_from < 0)
+                s_log_fail(p, "PULL", p->pull_err);
+            return st;
         }
         p->version = p->pull_vmin;
     }
     p->used_version = p->version;
     p->push_step = p->cfg->mode == TR_MODE_SSP ? p->step : (int64_t)p->version;
+    s_note_step_version(p);
     return ZPS_OK;
 }
 
@@ -168,6 +227,7 @@ static zps_status s_begin_step(tr_sync *s, int64_t step, int *stop)
     /* this step's values arrive during the first forward; until then, the last known */
     p->used_version = p->version;
     s->net_wait = 0;
+    s->redo_from = -1;
     return ZPS_OK;
 }
 
@@ -223,7 +283,7 @@ static zps_status s_end_step(tr_sync *s, tr_step_record *rec)
     s_ps *p = (s_ps *)s;
     const tr_config *c = p->cfg;
     if (p->push_err != ZPS_OK)
-        return p->push_err;
+        return s_recover(p, p->push_err);
     if (!p->groups_known)
         s_groups_known(p);
     /* The values for the next step: sync waits (server side) for version + 1. */
@@ -233,7 +293,11 @@ static zps_status s_end_step(tr_sync *s, tr_step_record *rec)
     ZPS_TRY(s_issue_pulls(p, pull_step));
     int stale;
     uint64_t newest;
-    ZPS_TRY(s_wait_pushes(p, &stale, &newest));
+    zps_status st = s_wait_pushes(p, &stale, &newest);
+    if (st == ZPS_OK && ps_client_rollback_pending(p->client, NULL))
+        st = ZPS_ERR_STALE; // the pushes landed in a timeline the fleet abandoned
+    if (st != ZPS_OK)
+        return s_recover(p, st);
     if (stale)
         zps_log(ZPS_DEBUG, "trainer", "step %lld: push was stale (server at %llu)",
                 (long long)p->step + 1, (unsigned long long)newest);
@@ -308,6 +372,7 @@ static void s_destroy(tr_sync *s)
     free(p->groups);
     free(p->var_pull);
     free(p->pull_done);
+    free(p->step_version);
     free(p);
 }
 
@@ -424,7 +489,7 @@ zps_status tr_sync_ps_new(const tr_sync_env *env, tr_sync **out)
     p->base = (tr_sync){.begin_step = s_begin_step, .params_ready = s_params_ready,
                         .grads_ready = s_grads_ready, .end_step = s_end_step,
                         .finish = s_finish, .leave = s_leave, .abandon = s_abandon,
-                        .destroy = s_destroy};
+                        .destroy = s_destroy, .redo_from = -1};
     p->cfg = env->cfg;
     p->stop = env->stop;
     p->model = env->model;

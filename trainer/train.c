@@ -523,8 +523,15 @@ static zps_status s_train(s_job *j)
         if (stop)
             break;
         tr_step_record rec = tr_step_record_empty(j->step + 1);
-        ZPS_TRY(s_forward_backward(j, &rec));
-        ZPS_TRY(j->sync->end_step(j->sync, &rec));
+        zps_status st = s_forward_backward(j, &rec);
+        if (st == ZPS_OK)
+            st = j->sync->end_step(j->sync, &rec);
+        if (st != ZPS_OK && j->sync->redo_from >= 0) { /* sync rollback: redo, same input */
+            ds_pipeline_seek(j->train, j->sync->redo_from * c->accumulate);
+            j->step = j->sync->redo_from - 1;
+            continue;
+        }
+        ZPS_TRY(st);
         ZPS_TRY(s_maybe_evaluate(j, &rec));
         ZPS_TRY(tr_metrics_step(j->metrics, &rec));
         if (c->stop_accuracy > 0 && j->last_acc >= c->stop_accuracy && !j->reached) {
