@@ -246,6 +246,10 @@ static void *s_zps_client(void *arg)
         snprintf(r->err, sizeof r->err, "%s: %s", zps_status_name(z.st),
                  z.c ? ps_client_last_error(z.c) : "");
     }
+    /* the next repetition's client is a new process-like incarnation of the same trainer
+     * id: LEAVE frees the id (docs/ps.md "Trainer identity"), outside the timed loop */
+    if (z.c && z.st == ZPS_OK && ps_client_leave(z.c) != ZPS_OK)
+        fprintf(stderr, "pushpull: LEAVE failed: %s\n", ps_client_last_error(z.c));
     ps_client_destroy(&z.c);
     zps_aligned_free(z.grad);
     zps_aligned_free(z.val);
