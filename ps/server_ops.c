@@ -73,7 +73,8 @@ static void s_adopt_incarnation(ps_server *s, const Zps__Header *h)
     } else if (tr->inc.nonce != in->nonce) {
         double silent;
         ps_srv_incarnation_live(s, t, &silent);
-        zps_log(ZPS_WARN, "ps", "trainer %u: host %s pid %u (incarnation %016" PRIx64 ") replaces "
+        /* taking over from one that LEFT is the normal restart; from a silent one, news */
+        zps_log(tr->left ? ZPS_INFO : ZPS_WARN, "ps", "trainer %u: host %s pid %u (incarnation %016" PRIx64 ") replaces "
                 "host %s pid %u (incarnation %016" PRIx64 "), which %s %.1f s ago",
                 t, in->host, in->pid, in->nonce, tr->inc.host, tr->inc.pid, tr->inc.nonce,
                 tr->left ? "left; last heard from" : "was last heard from", silent);
