@@ -31,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -71,6 +72,7 @@ typedef struct {
     char *stats[S_MAXP];      // STATS JSON per server, read in --before-stop
     double fault_ms;          // wall-clock ms of the fault (0: none)
     int victim_role, victim;  // what the fault hit
+    int trainer_deaths;       // trainer deaths the launcher handled (its summary's events)
 } s_fleet;
 
 static int s_long(void)
@@ -216,6 +218,8 @@ static pid_t s_launch(s_fleet *f, const s_mode *m, int timeout_s)
     cr_assert_neq(pid, -1);
     if (pid == 0) {
         setpgid(0, 0);
+        /* a test that dies (timeout, crash) still stops its fleet: the launcher handles this */
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
         int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         if (fd < 0)
             _exit(126);
@@ -435,6 +439,18 @@ static void s_run_fleet(s_fleet *f, const s_mode *m, s_plan_fault *pf, int limit
     }
     s_parse_pids(f);
     f->code = WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
+    char path[450];
+    snprintf(path, sizeof path, "%s/summary.json", f->run);
+    char *sum = s_slurp(path);
+    f->trainer_deaths = 0;
+    for (const char *p = sum; p && (p = strstr(p, "\"action\":")); p++) {
+        const char *role = p;
+        static const char key[] = "\"role\": ", trainer[] = "\"role\": \"trainer\"";
+        while (role > sum && strncmp(role, key, strlen(key)))
+            role--;
+        f->trainer_deaths += !strncmp(role, trainer, strlen(trainer));
+    }
+    free(sum);
 }
 
 /* ---------------------------------------------------------------- checks */
@@ -512,33 +528,33 @@ static void s_check_stats(const s_fleet *f, const s_mode *m, uint64_t seed)
         fprintf(stderr, "soak: %s server %d: version %lld (from %lld), updates %lld, chunks %lld, "
                 "values %lld, bytes_in %lld, stale %lld\n", m->name, i, v, v0, up, ch, vals, in,
                 s_num(js, "stale_dropped"));
-        /* a restarted server: a step's push may have been cut by the kill, part of it
-         * applied by the dead process and part by the new one, so its chunks may start and
-         * end one version apart (min versions here); elsewhere every chunk moves together */
-        long long slack = v0 ? ch : 0;
+        /* a kill can cut a step's push in two (async and ssp apply each piece): a restored
+         * server's chunks may start one version apart, and each dead trainer may leave some
+         * chunks one version ahead ("version" is the smallest); otherwise they move together */
+        int deaths = f->trainer_deaths;
+        long long slack = ch * ((v0 ? 1 : 0) + deaths);
         cr_assert(up >= ch * (v - v0) - slack && up <= ch * (v - v0) + slack,
                   "%s server %d: %lld updates for %lld chunks from version %lld to %lld: a step "
                   "applied twice or lost (seed %llu)", m->name, i, up, ch, v0, v,
                   (unsigned long long)seed);
         /* versions need R gradients in sync, but min(R, live): once the others finished, a
          * restarted trainer's extra steps go alone */
-        int r = sync && f->victim_role != 1 ? (backup ? 2 : m->trainers) : 1;
-        long long need = 4 * vals * (v - v0) * r;
+        int r = sync && !deaths ? (backup ? 2 : m->trainers) : 1;
+        long long whole = v - v0 - (v0 ? 1 : 0) - deaths; /* versions surely complete here */
+        long long need = 4 * vals * (whole > 0 ? whole : 0) * r;
         cr_assert_geq(in, need, "%s server %d: %lld bytes in, %lld needed for %lld versions "
                       "(seed %llu)", m->name, i, in, need, v - v0, (unsigned long long)seed);
-        if (sync && !backup && f->victim_role != 1)
+        /* a restarted trainer runs its own --steps again: the job goes past its target */
+        if (sync && !backup && !deaths)
             cr_assert_eq(v, f->steps, "%s server %d at version %lld, the job ran %d steps "
                          "(seed %llu)", m->name, i, v, f->steps, (unsigned long long)seed);
         else if (sync)
             cr_assert_geq(v, f->steps, "%s server %d at version %lld (seed %llu)", m->name, i,
                           v, (unsigned long long)seed);
-        else if (v0 == 0 && f->victim_role != 1) /* async/ssp: one version per trainer step */
-            cr_assert_eq(v, all_pushes, "%s server %d at version %lld, the trainers pushed %lld "
-                         "steps (seed %llu)", m->name, i, v, all_pushes,
-                         (unsigned long long)seed);
-        else if (v0 == 0) /* the killed trainer's pushes before it died count too */
-            cr_assert(v >= all_pushes && v <= all_pushes + f->steps, "%s server %d at version "
-                      "%lld for %lld steps pushed (seed %llu)", m->name, i, v, all_pushes,
+        else if (v0 == 0) /* async/ssp: one version per trainer step pushed */
+            cr_assert(v >= all_pushes && v <= all_pushes + deaths * f->steps,
+                      "%s server %d at version %lld, the trainers pushed %lld steps and %d "
+                      "died (seed %llu)", m->name, i, v, all_pushes, deaths,
                       (unsigned long long)seed);
     }
 }
@@ -586,9 +602,9 @@ static int s_steps(const s_mode *m)
     return (s_long() ? 4 : 1) * (sync ? 500 : 300);
 }
 
-/* One fleet of mode m with fault kind; checks it; returns the recovery time (ms, -1 when
- * not measured). ref: a fault-free run to compare sync weights with (NULL: none). */
-static double s_one(const char *dir, const s_mode *m, s_fault kind, int round, uint64_t seed,
+/* One fleet of mode m with fault kind; prints the recovery time and checks the run. ref: a
+ * fault-free run to compare sync weights with (NULL: none). */
+static void s_one(const char *dir, const s_mode *m, s_fault kind, int round, uint64_t seed,
                     const s_fleet *ref, s_plan_fault *pf)
 {
     s_fleet f = {0};
@@ -609,14 +625,21 @@ static double s_one(const char *dir, const s_mode *m, s_fault kind, int round, u
                 m->name, round, kind == S_PARTITION ? "partition" : "kill", pf->at_step,
                 f.steps, (unsigned long long)seed);
     s_run_fleet(&f, m, pf, s_long() ? 180 : 90);
-    s_check_run(&f, m, seed);
     double rec = kind == S_NONE ? -1 : s_recovery_ms(&f, m->trainers);
+    if (kind != S_NONE && rec < 0) /* printed before the checks: a failed run's says how */
+        fprintf(stderr, "soak: %s, kill -9 of %s %d: no step after it\n", m->name,
+                pf->role ? "trainer" : "server", pf->index);
+    else if (kind != S_NONE)
+        fprintf(stderr, "soak: %s, kill -9 of %s %d: recovery %.2f s (%s)\n", m->name,
+                pf->role ? "trainer" : "server", pf->index, rec / 1e3,
+                pf->role ? "to its restarted incarnation's first step"
+                         : "the longest stall of a trainer's steps");
+    s_check_run(&f, m, seed);
     if (ref && !strcmp(m->mode, "sync") && m->trainers == 2)
         cr_assert(s_same_weights(&f, ref), "%s: the final weights differ from the fault-free "
                   "run (seed %llu; runs %s and %s)", m->name, (unsigned long long)seed, f.run,
                   ref->run);
     s_fleet_free(&f);
-    return rec;
 }
 
 /* A fault-free run of mode m in dir/reference (sync: the weights a faulty run must equal). */
@@ -646,11 +669,7 @@ static void s_kill_case(int mi, s_fault kind)
     int rounds = s_long() ? 3 : 1;
     for (int r = 0; r < rounds; r++) {
         s_plan_fault pf = {.kind = kind};
-        double rec = s_one(dir, m, kind, r, seed, want_ref ? &ref : NULL, &pf);
-        fprintf(stderr, "soak: %s, kill -9 of %s %d: recovery %.2f s (%s)\n", m->name,
-                pf.role ? "trainer" : "server", pf.index, rec / 1e3,
-                pf.role ? "to its restarted incarnation's first step"
-                        : "the longest stall of a trainer's steps");
+        s_one(dir, m, kind, r, seed, want_ref ? &ref : NULL, &pf);
     }
     s_fleet_free(&ref);
     zt_rmtmp(dir);
