@@ -528,11 +528,13 @@ static void s_check_stats(const s_fleet *f, const s_mode *m, uint64_t seed)
         fprintf(stderr, "soak: %s server %d: version %lld (from %lld), updates %lld, chunks %lld, "
                 "values %lld, bytes_in %lld, stale %lld\n", m->name, i, v, v0, up, ch, vals, in,
                 s_num(js, "stale_dropped"));
-        /* a kill can cut a step's push in two (async and ssp apply each piece): a restored
-         * server's chunks may start one version apart, and each dead trainer may leave some
-         * chunks one version ahead ("version" is the smallest); otherwise they move together */
+        /* a kill can cut a step's push in pieces (async and ssp apply each piece): a restored
+         * server's chunks may start up to one version per trainer apart (each trainer's step
+         * in flight at the checkpoint) and end so (each one's step cut by the kill), and each
+         * dead trainer may leave some chunks one version ahead ("version" is the smallest);
+         * otherwise every chunk moves with every step */
         int deaths = f->trainer_deaths;
-        long long slack = ch * ((v0 ? 1 : 0) + deaths);
+        long long slack = ch * ((v0 ? 2 * m->trainers : 0) + deaths);
         cr_assert(up >= ch * (v - v0) - slack && up <= ch * (v - v0) + slack,
                   "%s server %d: %lld updates for %lld chunks from version %lld to %lld: a step "
                   "applied twice or lost (seed %llu)", m->name, i, up, ch, v0, v,
@@ -540,7 +542,7 @@ static void s_check_stats(const s_fleet *f, const s_mode *m, uint64_t seed)
         /* versions need R gradients in sync, but min(R, live): once the others finished, a
          * restarted trainer's extra steps go alone */
         int r = sync && !deaths ? (backup ? 2 : m->trainers) : 1;
-        long long whole = v - v0 - (v0 ? 1 : 0) - deaths; /* versions surely complete here */
+        long long whole = v - v0 - (v0 ? 2 * m->trainers : 0) - deaths; /* surely complete */
         long long need = 4 * vals * (whole > 0 ? whole : 0) * r;
         cr_assert_geq(in, need, "%s server %d: %lld bytes in, %lld needed for %lld versions "
                       "(seed %llu)", m->name, i, in, need, v - v0, (unsigned long long)seed);
