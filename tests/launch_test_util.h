@@ -24,6 +24,10 @@ void lt_write_exec(const char *dir, const char *name, const char *text);
  * with_trainer (--fail I --code C|kill, --hang; else exit 0) and fake-ssh. */
 void lt_setup(lt_run *r, int with_trainer);
 void lt_cleanup(lt_run *r);
+/* Runs argv (NULL-terminated) in r->dir, without $ZPS_BENCH_DIR; stdout and stderr into
+ * r->out, exit code into r->code. When sig != 0, sends it once `wait_for` has appeared on
+ * the output. */
+void lt_exec(lt_run *r, const char *const *argv, int sig, const char *wait_for);
 /* Runs the launcher in r->dir with args (NULL-terminated) and --bin-dir bin. When sig != 0,
  * sends it to the launcher once `wait_for` has appeared on its output. */
 void lt_launch(lt_run *r, int sig, const char *wait_for, const char *const *args);

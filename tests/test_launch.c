@@ -273,31 +273,7 @@ static void s_run_compare(lt_run *r, const char *const *args)
     while (*args && n < 38)
         argv[n++] = *args++;
     argv[n] = NULL;
-    int fds[2];
-    cr_assert_eq(pipe(fds), 0);
-    pid_t pid = fork();
-    cr_assert_neq(pid, -1);
-    if (pid == 0) {
-        dup2(fds[1], 1);
-        dup2(fds[1], 2);
-        close(fds[0]);
-        close(fds[1]);
-        if (chdir(r->dir) != 0)
-            _exit(126);
-        unsetenv("ZPS_BENCH_DIR");
-        execv(argv[0], (char *const *)argv);
-        _exit(127);
-    }
-    close(fds[1]);
-    size_t len = 0;
-    ssize_t k;
-    while ((k = read(fds[0], r->out + len, LT_OUT - 1 - len)) > 0)
-        len += (size_t)k;
-    r->out[len] = 0;
-    close(fds[0]);
-    int st = 0;
-    cr_assert_eq(waitpid(pid, &st, 0), pid);
-    r->code = WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
+    lt_exec(r, argv, 0, NULL);
 }
 
 /* number after "key": inside the compare.json entry of mode (NAN for null / absent) */

@@ -90,19 +90,8 @@ static void s_parse_pids(lt_run *r)
     }
 }
 
-/* Runs the launcher in r->dir with args (NULL-terminated). When sig != 0, sends it to the
- * launcher once `wait_for` has appeared on its output. */
-void lt_launch(lt_run *r, int sig, const char *wait_for, const char *const *args)
+void lt_exec(lt_run *r, const char *const *argv, int sig, const char *wait_for)
 {
-    const char *argv[40];
-    int n = 0;
-    argv[n++] = "/usr/bin/python3";
-    argv[n++] = s_launcher();
-    argv[n++] = "--bin-dir";
-    argv[n++] = "bin";
-    while (*args && n < 38)
-        argv[n++] = *args++;
-    argv[n] = NULL;
     int fds[2];
     cr_assert_eq(pipe(fds), 0);
     pid_t pid = fork();
@@ -114,6 +103,7 @@ void lt_launch(lt_run *r, int sig, const char *wait_for, const char *const *args
         close(fds[1]);
         if (chdir(r->dir) != 0)
             _exit(126);
+        unsetenv("ZPS_BENCH_DIR");
         execv(argv[0], (char *const *)argv);
         _exit(127);
     }
@@ -129,10 +119,25 @@ void lt_launch(lt_run *r, int sig, const char *wait_for, const char *const *args
             signalled = 1;
         }
     }
+    r->out[len] = 0;
     close(fds[0]);
     int st = 0;
     cr_assert_eq(waitpid(pid, &st, 0), pid);
     r->code = WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
+}
+
+void lt_launch(lt_run *r, int sig, const char *wait_for, const char *const *args)
+{
+    const char *argv[40];
+    int n = 0;
+    argv[n++] = "/usr/bin/python3";
+    argv[n++] = s_launcher();
+    argv[n++] = "--bin-dir";
+    argv[n++] = "bin";
+    while (*args && n < 38)
+        argv[n++] = *args++;
+    argv[n] = NULL;
+    lt_exec(r, argv, sig, wait_for);
     s_parse_pids(r);
 }
 
