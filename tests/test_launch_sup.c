@@ -98,7 +98,8 @@ Test(it_launch, dead_server_is_restarted_with_restore, .timeout = 30)
     char path[256], text[8192], want[512];
     snprintf(path, sizeof path, "%s/run/server-1.log", r.dir);
     lt_read_file(path, text, sizeof text);
-    snprintf(want, sizeof want, "--checkpoint-dir %s/run/checkpoints --checkpoint-every-versions 50",
+    snprintf(want, sizeof want,
+             "--checkpoint-dir %s/run/checkpoints --checkpoint-every-versions 50",
              r.dir);
     cr_assert(strstr(text, want), "server-1.log: %s\nwant %s", text, want);
     const char *second = strstr(text, "restart 1 args:");
