@@ -119,45 +119,18 @@ static void s_kill_case(int mi, sk_fault kind)
     sk_fleet_free(&ref);
 }
 
-Test(it_soak, sync_server_kill, .timeout = 900, .fini = s_tmp_fini)
-{
-    s_kill_case(0, SK_KILL_SERVER);
-}
+/* one case per mode and victim: a kill -9 at a random step, rounds as s_kill_case says */
+#define S_KILL_TEST(name, mi, kind)                                                      \
+    Test(it_soak, name, .timeout = 900, .fini = s_tmp_fini) { s_kill_case(mi, kind); }
 
-Test(it_soak, sync_trainer_kill, .timeout = 900, .fini = s_tmp_fini)
-{
-    s_kill_case(0, SK_KILL_TRAINER);
-}
-
-Test(it_soak, backup_server_kill, .timeout = 900, .fini = s_tmp_fini)
-{
-    s_kill_case(1, SK_KILL_SERVER);
-}
-
-Test(it_soak, backup_trainer_kill, .timeout = 900, .fini = s_tmp_fini)
-{
-    s_kill_case(1, SK_KILL_TRAINER);
-}
-
-Test(it_soak, async_server_kill, .timeout = 900, .fini = s_tmp_fini)
-{
-    s_kill_case(2, SK_KILL_SERVER);
-}
-
-Test(it_soak, async_trainer_kill, .timeout = 900, .fini = s_tmp_fini)
-{
-    s_kill_case(2, SK_KILL_TRAINER);
-}
-
-Test(it_soak, ssp_server_kill, .timeout = 900, .fini = s_tmp_fini)
-{
-    s_kill_case(3, SK_KILL_SERVER);
-}
-
-Test(it_soak, ssp_trainer_kill, .timeout = 900, .fini = s_tmp_fini)
-{
-    s_kill_case(3, SK_KILL_TRAINER);
-}
+S_KILL_TEST(sync_server_kill, 0, SK_KILL_SERVER)
+S_KILL_TEST(sync_trainer_kill, 0, SK_KILL_TRAINER)
+S_KILL_TEST(backup_server_kill, 1, SK_KILL_SERVER)
+S_KILL_TEST(backup_trainer_kill, 1, SK_KILL_TRAINER)
+S_KILL_TEST(async_server_kill, 2, SK_KILL_SERVER)
+S_KILL_TEST(async_trainer_kill, 2, SK_KILL_TRAINER)
+S_KILL_TEST(ssp_server_kill, 3, SK_KILL_SERVER)
+S_KILL_TEST(ssp_trainer_kill, 3, SK_KILL_TRAINER)
 
 
 /* ---------------------------------------------------------------- partition */
@@ -281,7 +254,8 @@ static void s_partition_mode(const char *dir, const sk_mode *m, uint64_t seed, i
         cr_assert(sk_same_weights(&f, ref), "%s: the final weights after the partition differ "
                   "from the fault-free run (seed %llu)", m->name, (unsigned long long)seed);
     fprintf(stderr, "soak: %s partition: recovery %.2f s (the longest stall of a trainer's "
-            "steps; the link was down 10 s, then 5 s delayed)\n", m->name, sk_recovery_ms(&f, m->trainers) / 1e3);
+            "steps; the link was down 10 s, then 5 s delayed)\n",
+            m->name, sk_recovery_ms(&f, m->trainers) / 1e3);
     sk_fleet_free(&f);
 }
 
