@@ -3,6 +3,7 @@
 #   make            deps check + build build/bin/zps-*
 #   make test       deps + build + every test (Criterion), ends with the synthesis line
 #   make test-unit  the tests that start no extra processes (used for sanitizer runs)
+#   make soak       the fault suite at length (it_soak with ZPS_SOAK=long; docs/training.md)
 #   make bench      benchmarks; JSON under build/bench/
 #   make demo       the main job (see README.md)
 #   make fuzz       libFuzzer targets under tests/fuzz (clang)
@@ -74,7 +75,7 @@ TEST_BIN := $(B)/tests/zps-tests
 TEST_JOBS ?= 2
 TEST_ARGS ?=
 
-.PHONY: all deps test test-unit bench demo fuzz clean parts gpu-bundle test-gpu
+.PHONY: all deps test test-unit soak bench demo fuzz clean parts gpu-bundle test-gpu
 .DEFAULT_GOAL := all
 .DELETE_ON_ERROR:
 
@@ -150,6 +151,11 @@ test: all $(TEST_BIN)
 # unit tests: suites whose name does not start with it_ (integration, multi-process)
 test-unit: all $(TEST_BIN)
 	ZPS_BIN=$(abspath $(B)/bin) ZPS_ROOT=$(CURDIR) $(TEST_BIN) -j$(TEST_JOBS) --filter='!(it_*)/*' $(TEST_ARGS)
+
+# the fault suite (tests/test_soak.c): make test runs it short; this runs longer fleets,
+# several rounds each, every mode in the partition case (as root: it makes namespaces)
+soak: all $(TEST_BIN)
+	ZPS_SOAK=long ZPS_BIN=$(abspath $(B)/bin) ZPS_ROOT=$(CURDIR) $(TEST_BIN) -j1 --filter='it_soak/*' $(TEST_ARGS)
 
 bench: all
 	@mkdir -p $(B)/bench
