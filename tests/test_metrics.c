@@ -319,3 +319,39 @@ Test(metrics, unwritable_path_is_an_error)
     cr_assert_eq(tr_metrics_new(&o, &m), ZPS_ERR_NOT_FOUND);
     cr_assert_null(m);
 }
+
+/* After a sync rollback the trainer runs steps again (docs/ps.md "Recovery"): the summary
+ * counts distinct steps, and the repeated records as redone_steps; images count both. */
+Test(metrics, redone_steps_count_once, .timeout = 10)
+{
+    zps_log_set_level(ZPS_LOG_OFF);
+    char path[] = "/tmp/zps-metrics-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    close(fd);
+    tr_metrics_opts o = {.jsonl_path = path, .mode_name = "sync", .model = "mlp", .batch = 8,
+                         .n_trainers = 2, .total_steps = 6};
+    tr_metrics *m = NULL;
+    cr_assert_eq(tr_metrics_new(&o, &m), ZPS_OK);
+    const int order[] = {1, 2, 3, 4, 3, 4, 5, 6}; /* rolled back to step 3 after step 4 */
+    for (int i = 0; i < 8; i++) {
+        tr_step_record r = tr_step_record_empty(order[i]);
+        r.images = 8;
+        r.loss = 1.0;
+        cr_assert_eq(tr_metrics_step(m, &r), ZPS_OK);
+    }
+    tr_metrics_totals tot;
+    tr_metrics_get_totals(m, &tot);
+    cr_assert_eq(tot.steps, 6);
+    cr_assert_eq(tot.redone_steps, 2);
+    cr_assert_eq(tot.images, 64);
+    cr_assert_eq(tr_metrics_finish(m), ZPS_OK);
+    tr_metrics_destroy(&m);
+    size_t len;
+    char *text = s_slurp(path, &len);
+    unlink(path);
+    const char *sum = strstr(text, "\"type\":\"summary\"");
+    cr_assert_not_null(sum, "%s", text);
+    cr_assert_eq(s_field(sum, "steps"), 6, "%s", sum);
+    cr_assert_eq(s_field(sum, "redone_steps"), 2, "%s", sum);
+}

@@ -41,6 +41,7 @@ struct tr_metrics {
     double staleness_sum;     // for the mean
     int64_t staleness_n;      // steps that reported staleness
     int64_t last_step;        // step number of the last record
+    int64_t max_step;         // the highest step number recorded (redone steps are below)
     int64_t skipped;          // corrupt training records skipped (tr_metrics_set_end)
     const char *end;          // how the run ended: "done", "signal", "error" (a literal)
     char line[S_LINE];        // the reused output buffer
@@ -254,7 +255,14 @@ zps_status tr_metrics_step(tr_metrics *m, const tr_step_record *r)
     double now = s_now(m), dt = now - m->last_t;
     double img_s = dt > 0 ? (double)r->images / dt : NAN;
     tr_metrics_totals *t = &m->tot;
-    t->steps++;
+    /* a step number not past the last one is a redo after a sync rollback (docs/ps.md
+     * "Recovery"): work done (images, time), but not a new step */
+    if (t->steps > 0 && r->step <= m->max_step) {
+        t->redone_steps++;
+    } else {
+        t->steps++;
+        m->max_step = r->step;
+    }
     t->images += r->images;
     t->time_s = now;
     t->img_per_s = now > 0 ? (double)t->images / now : 0;
@@ -332,8 +340,8 @@ zps_status tr_metrics_finish(tr_metrics *m)
     s_num(m, "net_wait_frac", t->time_s > 0 ? t->net_wait_s / t->time_s : 0, 4);
     s_opt(m, "staleness_mean", t->staleness_mean, 6);
     s_opt(m, "staleness_max", t->staleness_max, 6);
-    s_append(m, ",\"evals\":%d,\"skipped_records\":%lld,\"end\":\"%s\"}", t->evals,
-             (long long)m->skipped, m->end);
+    s_append(m, ",\"evals\":%d,\"skipped_records\":%lld,\"redone_steps\":%lld,\"end\":\"%s\"}",
+             t->evals, (long long)m->skipped, (long long)t->redone_steps, m->end);
     zps_status st = s_write_line(m);
     if (m->o.mode != TR_PROGRESS_OFF) {
         if (m->dirty_tty)

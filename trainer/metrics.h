@@ -14,11 +14,15 @@
  *   {"type":"summary","trainer":0,"steps":500,"time":61.2,"images":32000,"img_s":522.9,
  *    "final_loss":0.31,"final_accuracy":0.874,"best_accuracy":0.874,"time_to_target":48.9,
  *    "bytes_pushed":...,"bytes_pulled":...,"net_wait":4.1,"net_wait_frac":0.067,
- *    "staleness_mean":0.8,"staleness_max":3,"evals":10,"skipped_records":0,"end":"done"}
+ *    "staleness_mean":0.8,"staleness_max":3,"evals":10,"skipped_records":0,
+ *    "redone_steps":0,"end":"done"}
  *
  * "end" says how the run ended: "done" (its steps, target or time limit), "signal" (SIGTERM
  * or SIGINT) or "error"; every way out of a started run writes the summary.
  * "skipped_records" counts the corrupt training records skipped (zps-trainer --skip-corrupt).
+ * "steps" counts distinct steps; "redone_steps" the step records a sync rollback made the
+ * trainer run again (their step records appear twice in the file; images and img_s count
+ * the work of both).
  *
  * Units: time and net_wait in seconds since the trainer's first tr_metrics_step call starts
  * its clock (tr_metrics_new), img_s in images per second (this step: images / step time),
@@ -109,7 +113,8 @@ void tr_metrics_set_end(tr_metrics *m, tr_metrics_end end, int64_t skipped);
 
 /* Totals so far (for the trainer's own end-of-run log). */
 typedef struct tr_metrics_totals {
-    int64_t steps;
+    int64_t steps;          // distinct steps (a redone step counts once)
+    int64_t redone_steps;   // step records repeated after a sync rollback
     int64_t images;
     double time_s;          // since tr_metrics_new to the last step
     double img_per_s;       // images / time_s
