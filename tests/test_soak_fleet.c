@@ -471,8 +471,14 @@ static void s_check_stats(const sk_fleet *f, const sk_mode *m, uint64_t seed)
         long long v = s_num(js, "version"), up = s_num(js, "updates"), ch = s_num(js, "chunks");
         long long vals = s_num(js, "values"), in = s_num(js, "bytes_in");
         long long v0 = s_start_version(f, i);
-        fprintf(stderr, "soak: %s server %d: version %lld (from %lld), updates %lld, chunks %lld, "
-                "values %lld, bytes_in %lld, stale %lld\n", m->name, i, v, v0, up, ch, vals, in,
+        /* a sync rollback discards the versions past the cut on every server (docs/ps.md
+         * "Recovery": updates + updates_restored - updates_undone adds up); the restored
+         * server's loaded ones are below v0 already */
+        long long undone = s_num(js, "updates_undone");
+        up -= undone > 0 ? undone : 0;
+        fprintf(stderr, "soak: %s server %d: version %lld (from %lld), updates %lld (net of %lld "
+                "undone by a rollback), chunks %lld, values %lld, bytes_in %lld, stale %lld\n",
+                m->name, i, v, v0, up, undone > 0 ? undone : 0, ch, vals, in,
                 s_num(js, "stale_dropped"));
         /* a kill can cut a step's push in pieces (async and ssp apply each piece): a restored
          * server's chunks may start up to one version per trainer apart (each trainer's step
