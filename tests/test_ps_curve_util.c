@@ -65,6 +65,7 @@ zps_status pct_client(const char *uri, const char *dir, const char *server_pub,
     ps_client_opts o;
     ps_client_opts_default(&o);
     o.heartbeat_thread = hb_thread;
+    o.timeout_ms = 120000; /* a refusal must come from the handshake, never from a timeout */
     if (name) {
         char path[600], why[1024];
         snprintf(path, sizeof path, "%s/%s.pub", dir, server_pub);
