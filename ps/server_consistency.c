@@ -379,6 +379,20 @@ void ps_srv_async_push(ps_server *s, const Zps__Header *h)
         tr->clock = step + 1;
 }
 
+/* An ssp pull for step c comes after the trainer pushed step c - 1 (client.h, "Steps"), so
+ * its clock is at least c even where this server never saw that push: a restored server
+ * starts with every clock at 0, and the pushes the dead process had acknowledged are lost.
+ * Without this, two trainers whose last pushes died with it wait in their pulls for each
+ * other's clocks for good. */
+void ps_srv_ssp_pull_clock(ps_server *s, uint32_t t, int64_t step)
+{
+    ps_srv_trainer *tr = &s->trainers[t];
+    if (step > tr->clock) {
+        tr->clock = step;
+        ps_srv_check_pending(s);
+    }
+}
+
 /* ------------------------------------------------------------------------- waiting */
 
 int ps_srv_pending_ready(ps_server *s, const ps_srv_pending *p)

@@ -302,6 +302,8 @@ zps_status ps_srv_sync_push(ps_server *s, const Zps__Header *h, uint32_t *stale,
 /* async / ssp push of the validated s->ranges: versions, clocks and statistics; the
  * arithmetic is ps_srv_apply_ranges, run by the caller after the reply. */
 void ps_srv_async_push(ps_server *s, const Zps__Header *h);
+/* An ssp pull for step raises the trainer's clock to step (it pushed step - 1). */
+void ps_srv_ssp_pull_clock(ps_server *s, uint32_t t, int64_t step);
 /* Whether a waiting (or about to wait) request can be answered now. */
 int ps_srv_pending_ready(ps_server *s, const ps_srv_pending *p);
 void ps_srv_pending_add(ps_server *s, zmq_msg_t *ident, uint64_t rid, uint32_t trainer, int op,

@@ -267,8 +267,11 @@ void ps_srv_op_push(ps_server *s, zmq_msg_t *ident, const Zps__Header *h, int nf
 void ps_srv_op_pull(ps_server *s, zmq_msg_t *ident, const Zps__Header *h, int nframes,
                     uint64_t t0)
 {
-    if (s_check_ranged(s, ident, h, nframes, 0))
-        s_reply_values(s, ident, h, s->mode == PS_MODE_ASYNC ? -1 : h->step, t0);
+    if (!s_check_ranged(s, ident, h, nframes, 0))
+        return;
+    if (s->mode == PS_MODE_SSP && h->step >= 0)
+        ps_srv_ssp_pull_clock(s, h->trainer_id, h->step);
+    s_reply_values(s, ident, h, s->mode == PS_MODE_ASYNC ? -1 : h->step, t0);
 }
 
 /* ------------------------------------------------------------------------- the others */

@@ -209,3 +209,36 @@ Test(it_ps_modes, ssp_blocks_fast_trainer_three_clocks_ahead, .timeout = 30)
     free(g);
     ps_plan_destroy(&plan);
 }
+
+/* A restored ssp server knows no clocks (every one 0), and the pushes the dead process had
+ * acknowledged are gone: an ssp pull for step c says its trainer pushed step c - 1, so it
+ * raises that trainer's clock. Two trainers pulling step 5 from such a server release each
+ * other; without that rule both wait for good. */
+Test(it_ps_modes, ssp_pulls_carry_the_clock_a_restored_server_lost, .timeout = 30)
+{
+    ps_plan *plan;
+    cr_assert_eq(ps_plan_new(s_vars, NV, 1, 0, &plan), ZPS_OK);
+    pst_server srv;
+    const char *args[] = {"--mode", "ssp", "--staleness", "0", "--num-trainers", "2", NULL};
+    cr_assert_eq(pst_spawn(&srv, NULL, args), 0);
+    float *v0 = zps_xmalloc(plan->total * 4), *v1 = zps_xmalloc(plan->total * 4);
+    ps_client *a = pst_client_init(srv.uri, plan, pst_seed(), NULL);
+    ps_client *b = pst_client_connect(srv.uri, 1, NULL, plan);
+    ps_ticket ta, tb;
+    int done = 0;
+    cr_assert_eq(ps_client_pull(a, 0, NV, v0, 5, &ta), ZPS_OK);
+    cr_assert_eq(ps_client_poll(a, ta, 300, &done), ZPS_OK);
+    cr_assert(!done, "trainer 0's pull at step 5 went with trainer 1 at clock 0 (s = 0)");
+    cr_assert_eq(ps_client_pull(b, 0, NV, v1, 5, &tb), ZPS_OK);
+    cr_assert_eq(ps_client_poll(b, tb, 10000, &done), ZPS_OK);
+    cr_assert(done, "trainer 1's pull at step 5 is still waiting");
+    cr_assert_eq(ps_client_wait(b, tb), ZPS_OK, "%s", ps_client_last_error(b));
+    cr_assert_eq(ps_client_poll(a, ta, 10000, &done), ZPS_OK);
+    cr_assert(done, "trainer 0's pull at step 5 is still waiting");
+    cr_assert_eq(ps_client_wait(a, ta), ZPS_OK, "%s", ps_client_last_error(a));
+    ps_client_destroy(&a);
+    ps_client_destroy(&b);
+    pst_kill(&srv, SIGTERM);
+    free(v0), free(v1);
+    ps_plan_destroy(&plan);
+}
