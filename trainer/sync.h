@@ -100,6 +100,11 @@ struct tr_sync {
      * values of that version are in params; the loop goes back to step redo_from (its
      * input too) and runs on. -1 otherwise; begin_step resets it. */
     int64_t redo_from;
+    /* Sync PS: the servers' version at join (0 for a new job). A trainer that joins a job
+     * under way (restarted by zps-launch after a crash, or resuming restored servers)
+     * starts at that step of its --steps, its input there too, so the job ends at its
+     * target version instead of running this trainer's steps again from 0. */
+    int64_t start_step;
 };
 
 /* The back-ends. Each logs what failed; *out is the caller's (tr_sync_destroy). */

@@ -463,9 +463,21 @@ static zps_status s_join(s_ps *p, const tr_sync_env *env)
     ps_ticket t;
     ZPS_TRY(ps_client_pull(p->client, 0, (int)p->nvars, p->params, -1, &t));
     st = ps_client_wait_version(p->client, t, &p->version);
-    if (st != ZPS_OK)
+    if (st != ZPS_OK) {
         s_log_fail(p, "first PULL", st);
-    return st;
+        return st;
+    }
+    if (c->mode == TR_MODE_SYNC && p->version > 0) {
+        /* a job under way: step k of the fleet computed with version k (where a redo
+         * after a rollback starts, s_redo_step) */
+        p->base.start_step = (int64_t)p->version;
+        for (p->step = 0; p->step < (int64_t)p->version; p->step++) {
+            p->used_version = (uint64_t)p->step;
+            s_note_step_version(p);
+        }
+        p->used_version = p->version;
+    }
+    return ZPS_OK;
 }
 
 static zps_status s_setup(s_ps *p, const tr_sync_env *env)

@@ -337,6 +337,21 @@ static zps_status s_sync_new(s_job *j)
     return ZPS_ERR_INVALID;
 }
 
+/* A sync job already under way (sync.h, start_step): go on from the fleet's step. */
+static zps_status s_join_under_way(s_job *j)
+{
+    int64_t at = j->sync->start_step;
+    if (at <= 0)
+        return ZPS_OK;
+    if (at > j->total)
+        at = j->total;
+    zps_log(ZPS_INFO, "trainer", "the job is at step %lld of %lld (the servers' version): "
+            "going on from there", (long long)at, (long long)j->total);
+    ds_pipeline_seek(j->train, at * j->cfg->accumulate);
+    j->step = at;
+    return ZPS_OK;
+}
+
 /* The number of steps, the metrics file and the progress line. */
 static zps_status s_metrics_new(s_job *j)
 {
@@ -395,7 +410,8 @@ static zps_status s_setup(s_job *j, tr_result *res, int *done)
         return ZPS_OK;
     }
     ZPS_TRY(s_sync_new(j));
-    return s_metrics_new(j);
+    ZPS_TRY(s_metrics_new(j));
+    return s_join_under_way(j);
 }
 
 /* ---- the loop ---- */
