@@ -292,56 +292,100 @@ static double s_entry(const char *json, const char *mode, const char *key)
     return strtod(p + strlen(pat), NULL);
 }
 
+/* What the fake runs fed scripts/compare, per mode: the sum of both trainers' img/s, the
+ * time trainer 0 reached 85% (NAN: never), and its last accuracy. */
+typedef struct s_fed {
+    double img_s_sum[4], hit[4], final_acc[4];
+} s_fed;
+
+static const char *const s_modes[] = {"sync", "async", "ssp", "allreduce"};
+
+/* dir/metrics-{0,1}.jsonl of mode mi: 80 steps of 0.25 s; mode mi reaches 85% at
+ * evaluation 3 + mi (never for allreduce); trainer 0 evaluates every 10 steps, trainer 1
+ * never does. */
+static void s_fake_mode_run(const char *dir, int mi, s_fed *fd)
+{
+    fd->hit[mi] = mi < 3 ? 0.25 * 10 * (3 + mi) : NAN;
+    for (int t = 0; t < 2; t++) {
+        char path[300];
+        snprintf(path, sizeof path, "%s/metrics-%d.jsonl", dir, t);
+        tr_metrics_opts o = {.jsonl_path = path, .mode = TR_PROGRESS_OFF, .trainer_id = t,
+                             .mode_name = s_modes[mi], .batch = 32, .n_trainers = 2,
+                             .target_accuracy = 0.85};
+        tr_metrics *m = NULL;
+        cr_assert_eq(tr_metrics_new(&o, &m), ZPS_OK);
+        int64_t images = 0;
+        double acc = 0;
+        for (int s = 1; s <= 80; s++) {
+            tr_metrics_set_fake_time(m, 0.25 * s);
+            tr_step_record rec = tr_step_record_empty(s);
+            rec.images = 16 + rand() % 32;
+            rec.loss = 2.0 / s;
+            images += rec.images;
+            if (t == 0 && s % 10 == 0) {
+                int ev = s / 10;
+                acc = ev < 3 + mi || mi == 3 ? 0.5 + 0.3 * rand() / RAND_MAX
+                                             : 0.85 + 0.1 * rand() / RAND_MAX;
+                rec.test_accuracy = acc;
+            }
+            cr_assert_eq(tr_metrics_step(m, &rec), ZPS_OK);
+        }
+        if (t == 0)
+            fd->final_acc[mi] = acc;
+        fd->img_s_sum[mi] += (double)images / 20.0;
+        tr_metrics_destroy(&m);
+    }
+}
+
+/* compare.json against what was fed, and compare.png a PNG. */
+static void s_check_compare_out(const lt_run *r, const s_fed *fd, uint64_t seed)
+{
+    char path[300], json[16384];
+    snprintf(path, sizeof path, "%s/out/compare.json", r->dir);
+    lt_read_file(path, json, sizeof json);
+    for (int mi = 0; mi < 4; mi++) {
+        double v = s_entry(json, s_modes[mi], "img_s");
+        cr_assert(fabs(v - fd->img_s_sum[mi]) < 1e-3 * fd->img_s_sum[mi],
+                  "%s img_s %g want %g (seed %llx)", s_modes[mi], v, fd->img_s_sum[mi],
+                  (unsigned long long)seed);
+        double t = s_entry(json, s_modes[mi], "time_to_target");
+        if (isnan(fd->hit[mi]))
+            cr_assert(isnan(t), "%s never reached 85%% but time_to_target %g", s_modes[mi], t);
+        else /* trainers' start records differ by the ms they were created apart */
+            cr_assert(fabs(t - fd->hit[mi]) < 0.5, "%s time_to_target %g want %g", s_modes[mi],
+                      t, fd->hit[mi]);
+        cr_assert(fabs(s_entry(json, s_modes[mi], "final_accuracy") - fd->final_acc[mi]) < 1e-5,
+                  "%s final accuracy", s_modes[mi]);
+        cr_assert_eq(s_entry(json, s_modes[mi], "trainers"), 2.0);
+    }
+    unsigned char magic[8] = {0};
+    snprintf(path, sizeof path, "%s/out/compare.png", r->dir);
+    FILE *f = fopen(path, "rb");
+    cr_assert_not_null(f, "no plot: %s", r->out);
+    cr_assert_eq(fread(magic, 1, 8, f), 8u);
+    fclose(f);
+    cr_assert(!memcmp(magic, "\x89PNG\r\n\x1a\n", 8), "compare.png is not a PNG");
+}
+
 Test(it_launch, compare_table_json_and_plot_from_metrics_files, .timeout = 60)
 {
     lt_run r;
     lt_setup(&r, 1);
     uint64_t seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 16);
     srand((unsigned)seed);
-    static const char *modes[] = {"sync", "async", "ssp", "allreduce"};
-    double img_s_sum[4] = {0}, hit[4], final_acc[4];
+    s_fed fd;
+    memset(&fd, 0, sizeof fd);
     const char *cargs[16];
     int nc = 0;
     char specs[4][256];
     cargs[nc++] = "--from-runs";
     for (int mi = 0; mi < 4; mi++) {
         char dir[256];
-        snprintf(dir, sizeof dir, "%s/%s", r.dir, modes[mi]);
+        snprintf(dir, sizeof dir, "%s/%s", r.dir, s_modes[mi]);
         cr_assert_eq(mkdir(dir, 0755), 0);
-        snprintf(specs[mi], sizeof specs[mi], "%s=%s", modes[mi], modes[mi]);
+        snprintf(specs[mi], sizeof specs[mi], "%s=%s", s_modes[mi], s_modes[mi]);
         cargs[nc++] = specs[mi];
-        /* mode mi reaches 85% at evaluation 3 + mi (never for allreduce); trainer 0 evaluates
-         * every 10 steps of 0.25 s; trainer 1 never evaluates */
-        hit[mi] = mi < 3 ? 0.25 * 10 * (3 + mi) : NAN;
-        for (int t = 0; t < 2; t++) {
-            char path[300];
-            snprintf(path, sizeof path, "%s/metrics-%d.jsonl", dir, t);
-            tr_metrics_opts o = {.jsonl_path = path, .mode = TR_PROGRESS_OFF, .trainer_id = t,
-                                 .mode_name = modes[mi], .batch = 32, .n_trainers = 2,
-                                 .target_accuracy = 0.85};
-            tr_metrics *m = NULL;
-            cr_assert_eq(tr_metrics_new(&o, &m), ZPS_OK);
-            int64_t images = 0;
-            double acc = 0;
-            for (int s = 1; s <= 80; s++) {
-                tr_metrics_set_fake_time(m, 0.25 * s);
-                tr_step_record rec = tr_step_record_empty(s);
-                rec.images = 16 + rand() % 32;
-                rec.loss = 2.0 / s;
-                images += rec.images;
-                if (t == 0 && s % 10 == 0) {
-                    int ev = s / 10;
-                    acc = ev < 3 + mi || mi == 3 ? 0.5 + 0.3 * rand() / RAND_MAX
-                                                 : 0.85 + 0.1 * rand() / RAND_MAX;
-                    rec.test_accuracy = acc;
-                }
-                cr_assert_eq(tr_metrics_step(m, &rec), ZPS_OK);
-            }
-            if (t == 0)
-                final_acc[mi] = acc;
-            img_s_sum[mi] += (double)images / 20.0;
-            tr_metrics_destroy(&m);
-        }
+        s_fake_mode_run(dir, mi, &fd);
     }
     cargs[nc++] = "--out-dir";
     cargs[nc++] = "out";
@@ -350,31 +394,7 @@ Test(it_launch, compare_table_json_and_plot_from_metrics_files, .timeout = 60)
     cr_assert_eq(r.code, 0, "%s", r.out);
     cr_assert(strstr(r.out, "time to 85%"), "table header: %s", r.out);
     cr_assert(strstr(r.out, "allreduce"), "%s", r.out);
-
-    char path[300], json[16384];
-    snprintf(path, sizeof path, "%s/out/compare.json", r.dir);
-    lt_read_file(path, json, sizeof json);
-    for (int mi = 0; mi < 4; mi++) {
-        double v = s_entry(json, modes[mi], "img_s");
-        cr_assert(fabs(v - img_s_sum[mi]) < 1e-3 * img_s_sum[mi], "%s img_s %g want %g (seed %llx)",
-                  modes[mi], v, img_s_sum[mi], (unsigned long long)seed);
-        double t = s_entry(json, modes[mi], "time_to_target");
-        if (isnan(hit[mi]))
-            cr_assert(isnan(t), "%s never reached 85%% but time_to_target %g", modes[mi], t);
-        else /* trainers' start records differ by the ms they were created apart */
-            cr_assert(fabs(t - hit[mi]) < 0.5, "%s time_to_target %g want %g", modes[mi], t,
-                      hit[mi]);
-        cr_assert(fabs(s_entry(json, modes[mi], "final_accuracy") - final_acc[mi]) < 1e-5,
-                  "%s final accuracy", modes[mi]);
-        cr_assert_eq(s_entry(json, modes[mi], "trainers"), 2.0);
-    }
-    unsigned char magic[8] = {0};
-    snprintf(path, sizeof path, "%s/out/compare.png", r.dir);
-    FILE *f = fopen(path, "rb");
-    cr_assert_not_null(f, "no plot: %s", r.out);
-    cr_assert_eq(fread(magic, 1, 8, f), 8u);
-    fclose(f);
-    cr_assert(!memcmp(magic, "\x89PNG\r\n\x1a\n", 8), "compare.png is not a PNG");
+    s_check_compare_out(&r, &fd, seed);
     lt_cleanup(&r);
 }
 
