@@ -122,19 +122,6 @@ static void s_start_trainer(s_trainer *t, const char *uri, int id, int n, const 
     cr_assert_eq(pst_start(&t->p, "zps-trainer", t->log, args), 0);
 }
 
-static int s_file_has(const char *path, const char *what)
-{
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return 0;
-    char line[4096];
-    int found = 0;
-    while (!found && fgets(line, sizeof line, f))
-        found = strstr(line, what) != NULL;
-    fclose(f);
-    return found;
-}
-
 /* ---- a corrupt record in a sync fleet ---- */
 
 /* Data with a corrupt record in trainer 0's share, one sync server that never drops a
@@ -163,7 +150,7 @@ Test(it_exits, sync_trainer_failing_on_a_corrupt_record_leaves)
     double waited = zps_now_s() - t_fail;
     cr_log_info("trainer 1 ended %.2f s after trainer 0 failed", waited);
     cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "trainer 1 failed (status %d)", st);
-    cr_assert(s_file_has(t[0].log, "sent LEAVE"), "trainer 0 did not say it left");
+    cr_assert(zt_file_has(t[0].log, "sent LEAVE"), "trainer 0 did not say it left");
     char *sum0 = s_summary_line(t[0].metrics), *sum1 = s_summary_line(t[1].metrics);
     cr_assert_not_null(sum0, "trainer 0 wrote no summary record");
     cr_assert(strstr(sum0, "\"end\":\"error\""), "%s", sum0);
@@ -193,7 +180,7 @@ Test(it_exits, skip_corrupt_skips_and_counts)
     cr_assert_eq(s_num(sum0, "steps"), 32, "%s", sum0);
     cr_assert_eq(s_num(sum0, "skipped_records"), 2, "%s", sum0);
     cr_assert(strstr(sum0, "\"end\":\"done\""), "%s", sum0);
-    cr_assert(s_file_has(t[0].log, "skipping corrupt record"), "each skip is logged");
+    cr_assert(zt_file_has(t[0].log, "skipping corrupt record"), "each skip is logged");
     free(sum0);
     pst_kill(&srv, SIGTERM);
 }
@@ -231,9 +218,9 @@ Test(it_exits, sigterm_stops_a_trainer_blocked_on_a_dead_server)
     const char *extra[] = {"--mode", "async", "--steps", "1000000", NULL};
     s_start_trainer(&t, srv.uri, 0, 1, extra);
     double end = zps_now_s() + 120;
-    while (!s_file_has(t.metrics, "\"step\":3,") && zps_now_s() < end)
+    while (!zt_file_has(t.metrics, "\"step\":3,") && zps_now_s() < end)
         zps_sleep_ns(20000000);
-    cr_assert(s_file_has(t.metrics, "\"step\":3,"), "the trainer did not reach step 3");
+    cr_assert(zt_file_has(t.metrics, "\"step\":3,"), "the trainer did not reach step 3");
     pst_kill(&srv, SIGKILL);
     zps_sleep_ns(1000000000ull); /* the trainer now waits for replies that never come */
     double t0 = zps_now_s();
@@ -263,9 +250,9 @@ Test(it_exits, a_restarted_trainer_waits_for_its_killed_predecessor)
     const char *forever[] = {"--mode", "async", "--steps", "1000000", NULL};
     s_start_trainer(&t, srv.uri, 0, 1, forever);
     double end = zps_now_s() + 120;
-    while (!s_file_has(t.metrics, "\"step\":3,") && zps_now_s() < end)
+    while (!zt_file_has(t.metrics, "\"step\":3,") && zps_now_s() < end)
         zps_sleep_ns(20000000);
-    cr_assert(s_file_has(t.metrics, "\"step\":3,"), "the trainer did not reach step 3");
+    cr_assert(zt_file_has(t.metrics, "\"step\":3,"), "the trainer did not reach step 3");
     pst_kill(&t.p, SIGKILL);
     const char *five[] = {"--mode", "async", "--steps", "5", "--register-wait", "30", NULL};
     s_start_trainer(&t, srv.uri, 0, 1, five);
@@ -273,7 +260,7 @@ Test(it_exits, a_restarted_trainer_waits_for_its_killed_predecessor)
     if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
         pst_dump(t.log);
     cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the restarted trainer: status %d", st);
-    cr_assert(s_file_has(t.log, "--register-wait"), "it never had to wait: the test proves nothing");
+    cr_assert(zt_file_has(t.log, "--register-wait"), "it never had to wait: the test proves nothing");
     char *sum = s_summary_line(t.metrics);
     cr_assert_not_null(sum, "no summary record");
     cr_assert(s_num(sum, "steps") == 5, "%s", sum);

@@ -36,6 +36,7 @@
 #include "ps/optim.h"
 #include "ps/plan.h"
 #include "tests/ps_test_util.h"
+#include "tests/testutil.h"
 #include "trainer/nn/nn.h"
 
 static const ps_var s_vars[] = {{"conv", 4000}, {"bn", 16}, {"fc", 2000}};
@@ -451,21 +452,6 @@ static void s_expect_ok(pst_server *p, const char *log, double timeout_s)
     }
 }
 
-/* Whether the metrics file holds the record of step `step`. */
-static int s_has_step(const char *path, int step)
-{
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return 0;
-    char line[4096], pat[32];
-    snprintf(pat, sizeof pat, "\"step\":%d,", step);
-    int seen = 0;
-    while (!seen && fgets(line, sizeof line, f))
-        seen = strstr(line, pat) != NULL;
-    fclose(f);
-    return seen;
-}
-
 /* One fleet run; with kill_at > 0, server 1 dies once trainer 1 logged that step and comes
  * back with --restore. The model goes to tag.bin; the servers' STATS are checked. */
 static void s_run(const char *tag, int kill_at)
@@ -497,7 +483,9 @@ static void s_run(const char *tag, int kill_at)
     }
     double restarted = 0;
     if (kill_at > 0) {
-        while (!s_has_step(met[1], kill_at))
+        char pat[32];
+        snprintf(pat, sizeof pat, "\"step\":%d,", kill_at);
+        while (!zt_file_has(met[1], pat))
             zps_sleep_ns(5000000);
         pst_kill(&srv[1], SIGKILL);
         zps_sleep_ns(300000000);

@@ -22,6 +22,7 @@
 
 #include "common/log.h"
 #include "tests/ps_test_util.h"
+#include "tests/testutil.h"
 #include "trainer/nn/nn.h"
 
 /* Starts $ZPS_BIN/<prog> with args (NULL-terminated), stdout+stderr to log; it dies with
@@ -271,15 +272,9 @@ static double s_summary(const char *path, const char *key)
  * is the synchronisation). */
 static void s_wait_step(const char *fifo, int step)
 {
-    FILE *f = fopen(fifo, "r");
-    cr_assert_not_null(f);
-    char line[4096], pat[32];
+    char pat[32];
     snprintf(pat, sizeof pat, "\"step\":%d,", step);
-    int seen = 0;
-    while (!seen && fgets(line, sizeof line, f))
-        seen = strstr(line, pat) != NULL;
-    fclose(f);
-    cr_assert(seen, "the trainer ended before step %d", step);
+    cr_assert(zt_file_has(fifo, pat), "the trainer ended before step %d", step);
 }
 
 /* A 2-trainer fleet in mode reaches 85% test accuracy; dtype: --push-dtype. */

@@ -174,3 +174,16 @@ void zt_read_redirected(FILE *f, char *buf, size_t n)
     size_t got = fread(buf, 1, n - 1, f);
     buf[got] = 0;
 }
+
+int zt_file_has(const char *path, const char *what)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    char line[4096];
+    int found = 0;
+    while (!found && fgets(line, sizeof line, f))
+        found = strstr(line, what) != NULL;
+    fclose(f);
+    return found;
+}

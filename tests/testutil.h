@@ -57,6 +57,11 @@ char *zt_capture_end(void);
  * idx in an LMDB shard directory, committing the change: a corrupt record for tests. */
 void zt_shard_corrupt(const char *shard_dir, uint64_t idx, size_t at, uint8_t mask);
 
+/* 1 when a line of the file at path holds what (0 when it cannot be opened). Opening a FIFO
+ * blocks until its writer opens it; reading it then waits for lines (the writer is the
+ * synchronisation). */
+int zt_file_has(const char *path, const char *what);
+
 /* Runs $ZPS_BIN/<prog> (build/bin without it) with args (NULL-terminated) and the "NAME=value"
  * strings of env (NULL-terminated, or NULL), stdout and stderr into log_path; waits at most
  * timeout_s, then kills it and fails. Asserts it exited normally; echoes the output to

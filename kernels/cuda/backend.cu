@@ -145,24 +145,25 @@ static zps_status s_relu_bwd(size_t n, const float *y, const float *dy, float *d
  * each serves all ops in turn (a growth frees the old one: cudaFree waits for the device). */
 static void *s_dscr, *s_hscr;
 static size_t s_dscr_cap, s_hscr_cap;
+/* buf (device, or pinned host) holds at least bytes afterwards. */
+static zps_status s_grow(void **buf, size_t *cap, size_t bytes, int host)
+{
+    if (bytes <= *cap)
+        return ZPS_OK;
+    if (*buf)
+        S_CUDA(host ? cudaFreeHost(*buf) : cudaFree(*buf));
+    *buf = NULL, *cap = 0;
+    size_t want = bytes < 4096 ? 4096 : bytes;
+    S_CUDA(host ? cudaMallocHost(buf, want) : cudaMalloc(buf, want));
+    *cap = want;
+    return ZPS_OK;
+}
 static zps_status s_scratch(size_t bytes, void **dev, void **host)
 {
-    if (dev && bytes > s_dscr_cap) {
-        if (s_dscr)
-            S_CUDA(cudaFree(s_dscr));
-        s_dscr = NULL, s_dscr_cap = 0;
-        size_t cap = bytes < 4096 ? 4096 : bytes;
-        S_CUDA(cudaMalloc(&s_dscr, cap));
-        s_dscr_cap = cap;
-    }
-    if (host && bytes > s_hscr_cap) {
-        if (s_hscr)
-            S_CUDA(cudaFreeHost(s_hscr));
-        s_hscr = NULL, s_hscr_cap = 0;
-        size_t cap = bytes < 4096 ? 4096 : bytes;
-        S_CUDA(cudaMallocHost(&s_hscr, cap));
-        s_hscr_cap = cap;
-    }
+    if (dev)
+        S_TRY(s_grow(&s_dscr, &s_dscr_cap, bytes, 0));
+    if (host)
+        S_TRY(s_grow(&s_hscr, &s_hscr_cap, bytes, 1));
     if (dev)
         *dev = s_dscr;
     if (host)
