@@ -17,6 +17,7 @@
 #include "common/mem.h"
 #include "common/proc.h"
 #include "tests/ps_test_util.h"
+#include "tests/testutil.h"
 
 ps_client *pst_client_connect(const char *uri, uint32_t t, const ps_client_opts *opts,
                               const ps_plan *plan)
@@ -77,14 +78,9 @@ int pst_spawn(pst_server *s, const char *bind, const char *const *args)
 int pst_start(pst_server *s, const char *prog, const char *log, const char *const *args)
 {
     memset(s, 0, sizeof *s);
-    const char *bin = getenv("ZPS_BIN");
     char path[1024];
-    snprintf(path, sizeof path, "%s/%s", bin ? bin : "build/bin", prog);
-    const char *argv[64] = {path};
-    int n = 1;
-    for (; args[n - 1] && n < 63; n++)
-        argv[n] = args[n - 1];
-    argv[n] = NULL;
+    const char *argv[64];
+    zt_bin_argv(prog, args, path, sizeof path, argv);
     pid_t pid = fork();
     if (pid < 0)
         return -1;

@@ -103,17 +103,24 @@ void zt_shard_corrupt(const char *shard_dir, uint64_t idx, size_t at, uint8_t ma
     free(copy);
 }
 
-int zt_run(const char *prog, const char *const *args, const char *const *env,
-           const char *log_path, double timeout_s, char **out)
+void zt_bin_argv(const char *prog, const char *const *args, char *path, size_t len,
+                 const char **argv)
 {
     const char *bin = getenv("ZPS_BIN");
-    char exe[512];
-    snprintf(exe, sizeof exe, "%s/%s", bin ? bin : "build/bin", prog);
-    const char *argv[64] = {exe};
+    snprintf(path, len, "%s/%s", bin ? bin : "build/bin", prog);
+    argv[0] = path;
     int n = 1;
     for (; args[n - 1] && n < 63; n++)
         argv[n] = args[n - 1];
     argv[n] = NULL;
+}
+
+int zt_run(const char *prog, const char *const *args, const char *const *env,
+           const char *log_path, double timeout_s, char **out)
+{
+    char exe[512];
+    const char *argv[64];
+    zt_bin_argv(prog, args, exe, sizeof exe, argv);
     pid_t pid = fork();
     cr_assert(pid >= 0, "fork failed");
     if (pid == 0) {

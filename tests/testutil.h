@@ -62,6 +62,11 @@ void zt_shard_corrupt(const char *shard_dir, uint64_t idx, size_t at, uint8_t ma
  * synchronisation). */
 int zt_file_has(const char *path, const char *what);
 
+/* argv for $ZPS_BIN/<prog> (build/bin without it) with args (NULL-terminated): path
+ * receives the program's path, argv (64 entries) path then args then NULL. */
+void zt_bin_argv(const char *prog, const char *const *args, char *path, size_t len,
+                 const char **argv);
+
 /* Runs $ZPS_BIN/<prog> (build/bin without it) with args (NULL-terminated) and the "NAME=value"
  * strings of env (NULL-terminated, or NULL), stdout and stderr into log_path; waits at most
  * timeout_s, then kills it and fails. Asserts it exited normally; echoes the output to
