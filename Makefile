@@ -111,6 +111,14 @@ $(B)/.flags: FORCE
 .PHONY: FORCE
 FORCE:
 
+# The git commit goes into $(B)/gen/zps_git.h, rewritten only when it changes.
+GIT_HASH := $(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)$(shell \
+	git diff --quiet HEAD -- 2>/dev/null || { git rev-parse HEAD >/dev/null 2>&1 && echo -dirty; })
+$(B)/gen/zps_git.h: FORCE
+	@mkdir -p $(@D); l='#define ZPS_GIT_HASH "$(GIT_HASH)"'; \
+	 echo "$$l" | cmp -s - $@ || echo "$$l" > $@
+$(B)/obj/common/version.o: $(B)/gen/zps_git.h
+
 $(B)/obj/%.o: %.c $(GEN_H) $(B)/.flags | $(B)/.deps-ok
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS_BASE) -DZPS_HAVE_CUDA=$(HAVE_CUDA) -MMD -MP -c $< -o $@
@@ -174,7 +182,7 @@ test-gpu:
 	bash scripts/test-gpu.sh $(GPU_BUNDLE)
 
 FUZZ_SRC := $(wildcard tests/fuzz/fuzz_*.c)
-fuzz: $(B)/.deps-ok $(GEN_H)
+fuzz: $(B)/.deps-ok $(GEN_H) $(B)/gen/zps_git.h
 	@mkdir -p build-fuzz
 	@for f in $(FUZZ_SRC); do n=$$(basename $$f .c); \
 	  echo "building build-fuzz/$$n"; \
