@@ -16,6 +16,7 @@ PKGS=(
   python3 python3-numpy python3-torch python3-torchvision
   libjemalloc2
   libclang-rt-14-dev
+  slurm-wlm munge openssh-server openssh-client
 )
 [ -n "${ZPS_EXTRA_PKGS:-}" ] && PKGS+=(${ZPS_EXTRA_PKGS})
 
