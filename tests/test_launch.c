@@ -240,8 +240,8 @@ Test(it_launch, slurm_and_ssh_command_lines, .timeout = 10)
                            "--run-dir", "run", "--job", "sj", NULL};
     lt_launch(&r, 0, NULL, slurm);
     cr_assert_eq(r.code, 0, "%s", r.out);
-    cr_assert(strstr(r.out, "server 0 on node1: srun --nodes=1 --ntasks=1 --nodelist=node1 "
-                            "--job-name=sj "),
+    cr_assert(strstr(r.out, "server 0 on node1: srun --overlap --nodes=1 --ntasks=1 "
+                            "--nodelist=node1 --job-name=sj-server-0 "),
               "%s", r.out);
     cr_assert(strstr(r.out, "zps-trainer --cluster "), "%s", r.out);
     const char *ssh[] = {"--cluster", "c.txt", "--launcher", "ssh", "--dry-run", "--run-dir",

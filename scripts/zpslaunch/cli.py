@@ -61,7 +61,9 @@ import shlex
 import signal
 import sys
 import threading
+import types
 
+from zpslaunch import slurm
 from zpslaunch.cluster import free_ports, parse_cluster, write_cluster
 from zpslaunch.commands import build_argv, make_curve_keys
 from zpslaunch.launchers import wrap
@@ -69,6 +71,8 @@ from zpslaunch.proc import (EXIT_FAILED, EXIT_OK, EXIT_USAGE, Interrupted, Proc,
 from zpslaunch.process import stop_all
 from zpslaunch.report import write_summary
 from zpslaunch.supervise import Supervisor, supervise
+from zpslaunch.version import VersionAction
+
 
 def parser():
     ap = argparse.ArgumentParser(
@@ -124,35 +128,48 @@ def parser():
                     help="copy that process's log to stdout while it runs (e.g. trainer:0)")
     ap.add_argument("--ssh", default="ssh -o BatchMode=yes", help="ssh command (ssh launcher)")
     ap.add_argument("--remote-dir", help="working directory on remote hosts (default: cwd)")
-    ap.add_argument("--srun", default="srun", help="srun command (slurm launcher)")
-    ap.add_argument("--srun-args", default="", help="extra srun arguments (one string)")
     ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     ap.add_argument("--quiet", action="store_true", help="only the summary table")
+    ap.add_argument("--version", action=VersionAction)
+    slurm.add_arguments(ap)
     return ap
 
 
 def fleet_hosts(args):
-    """(servers, trainer hosts, job from the cluster file); raises ValueError (usage)."""
+    """The fleet: servers [(host, port)], trainers [host], gpu (a trainer's GPU on its node,
+    or None), job (the cluster file's, or ''), alloc (the Slurm allocation it came from, or
+    None). Raises ValueError (usage) or RuntimeError (Slurm could not be asked)."""
+    from_alloc = args.launcher == "slurm" and not args.cluster
     if args.cluster and (args.servers or args.trainers):
         raise ValueError("give --cluster or --servers/--trainers, not both")
-    if not args.cluster and (args.servers is None or not args.trainers):
+    if from_alloc and (args.servers is not None or args.trainers is not None):
+        raise ValueError("--launcher slurm takes the fleet from the allocation: give "
+                         "--servers-per-node / --trainers-per-node (or --cluster FILE)")
+    if not args.cluster and not from_alloc and (args.servers is None or not args.trainers):
         raise ValueError("give --cluster FILE, or --servers N --trainers M (N >= 0, M >= 1)")
     for name in ("restart_servers", "restart_trainers", "checkpoint_every_versions"):
         if getattr(args, name) < 0:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 0")
     if args.restart_backoff < 0:
         raise ValueError("--restart-backoff must be >= 0")
+    fleet = types.SimpleNamespace(gpu=None, job="", alloc=None)
     if args.cluster:
         try:
-            return parse_cluster(args.cluster)
+            fleet.servers, fleet.trainers, fleet.job = parse_cluster(args.cluster)
         except OSError as e:
             raise ValueError(str(e))
-    if args.launcher != "local":
+    elif from_alloc:
+        fleet.alloc = slurm.Allocation()
+        fleet.servers, fleet.trainers, fleet.gpu = slurm.place(fleet.alloc, args)
+    elif args.launcher != "local":
         raise ValueError(f"--launcher {args.launcher} needs a cluster file naming hosts")
-    if args.servers < 0 or args.trainers < 1:
+    elif args.servers < 0 or args.trainers < 1:
         raise ValueError("--servers must be >= 0 (0: an all-reduce fleet) and --trainers >= 1")
-    servers = [("127.0.0.1", p) for p in free_ports(args.servers)]
-    return servers, ["127.0.0.1"] * args.trainers, ""
+    else:
+        fleet.servers = [("127.0.0.1", p) for p in free_ports(args.servers)]
+        fleet.trainers = ["127.0.0.1"] * args.trainers
+    fleet.gpu = fleet.gpu or [None] * len(fleet.trainers)
+    return fleet
 
 
 def make_run_dir(args, job):
@@ -167,9 +184,10 @@ def make_run_dir(args, job):
     return run_dir
 
 
-def make_procs(args, run_dir, job, servers, trainer_hosts, curve):
+def make_procs(args, run_dir, job, fleet, curve):
     """The fleet's Procs (servers, then trainers) and the template values."""
     curve_server, curve_trainer = curve
+    servers, trainer_hosts = fleet.servers, fleet.trainers
     cluster = os.path.join(run_dir, "cluster.txt")
     write_cluster(cluster, job, servers, trainer_hosts)
     common = {"run_dir": os.path.abspath(run_dir), "cluster": os.path.abspath(cluster),
@@ -179,22 +197,63 @@ def make_procs(args, run_dir, job, servers, trainer_hosts, curve):
     if args.restart_servers > 0 and args.checkpoint_every_versions > 0:
         ckpt = ["--checkpoint-dir", os.path.join(common["run_dir"], "checkpoints"),
                 "--checkpoint-every-versions", str(args.checkpoint_every_versions)]
+    # the launcher runs a process on a node (srun --nodelist wants its Slurm name), the
+    # cluster file names its address
+    node = (lambda h: fleet.alloc.node_of.get(h, h)) if fleet.alloc else (lambda h: h)
     procs = []
     for i, (h, port) in enumerate(servers):
         v = dict(common, index=i, host=h, port=port)
         argv = build_argv(args.server_cmd, args.server_args, v, curve_server + ckpt)
-        p = Proc("server", i, h, port, wrap(argv, h, args, job),
+        step = f"{job}-server-{i}"
+        p = Proc("server", i, h, port, wrap(argv, node(h), args, job, step),
                  os.path.join(run_dir, f"server-{i}.log"))
-        p.restart_argv = wrap(argv + ["--restore"], h, args, job)
+        p.restart_argv = wrap(argv + ["--restore"], node(h), args, job, step)
+        p.step = step
         procs.append(p)
     for i, h in enumerate(trainer_hosts):
         v = dict(common, index=i, host=h, port="")
-        argv = wrap(build_argv(args.trainer_cmd, args.trainer_args, v, curve_trainer(i)), h,
-                    args, job)
-        procs.append(Proc("trainer", i, h, None, argv, os.path.join(run_dir, f"trainer-{i}.log")))
+        argv = build_argv(args.trainer_cmd, args.trainer_args, v, curve_trainer(i))
+        if fleet.gpu[i] is not None:
+            argv = slurm.gpu_argv(argv, fleet.gpu[i])
+        step = f"{job}-trainer-{i}"
+        p = Proc("trainer", i, h, None, wrap(argv, node(h), args, job, step),
+                 os.path.join(run_dir, f"trainer-{i}.log"))
+        p.step = step
+        procs.append(p)
     for p in procs:
         p.pipe_stdin = args.launcher == "ssh"
     return procs, common
+
+
+def start_fleet(args):
+    """The fleet, its run folder, Procs and template values, or an exit code (usage, Slurm,
+    --curve) after printing why."""
+    def fail(code, msg):
+        print(f"zps-launch: {msg}", file=sys.stderr)
+        return code
+    if args.launcher == "slurm" and not (args.dry_run and args.cluster):
+        why = slurm.check(args)  # before anything is made: outside an allocation, nothing
+        if why:
+            return fail(EXIT_USAGE, why)
+    try:
+        fleet = fleet_hosts(args)
+    except ValueError as e:
+        return fail(EXIT_USAGE, e)
+    except RuntimeError as e:
+        return fail(EXIT_FAILED, f"cannot read the Slurm allocation: {e}")
+    job = args.job or fleet.job or "zps"
+    if not all(c.isalnum() or c in "_.-" for c in job) or len(job) > 63:
+        return fail(EXIT_USAGE, f"bad job name '{job}' ([A-Za-z0-9_.-], up to 63 characters)")
+    run_dir = make_run_dir(args, job)
+    curve = ([], lambda i: [])
+    if args.curve:
+        try:
+            curve = make_curve_keys(os.path.abspath(run_dir), os.path.abspath(args.bin_dir),
+                                    len(fleet.trainers))
+        except (OSError, RuntimeError) as e:
+            return fail(EXIT_FAILED, f"--curve: {e}")
+    procs, common = make_procs(args, run_dir, job, fleet, curve)
+    return fleet, job, run_dir, procs, common
 
 
 def main(argv=None):
@@ -204,26 +263,10 @@ def main(argv=None):
         if not args.quiet:
             print(f"zps-launch: {msg}", flush=True)
 
-    try:
-        servers, trainer_hosts, cjob = fleet_hosts(args)
-    except ValueError as e:
-        print(f"zps-launch: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    job = args.job or cjob or "zps"
-    if not all(c.isalnum() or c in "_.-" for c in job) or len(job) > 63:
-        print(f"zps-launch: bad job name '{job}' ([A-Za-z0-9_.-], up to 63 characters)",
-              file=sys.stderr)
-        return EXIT_USAGE
-    run_dir = make_run_dir(args, job)
-    curve = ([], lambda i: [])
-    if args.curve:
-        try:
-            curve = make_curve_keys(os.path.abspath(run_dir), os.path.abspath(args.bin_dir),
-                                    len(trainer_hosts))
-        except (OSError, RuntimeError) as e:
-            print(f"zps-launch: --curve: {e}", file=sys.stderr)
-            return EXIT_FAILED
-    procs, common = make_procs(args, run_dir, job, servers, trainer_hosts, curve)
+    made = start_fleet(args)
+    if isinstance(made, int):
+        return made
+    fleet, job, run_dir, procs, common = made
     if args.dry_run:
         for p in procs:
             print(f"{p.role} {p.index} on {p.host}: {shlex.join(p.argv)}")
@@ -240,11 +283,14 @@ def main(argv=None):
     signal.signal(signal.SIGALRM, on_alarm)
 
     env = dict(os.environ, ZPS_RUN_DIR=os.path.abspath(run_dir), ZPS_JOB=job)
-    say(f"job {job}: {len(servers)} server(s), {len(trainer_hosts)} trainer(s), "
+    say(f"job {job}: {len(fleet.servers)} server(s), {len(fleet.trainers)} trainer(s), "
         f"launcher {args.launcher}, run folder {run_dir}"
         + (", CURVE keys in " + os.path.join(run_dir, "keys") if args.curve else ""))
     stop_evt = threading.Event()
     sup = Supervisor(procs, args, env, say)
+    extra = {"launcher": args.launcher}
+    if args.launcher == "slurm":
+        extra["slurm"] = slurm.attach(sup, fleet.alloc, say)
     followers = []
     code = supervise(sup, args, common, env, say, followers, stop_evt)
     # stop what is left: trainers first (after a failure), then the servers
@@ -258,5 +304,7 @@ def main(argv=None):
         t.join(timeout=2)
     if code == EXIT_OK and not all(p.ok() for p in procs):
         code = EXIT_FAILED
-    write_summary(procs, sup.events, job, run_dir, code)
+    if sup.ended:
+        extra["slurm"]["job_state"] = sup.ended
+    write_summary(procs, sup.events, job, run_dir, code, extra)
     return code

@@ -6,12 +6,13 @@ signalling and reaping are the same for all of them.
 from zpslaunch import slurm, ssh
 
 
-def wrap(argv, host, args, job):
-    """The command that actually runs here, for the chosen launcher."""
+def wrap(argv, host, args, job, step):
+    """The command that actually runs here, for the chosen launcher (step: the process's
+    name within the job, e.g. zps-server-0)."""
     if args.launcher == "local":
         return argv
     if args.launcher == "ssh":
         return ssh.wrap(argv, host, args)
     if args.launcher == "slurm":
-        return slurm.wrap(argv, host, args, job)
+        return slurm.wrap(argv, host, args, step)
     raise ValueError(args.launcher)

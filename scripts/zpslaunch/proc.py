@@ -44,6 +44,9 @@ class Proc:
         self.restart_at = None    # monotonic time a pending restart is due
         self.early = False        # a server that ended while trainers still ran
         self.tolerated = False    # a dead trainer the job went on without (continue)
+        self.step = None          # slurm: the name of its job step
+        self.signaller = None     # slurm: signals its step; True when that was enough
+        self.cancelled = False    # slurm: Slurm ended the job while it ran
 
     @property
     def running(self):
@@ -60,7 +63,7 @@ class Proc:
         dead trainer the job was told to go on without."""
         if self.tolerated:
             return True
-        if self.error or self.status is None or self.early:
+        if self.error or self.cancelled or self.status is None or self.early:
             return False
         if os.WIFEXITED(self.status) and os.WEXITSTATUS(self.status) == 0:
             return True
@@ -97,6 +100,8 @@ class Proc:
                     text if text == "ok" else text + " (stopped)")
         if self.tolerated:
             text += " (job went on)"
+        if self.cancelled:  # Slurm signalled it: an exit 0 is a stop, not a finished run
+            text = ("stopped" if text in ("ok", "stopped") else text) + " (job cancelled)"
         return text
 
     def exit_code(self):

@@ -55,6 +55,8 @@ def stop_group(p, sig):
     if not p.running:
         return
     p.stopped = True
+    if p.signaller is not None and p.signaller(p, sig):
+        return
     try:
         os.killpg(p.pid, sig)
     except ProcessLookupError:

@@ -16,15 +16,15 @@ def table(procs, run_dir):
     return "\n".join("  ".join(c.ljust(w[i]) for i, c in enumerate(r)).rstrip() for r in rows)
 
 
-def write_summary(procs, events, job, run_dir, code):
+def write_summary(procs, events, job, run_dir, code, extra=None):
     summary = [{"role": p.role, "index": p.index, "host": p.host, "pid": p.pid,
                 "status": p.describe(), "exit_code": p.exit_code(), "stopped": p.stopped,
-                "restarts": p.restarts,
+                "restarts": p.restarts, "cancelled": p.cancelled,
                 "runtime_s": round((p.end or time.monotonic()) - p.start, 3) if p.start else None,
                 "log": p.log, "argv": p.argv} for p in procs]
     with open(os.path.join(run_dir, "summary.json"), "w") as f:
-        json.dump({"job": job, "run_dir": run_dir, "exit_code": code, "processes": summary,
-                   "events": events}, f, indent=1)
+        json.dump(dict({"job": job, "run_dir": run_dir, "exit_code": code,
+                        "processes": summary, "events": events}, **(extra or {})), f, indent=1)
     print(table(procs, run_dir), flush=True)
     if events:
         print("events:")

@@ -25,6 +25,27 @@ class Supervisor:
         self.t_end = self.t0 + args.timeout if args.timeout > 0 else None
         self.events = []   # what died, when, how, what was done (summary.json "events")
         self.code = EXIT_OK
+        self.ending = None  # slurm: returns the job's state while Slurm ends the job
+        self.ended = None   # that state, once seen
+
+    def job_ended(self, dead=None):
+        """True when the scheduler is ending the job (slurm: scancel, time limit): every
+        process still running, and `dead` (just reaped), was signalled by it, so none is
+        restarted and none reads "ok"; the job ends (exit 130)."""
+        if self.ending is None:
+            return False
+        if self.ended is None:
+            self.ended = self.ending()
+            if self.ended is None:
+                return False
+            self.say(f"the Slurm job is {self.ended}: Slurm signalled every process")
+        for p in self.procs:
+            if p.running or p is dead:
+                p.cancelled = True
+        if dead is not None:
+            self.record(dead, f"none (Slurm job {self.ended})")
+        self.code = EXIT_INTERRUPTED
+        return True
 
     def start(self, p):
         """Starts p's next incarnation; False when it cannot start."""
@@ -71,6 +92,8 @@ class Supervisor:
         return ev
 
     def on_death(self, p):
+        if self.job_ended(p):
+            return
         if p.role == "trainer" and p.ok():
             self.say(f"trainer {p.index} finished (ok, {p.end - p.start:.1f} s)")
             return
@@ -123,9 +146,9 @@ class Supervisor:
                 raise TimedOut()
             self.restart_due()
             left = self.wake_in()
-            if left is not None:
-                signal.setitimer(signal.ITIMER_REAL, left)
-            try:
+            try:  # the alarm is set inside the try: it may fire at once
+                if left is not None:
+                    signal.setitimer(signal.ITIMER_REAL, left)
                 p = reap_one(self.procs, True)
             except TimedOut:
                 continue  # a deadline: the loop looks at what is due
@@ -172,6 +195,7 @@ def supervise(sup, args, common, env, say, followers, stop_evt):
     except Interrupted as e:
         say(f"interrupted by {signal.Signals(e.args[0]).name}")
         code = EXIT_INTERRUPTED
+        sup.job_ended()
     except TimedOut:
         say(f"timeout of {args.timeout:g} s reached")
         code = EXIT_TIMEOUT
