@@ -26,6 +26,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/version.h"
 #include "tests/launch_test_util.h"
 #include "tests/testutil.h"
 #include "trainer/metrics.h"
@@ -250,6 +251,26 @@ Test(it_launch, slurm_and_ssh_command_lines, .timeout = 10)
     cr_assert_eq(r.code, 0, "%s", r.out);
     cr_assert(strstr(r.out, "trainer 0 on node2: ssh -o BatchMode=yes node2 'sh -c "), "%s",
               r.out);
+    lt_cleanup(&r);
+}
+
+/* --version: the C binaries' format (zps_version_line), the version from common/version.h
+ * and the source tree's commit. */
+Test(it_launch, version_line, .timeout = 20)
+{
+    lt_run r;
+    lt_setup(&r, 0);
+    const char *args[] = {"--version", NULL};
+    lt_launch(&r, 0, NULL, args);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    const char *want = "zps-launch " ZPS_VERSION " (git ";
+    cr_assert(!strncmp(r.out, want, strlen(want)), "%s\nwant %s...", r.out, want);
+    const char *hash = r.out + strlen(want);
+    size_t n = strspn(hash, "0123456789abcdef");
+    cr_assert(n == 12 || !strncmp(hash, "unknown)", 8), "%s", r.out);
+    cr_assert(!strcmp(hash + n, ")\n") || !strcmp(hash + n, "-dirty)\n") ||
+                  !strcmp(hash, "unknown)\n"),
+              "%s", r.out);
     lt_cleanup(&r);
 }
 

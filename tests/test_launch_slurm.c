@@ -12,15 +12,20 @@
  * stand-in scontrol (--dry-run).
  *
  * The cluster file names the node by its NodeAddr (--node-address addr) until zps-server
- * binds host names. Waits are polls of files and of squeue, each with a deadline.
+ * binds host names; the fleets get --port-base from free ports (the default derives from the
+ * job id, the same in two of these tests running at once). Waits are polls of files and of
+ * squeue, each with a deadline.
  */
+#include <arpa/inet.h>
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -127,6 +132,33 @@ static void s_up(void)
     cr_assert_eq(rc, 0, "zps-data convert: %s", out);
 }
 
+/* A base port P with P and P + 1 free on 127.0.0.1 now. The default base derives from the
+ * job id, and every test cluster starts at job 1: two of these tests at once would share
+ * ports. */
+static int s_port_base(void)
+{
+    for (int tries = 0; tries < 50; tries++) {
+        int fd[2] = {socket(AF_INET, SOCK_STREAM, 0), socket(AF_INET, SOCK_STREAM, 0)};
+        cr_assert(fd[0] >= 0 && fd[1] >= 0, "socket: %s", strerror(errno));
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(0x7f000001)};
+        socklen_t len = sizeof a;
+        int base = 0;
+        if (bind(fd[0], (struct sockaddr *)&a, sizeof a) == 0 &&
+            getsockname(fd[0], (struct sockaddr *)&a, &len) == 0 &&
+            ntohs(a.sin_port) < 65535) {
+            a.sin_port = htons((uint16_t)(ntohs(a.sin_port) + 1));
+            if (bind(fd[1], (struct sockaddr *)&a, sizeof a) == 0)
+                base = ntohs(a.sin_port) - 1;
+        }
+        close(fd[0]);
+        close(fd[1]);
+        if (base)
+            return base;
+    }
+    cr_assert_fail("no two consecutive free ports");
+    return 0;
+}
+
 /* sbatch of the example script for a fleet of 2 servers and 2 trainers on the one node,
  * run folder s_dir/run; the job id into job[32]. */
 static void s_sbatch(const char *run, int steps, char *job)
@@ -136,10 +168,10 @@ static void s_sbatch(const char *run, int steps, char *job)
                   "cd '%s' && sbatch --parsable --nodes=1 --ntasks=2 --output=%s.out "
                   "--export=ALL,ZPS_ROOT='%s' '%s/scripts/zps-slurm.sbatch' --bin-dir '%s' "
                   "--servers-per-node 2 --trainers-per-node 2 --node-address addr "
-                  "--run-dir '%s/%s' --grace 5 --trainer-args='--data fm --mode async "
-                  "--model mlp --steps %d --batch-size 32 --eval-batches 4 --no-progress "
-                  "--threads 0 --stop-accuracy 0.7' 2>&1",
-                  s_dir, run, s_root(), s_root(), s_bin(), s_dir, run, steps);
+                  "--port-base %d --run-dir '%s/%s' --grace 5 --trainer-args='--data fm "
+                  "--mode async --model mlp --steps %d --batch-size 32 --eval-batches 4 "
+                  "--no-progress --threads 0 --stop-accuracy 0.7' 2>&1",
+                  s_dir, run, s_root(), s_root(), s_bin(), s_port_base(), s_dir, run, steps);
     cr_assert_eq(rc, 0, "sbatch: %s", out);
     cr_assert(sscanf(out, "%31[0-9]", job) == 1, "sbatch said: %s", out);
 }
@@ -149,12 +181,34 @@ static void s_summary(const char *run, char *out, size_t cap)
 {
     char path[300];
     snprintf(path, sizeof path, "%s/%s/summary.json", s_dir, run);
-    cr_assert(s_wait_file(path, NULL, 40), "no %s", path);
+    if (!s_wait_file(path, NULL, 40)) {
+        s_sh(out, cap, "squeue -s; tail -n 20 '%s/%s.out'", s_dir, run);
+        cr_assert_fail("no %s after 40 s:\n%s", path, out);
+    }
     s_sh(out, cap,
          "python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); "
          "print(\" \".join(\"%%s%%d=%%s/%%s\" %% (p[\"role\"], p[\"index\"], p[\"status\"], "
          "p[\"exit_code\"]) for p in d[\"processes\"]), \"|\", d[\"exit_code\"])' '%s' 2>&1",
          path);
+}
+
+/* pid runs: it exists and is not a zombie. srun forks a helper that, when srun is gone,
+ * init reaps some time later; meanwhile it is a zombie, which runs nothing. */
+static int s_alive(pid_t pid)
+{
+    errno = 0;
+    if (kill(pid, 0) == -1 && errno == ESRCH)
+        return 0;
+    char path[64], stat[512] = "";
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    size_t n = fread(stat, 1, sizeof stat - 1, f);
+    fclose(f);
+    stat[n] = 0;
+    const char *st = strrchr(stat, ')'); // "PID (COMM) STATE ..."
+    return !(st && st[1] == ' ' && st[2] == 'Z');
 }
 
 static void s_assert_gone(const char *pids, const char *why)
@@ -167,9 +221,11 @@ static void s_assert_gone(const char *pids, const char *why)
             continue;
         }
         p = end;
-        errno = 0;
-        cr_assert(pid > 0 && kill((pid_t)pid, 0) == -1 && errno == ESRCH,
-                  "pid %ld (%s) is still there", pid, why);
+        if (pid <= 0 || !s_alive((pid_t)pid))
+            continue;
+        char ps[512];
+        s_sh(ps, sizeof ps, "ps -o pid,ppid,stat,args -p %ld 2>&1", pid);
+        cr_assert_fail("pid %ld (%s) is still there:\n%s", pid, why, ps);
     }
 }
 
@@ -187,6 +243,8 @@ Test(it_slurm, fleet_from_the_allocation_trains_and_a_cancel_stops_it, .timeout 
     cr_assert(strstr(out, "JobState=COMPLETED") && strstr(out, "ExitCode=0:0"), "%s", out);
     snprintf(path, sizeof path, "%s/train/trainer-0.log", s_dir);
     cr_assert(zt_file_has(path, "reached the target 0.7000"), "see %s", path);
+    snprintf(path, sizeof path, "%s/train/server-0.log", s_dir);
+    cr_assert(zt_file_has(path, "stopping: final checkpoint"), "see %s", path);
     snprintf(path, sizeof path, "%s/train/cluster.txt", s_dir);
     cr_assert(zt_file_has(path, "server = 127.0.0.1:") && zt_file_has(path, "trainer ="),
               "see %s", path);

@@ -5,6 +5,8 @@
   zps-launch --servers 2 --trainers 2 [--trainer-args "--mode async ..."]   # this machine
   zps-launch --servers 0 --trainers 2 --trainer-args "--mode allreduce ..."  # no servers
   zps-launch --cluster cluster.txt --launcher ssh|slurm|local [...]          # a cluster file
+  zps-launch --launcher slurm [--servers-per-node N] [...]   # in sbatch: the allocation
+  zps-launch --version
 
 Every process gets its own process group and its own log in the run folder
 (runs/<job>-<timestamp>/ by default): server-<i>.log, trainer-<i>.log. The command lines are
@@ -50,8 +52,11 @@ Launchers (docs/training.md says what was tested and how):
   local  run the command here (hosts in the cluster file are ignored)
   ssh    `ssh HOST sh -c 'cd DIR && CMD'`; the remote process is killed when the launcher's
          ssh connection ends (a watcher on the remote side waits for ssh's stdin to close)
-  slurm  `srun --nodes=1 --ntasks=1 --nodelist=HOST --job-name=JOB CMD` inside an allocation
-         (salloc/sbatch); stopping srun ends the job step
+  slurm  inside an allocation (sbatch/salloc) only; without --cluster the fleet comes from
+         the allocation (--servers-per-node, default 1, and --trainers-per-node, default one
+         per GPU, else one, on every node); each process is a step
+         `srun --overlap --nodes=1 --ntasks=1 --nodelist=NODE --job-name=JOB-ROLE-I CMD`,
+         stopped with `scancel --signal=TERM JOBID.STEPID` (srun itself is not signalled)
 Python 3 standard library only.
 """
 import argparse

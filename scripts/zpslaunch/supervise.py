@@ -38,7 +38,7 @@ class Supervisor:
             self.ended = self.ending()
             if self.ended is None:
                 return False
-            self.say(f"the Slurm job is {self.ended}: Slurm signalled every process")
+            self.say(f"Slurm is ending the job (state {self.ended}): Slurm signalled every process")
         for p in self.procs:
             if p.running or p is dead:
                 p.cancelled = True
