@@ -8,7 +8,9 @@
 #
 # Everything lives under DIR: its own munge key and socket, slurm.conf (free ports picked
 # here, so it collides with nothing else on the machine), state, spool, logs and pid files.
-# The daemons are only ever stopped through DIR's pid files, never by name. A watcher
+# The daemons are only ever stopped through DIR's pid files, never by name; `down` cancels
+# the jobs and waits for them first, then kills what the jobs left by PID (processes whose
+# environment holds SLURM_CONF=DIR/slurm.conf). A watcher
 # (started by `up`) stops them too once WATCH_PID (the test) has gone, so a test killed by
 # its timeout leaves no daemon behind. Needs slurm-wlm and munge (make deps) and root
 # (SlurmUser=root, as the Debian packages run it here).
@@ -33,11 +35,34 @@ stop_pidfile() { # SIGTERM, then SIGKILL after 5 s
     rm -f "$1"
 }
 
+# PIDs of what the jobs left: slurmstepd and everything under it carry
+# SLURM_CONF=DIR/slurm.conf (this cluster's own path) in their environment. Not listed: the
+# daemons (stopped by their pid files) and this script's ancestors (the test's shell, the
+# watcher), which may carry it too.
+leftover_pids() {
+    keep=" $(cat "$1/slurmd.pid" "$1/slurmctld.pid" 2>/dev/null | tr '\n' ' ') "
+    p=$$
+    while [ "$p" -gt 1 ] 2>/dev/null; do
+        keep="$keep$p "
+        p=$(sed 's/.*) . \([0-9]*\).*/\1/' "/proc/$p/stat" 2>/dev/null) || break
+    done
+    for e in /proc/[0-9]*/environ; do
+        p=${e#/proc/} p=${p%/environ}
+        case "$keep" in *" $p "*) continue ;; esac
+        { tr '\0' '\n' <"$e"; } 2>/dev/null | grep -qx "SLURM_CONF=$1/slurm.conf" && echo "$p"
+    done
+}
+
 down() {
     dir=$1
     if [ -s "$dir/slurmctld.pid" ] && [ -f "$dir/slurm.conf" ]; then
-        SLURM_CONF=$dir/slurm.conf timeout 10 scancel --quiet --full --user=root 2>/dev/null
+        SLURM_CONF="$dir/slurm.conf" timeout 10 scancel --quiet --full --user=root 2>/dev/null
+        # the daemons must outlive the jobs: a slurmstepd left without them never ends
+        deadline=$(($(date +%s) + 15))
+        wait_for env SLURM_CONF="$dir/slurm.conf" sh -c '[ -z "$(squeue -h -o %i)" ]'
     fi
+    pids=$(leftover_pids "$dir")
+    [ -n "$pids" ] && kill -KILL $pids 2>/dev/null
     stop_pidfile "$dir/slurmd.pid"
     stop_pidfile "$dir/slurmctld.pid"
     stop_pidfile "$dir/munge/munged.pid"

@@ -4,8 +4,9 @@
  * also when the test fails or times out):
  * - scripts/zps-slurm.sbatch submitted with sbatch: a 2-server, 2-trainer fleet derived from
  *   the allocation trains to its target and the job exits 0;
- * - scancel of a running job: Slurm SIGTERMs every step and the launcher; the servers write
- *   their final checkpoint and exit 0, the launcher reports every process "stopped (job
+ * - in a long run, server 1's task killed: the launcher restarts it with --restore (a new
+ *   step); then scancel of the job: Slurm SIGTERMs every step and the launcher; the servers
+ *   write their final checkpoint and exit 0, the launcher reports every process "stopped (job
  *   cancelled)" in its summary, and no process of the job is left (by PID);
  * and without daemons: outside an allocation (or without Slurm's commands) the launcher
  * refuses and starts nothing; the placement read from an allocation with GPUs, through a
@@ -176,7 +177,7 @@ static void s_sbatch(const char *run, int steps, char *job)
     cr_assert(sscanf(out, "%31[0-9]", job) == 1, "sbatch said: %s", out);
 }
 
-/* "server0=STATUS/EXIT ... trainer1=STATUS/EXIT | EXIT" from run's summary.json. */
+/* "server0=STATUS/EXIT/rRESTARTS ... trainer1=... | EXIT" from run's summary.json. */
 static void s_summary(const char *run, char *out, size_t cap)
 {
     char path[300];
@@ -187,8 +188,9 @@ static void s_summary(const char *run, char *out, size_t cap)
     }
     s_sh(out, cap,
          "python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); "
-         "print(\" \".join(\"%%s%%d=%%s/%%s\" %% (p[\"role\"], p[\"index\"], p[\"status\"], "
-         "p[\"exit_code\"]) for p in d[\"processes\"]), \"|\", d[\"exit_code\"])' '%s' 2>&1",
+         "print(\" \".join(\"%%s%%d=%%s/%%s/r%%d\" %% (p[\"role\"], p[\"index\"], "
+         "p[\"status\"], p[\"exit_code\"], p[\"restarts\"]) for p in d[\"processes\"]), "
+         "\"|\", d[\"exit_code\"])' '%s' 2>&1",
          path);
 }
 
@@ -229,15 +231,15 @@ static void s_assert_gone(const char *pids, const char *why)
     }
 }
 
-Test(it_slurm, fleet_from_the_allocation_trains_and_a_cancel_stops_it, .timeout = 120,
-     .fini = s_down)
+/* A fleet that trains to its target: the job ends COMPLETED, exit 0. */
+static void s_check_training(void)
 {
-    s_up();
     char job[32], out[4096], path[300];
     s_sbatch("train", 300, job);
     s_summary("train", out, sizeof out);
-    cr_assert(strstr(out, "server0=ok/0 server1=ok/0 trainer0=ok/0 trainer1=ok/0 | 0"), "%s",
-              out);
+    cr_assert(strstr(out, "server0=ok/0/r0 server1=ok/0/r0 trainer0=ok/0/r0 trainer1=ok/0/r0 "
+                          "| 0"),
+              "%s", out);
     cr_assert(s_wait_job_gone(job, 15), "job %s did not end", job);
     s_sh(out, sizeof out, "scontrol show job %s 2>&1", job);
     cr_assert(strstr(out, "JobState=COMPLETED") && strstr(out, "ExitCode=0:0"), "%s", out);
@@ -251,19 +253,43 @@ Test(it_slurm, fleet_from_the_allocation_trains_and_a_cancel_stops_it, .timeout 
     snprintf(path, sizeof path, "%s/train.out", s_dir);
     cr_assert(zt_file_has(path, "zps-launch: ok (exit 0)"), "see %s", path);
     cr_assert(zt_file_has(path, "tasks per node [2], GPUs per node [0]"), "see %s", path);
+}
 
-    /* a long run, cancelled once the servers have checkpointed */
+/* SIGKILL to server 1's task (its step found by name, its pid by scontrol listpids): the
+ * launcher restarts it with --restore in a new step. */
+static void s_kill_server_1(const char *job)
+{
+    char step[64], pid[64], path[300];
+    cr_assert_eq(s_sh(step, sizeof step,
+                      "squeue -s -j %s -h -o '%%i %%j' | awk '$2 == \"zps-server-1\" "
+                      "{sub(/.*[.]/, \"\", $1); print $1}'",
+                      job),
+                 0);
+    step[strcspn(step, "\n")] = 0;
+    cr_assert(step[0], "no step zps-server-1");
+    s_sh(pid, sizeof pid, "scontrol listpids %s | awk '$3 == \"%s\" {print $1}'", job, step);
+    cr_assert_gt(atoi(pid), 0, "no pid for step %s.%s", job, step);
+    cr_assert_eq(kill(atoi(pid), SIGKILL), 0);
+    snprintf(path, sizeof path, "%s/cancel/server-1.log", s_dir);
+    cr_assert(s_wait_file(path, "restored ", 30), "server 1 was not restored: see %s", path);
+}
+
+/* A long run, server 1 killed and restored, then the job cancelled: every process stops
+ * gracefully and none is left. */
+static void s_check_cancel(void)
+{
+    char job[32], out[4096], path[300], pids[2048];
     s_sbatch("cancel", 100000, job);
     snprintf(path, sizeof path, "%s/cancel/server-1.log", s_dir);
     cr_assert(s_wait_file(path, "checkpoint at version", 30), "no checkpoint in %s", path);
-    char pids[2048];
+    s_kill_server_1(job);
     cr_assert_eq(s_sh(pids, sizeof pids, "scontrol listpids %s | awk 'NR > 1 {print $1}'", job),
                  0, "%s", pids);
     cr_assert_eq(s_sh(out, sizeof out, "scancel %s 2>&1", job), 0, "scancel: %s", out);
     s_summary("cancel", out, sizeof out);
     for (int i = 0; i < 2; i++) {
         char want[64];
-        snprintf(want, sizeof want, "server%d=stopped (job cancelled)/0", i);
+        snprintf(want, sizeof want, "server%d=stopped (job cancelled)/0/r%d", i, i);
         cr_assert(strstr(out, want), "%s\nwant %s", out, want);
         snprintf(path, sizeof path, "%s/cancel/server-%d.log", s_dir, i);
         cr_assert(zt_file_has(path, "stopping: final checkpoint"), "see %s", path);
@@ -274,6 +300,15 @@ Test(it_slurm, fleet_from_the_allocation_trains_and_a_cancel_stops_it, .timeout 
     s_assert_gone(pids, "a process of the cancelled job");
     snprintf(path, sizeof path, "%s/cancel.out", s_dir);
     cr_assert(zt_file_has(path, "Slurm signalled every process"), "see %s", path);
+    cr_assert(zt_file_has(path, "server 1 failed: exit 137"), "see %s", path);
+}
+
+Test(it_slurm, fleet_from_the_allocation_trains_restarts_and_a_cancel_stops_it,
+     .timeout = 120, .fini = s_down)
+{
+    s_up();
+    s_check_training();
+    s_check_cancel();
 }
 
 /* ---------------------------------------------------------------- without daemons */
