@@ -25,6 +25,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import time
 
 NOT_IN_ALLOCATION = ("not inside a Slurm allocation: run it from sbatch or salloc "
                      "(see docs/training.md)")
@@ -194,15 +195,26 @@ def signaller(job_id):
     through `scancel --signal` (so srun never sees a SIGTERM). True when that is all to do;
     False (the caller signals srun's group too) for SIGKILL, which must end srun whatever
     the step does, and while srun has no step yet (still starting: nothing to lose)."""
+    cache = {"at": 0.0, "ids": {}}
+
+    def lookup(name, fresh):
+        # one squeue answers for every process stopped together (stop_all signals them all
+        # at once); asked again for a name it lacks, a stale answer, or a retry
+        if fresh or name not in cache["ids"] or time.monotonic() - cache["at"] > 1.0:
+            cache["at"], cache["ids"] = time.monotonic(), step_ids(job_id)
+        return cache["ids"].get(name)
+
     def signal_step(p, sig):
-        sid = step_ids(job_id).get(p.step)
-        if sid is None:
-            return False
-        try:
-            _run(["scancel", "--quiet", f"--signal={signal.Signals(sig).name[3:]}", sid])
-        except RuntimeError:
-            return False
-        return sig != signal.SIGKILL
+        for fresh in (False, True):  # a cached id may be a restarted process's old step
+            sid = lookup(p.step, fresh)
+            if sid is None:
+                return False
+            try:
+                _run(["scancel", "--quiet", f"--signal={signal.Signals(sig).name[3:]}", sid])
+            except RuntimeError:
+                continue
+            return sig != signal.SIGKILL
+        return False
     return signal_step
 
 
