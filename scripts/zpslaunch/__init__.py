@@ -5,7 +5,8 @@ it, report). Python 3 standard library only; the usage is in cli.py's docstring.
   proc       Proc (one slot of the fleet), exit codes, the signal exceptions
   cluster    cluster file read/write, free loopback ports
   commands   command templates, --curve keys
-  launchers  local / ssh / slurm wrapping (ssh.py, slurm.py)
+  launchers  local / ssh / slurm wrapping (ssh.py; slurm.py also reads the allocation)
+  version    --version
   process    start, signal, reap, stop processes (own process groups only)
   supervise  the supervision loop and restart policies, --before-stop
   report     summary table and summary.json
