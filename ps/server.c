@@ -25,6 +25,7 @@
 #include "common/check.h"
 #include "common/clock.h"
 #include "common/mem.h"
+#include "common/net.h"
 #include "ps/server_int.h"
 
 /* s->stop set by ps_server_stop (a signal), not by SHUTDOWN (which checkpoints itself, and
@@ -412,21 +413,18 @@ static zps_status s_open_socket(ps_server *s)
     ZPS_CHECK_PTR(s->sock, ZPS_ERR_ZMQ);
     int zero = 0, linger = 2000;
     int64_t maxmsg = (int64_t)(cfg->max_message_bytes + ZPS_HEADER_MAX_BYTES);
-    char bind[600];
-    snprintf(bind, sizeof bind, "%s", cfg->bind);
-    size_t bl = strlen(bind);
-    if (bl > 2 && !strcmp(bind + bl - 2, ":0"))
-        snprintf(bind + bl - 1, sizeof bind - (bl - 1), "*");
     if (cfg->curve_key[0])
         ZPS_TRY(s_setup_curve(s));
     if (zmq_setsockopt(s->sock, ZMQ_SNDHWM, &zero, sizeof zero) == -1 ||
         zmq_setsockopt(s->sock, ZMQ_RCVHWM, &zero, sizeof zero) == -1 ||
         zmq_setsockopt(s->sock, ZMQ_LINGER, &linger, sizeof linger) == -1 ||
-        zmq_setsockopt(s->sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg) == -1 ||
-        zmq_bind(s->sock, bind) == -1) {
-        zps_log(ZPS_ERROR, "ps", "cannot bind %s: %s", cfg->bind, zmq_strerror(zmq_errno()));
+        zmq_setsockopt(s->sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg) == -1) {
+        zps_log(ZPS_ERROR, "ps", "socket options: %s", zmq_strerror(zmq_errno()));
         return ZPS_ERR_ZMQ;
     }
+    /* a name is resolved and its addresses tried in order (common/net.h), so the endpoint
+     * below, and the loopback judgement made on it, is the numeric address bound */
+    ZPS_TRY(zps_net_bind(s->sock, cfg->bind, "server"));
     size_t el = sizeof s->endpoint;
     ZPS_CHECK_ZMQ(zmq_getsockopt(s->sock, ZMQ_LAST_ENDPOINT, s->endpoint, &el));
     return ZPS_OK;
