@@ -154,6 +154,27 @@ static int s_ipv6(void *sock, const zps_net_addr *a)
     return zmq_setsockopt(sock, ZMQ_IPV6, &a->ipv6, sizeof a->ipv6);
 }
 
+zps_status zps_net_bind_addrs(void *sock, const zps_net_addr *a, int n, const char *ep)
+{
+    int err = 0;
+    for (int i = 0; i < n; i++) {
+        if (s_ipv6(sock, &a[i]) == 0 && zmq_bind(sock, a[i].uri) == 0) {
+            if (strcmp(a[i].uri, ep))
+                zps_log(ZPS_DEBUG, "net", "%s: bound %s", ep, a[i].uri);
+            return ZPS_OK;
+        }
+        err = zmq_errno();
+        zps_log(n > 1 ? ZPS_INFO : ZPS_DEBUG, "net", "cannot bind %s (address %d of %d of %s): "
+                "%s", a[i].uri, i + 1, n, ep, zmq_strerror(err));
+    }
+    if (n == 1 && !strcmp(a[0].uri, ep))
+        zps_log(ZPS_ERROR, "net", "cannot bind %s: %s", ep, zmq_strerror(err));
+    else
+        zps_log(ZPS_ERROR, "net", "cannot bind %s (resolved to %s%s): %s", ep, a[0].uri,
+                n > 1 ? " and more" : "", zmq_strerror(err));
+    return ZPS_ERR_ZMQ;
+}
+
 zps_status zps_net_bind(void *sock, const char *ep, const char *what)
 {
     char why[512], bind_ep[ZPS_NET_URI_MAX];
@@ -168,23 +189,7 @@ zps_status zps_net_bind(void *sock, const char *ep, const char *what)
         zps_log(ZPS_ERROR, "net", "%s", why); // why names the host or the endpoint
         return st;
     }
-    int err = 0;
-    for (int i = 0; i < n; i++) {
-        if (s_ipv6(sock, &a[i]) == 0 && zmq_bind(sock, a[i].uri) == 0) {
-            if (strcmp(a[i].uri, bind_ep))
-                zps_log(ZPS_DEBUG, "net", "%s resolved to %s", ep, a[i].uri);
-            return ZPS_OK;
-        }
-        err = zmq_errno();
-        zps_log(n > 1 ? ZPS_WARN : ZPS_DEBUG, "net", "cannot bind %s (address %d of %d of %s): "
-                "%s", a[i].uri, i + 1, n, ep, zmq_strerror(err));
-    }
-    if (n == 1 && !strcmp(a[0].uri, bind_ep))
-        zps_log(ZPS_ERROR, "net", "cannot bind %s: %s", ep, zmq_strerror(err));
-    else
-        zps_log(ZPS_ERROR, "net", "cannot bind %s (resolved to %s%s): %s", ep, a[0].uri,
-                n > 1 ? " and more" : "", zmq_strerror(err));
-    return ZPS_ERR_ZMQ;
+    return zps_net_bind_addrs(sock, a, n, bind_ep);
 }
 
 zps_status zps_net_connect(void *sock, const char *ep, const char *what, int n_conn)

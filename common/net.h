@@ -43,6 +43,9 @@ zps_status zps_net_resolve(const char *ep, const char *what, int for_bind, zps_n
  * the numeric address bound. */
 zps_status zps_net_bind(void *sock, const char *ep, const char *what);
 
+/* The loop of zps_net_bind over addresses already resolved (ep names them in messages). */
+zps_status zps_net_bind_addrs(void *sock, const zps_net_addr *a, int n, const char *ep);
+
 /* Connects sock n_conn times (one TCP connection each) to ep's first resolved address, with
  * ZMQ_IPV6 set when it is IPv6. Logs the failure like zps_net_bind. */
 zps_status zps_net_connect(void *sock, const char *ep, const char *what, int n_conn);
