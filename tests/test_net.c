@@ -307,6 +307,37 @@ Test(it_net, server_binds_ipv6_loopback)
     s_serve_and_register("[::1]:0", "tcp://[::1]:", "tcp://[::1]:%s");
 }
 
+/* Starts zps-server --bind bind (log in s_tmp), stops it once it listens; 1 when it warned
+ * that it listens beyond this machine without CURVE. */
+static int s_warns_beyond_loopback(const char *bind, int k)
+{
+    char log[700];
+    snprintf(log, sizeof log, "%s/bind%d.log", s_tmp, k);
+    pst_server s;
+    const char *args[] = {"--bind", bind, "--mode", "async", "--num-trainers", "1", NULL};
+    cr_assert_eq(pst_start(&s, "zps-server", log, args), 0);
+    double end = zps_now_s() + 10;
+    while (!zt_file_has(log, "zps-server listening on ") && zps_now_s() < end)
+        zps_sleep_ns(20000000);
+    int st = pst_kill(&s, SIGTERM);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0 || !zt_file_has(log, "listening on "))
+        pst_dump(log);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "--bind %s: wait status %d", bind, st);
+    return zt_file_has(log, "without CURVE");
+}
+
+Test(it_net, curve_warning_judges_the_bound_address)
+{
+    zt_mktmp(s_tmp, sizeof s_tmp, "zps-net");
+    char host[300];
+    snprintf(host, sizeof host, "%s:0", s_loop_host());
+    cr_assert_not(s_warns_beyond_loopback("localhost:0", 0), "localhost is loopback");
+    cr_assert_not(s_warns_beyond_loopback(host, 1), "%s resolves to loopback", host);
+    if (s_have_v6())
+        cr_assert_not(s_warns_beyond_loopback("[::1]:0", 2), "::1 is loopback");
+    cr_assert(s_warns_beyond_loopback("tcp://*:0", 3), "no warning for every interface");
+}
+
 /* 512 Fashion-MNIST images in two shards at s_data. */
 static void s_make_data(void)
 {
