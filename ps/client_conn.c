@@ -163,8 +163,8 @@ zps_status ps_client_open_socket(ps_client *c, int i)
         st = ZPS_ERR_ZMQ;
     }
     /* one TCP connection per stream, to the server's resolved address (common/net.h: a
-     * name, or an IPv6 address with ZMQ_IPV6); resolved again on every reopen, so a server
-     * restarted elsewhere under its name is found */
+     * name, or an IPv6 address with ZMQ_IPV6); resolved at each open, not at ZeroMQ's
+     * reconnects, which keep that address */
     if (st == ZPS_OK)
         st = zps_net_connect(s, c->uris[i], "server", c->o.streams);
     if (st != ZPS_OK) {
