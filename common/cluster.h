@@ -5,7 +5,8 @@
  *     job = NAME          optional, at most once ([A-Za-z0-9_.-]+)
  *     server = HOST:PORT  one line per server, in server-index order; no duplicates
  *     trainer = HOST      one line per trainer, in trainer-index order; a host may repeat
- * HOST is a name or IPv4 address ([A-Za-z0-9.-]+) or a bracketed IPv6 address ([::1]).
+ * HOST is a name or IPv4 address ([A-Za-z0-9.-]+) or a bracketed IPv6 address ([::1]);
+ * names are resolved where the address is bound or connected (common/net.h), not here.
  * At least one server and one trainer. Anything else is rejected with its line number.
  */
 #ifndef ZPS_COMMON_CLUSTER_H
