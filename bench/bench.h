@@ -34,7 +34,7 @@ void bench_register(const char *name, bench_fn fn, const char *help);
      .opt = (table), .cfg_size = sizeof(T), .defaults = (defaults_fn), .more_help = (more)}
 
 /* Fills cfg with the benchmark's defaults and parses its flags (argv[0] is its name) with
- * its table; a refused flag's reason is followed by the usage on stderr. -1 to go on, else
+ * its table; a refused flag is one line on stderr (common/opts.h). -1 to go on, else
  * the exit code: 0 after --help, 2 (usage) after a refusal. */
 int bench_opts_parse(const zps_opts *o, void *cfg, int argc, char **argv);
 /* Output directory for JSON (created when missing). */

@@ -7,8 +7,7 @@ int bench_opts_parse(const zps_opts *o, void *cfg, int argc, char **argv)
 {
     o->defaults(cfg);
     int first, code;
-    if (zps_opts_parse(o, cfg, argc, argv, &first, &code) != ZPS_OK && code == 2)
-        zps_opts_usage(o, stderr);
+    zps_opts_parse(o, cfg, argc, argv, &first, &code);
     return code;
 }
 

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "common/opts.h"
+#include "common/version.h"
 #include "testutil.h"
 
 typedef struct s_cfg {
@@ -133,8 +134,13 @@ static const struct {
     {{"--size", "xl", NULL}, "--size wants s, m or l, got 'xl'"},
     {{"--even", "abc", NULL}, "--even wants an even length, got 'abc'"},
     {{"a", "b", NULL}, "zps-test: unexpected argument 'b'"},
-    {{"--nope", NULL}, "zps-test --help lists the flags"},
-    {{"--n", NULL}, "zps-test --help lists the flags"},
+    {{"--nope", NULL}, "zps-test: unknown option '--nope' (see --help)\n"},
+    {{"--nope=3", NULL}, "zps-test: unknown option '--nope' (see --help)\n"},
+    {{"-x", NULL}, "zps-test: unknown option '-x' (see --help)\n"},
+    {{"--n", NULL}, "zps-test: --n needs a value: N (see --help)\n"},
+    {{"--on=1", NULL}, "zps-test: --on takes no value, got '--on=1' (see --help)\n"},
+    {{"--version=2", NULL}, "zps-test: --version takes no value"},
+    {{"--u", "3", NULL}, "zps-test: option '--u' is ambiguous (--u32, --u64, ...) (see --help)\n"},
 };
 
 Test(opts, bad_values_exit_2_and_name_the_flag, .init = cr_redirect_stderr)
@@ -148,6 +154,8 @@ Test(opts, bad_values_exit_2_and_name_the_flag, .init = cr_redirect_stderr)
         zt_read_redirected(cr_get_redirected_stderr(), err, sizeof err);
         cr_assert_not_null(strstr(err, s_bad[i].msg), "case %zu: '%s' not in:\n%s", i,
                            s_bad[i].msg, err);
+        cr_assert_eq(strchr(err, '\n'), err + strlen(err) - 1, "case %zu: one line:\n%s", i,
+                     err);
     }
 }
 
@@ -181,7 +189,8 @@ Test(opts, help_lists_each_flag_with_its_default, .init = cr_redirect_stdout)
         "  --color red|green|blue     an enum (default green)\n",
         "  --size s|m|l               a string of names\n",
         "  --even S                   a callback (default: none)\n",
-        "  --help\n",
+        "  --help                     this help\n",
+        "  --version                  the version and git commit\n",
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
         cr_assert_not_null(strstr(out, want[i]), "'%s' not in:\n%s", want[i], out);
@@ -238,5 +247,28 @@ Test(opts, help_ends_with_more_help, .init = cr_redirect_stdout)
     cr_assert_eq(code, 0);
     char out[8192];
     zt_read_redirected(cr_get_redirected_stdout(), out, sizeof out);
-    cr_assert_not_null(strstr(out, "  --help\nsub-commands: go\n"), "%s", out);
+    cr_assert_not_null(strstr(out, "git commit\nsub-commands: go\n"), "%s", out);
+}
+
+Test(opts, version_prints_the_binary_s_version_line_and_exits_0, .init = cr_redirect_stdout)
+{
+    static const zps_opts sub = {.prog = "zps-test go", .usage = "usage: zps-test go\n",
+                                 .opt = s_opt, .cfg_size = sizeof(s_cfg),
+                                 .defaults = s_defaults};
+    const zps_opts *specs[] = {&s_spec, &s_top, &sub};
+    char out[1024], want[256];
+    snprintf(want, sizeof want, "%s\n", zps_version_line("zps-test"));
+    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
+        s_cfg c;
+        s_defaults(&c);
+        char *argv[8];
+        const char *a[] = {"--n", "3", "--version", "--n", "500", NULL};
+        int argc = zt_argv("zps-test", a, argv, 8), first, code;
+        cr_assert_eq(zps_opts_parse(specs[i], &c, argc, argv, &first, &code), ZPS_OK);
+        cr_assert_eq(code, 0, "spec %zu", i);
+        fflush(stdout);
+        zt_read_redirected(cr_get_redirected_stdout(), out, sizeof out);
+        cr_assert_str_eq(out, want, "spec %zu: the binary's name, not the sub-command's", i);
+    }
+    cr_assert_not_null(strstr(want, "zps-test " ZPS_VERSION " (git "), "%s", want);
 }

@@ -173,7 +173,7 @@ static const struct {
     {{"--cluster", "c", "--bind", "tcp://127.0.0.1:1", NULL}, "give --bind or --cluster, not both"},
     {{"--cluster", "/nonexistent/cluster.txt", NULL}, "--cluster needs --index"},
     {{"--cluster", "/nonexistent/cluster.txt", "--index", "0", NULL}, "/nonexistent/cluster.txt"},
-    {{"--bogus", NULL}, "zps-server --help lists the flags"},
+    {{"--bogus", NULL}, "zps-server: unknown option '--bogus' (see --help)"},
 };
 
 Test(server_config, bad_command_lines_exit_2_and_name_the_flag, .init = cr_redirect_stderr)

@@ -162,7 +162,7 @@ static const struct {
     {{"--data", "/d", "--curve-key", "t.key", NULL}, "--curve-server-key and --curve-key go together"},
     {{"--data", "/d", "--curve-server-key", "s.pub", NULL}, "--curve-server-key and --curve-key go together"},
     {{"--data", "/d", "--push-dtype", "f16", NULL}, "--push-dtype wants f32 or bf16, got 'f16'"},
-    {{"--data", "/d", "--no-batchnorm", NULL}, "unrecognized option '--no-batchnorm'"},
+    {{"--data", "/d", "--no-batchnorm", NULL}, "zps-trainer: unknown option '--no-batchnorm' (see --help)"},
     {{"--data", "/d", "--aux", "maybe", NULL}, "--aux wants auto, on or off, got 'maybe'"},
     {{"--data", "/d", "--steps", "2.5", NULL}, "--steps wants an integer"},
     {{"--data", "/d", "--seed", "-1", NULL}, "--seed wants an integer"},
