@@ -166,7 +166,7 @@ static const struct {
     {{"--data", "/d", "--aux", "maybe", NULL}, "--aux wants auto, on or off, got 'maybe'"},
     {{"--data", "/d", "--steps", "2.5", NULL}, "--steps wants an integer"},
     {{"--data", "/d", "--seed", "-1", NULL}, "--seed wants an integer"},
-    {{"--data", "/d", "--model", "m0123456789012345678901234567890", NULL}, "--model value is longer than 31"},
+    {{"--data", "/d", "--model", "m0123456789012345678901234567890", NULL}, "--model wants mlp, convnet or inception_v3, got 'm01"},
     {{"--data", "/d", "--lr-schedule", "step", NULL}, "--lr-schedule wants constant, exponential or cosine"},
     {{"--data", "/d", "--log-level", "loud", NULL}, "--log-level wants"},
     {{"--data", "/d", "--in-channels", "4", NULL}, "--in-channels wants an integer in [1, 3], got '4'"},
@@ -187,4 +187,22 @@ Test(tr_config, bad_command_lines_exit_2_and_name_the_flag, .init = cr_redirect_
         seen += strlen(err);
     }
     cr_assert(seen > 0);
+}
+
+Test(tr_config, an_unknown_model_is_refused_with_the_known_ones, .init = cr_redirect_stderr)
+{
+    tr_config c;
+    zps_status st;
+    const char *a[] = {"--data", "/nonexistent", "--model", "resnet", NULL};
+    cr_assert_eq(s_parse(&c, a, &st), 2);
+    char err[1024];
+    zt_read_redirected(cr_get_redirected_stderr(), err, sizeof err);
+    cr_assert_str_eq(err, "zps-trainer: --model wants mlp, convnet or inception_v3, got 'resnet' "
+                          "(see --help)\n");
+    static const char *const known[] = {"mlp", "convnet", "inception_v3"};
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
+        const char *ok[] = {"--data", "/d", "--model", known[i], NULL};
+        cr_assert_eq(s_parse(&c, ok, &st), -1, "%s", known[i]);
+        cr_assert_str_eq(c.model, known[i]);
+    }
 }
