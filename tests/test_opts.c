@@ -1,12 +1,15 @@
 /* test_opts.c — the flag table (common/opts.h) on a small made-up binary: every type lands in
  * its field, ranges and names are enforced with one line naming the flag, positional
- * arguments are counted, and --help shows each default from the defaults function. */
+ * arguments are counted, and --help shows each default from the defaults function. Suite
+ * it_cli runs every binary of $ZPS_BIN: --version and an unknown option, as a user meets them. */
 #include <criterion/criterion.h>
 #include <criterion/redirect.h>
+#include <dirent.h>
 #include <getopt.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/opts.h"
@@ -271,4 +274,69 @@ Test(opts, version_prints_the_binary_s_version_line_and_exits_0, .init = cr_redi
         cr_assert_str_eq(out, want, "spec %zu: the binary's name, not the sub-command's", i);
     }
     cr_assert_not_null(strstr(want, "zps-test " ZPS_VERSION " (git "), "%s", want);
+}
+
+/* ---- it_cli: the binaries themselves ---- */
+
+/* The zps-* programs of $ZPS_BIN (build/bin without it), so a new binary is covered as soon as
+ * it is built; each name into names[i] (cap of them); returns how many. */
+static int s_binaries(char names[][64], int cap)
+{
+    const char *dir = getenv("ZPS_BIN");
+    DIR *d = opendir(dir && *dir ? dir : "build/bin");
+    cr_assert_not_null(d, "no binaries in %s", dir ? dir : "build/bin");
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL && n < cap;)
+        if (strncmp(e->d_name, "zps-", 4) == 0 && strlen(e->d_name) < 64)
+            snprintf(names[n++], 64, "%s", e->d_name);
+    closedir(d);
+    static const char *const known[] = {"zps-server", "zps-trainer", "zps-data", "zps-bench"};
+    for (size_t k = 0; k < sizeof known / sizeof known[0]; k++) {
+        int found = 0;
+        for (int i = 0; i < n; i++)
+            found |= strcmp(names[i], known[k]) == 0;
+        cr_assert(found, "%s is not built", known[k]);
+    }
+    return n;
+}
+
+Test(it_cli, every_binary_prints_its_version_and_exits_0, .timeout = 60)
+{
+    char names[16][64];
+    int n = s_binaries(names, 16);
+    for (int i = 0; i <= n; i++) {
+        /* the last round: a zps-bench benchmark answers for zps-bench */
+        const char *prog = i < n ? names[i] : "zps-bench";
+        const char *const plain[] = {"--version", NULL}, *const sub[] = {"env", "--version", NULL};
+        char *out;
+        cr_assert_eq(zt_run_tmp(prog, i < n ? plain : sub, NULL, 20, &out), 0, "%s", prog);
+        /* "zps-X 0.3.0 (git 0123456789ab[-dirty])": the hash of the binaries' own build */
+        char want[128], hash[64] = "", end[8] = "";
+        snprintf(want, sizeof want, "%s %s (git %%63[0-9a-f]%%7[^\n]", prog, ZPS_VERSION);
+        if (!strstr(out, "(git unknown)\n")) { /* unknown: built outside a git checkout */
+            cr_assert_eq(sscanf(out, want, hash, end), 2, "%s --version: %s", prog, out);
+            cr_assert_eq(strlen(hash), 12, "%s", out);
+            cr_assert(!strcmp(end, ")") || !strcmp(end, "-dirty)"), "%s", out);
+        }
+        cr_assert_eq(zt_count(out, "\n"), 1, "one line: %s", out);
+        free(out);
+    }
+}
+
+Test(it_cli, every_binary_names_an_unknown_option_in_one_line_and_exits_2, .timeout = 60)
+{
+    char names[16][64];
+    int n = s_binaries(names, 16);
+    for (int i = 0; i <= n; i++) {
+        const char *prog = i < n ? names[i] : "zps-bench";
+        const char *const plain[] = {"--bogus-flag=1", NULL};
+        const char *const sub[] = {"env", "--bogus-flag=1", NULL};
+        char *out;
+        cr_assert_eq(zt_run_tmp(prog, i < n ? plain : sub, NULL, 20, &out), 2, "%s", prog);
+        char want[256];
+        snprintf(want, sizeof want, "%s%s: unknown option '--bogus-flag' (see --help)\n", prog,
+                 i < n ? "" : " env");
+        cr_assert_str_eq(out, want, "one line, the program's name and no path");
+        free(out);
+    }
 }
