@@ -132,6 +132,7 @@ zps_status k_device_select(const char *want, k_device_info *out)
         zps_log(ZPS_ERROR, "device", "--device cuda, but %s", out->reason);
         return ZPS_ERR_NO_DEVICE;
     }
-    zps_log(ZPS_INFO, "device", "%s; using the CPU", out->reason);
+    /* the usual case on a CPU-only machine: not worth a line on every start */
+    zps_log(ZPS_DEBUG, "device", "%s; using the CPU", out->reason);
     return ZPS_OK;
 }

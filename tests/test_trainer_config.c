@@ -1,10 +1,14 @@
 /* test_trainer_config.c — zps-trainer's flag parser: good command lines give the settings,
- * bad ones are refused with exit code 2 and a message naming the flag. */
+ * bad ones are refused with exit code 2 and a message naming the flag. Suite it_cli runs the
+ * binary: a bad model is named before any data is opened, a CPU-only start says nothing about
+ * CUDA at the default level, and each failure is told once. */
 #include <criterion/criterion.h>
 #include <criterion/redirect.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "kernels/device.h"
 #include "testutil.h"
 #include "trainer/config.h"
 
@@ -205,4 +209,33 @@ Test(tr_config, an_unknown_model_is_refused_with_the_known_ones, .init = cr_redi
         cr_assert_eq(s_parse(&c, ok, &st), -1, "%s", known[i]);
         cr_assert_str_eq(c.model, known[i]);
     }
+}
+
+Test(it_cli, trainer_names_a_bad_model_before_opening_the_data, .timeout = 30)
+{
+    char *out;
+    const char *a[] = {"--data", "/nonexistent/zps-data", "--model", "resnet", NULL};
+    cr_assert_eq(zt_run_tmp("zps-trainer", a, NULL, 20, &out), 2);
+    cr_assert_str_eq(out, "zps-trainer: --model wants mlp, convnet or inception_v3, got 'resnet' "
+                          "(see --help)\n");
+    free(out);
+}
+
+Test(it_cli, trainer_on_a_cpu_only_machine_says_nothing_of_cuda_by_default, .timeout = 30)
+{
+    k_device_info info;
+    cr_assert_eq(k_device_select("auto", &info), ZPS_OK);
+    const char *env[] = {"ZPS_LOG=info", NULL};
+    const char *a[] = {"--data", "/nonexistent/zps-data", "--steps", "1", NULL};
+    char *out;
+    cr_assert_eq(zt_run_tmp("zps-trainer", a, env, 20, &out), 1);
+    if (info.kind == K_DEVICE_CPU)
+        cr_assert_null(strstr(out, "CUDA"), "no CUDA line at info:\n%s", out);
+    free(out);
+    /* the line is still there for whoever asks, and before the data is opened */
+    const char *dbg[] = {"--data", "/nonexistent/zps-data", "--log-level", "debug", NULL};
+    cr_assert_eq(zt_run_tmp("zps-trainer", dbg, env, 20, &out), 1);
+    cr_assert_not_null(strstr(out, info.kind == K_DEVICE_CPU ? "; using the CPU" : "using CUDA"),
+                       "%s", out);
+    free(out);
 }
