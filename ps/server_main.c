@@ -62,7 +62,7 @@ int main(int argc, char **argv)
 
     zps_status st = ps_server_new(&cfg, &s_srv);
     if (st != ZPS_OK) {
-        fprintf(stderr, "zps-server: cannot start: %s\n", zps_strerror(st));
+        zps_log_failure("zps-server", st, "cannot start");
         return 1;
     }
     struct sigaction sa;
@@ -82,7 +82,7 @@ int main(int argc, char **argv)
     st = ps_server_run(s_srv);
     ps_server_destroy(&s_srv);
     if (st != ZPS_OK) {
-        fprintf(stderr, "zps-server: %s\n", zps_strerror(st));
+        zps_log_failure("zps-server", st, "stopped");
         return 1;
     }
     return 0;

@@ -190,3 +190,17 @@ Test(server_config, bad_command_lines_exit_2_and_name_the_flag, .init = cr_redir
                            s_bad[i].msg, err);
     }
 }
+
+Test(server_config, a_missing_cluster_file_is_one_line, .init = cr_redirect_stderr)
+{
+    ps_server_config c;
+    const char *kg;
+    zps_status st;
+    const char *a[] = {"--cluster", "/nonexistent/cluster.txt", "--index", "0", NULL};
+    cr_assert_eq(s_parse(&c, a, &kg, &st), 2);
+    char err[2048];
+    zt_read_redirected(cr_get_redirected_stderr(), err, sizeof err);
+    cr_assert_eq(zt_count(err, "No such file or directory"), 1, "%s", err);
+    cr_assert_eq(zt_count(err, "\n"), 1, "one line:\n%s", err);
+    cr_assert_eq(strncmp(err, "zps-server: ", 12), 0, "%s", err);
+}

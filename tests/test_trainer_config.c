@@ -239,3 +239,19 @@ Test(it_cli, trainer_on_a_cpu_only_machine_says_nothing_of_cuda_by_default, .tim
                        "%s", out);
     free(out);
 }
+
+Test(it_cli, trainer_tells_each_failure_once, .timeout = 30)
+{
+    char *out;
+    const char *data[] = {"--data", "/nonexistent/zps-data", NULL};
+    cr_assert_eq(zt_run_tmp("zps-trainer", data, NULL, 20, &out), 1);
+    cr_assert_eq(zt_count(out, "not found"), 1, "%s", out);
+    cr_assert_null(strstr(out, "failed after 0 steps"), "%s", out);
+    free(out);
+    const char *cl[] = {"--data", "/nonexistent/zps-data", "--mode", "sync", "--cluster",
+                        "/nonexistent/cluster.txt", NULL};
+    cr_assert_eq(zt_run_tmp("zps-trainer", cl, NULL, 20, &out), 1);
+    cr_assert_eq(zt_count(out, "No such file or directory"), 1, "%s", out);
+    cr_assert_eq(zt_count(out, "\n"), 1, "one line:\n%s", out);
+    free(out);
+}
