@@ -40,7 +40,7 @@ int bench_opts_parse(const zps_opts *o, void *cfg, int argc, char **argv);
 /* Output directory for JSON (created when missing). */
 const char *bench_out_dir(void);
 /* Opens bench_out_dir()/name for writing, its path into path (len bytes). NULL, after
- * "BENCH: cannot write PATH" on stderr, when it cannot. */
+ * "zps-bench BENCH: cannot write PATH" on stderr, when it cannot. */
 FILE *bench_json_open(const char *bench, const char *name, char *path, size_t len);
 /* Median of n doubles (sorts v in place). n > 0. */
 double bench_median(double *v, size_t n);

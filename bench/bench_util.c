@@ -16,6 +16,6 @@ FILE *bench_json_open(const char *bench, const char *name, char *path, size_t le
     snprintf(path, len, "%s/%s", bench_out_dir(), name);
     FILE *f = fopen(path, "w");
     if (!f)
-        fprintf(stderr, "%s: cannot write %s\n", bench, path);
+        fprintf(stderr, "zps-bench %s: cannot write %s\n", bench, path);
     return f;
 }
