@@ -4,6 +4,7 @@
 #include <criterion/criterion.h>
 #include <criterion/redirect.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ps/server_config.h"
@@ -203,4 +204,14 @@ Test(server_config, a_missing_cluster_file_is_one_line, .init = cr_redirect_stde
     cr_assert_eq(zt_count(err, "No such file or directory"), 1, "%s", err);
     cr_assert_eq(zt_count(err, "\n"), 1, "one line:\n%s", err);
     cr_assert_eq(strncmp(err, "zps-server: ", 12), 0, "%s", err);
+}
+
+Test(it_cli, server_log_level_flag_beats_zps_log, .timeout = 30)
+{
+    const char *env[] = {"ZPS_LOG=debug", NULL};
+    const char *a[] = {"--bind", "nonsense", "--log-level", "off", NULL};
+    char *out;
+    cr_assert_eq(zt_run_tmp("zps-server", a, env, 20, &out), 1);
+    cr_assert_null(strstr(out, "server["), "no log line at --log-level off:\n%s", out);
+    free(out);
 }
