@@ -342,13 +342,15 @@ zps_status zps_opts_parse(const zps_opts *o, void *cfg, int argc, char **argv, i
     /* +: stop at the first argument; ':' a missing value returns ':' rather than '?' */
     const char *shorts = o->in_order ? "+:h" : ":h";
     while (st == ZPS_OK && (c = getopt_long(argc, argv, shorts, lo, NULL)) != -1) {
-        if (c == 'h' || c == 'V') {
+        if (c == 'h') {
+            zps_opts_usage(o, stdout);
+            *exit_code = 0;
+            break;
+        }
+        if (c == 'V') {
             char bin[64];
             s_binary(o, bin, sizeof bin);
-            if (c == 'h')
-                zps_opts_usage(o, stdout);
-            else
-                printf("%s\n", zps_version_line(bin));
+            printf("%s\n", zps_version_line(bin));
             *exit_code = 0;
             break;
         }
