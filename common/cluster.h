@@ -38,7 +38,8 @@ typedef struct zps_parse_error {
 /* Parses the text of a cluster file. On success *out is the caller's (zps_cluster_destroy).
  * On failure returns ZPS_ERR_PARSE and fills err (when not NULL). */
 zps_status zps_cluster_parse(const char *text, zps_cluster **out, zps_parse_error *err);
-/* Reads and parses path; ZPS_ERR_NOT_FOUND / ZPS_ERR_IO when it cannot be read. */
+/* Reads and parses path; ZPS_ERR_NOT_FOUND / ZPS_ERR_IO when it cannot be read (logged
+ * only when err is NULL: else err says why, for the caller to report). */
 zps_status zps_cluster_load(const char *path, zps_cluster **out, zps_parse_error *err);
 void zps_cluster_destroy(zps_cluster **pc);
 /* "tcp://HOST:PORT" (IPv6 bracketed) into buf; returns buf. */

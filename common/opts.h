@@ -8,8 +8,11 @@
  * Invariants:
  *   - A field is written only after its value passed its check; a refused value leaves the
  *     struct as it was for that flag and stops the parse.
- *   - Every refusal is one line on stderr, "PROG: --FLAG wants ..., got 'VALUE'", followed by
- *     "PROG --help lists the flags"; the exit code for it is 2 (usage).
+ *   - Every refusal is one line on stderr naming the program (o->prog, never argv[0]'s path):
+ *     "PROG: --FLAG wants ..., got 'VALUE' (see --help)", "PROG: unknown option '--foo' (see
+ *     --help)"; the exit code for it is 2 (usage). getopt's own messages are off (opterr 0).
+ *   - --help prints the help on stdout and --version zps_version_line(PROG's first word) on
+ *     stdout, both exit 0: every binary has both without listing them in its table.
  *   - Defaults are the binary's own defaults function, not the table: the help prints each
  *     default from a freshly defaulted struct (or the entry's dflt text where the default is
  *     decided later, e.g. "from REGISTER"), so help and code cannot disagree.
@@ -18,6 +21,7 @@
 #ifndef ZPS_COMMON_OPTS_H
 #define ZPS_COMMON_OPTS_H
 
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 
@@ -81,17 +85,22 @@ typedef struct zps_opts {
 
 /* Parses argv into cfg, which the caller has already given its defaults. Options and
  * positional arguments may mix (GNU order) unless o->in_order; the positional ones end up in
- * argv[*first_arg .. argc) (with in_order: the first one and everything after it). Returns ZPS_OK with *exit_code -1 to go on, ZPS_OK with
- * *exit_code 0 when --help (or -h) printed the help on stdout, ZPS_ERR_INVALID with *exit_code
- * 2 when a flag was refused (reason on stderr). Uses getopt_long: not thread-safe. */
+ * argv[*first_arg .. argc) (with in_order: the first one and everything after it). Returns
+ * ZPS_OK with *exit_code -1 to go on, ZPS_OK with *exit_code 0 when --help (or -h) printed the
+ * help or --version the version on stdout, ZPS_ERR_INVALID with *exit_code 2 when a flag was
+ * refused (reason on stderr). Uses getopt_long: not thread-safe. */
 zps_status zps_opts_parse(const zps_opts *o, void *cfg, int argc, char **argv, int *first_arg,
                           int *exit_code);
 /* The help, made from the table, with the defaults of o->defaults. */
 void zps_opts_usage(const zps_opts *o, FILE *f);
-/* For the checks a binary makes across flags after parsing: prints "PROG: MESSAGE" and the
- * --help hint on stderr, sets *exit_code to 2 and returns ZPS_ERR_INVALID. */
+/* For the checks a binary makes across flags after parsing, and its other usage errors:
+ * prints "PROG: MESSAGE (see --help)" as one line on stderr, sets *exit_code to 2 and returns
+ * ZPS_ERR_INVALID. */
 zps_status zps_opts_fail(const zps_opts *o, int *exit_code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* zps_opts_fail with a va_list. */
+zps_status zps_opts_vfail(const zps_opts *o, int *exit_code, const char *fmt, va_list ap)
+    __attribute__((format(printf, 3, 0)));
 
 /* The value of name s in names, or ZPS_ERR_INVALID. */
 zps_status zps_opt_name_parse(const zps_opt_name *names, const char *s, int *out);

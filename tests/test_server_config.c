@@ -4,6 +4,7 @@
 #include <criterion/criterion.h>
 #include <criterion/redirect.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ps/server_config.h"
@@ -173,7 +174,7 @@ static const struct {
     {{"--cluster", "c", "--bind", "tcp://127.0.0.1:1", NULL}, "give --bind or --cluster, not both"},
     {{"--cluster", "/nonexistent/cluster.txt", NULL}, "--cluster needs --index"},
     {{"--cluster", "/nonexistent/cluster.txt", "--index", "0", NULL}, "/nonexistent/cluster.txt"},
-    {{"--bogus", NULL}, "zps-server --help lists the flags"},
+    {{"--bogus", NULL}, "zps-server: unknown option '--bogus' (see --help)"},
 };
 
 Test(server_config, bad_command_lines_exit_2_and_name_the_flag, .init = cr_redirect_stderr)
@@ -189,4 +190,28 @@ Test(server_config, bad_command_lines_exit_2_and_name_the_flag, .init = cr_redir
         cr_assert_not_null(strstr(err, s_bad[i].msg), "case %zu: '%s' not in:\n%s", i,
                            s_bad[i].msg, err);
     }
+}
+
+Test(server_config, a_missing_cluster_file_is_one_line, .init = cr_redirect_stderr)
+{
+    ps_server_config c;
+    const char *kg;
+    zps_status st;
+    const char *a[] = {"--cluster", "/nonexistent/cluster.txt", "--index", "0", NULL};
+    cr_assert_eq(s_parse(&c, a, &kg, &st), 2);
+    char err[2048];
+    zt_read_redirected(cr_get_redirected_stderr(), err, sizeof err);
+    cr_assert_eq(zt_count(err, "No such file or directory"), 1, "%s", err);
+    cr_assert_eq(zt_count(err, "\n"), 1, "one line:\n%s", err);
+    cr_assert_eq(strncmp(err, "zps-server: ", 12), 0, "%s", err);
+}
+
+Test(it_cli, server_log_level_flag_beats_zps_log, .timeout = 30)
+{
+    const char *env[] = {"ZPS_LOG=debug", NULL};
+    const char *a[] = {"--bind", "nonsense", "--log-level", "off", NULL};
+    char *out;
+    cr_assert_eq(zt_run_tmp("zps-server", a, env, 20, &out), 1);
+    cr_assert_null(strstr(out, "server["), "no log line at --log-level off:\n%s", out);
+    free(out);
 }

@@ -99,6 +99,10 @@ static zps_status s_push_dtype(void *cfg, const char *arg, char *why, size_t cap
     return ZPS_ERR_INVALID;
 }
 
+/* The names nn_model_create builds: checked with the flags, so a misspelt model fails before
+ * any data is opened. */
+static const zps_opt_name s_models[] = {
+    {"mlp", 0}, {"convnet", 0}, {"inception_v3", 0}, {NULL, 0}};
 static const zps_opt_name s_aux[] = {{"auto", -1}, {"on", 1}, {"off", 0}, {NULL, 0}};
 static const zps_opt_name s_shard[] = {
     {"records", TR_SHARD_RECORDS}, {"batch", TR_SHARD_BATCH}, {NULL, 0}};
@@ -113,7 +117,8 @@ static const zps_opt_name s_sched[] = {{"constant", PS_SCHED_CONSTANT},
 
 static const zps_opt s_opt[] = {
     {.type = ZPS_OPT_TEXT, .help = "model:"},
-    {"model", ZPS_OPT_STRING, F(model), .meta = "NAME", .help = "mlp | convnet | inception_v3"},
+    {"model", ZPS_OPT_STRING, F(model), .names = s_models, .meta = "NAME",
+     .help = "mlp | convnet | inception_v3"},
     {"width", ZPS_OPT_DOUBLE, F(width), 0.01, 4, .meta = "F",
      .help = "inception_v3 channel multiplier"},
     {"input-size", ZPS_OPT_INT, F(input_size), 8, 4096, .meta = "N",

@@ -606,8 +606,10 @@ static zps_status s_stop_early(s_job *j, zps_status st)
         tr_metrics_finish(j->metrics);
     }
     if (!by_signal) {
-        zps_log(ZPS_ERROR, "trainer", "trainer %d failed after %lld steps: %s", j->id,
-                (long long)j->step, zps_strerror(st));
+        /* before the first step the failure's own line is the whole story */
+        if (j->step > 0 || !zps_log_errors())
+            zps_log(ZPS_ERROR, "trainer", "trainer %d failed after %lld steps: %s", j->id,
+                    (long long)j->step, zps_strerror(st));
         return st;
     }
     return ZPS_OK;
