@@ -64,7 +64,9 @@ import threading
 
 from zpslaunch.cluster import free_ports, parse_cluster, write_cluster
 from zpslaunch.commands import build_argv, make_curve_keys
-from zpslaunch.launchers import wrap
+from zpslaunch.env import fleet_env, parse_x, process_env
+from zpslaunch.launchers import command
+from zpslaunch.ssh import check_hosts
 from zpslaunch.proc import (EXIT_FAILED, EXIT_OK, EXIT_USAGE, Interrupted, Proc, TimedOut)
 from zpslaunch.process import stop_all
 from zpslaunch.report import write_summary
@@ -122,6 +124,10 @@ def parser():
                     help="seconds between SIGTERM and SIGKILL when stopping (default 10)")
     ap.add_argument("--follow", action="append", default=[], metavar="ROLE:INDEX",
                     help="copy that process's log to stdout while it runs (e.g. trainer:0)")
+    ap.add_argument("-x", action="append", default=[], dest="export", metavar="VAR[=VALUE]",
+                    help="give every process VAR with this launcher's value, or VALUE "
+                         "(repeatable, like mpirun -x; every launcher; ssh also forwards every "
+                         "ZPS_* variable)")
     ap.add_argument("--ssh", default="ssh -o BatchMode=yes", help="ssh command (ssh launcher)")
     ap.add_argument("--remote-dir", help="working directory on remote hosts (default: cwd)")
     ap.add_argument("--srun", default="srun", help="srun command (slurm launcher)")
@@ -167,8 +173,9 @@ def make_run_dir(args, job):
     return run_dir
 
 
-def make_procs(args, run_dir, job, servers, trainer_hosts, curve):
-    """The fleet's Procs (servers, then trainers) and the template values."""
+def make_procs(args, run_dir, job, servers, trainer_hosts, curve, env):
+    """The fleet's Procs (servers, then trainers) and the template values; env is the
+    fleet's environment (env.fleet_env)."""
     curve_server, curve_trainer = curve
     cluster = os.path.join(run_dir, "cluster.txt")
     write_cluster(cluster, job, servers, trainer_hosts)
@@ -183,17 +190,16 @@ def make_procs(args, run_dir, job, servers, trainer_hosts, curve):
     for i, (h, port) in enumerate(servers):
         v = dict(common, index=i, host=h, port=port)
         argv = build_argv(args.server_cmd, args.server_args, v, curve_server + ckpt)
-        p = Proc("server", i, h, port, wrap(argv, h, args, job),
-                 os.path.join(run_dir, f"server-{i}.log"))
-        p.restart_argv = wrap(argv + ["--restore"], h, args, job)
+        p = Proc("server", i, h, port, argv, os.path.join(run_dir, f"server-{i}.log"))
+        p.restart_cmd = argv + ["--restore"]
         procs.append(p)
     for i, h in enumerate(trainer_hosts):
         v = dict(common, index=i, host=h, port="")
-        argv = wrap(build_argv(args.trainer_cmd, args.trainer_args, v, curve_trainer(i)), h,
-                    args, job)
+        argv = build_argv(args.trainer_cmd, args.trainer_args, v, curve_trainer(i))
         procs.append(Proc("trainer", i, h, None, argv, os.path.join(run_dir, f"trainer-{i}.log")))
     for p in procs:
         p.pipe_stdin = args.launcher == "ssh"
+        p.argv = command(p, args, process_env(env, p))
     return procs, common
 
 
@@ -206,6 +212,7 @@ def main(argv=None):
 
     try:
         servers, trainer_hosts, cjob = fleet_hosts(args)
+        args.x_env = parse_x(args.export, os.environ)
     except ValueError as e:
         print(f"zps-launch: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -223,11 +230,18 @@ def main(argv=None):
         except (OSError, RuntimeError) as e:
             print(f"zps-launch: --curve: {e}", file=sys.stderr)
             return EXIT_FAILED
-    procs, common = make_procs(args, run_dir, job, servers, trainer_hosts, curve)
+    env = fleet_env(os.environ, os.path.abspath(run_dir), job, args.x_env)
+    procs, common = make_procs(args, run_dir, job, servers, trainer_hosts, curve, env)
     if args.dry_run:
         for p in procs:
             print(f"{p.role} {p.index} on {p.host}: {shlex.join(p.argv)}")
         return EXIT_OK
+    if args.launcher == "ssh":
+        problems = check_hosts(procs, args)
+        if problems:
+            print("zps-launch: nothing started: the hosts cannot run the fleet:\n  "
+                  + "\n  ".join(problems), file=sys.stderr)
+            return EXIT_FAILED
 
     def on_signal(signum, frame):
         raise Interrupted(signum)
@@ -239,7 +253,6 @@ def main(argv=None):
         signal.signal(sig, on_signal)
     signal.signal(signal.SIGALRM, on_alarm)
 
-    env = dict(os.environ, ZPS_RUN_DIR=os.path.abspath(run_dir), ZPS_JOB=job)
     say(f"job {job}: {len(servers)} server(s), {len(trainer_hosts)} trainer(s), "
         f"launcher {args.launcher}, run folder {run_dir}"
         + (", CURVE keys in " + os.path.join(run_dir, "keys") if args.curve else ""))
