@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "tests/launch_test_util.h"
+#include "tests/soak_test_util.h" // sk_make_data
 #include "tests/ssh_test_util.h"
 #include "tests/testutil.h"
 
@@ -282,12 +283,8 @@ Test(it_launch_ssh, real_fleet_over_ssh, .init = s_init, .fini = s_fini, .timeou
 {
     const char *bin = getenv("ZPS_BIN");
     cr_assert_not_null(bin, "ZPS_BIN unset: run through make test");
-    char cmd[1024], text[600];
-    snprintf(cmd, sizeof cmd,
-             "cd '%s' && timeout 60 '%s/zps-data' convert fashion-mnist --out fm --limit 512 "
-             "--shards 1 > data.log 2>&1",
-             g_r.dir, bin);
-    cr_assert_eq(system(cmd), 0, "zps-data convert failed (see %s/data.log)", g_r.dir);
+    char text[600];
+    sk_make_data(g_r.dir);
     snprintf(text, sizeof text,
              "job = sshfleet\nserver = 127.0.0.1:%d\nserver = 127.0.0.1:%d\n"
              "trainer = localhost\ntrainer = %s\n",

@@ -7,7 +7,6 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,21 +18,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "tests/soak_test_util.h" // sk_sh
 #include "tests/ssh_test_util.h"
 
 #define SSHD "/usr/sbin/sshd" // sshd re-executes itself, so it must be started by full path
-
-/* Runs a shell command built from fmt; its exit status (-1 when it did not exit). */
-static int s_sh(const char *fmt, ...)
-{
-    char cmd[2048];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    int st = system(cmd);
-    return st != -1 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
 
 static void s_write(const char *path, const char *text)
 {
@@ -58,7 +46,7 @@ int ssht_free_port(void)
 /* The host key, the client key and authorized_keys. */
 static void s_keygen(const ssht_sshd *s)
 {
-    cr_assert_eq(s_sh("ssh-keygen -q -t ed25519 -N '' -f '%s/host_key' && "
+    cr_assert_eq(sk_sh("ssh-keygen -q -t ed25519 -N '' -f '%s/host_key' && "
                       "ssh-keygen -q -t ed25519 -N '' -f '%s/client_key' && "
                       "cp '%s/client_key.pub' '%s/authorized_keys'",
                       s->dir, s->dir, s->dir, s->dir),
@@ -152,7 +140,7 @@ int ssht_start(ssht_sshd *s, const char *dir, const char *name, char *why, size_
 {
     memset(s, 0, sizeof *s);
     snprintf(s->dir, sizeof s->dir, "%s", dir);
-    if (access(SSHD, X_OK) != 0 || s_sh("command -v ssh-keygen >/dev/null && "
+    if (access(SSHD, X_OK) != 0 || sk_sh("command -v ssh-keygen >/dev/null && "
                                         "command -v ssh >/dev/null") != 0) {
         snprintf(why, cap, "no OpenSSH here (%s, ssh, ssh-keygen: `make deps` installs "
                            "openssh-server)", SSHD);
@@ -177,7 +165,7 @@ int ssht_start(ssht_sshd *s, const char *dir, const char *name, char *why, size_
     if (!s->pid) {
         char log[300];
         snprintf(log, sizeof log, "%s/sshd.log", s->dir);
-        s_sh("cat '%s' '%s/sshd.out' >&2", log, s->dir);
+        sk_sh("cat '%s' '%s/sshd.out' >&2", log, s->dir);
         cr_assert_fail("sshd did not start (its log is above)");
     }
     snprintf(s->ssh, sizeof s->ssh,

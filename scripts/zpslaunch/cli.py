@@ -14,6 +14,8 @@ Every process gets its own process group and its own log in the run folder
 --bin-dir, default $ZPS_BIN, else build/bin).
 Pass-through arguments and command templates may use {index}, {run_dir}, {cluster}, {job},
 {host}, {port}, {n_servers}, {n_trainers}, {bin}.
+Every process sees ZPS_RUN_DIR, ZPS_JOB, ZPS_ROLE, ZPS_INDEX and ZPS_RESTART; -x VAR
+(this launcher's value) / -x VAR=VALUE adds a variable (repeatable, like mpirun -x).
 
 --curve secures the fleet with CURVE (docs/ps.md "Security"): `zps-server --keygen` writes a
 server key pair and one per trainer into RUN/keys/, RUN/keys/allow.txt lists the trainers'
@@ -48,8 +50,12 @@ printed at the end and written, with the events, to summary.json in the run fold
 
 Launchers (docs/training.md says what was tested and how):
   local  run the command here (hosts in the cluster file are ignored)
-  ssh    `ssh HOST sh -c 'cd DIR && CMD'`; the remote process is killed when the launcher's
-         ssh connection ends (a watcher on the remote side waits for ssh's stdin to close)
+  ssh    `ssh HOST sh -c 'cd DIR && VAR=... CMD'`: the ZPS_* variables (the launcher's
+         own ZPS_* too) and the -x ones travel in the command line, since sshd starts a
+         clean environment; one ssh per host first checks every program is there and
+         executable (else nothing starts, exit 1); the launcher stops the remote process
+         by closing ssh's stdin (a watcher on the remote side SIGTERMs it, ssh returns
+         its status), and it ends too when the connection does
   slurm  `srun --nodes=1 --ntasks=1 --nodelist=HOST --job-name=JOB CMD` inside an allocation
          (salloc/sbatch); stopping srun ends the job step
 Python 3 standard library only.
