@@ -182,6 +182,30 @@ Test(it_launch_ssh, variables_and_x_reach_remote_processes, .init = s_init, .fin
     s_check_vars(second, "trainer-1.log (restart)", "trainer", 1, 1);
 }
 
+/* A remote process that ignores SIGTERM: the launcher SIGKILLs its local ssh after --grace,
+ * and the remote watcher SIGKILLs the process --grace after its stdin closed. */
+Test(it_launch_ssh, remote_process_ignoring_sigterm_killed_after_grace, .init = s_init,
+     .fini = s_fini, .timeout = 60)
+{
+    char bin[300], text[600];
+    snprintf(bin, sizeof bin, "%s/bin", g_r.dir);
+    lt_write_exec(bin, "zps-server",
+                  "#!/bin/sh\ntrap '' TERM\necho \"server $$ args: $*\"\n"
+                  "exec sleep 3600\n"); // (tail -f would end with its output pipe)
+    snprintf(text, sizeof text, "server = localhost:7001\ntrainer = %s\n", g_host);
+    s_cluster(text);
+    const char *args[] = {"--cluster", "c.txt", "--launcher", "ssh", "--ssh", g_sshd.ssh,
+                          "--run-dir", "run", "--grace", "2", "--timeout", "40", NULL};
+    lt_launch(&g_r, 0, NULL, args);
+    cr_assert_eq(g_r.code, 0, "%s", g_r.out);
+    s_assert_has(g_r.out, "server 0 ignored SIGTERM for 2 s: SIGKILL", "the launcher's output");
+    cr_assert_str_eq(lt_row_status(&g_r, "server", 0), "stopped", "%s", g_r.out);
+    lt_assert_all_gone(&g_r);
+    char log[4096];
+    s_log("server-0.log", log, sizeof log);
+    s_assert_gone(s_remote_pid(log, "server"), "the remote server ignoring SIGTERM");
+}
+
 /* -x in local mode: the variable is in the process's environment; a bad -x is a usage
  * error. (slurm: srun passes the launcher's environment on, -x included.) */
 Test(it_launch_ssh, x_in_local_mode, .init = s_init_local, .fini = s_fini, .timeout = 30)

@@ -54,8 +54,8 @@ Launchers (docs/training.md says what was tested and how):
          own ZPS_* too) and the -x ones travel in the command line, since sshd starts a
          clean environment; one ssh per host first checks every program is there and
          executable (else nothing starts, exit 1); the launcher stops the remote process
-         by closing ssh's stdin (a watcher on the remote side SIGTERMs it, ssh returns
-         its status), and it ends too when the connection does
+         by closing ssh's stdin (a watcher on the remote side SIGTERMs it, SIGKILL after
+         --grace; ssh returns its status), and it ends too when the connection does
   slurm  `srun --nodes=1 --ntasks=1 --nodelist=HOST --job-name=JOB CMD` inside an allocation
          (salloc/sbatch); stopping srun ends the job step
 Python 3 standard library only.

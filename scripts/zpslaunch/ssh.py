@@ -3,7 +3,7 @@ that every host can run its commands before any starts.
 
 Invariants: the remote process lives only while the launcher's ssh connection does: a
 watcher on the remote side waits for ssh's stdin (a pipe the launcher holds) to close, then
-SIGTERMs the process. So stopping or losing the launcher ends the remote side too. sshd
+SIGTERMs the process (SIGKILL after --grace). So stopping or losing the launcher ends the remote side too. sshd
 gives the remote side a clean environment (AcceptEnv is off by default), so the variables
 the process must see travel in the command line, quoted, under names checked by env.NAME.
 """
@@ -22,13 +22,16 @@ def wrap(argv, host, args, env):
     """The local ssh command that runs argv on host with the variables env (a dict)."""
     assign = "".join(f"{k}={shlex.quote(v)} " for k, v in env.items())
     cmd = assign + shlex.join(argv)
-    # the watcher kills the process when our ssh's stdin closes (launcher stopped it or
-    # died); its output goes to /dev/null so the session ends with the process
-    # (fd 3 keeps ssh's stdin: a background list would otherwise read /dev/null)
+    # the watcher stops the process when our ssh's stdin closes (launcher stopped it or
+    # died): SIGTERM, SIGKILL after --grace, as the local launcher does; its output goes to
+    # /dev/null so the session ends with the process (fd 3 keeps ssh's stdin: a background
+    # list would otherwise read /dev/null). The shell ends the watcher once the process
+    # is gone, so its SIGKILL never reaches a pid the system has handed out again.
     script = (f"cd {shlex.quote(remote_dir(args))} || exit 127; exec 3<&0; "
               f"{cmd} </dev/null 3<&- & p=$!; "
-              "{ cat <&3 >/dev/null; kill -TERM $p; } >/dev/null 2>&1 & "
-              "exec 3<&-; wait $p")
+              "{ cat <&3 >/dev/null; kill -TERM $p; "
+              f"sleep {args.grace:g}; kill -KILL $p; }} >/dev/null 2>&1 & w=$!; "
+              "exec 3<&-; wait $p; s=$?; kill $w 2>/dev/null; exit $s")
     return shlex.split(args.ssh) + [host, "sh -c " + shlex.quote(script)]
 
 
