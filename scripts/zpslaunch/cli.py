@@ -72,10 +72,10 @@ from zpslaunch.cluster import free_ports, parse_cluster, write_cluster
 from zpslaunch.commands import build_argv, make_curve_keys
 from zpslaunch.env import fleet_env, parse_x, process_env
 from zpslaunch.launchers import command
-from zpslaunch.ssh import check_hosts
 from zpslaunch.proc import (EXIT_FAILED, EXIT_OK, EXIT_USAGE, Interrupted, Proc, TimedOut)
 from zpslaunch.process import stop_all
 from zpslaunch.report import write_summary
+from zpslaunch.ssh import check_hosts
 from zpslaunch.supervise import Supervisor, supervise
 
 def parser():
