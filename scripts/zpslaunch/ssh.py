@@ -3,9 +3,10 @@ that every host can run its commands before any starts.
 
 Invariants: the remote process lives only while the launcher's ssh connection does: a
 watcher on the remote side waits for ssh's stdin (a pipe the launcher holds) to close, then
-SIGTERMs the process (SIGKILL after --grace). So stopping or losing the launcher ends the remote side too. sshd
-gives the remote side a clean environment (AcceptEnv is off by default), so the variables
-the process must see travel in the command line, quoted, under names checked by env.NAME.
+SIGTERMs the process (SIGKILL after --grace). So stopping or losing the launcher ends the
+remote side too. sshd gives the remote side a clean environment (AcceptEnv is off by
+default), so the variables the process must see travel in the command line, quoted, under
+names checked by env.NAME.
 """
 import os
 import shlex
