@@ -6,8 +6,9 @@
  * Checked: the ZPS_* variables (the launcher's, per incarnation, and the user's own) and
  * `-x VAR` / `-x VAR=VALUE` arrive in the remote processes, which sshd starts with a clean
  * environment; `-x` in local mode; a host that lacks a program (or cannot be reached) is
- * refused before anything starts, after one ssh per host; a real fleet (zps-server,
- * zps-trainer, a short async run) over ssh exits 0. The stand-in programs print their
+ * refused before anything starts, after one ssh per host; a remote process that ignores
+ * SIGTERM is killed --grace seconds after the stop; a real fleet (zps-server, zps-trainer,
+ * a short async run) over ssh exits 0 with every row "ok". The stand-in programs print their
  * environment to their logs; the remote pids they print are awaited, bounded, and killed by
  * PID if they outlive the launcher (which fails the test).
  */
