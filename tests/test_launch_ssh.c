@@ -310,6 +310,8 @@ Test(it_launch_ssh, real_fleet_over_ssh, .init = s_init, .fini = s_fini, .timeou
     cr_assert_not_null(bin, "ZPS_BIN unset: run through make test");
     char text[600];
     sk_make_data(g_r.dir);
+    /* once zps-server binds names: "server = localhost:%d\nserver = %s:%d\n", the second
+     * server on g_host */
     snprintf(text, sizeof text,
              "job = sshfleet\nserver = 127.0.0.1:%d\nserver = 127.0.0.1:%d\n"
              "trainer = localhost\ntrainer = %s\n",
