@@ -1,0 +1,281 @@
+# zpslaunch.cli - the command line, the fleet it describes, and main. The docstring below is
+# the usage (--help description and epilog), so it is written for users.
+"""zps-launch - start a zps fleet (parameter servers + trainers), watch it, stop it, report.
+
+  zps-launch --servers 2 --trainers 2 [--trainer-args "--mode async ..."]   # this machine
+  zps-launch --servers 0 --trainers 2 --trainer-args "--mode allreduce ..."  # no servers
+  zps-launch --cluster cluster.txt --launcher ssh|slurm|local [...]          # a cluster file
+
+Every process gets its own process group and its own log in the run folder
+(runs/<job>-<timestamp>/ by default): server-<i>.log, trainer-<i>.log. The command lines are
+    {bin}/zps-server  --cluster FILE --index I       [--server-args]
+    {bin}/zps-trainer --cluster FILE --trainer-id I  [--trainer-args]
+(--server-cmd / --trainer-cmd replace the part before the pass-through arguments; {bin} is
+--bin-dir, default $ZPS_BIN, else build/bin).
+Pass-through arguments and command templates may use {index}, {run_dir}, {cluster}, {job},
+{host}, {port}, {n_servers}, {n_trainers}, {bin}.
+Every process sees ZPS_RUN_DIR, ZPS_JOB, ZPS_ROLE, ZPS_INDEX and ZPS_RESTART; -x VAR
+(this launcher's value) / -x VAR=VALUE adds a variable (repeatable, like mpirun -x).
+
+--curve secures the fleet with CURVE (docs/ps.md "Security"): `zps-server --keygen` writes a
+server key pair and one per trainer into RUN/keys/, RUN/keys/allow.txt lists the trainers'
+public keys, each bound to its trainer id ("KEY trainer=I"), and the flags are added to
+every command (after the template, before the pass-through arguments):
+    servers:  --curve-key keys/server.key --curve-allow keys/allow.txt
+    trainer I: --curve-server-key keys/server.pub --curve-key keys/trainer-I.key
+With ssh or slurm the run folder must be on a file system the hosts share (same path).
+
+Servers start first, then trainers. When every trainer has finished, the servers are stopped
+(SIGTERM to their process groups: a server writes its final checkpoint and exits 0; SIGKILL
+after --grace seconds) and the launcher exits 0.
+
+Supervision (docs/training.md "Supervision"): a server that dies while trainers run (any
+exit, even status 0, or a signal it did not get from us) is restarted with --restore, up
+to --restart-servers times (default 3), after a back-off of --restart-backoff seconds
+doubled at each restart of that server (0.5, 1, 2, ... capped at 30). With restarts on
+every server gets --checkpoint-dir RUN/checkpoints and --checkpoint-every-versions K
+(--checkpoint-every-versions, default 50; before --server-args, which win). A trainer that
+dies is handled by --on-trainer-exit: restart (default; up to --restart-trainers times,
+same back-off), continue (the job goes on without it), stop (the job ends). Exit 2 (usage)
+and 126/127 (cannot run) are never restarted. A process whose restarts are used up ends the
+job. Every death is an event: what died, when (seconds into the run), how (exit status or
+signal) and what was done, printed when it happens and listed after the summary table.
+On Ctrl-C / SIGTERM, or when --timeout expires, every process still running is stopped the
+same way. Processes are only ever signalled through the process groups this launcher
+created, never by name. Exit status: 0 all good, 1 a process failed, 2 usage error, 124
+timeout, 130 interrupted. A summary table (role, index, host, pid, status, runtime, log) is
+printed at the end and written, with the events, to summary.json in the run folder.
+--before-stop CMD runs once every trainer has finished, before the servers are stopped
+(e.g. to read the servers' STATS or export the model); a non-zero exit fails the job.
+
+Launchers (docs/training.md says what was tested and how):
+  local  run the command here (hosts in the cluster file are ignored)
+  ssh    `ssh HOST sh -c 'cd DIR && VAR=... CMD'`: the ZPS_* variables (the launcher's
+         own ZPS_* too) and the -x ones travel in the command line, since sshd starts a
+         clean environment; one ssh per host first checks every program is there and
+         executable (else nothing starts, exit 1); the launcher stops the remote process
+         by closing ssh's stdin (a watcher on the remote side SIGTERMs it, SIGKILL after
+         --grace; ssh returns its status), and it ends too when the connection does
+  slurm  `srun --nodes=1 --ntasks=1 --nodelist=HOST --job-name=JOB CMD` inside an allocation
+         (salloc/sbatch); stopping srun ends the job step
+Python 3 standard library only.
+"""
+import argparse
+import datetime
+import os
+import shlex
+import signal
+import sys
+import threading
+
+from zpslaunch.cluster import free_ports, parse_cluster, write_cluster
+from zpslaunch.commands import build_argv, make_curve_keys
+from zpslaunch.env import fleet_env, parse_x, process_env
+from zpslaunch.launchers import command
+from zpslaunch.proc import (EXIT_FAILED, EXIT_OK, EXIT_USAGE, Interrupted, Proc, TimedOut)
+from zpslaunch.process import stop_all
+from zpslaunch.report import write_summary
+from zpslaunch.ssh import check_hosts
+from zpslaunch.supervise import Supervisor, supervise
+
+def parser():
+    ap = argparse.ArgumentParser(
+        prog="zps-launch", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=__doc__.split("\n\n")[0],
+        epilog="\n".join(__doc__.split("\n")[2:]))
+    src = ap.add_argument_group("fleet")
+    src.add_argument("--cluster", help="cluster file (docs/cluster.md)")
+    src.add_argument("--servers", type=int,
+                     help="N servers on 127.0.0.1 (no cluster file); 0 for an all-reduce fleet")
+    src.add_argument("--trainers", type=int, help="M trainers on 127.0.0.1 (no cluster file)")
+    src.add_argument("--job", help="job name (default: the cluster file's, else 'zps')")
+    ap.add_argument("--launcher", choices=("local", "ssh", "slurm"), default="local")
+    ap.add_argument("--bin-dir", default=os.environ.get("ZPS_BIN") or "build/bin",
+                    help="where zps-server/zps-trainer are (default $ZPS_BIN, else build/bin)")
+    ap.add_argument("--run-dir", help="run folder (default runs/<job>-<timestamp>)")
+    ap.add_argument("--runs-root", default="runs", help="parent of the default run folder")
+    ap.add_argument("--server-args", default="", help="extra zps-server arguments (one string)")
+    ap.add_argument("--trainer-args", default="", help="extra zps-trainer arguments (one string)")
+    ap.add_argument("--server-cmd", default="{bin}/zps-server --cluster {cluster} --index {index}",
+                    help="server command template (default: %(default)s)")
+    ap.add_argument("--trainer-cmd",
+                    default="{bin}/zps-trainer --cluster {cluster} --trainer-id {index}",
+                    help="trainer command template (default: %(default)s)")
+    ap.add_argument("--curve", action="store_true",
+                    help="CURVE authentication and encryption: generate a server key pair and "
+                         "one per trainer in RUN/keys (zps-server --keygen) and pass the "
+                         "--curve-* flags to every process")
+    sup = ap.add_argument_group("supervision")
+    sup.add_argument("--restart-servers", type=int, default=3, metavar="N",
+                     help="restart a dead server with --restore up to N times (default 3; "
+                          "0: a dead server ends the job)")
+    sup.add_argument("--on-trainer-exit", choices=("restart", "continue", "stop"),
+                     default="restart",
+                     help="a trainer that dies: restart it, go on without it, or end the job "
+                          "(default restart)")
+    sup.add_argument("--restart-trainers", type=int, default=3, metavar="N",
+                     help="with --on-trainer-exit restart: at most N restarts per trainer "
+                          "(default 3)")
+    sup.add_argument("--restart-backoff", type=float, default=0.5, metavar="S",
+                     help="wait S seconds before the first restart of a process, doubled "
+                          "for each later one, at most 30 (default 0.5)")
+    sup.add_argument("--checkpoint-every-versions", type=int, default=50, metavar="K",
+                     help="with server restarts on: servers checkpoint into RUN/checkpoints "
+                          "every K versions (default 50; 0: pass no checkpoint flags)")
+    sup.add_argument("--before-stop", metavar="CMD",
+                     help="run CMD (template, sh -c) once the trainers finished, before the "
+                          "servers are stopped; non-zero exit fails the job")
+    ap.add_argument("--timeout", type=float, default=0, help="stop everything after S seconds")
+    ap.add_argument("--grace", type=float, default=10,
+                    help="seconds between SIGTERM and SIGKILL when stopping (default 10)")
+    ap.add_argument("--follow", action="append", default=[], metavar="ROLE:INDEX",
+                    help="copy that process's log to stdout while it runs (e.g. trainer:0)")
+    ap.add_argument("-x", action="append", default=[], dest="export", metavar="VAR[=VALUE]",
+                    help="give every process VAR with this launcher's value, or VALUE "
+                         "(repeatable, like mpirun -x; every launcher; ssh also forwards every "
+                         "ZPS_* variable)")
+    ap.add_argument("--ssh", default="ssh -o BatchMode=yes", help="ssh command (ssh launcher)")
+    ap.add_argument("--remote-dir", help="working directory on remote hosts (default: cwd)")
+    ap.add_argument("--srun", default="srun", help="srun command (slurm launcher)")
+    ap.add_argument("--srun-args", default="", help="extra srun arguments (one string)")
+    ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    ap.add_argument("--quiet", action="store_true", help="only the summary table")
+    return ap
+
+
+def fleet_hosts(args):
+    """(servers, trainer hosts, job from the cluster file); raises ValueError (usage)."""
+    if args.cluster and (args.servers or args.trainers):
+        raise ValueError("give --cluster or --servers/--trainers, not both")
+    if not args.cluster and (args.servers is None or not args.trainers):
+        raise ValueError("give --cluster FILE, or --servers N --trainers M (N >= 0, M >= 1)")
+    for name in ("restart_servers", "restart_trainers", "checkpoint_every_versions"):
+        if getattr(args, name) < 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 0")
+    if args.restart_backoff < 0:
+        raise ValueError("--restart-backoff must be >= 0")
+    if args.cluster:
+        try:
+            return parse_cluster(args.cluster)
+        except OSError as e:
+            raise ValueError(str(e))
+    if args.launcher != "local":
+        raise ValueError(f"--launcher {args.launcher} needs a cluster file naming hosts")
+    if args.servers < 0 or args.trainers < 1:
+        raise ValueError("--servers must be >= 0 (0: an all-reduce fleet) and --trainers >= 1")
+    servers = [("127.0.0.1", p) for p in free_ports(args.servers)]
+    return servers, ["127.0.0.1"] * args.trainers, ""
+
+
+def make_run_dir(args, job):
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    run_dir = args.run_dir or os.path.join(args.runs_root, f"{job}-{stamp}")
+    if not args.run_dir:
+        base, k = run_dir, 1
+        while os.path.exists(run_dir):
+            k += 1
+            run_dir = f"{base}.{k}"
+    os.makedirs(run_dir, exist_ok=True)
+    return run_dir
+
+
+def make_procs(args, run_dir, job, servers, trainer_hosts, curve, env):
+    """The fleet's Procs (servers, then trainers) and the template values; env is the
+    fleet's environment (env.fleet_env)."""
+    curve_server, curve_trainer = curve
+    cluster = os.path.join(run_dir, "cluster.txt")
+    write_cluster(cluster, job, servers, trainer_hosts)
+    common = {"run_dir": os.path.abspath(run_dir), "cluster": os.path.abspath(cluster),
+              "job": job, "n_servers": len(servers), "n_trainers": len(trainer_hosts),
+              "bin": os.path.abspath(args.bin_dir)}
+    ckpt = []
+    if args.restart_servers > 0 and args.checkpoint_every_versions > 0:
+        ckpt = ["--checkpoint-dir", os.path.join(common["run_dir"], "checkpoints"),
+                "--checkpoint-every-versions", str(args.checkpoint_every_versions)]
+    procs = []
+    for i, (h, port) in enumerate(servers):
+        v = dict(common, index=i, host=h, port=port)
+        argv = build_argv(args.server_cmd, args.server_args, v, curve_server + ckpt)
+        p = Proc("server", i, h, port, argv, os.path.join(run_dir, f"server-{i}.log"))
+        p.restart_cmd = argv + ["--restore"]
+        procs.append(p)
+    for i, h in enumerate(trainer_hosts):
+        v = dict(common, index=i, host=h, port="")
+        argv = build_argv(args.trainer_cmd, args.trainer_args, v, curve_trainer(i))
+        procs.append(Proc("trainer", i, h, None, argv, os.path.join(run_dir, f"trainer-{i}.log")))
+    for p in procs:
+        p.pipe_stdin = args.launcher == "ssh"
+        p.argv = command(p, args, process_env(env, p))
+    return procs, common
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
+
+    def say(msg):
+        if not args.quiet:
+            print(f"zps-launch: {msg}", flush=True)
+
+    try:
+        servers, trainer_hosts, cjob = fleet_hosts(args)
+        args.x_env = parse_x(args.export, os.environ)
+    except ValueError as e:
+        print(f"zps-launch: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    job = args.job or cjob or "zps"
+    if not all(c.isalnum() or c in "_.-" for c in job) or len(job) > 63:
+        print(f"zps-launch: bad job name '{job}' ([A-Za-z0-9_.-], up to 63 characters)",
+              file=sys.stderr)
+        return EXIT_USAGE
+    run_dir = make_run_dir(args, job)
+    curve = ([], lambda i: [])
+    if args.curve:
+        try:
+            curve = make_curve_keys(os.path.abspath(run_dir), os.path.abspath(args.bin_dir),
+                                    len(trainer_hosts))
+        except (OSError, RuntimeError) as e:
+            print(f"zps-launch: --curve: {e}", file=sys.stderr)
+            return EXIT_FAILED
+    env = fleet_env(os.environ, os.path.abspath(run_dir), job, args.x_env)
+    procs, common = make_procs(args, run_dir, job, servers, trainer_hosts, curve, env)
+    if args.dry_run:
+        for p in procs:
+            print(f"{p.role} {p.index} on {p.host}: {shlex.join(p.argv)}")
+        return EXIT_OK
+    if args.launcher == "ssh":
+        problems = check_hosts(procs, args)
+        if problems:
+            print("zps-launch: nothing started: the hosts cannot run the fleet:\n  "
+                  + "\n  ".join(problems), file=sys.stderr)
+            return EXIT_FAILED
+
+    def on_signal(signum, frame):
+        raise Interrupted(signum)
+
+    def on_alarm(signum, frame):
+        raise TimedOut()
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    signal.signal(signal.SIGALRM, on_alarm)
+
+    say(f"job {job}: {len(servers)} server(s), {len(trainer_hosts)} trainer(s), "
+        f"launcher {args.launcher}, run folder {run_dir}"
+        + (", CURVE keys in " + os.path.join(run_dir, "keys") if args.curve else ""))
+    stop_evt = threading.Event()
+    sup = Supervisor(procs, args, env, say)
+    followers = []
+    code = supervise(sup, args, common, env, say, followers, stop_evt)
+    # stop what is left: trainers first (after a failure), then the servers
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    sup.cancel_restarts()
+    stop_all(procs, sup.trainers, args.grace, say)
+    stop_all(procs, [p for p in procs if p.role == "server"], args.grace, say)
+    stop_evt.set()
+    for t in followers:
+        t.join(timeout=2)
+    if code == EXIT_OK and not all(p.ok() for p in procs):
+        code = EXIT_FAILED
+    write_summary(procs, sup.events, job, run_dir, code)
+    return code
