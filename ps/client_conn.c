@@ -314,6 +314,10 @@ zps_status ps_client_send_slot(ps_client *c, ps_client_slot *sl, const ps_optim_
     ps_client_header_ident(c, &h, sl->op);
     h.request_id = sl->rid;
     h.step = sl->step;
+    if (sl->op == ZPS__OP__OP_CHECKPOINT) { // step: the cut's version, -1 for none
+        h.cut = sl->step >= 0;
+        h.cut_version = sl->step >= 0 ? (uint64_t)sl->step : 0;
+    }
     h.rollback_token = sl->token;
     h.server_index = (uint32_t)sl->server;
     h.plan_hash = c->plan ? c->plan->hash : 0;

@@ -220,6 +220,7 @@ static void s_timers(ps_server *s)
     if (s->cfg.checkpoint_every_seconds > 0 && s->initialised &&
         now - s->last_ckpt_s >= s->cfg.checkpoint_every_seconds)
         ps_srv_write_checkpoint(s, 0);
+    ps_srv_admin_tick(s);
     if (s->cfg.stats_every_s > 0 && now - s->last_stats_s >= s->cfg.stats_every_s) {
         s->last_stats_s = now;
         ps_srv_stats_log(s);

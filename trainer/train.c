@@ -594,16 +594,23 @@ static zps_status s_wrap_up(s_job *j, tr_result *res)
 
 /* Every way out of a run that did not reach s_wrap_up's end: LEAVE (so sync and ssp peers
  * do not wait for a trainer that is gone) and the summary record. A stop asked for by a
- * signal (the network waits it cut short return ZPS_ERR_INTERRUPTED) is not a failure:
- * ZPS_OK then, else st. */
+ * signal (the network waits it cut short return ZPS_ERR_INTERRUPTED) is not a failure, nor
+ * is the servers' SHUTDOWN (ZPS_ERR_SHUTDOWN): ZPS_OK then, else st. */
 static zps_status s_stop_early(s_job *j, zps_status st)
 {
     int by_signal = s_stop && st == ZPS_ERR_INTERRUPTED;
+    int by_shutdown = st == ZPS_ERR_SHUTDOWN; // the servers were shut down (zps-ctl shutdown)
     if (j->sync && j->sync->abandon)
         j->sync->abandon(j->sync);
     if (j->metrics) {
-        tr_metrics_set_end(j->metrics, by_signal ? TR_END_SIGNAL : TR_END_ERROR, j->skipped);
+        tr_metrics_set_end(j->metrics, by_signal || by_shutdown ? TR_END_SIGNAL : TR_END_ERROR,
+                           j->skipped);
         tr_metrics_finish(j->metrics);
+    }
+    if (by_shutdown) {
+        zps_log(ZPS_WARN, "trainer", "trainer %d: the servers were shut down (zps-ctl shutdown) "
+                "after %lld steps: stopping", j->id, (long long)j->step);
+        return ZPS_OK;
     }
     if (!by_signal) {
         /* before the first step the failure's own line is the whole story */
