@@ -215,22 +215,24 @@ static int s_stats(const args *a, fleet *f)
 }
 
 /* One number or word of server i's STATS: the value after "key": (JSON from
- * ps_srv_stats_json: no spaces, no nesting before these keys). */
+ * ps_srv_stats_json: no spaces, no nesting before these keys). 1 (reported) on failure. */
 static int s_stats_field(fleet *f, int i, const char *key, char *val, size_t len)
 {
     char *json, pat[64];
-    if (ps_client_stats(f->c, i, &json) != ZPS_OK)
-        return -1;
+    zps_status st = ps_client_stats(f->c, i, &json);
+    if (st != ZPS_OK)
+        return s_fail(f, "STATS", st);
     snprintf(pat, sizeof pat, "\"%s\":", key);
     const char *p = strstr(json, pat);
-    int ok = p != NULL;
-    if (ok) {
+    if (p) {
         p += strlen(pat) + (p[strlen(pat)] == '"');
         size_t k = strcspn(p, "\",}");
         snprintf(val, len, "%.*s", (int)k, p);
+    } else {
+        fprintf(stderr, S_PROG ": server %d's STATS has no \"%s\"\n", i, key);
     }
     free(json);
-    return ok ? 0 : -1;
+    return p ? 0 : 1;
 }
 
 static void s_print_answers(const fleet *f, const ps_client_answer *ans)
@@ -251,7 +253,7 @@ static int s_checkpoint_cut(const args *a, fleet *f, ps_client_answer *ans)
         for (int i = 0; i < f->n; i++) {
             char v[32];
             if (s_stats_field(f, i, "version", v, sizeof v))
-                return s_fail(f, "STATS", ZPS_ERR_PROTO);
+                return 1;
             uint64_t x = strtoull(v, NULL, 10);
             top = x > top ? x : top;
         }
@@ -275,7 +277,7 @@ static int s_checkpoint(const args *a, fleet *f)
 {
     char mode[16];
     if (s_stats_field(f, 0, "mode", mode, sizeof mode))
-        return s_fail(f, "STATS", ZPS_ERR_PROTO);
+        return 1;
     ps_client_answer *ans = zps_xcalloc((size_t)f->n, sizeof *ans);
     int rc;
     if (!strcmp(mode, "sync")) {

@@ -38,7 +38,8 @@ static int s_admin_refused(const ps_curve_allow *a, int32_t id, const char *uid,
         (op == ZPS__OP__OP_SHUTDOWN && h->trainer_id == 0))
         return 0;
     S_WHY("%s needs an admin key ('KEY admin' in --curve-allow)%s; key %.8s... is not one",
-          ps_srv_op_names[op], op == ZPS__OP__OP_SHUTDOWN ? " or trainer 0's" : "", uid);
+          op == ZPS__OP__OP_SHUTDOWN ? "SHUTDOWN" : "CHECKPOINT",
+          op == ZPS__OP__OP_SHUTDOWN ? " or trainer 0's" : "", uid);
     return 1;
 }
 
@@ -66,8 +67,8 @@ static int s_key_mismatch(const ps_server *s, const Zps__Header *h, char *why, s
     if (s_admin_refused(a, id, uid, h, why, why_len))
         return 1;
     if (h->op == ZPS__OP__OP_SHUTDOWN && h->trainer_id != 0 && id != PS_CURVE_ADMIN) {
-        S_WHY("SHUTDOWN from trainer %u: with trainer-bound keys only trainer 0 (the chief) or "
-              "an admin key may shut the servers down", h->trainer_id);
+        S_WHY("SHUTDOWN from trainer %u: with trainer-bound keys only trainer 0 (the chief) may "
+              "shut the servers down (or an admin key: zps-ctl)", h->trainer_id);
         return 1;
     }
     return 0;
