@@ -569,7 +569,7 @@ zps_status ps_client_admin(ps_client *c, int shutdown, int cut, uint64_t version
         c->answers_ticket = c->next_ticket; // the ticket s_simple_at takes
     }
     int op = shutdown ? ZPS__OP__OP_SHUTDOWN : ZPS__OP__OP_CHECKPOINT;
-    zps_status st = s_simple_at(c, op, -1, !shutdown && cut ? (int64_t)version : -1, NULL, NULL);
+    zps_status st = s_simple_at(c, op, -1, cut ? (int64_t)version : -1, NULL, NULL);
     c->answers = NULL;
     return st;
 }
@@ -582,7 +582,7 @@ zps_status ps_client_leave(ps_client *c)
 
 zps_status ps_client_shutdown(ps_client *c)
 {
-    return s_simple(c, ZPS__OP__OP_SHUTDOWN, -1, NULL, NULL);
+    return s_simple_at(c, ZPS__OP__OP_SHUTDOWN, -1, -1, NULL, NULL); // step -1: now
 }
 
 int ps_client_rollback_pending(const ps_client *c, uint64_t *version)

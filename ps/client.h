@@ -181,10 +181,10 @@ typedef struct ps_client_answer {
     char msg[1024];   // the reply's message (CHECKPOINT: "version V: PATH [PATH]")
 } ps_client_answer;
 
-/* CHECKPOINT on every server: now (cut 0), or (cut 1, sync mode) the consistent cut of
- * `version`: each server writes and answers once all its chunks are at it, ZPS_ERR_STALE
- * when it is past it. SHUTDOWN (shutdown 1, cut ignored). answers (may be NULL): one per
- * server. The first failure is returned. */
+/* CHECKPOINT (shutdown 0) or SHUTDOWN (1) on every server: now (cut 0), or (cut 1, sync
+ * mode) at the consistent cut of `version`: each server acts and answers once all its
+ * chunks are at it (a SHUTDOWN refuses pushes past it meanwhile), ZPS_ERR_STALE when it is
+ * past it. answers (may be NULL): one per server. The first failure is returned. */
 zps_status ps_client_admin(ps_client *c, int shutdown, int cut, uint64_t version,
                            ps_client_answer *answers);
 

@@ -314,7 +314,8 @@ zps_status ps_client_send_slot(ps_client *c, ps_client_slot *sl, const ps_optim_
     ps_client_header_ident(c, &h, sl->op);
     h.request_id = sl->rid;
     h.step = sl->step;
-    if (sl->op == ZPS__OP__OP_CHECKPOINT) { // step: the cut's version, -1 for none
+    if (sl->op == ZPS__OP__OP_CHECKPOINT || sl->op == ZPS__OP__OP_SHUTDOWN) {
+        /* step: the cut's version, -1 for none */
         h.cut = sl->step >= 0;
         h.cut_version = sl->step >= 0 ? (uint64_t)sl->step : 0;
     }

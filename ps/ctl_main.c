@@ -10,8 +10,8 @@
  * (PS_CLIENT_CTL_ID): its connections, CURVE (--curve-server-key, --curve-key) and one
  * deadline (--timeout) for the whole command. stats prints JSON on stdout: one server's
  * object with --server, else an array of every server's. checkpoint prints the version and
- * the files each server wrote; in sync mode it asks for a consistent cut (ps_client_admin),
- * moving the version on while training overtakes it. export rebuilds the model's variable
+ * the files each server wrote; in sync mode checkpoint and shutdown ask for a consistent
+ * cut (ps_client_admin), moving the version on while training overtakes it. export rebuilds the model's variable
  * table from --model and its flags (the checkpoints hold values, not names), checks it
  * against the shards' plan and writes a weights file for zps-trainer --init-weights.
  *
@@ -19,6 +19,7 @@
  * a missing, mixed or foreign shard); 2 usage.
  */
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,6 +44,7 @@ typedef struct args {
     char server_key[4096]; // --curve-server-key FILE
     char key[4096];        // --curve-key FILE
     double timeout_s;      // --timeout: the whole command
+    bool now;              // --now: checkpoint / shutdown at once, not at a cut
     char ckpt_dir[4096];   // export: --ckpt-dir
     int64_t ckpt_version;  // export: --ckpt-version; -1: the latest files
     char out[4096];        // export: --out FILE
@@ -72,6 +74,9 @@ static const zps_opt s_table[] = {
     {"curve-key", ZPS_OPT_STRING, F(key), .meta = "FILE",
      .help = "this operator's key pair; checkpoint and shutdown need an admin\n"
              "key ('KEY admin' in the servers' --curve-allow)"},
+    {"now", ZPS_OPT_SET, F(now),
+     .help = "checkpoint, shutdown: at once, as each server stands (sync: maybe\n"
+             "not one cut); without it a sync fleet acts at one version"},
     {"timeout", ZPS_OPT_DOUBLE, F(timeout_s), 0.1, 86400, .meta = "SEC",
      .help = "give up after this long (a cut waits for training to reach it)"},
     {.type = ZPS_OPT_TEXT, .help = "Export (offline):"},
@@ -98,8 +103,9 @@ static const zps_opts s_spec = {
     .prog = S_PROG,
     .usage = "usage: zps-ctl COMMAND [flags]\n"
              "  stats [--server I]    every server's STATS as JSON (one server's with --server)\n"
-             "  checkpoint            every server writes a checkpoint now (sync: one version)\n"
-             "  shutdown              every server writes its final checkpoint and exits 0\n"
+             "  checkpoint [--now]    every server writes a checkpoint (sync: at one version)\n"
+             "  shutdown [--now]      every server writes its final checkpoint (sync: at one\n"
+             "                        version) and exits 0; the trainers then end\n"
              "  export                merge the checkpoint shards of --ckpt-dir into --out\n"
              "Exit status: 0 done, 1 the fleet or the files said no, 2 usage.\n",
     .opt = s_table,
@@ -235,18 +241,12 @@ static int s_stats_field(fleet *f, int i, const char *key, char *val, size_t len
     return p ? 0 : 1;
 }
 
-static void s_print_answers(const fleet *f, const ps_client_answer *ans)
+/* sync: the cut every server can still reach, for CHECKPOINT or SHUTDOWN. Round 0 asks
+ * for the newest version any server has; a server already past it (training moved on)
+ * answers ZPS_ERR_STALE, and the next round asks for a later one. */
+static int s_cut(fleet *f, int shutdown, ps_client_answer *ans, uint64_t *at)
 {
-    for (int i = 0; i < f->n; i++)
-        printf("server %d: %s\n", i, ans[i].msg);
-}
-
-/* sync: the cut every server can still write. Round 0 asks for the newest version any
- * server has; a server already past it (training moved on) answers ZPS_ERR_STALE, and the
- * next round asks for a later one. */
-static int s_checkpoint_cut(const args *a, fleet *f, ps_client_answer *ans)
-{
-    (void)a;
+    const char *what = shutdown ? "SHUTDOWN" : "CHECKPOINT";
     uint64_t want = 0;
     for (int round = 0; round < S_CUT_ROUNDS; round++) {
         uint64_t top = 0;
@@ -258,50 +258,47 @@ static int s_checkpoint_cut(const args *a, fleet *f, ps_client_answer *ans)
             top = x > top ? x : top;
         }
         want = round && top <= want ? want + 1 : top;
-        zps_status st = ps_client_admin(f->c, 0, 1, want, ans);
+        zps_status st = ps_client_admin(f->c, shutdown, 1, want, ans);
         if (st == ZPS_OK) {
-            printf("checkpoint: version %" PRIu64 " on every server (sync: one consistent cut)\n", want);
-            s_print_answers(f, ans);
+            *at = want;
             return 0;
         }
         if (st != ZPS_ERR_STALE)
-            return s_fail(f, "CHECKPOINT", st);
+            return s_fail(f, what, st);
         zps_log(ZPS_INFO, "ctl", "training overtook version %" PRIu64 ": asking for a later one", want);
     }
-    fprintf(stderr, S_PROG ": CHECKPOINT: training overtook %d cuts in a row; try again\n",
+    fprintf(stderr, S_PROG ": %s: training overtook %d cuts in a row; try again\n", what,
             S_CUT_ROUNDS);
     return 1;
 }
 
-static int s_checkpoint(const args *a, fleet *f)
+/* CHECKPOINT or SHUTDOWN: a cut in sync mode (unless --now), else at once everywhere. */
+static int s_admin(const args *a, fleet *f, int shutdown)
 {
     char mode[16];
     if (s_stats_field(f, 0, "mode", mode, sizeof mode))
         return 1;
     ps_client_answer *ans = zps_xcalloc((size_t)f->n, sizeof *ans);
-    int rc;
-    if (!strcmp(mode, "sync")) {
-        rc = s_checkpoint_cut(a, f, ans);
+    int cut = !strcmp(mode, "sync") && !a->now, rc;
+    uint64_t at = 0;
+    if (cut) {
+        rc = s_cut(f, shutdown, ans, &at);
     } else {
-        zps_status st = ps_client_admin(f->c, 0, 0, 0, ans);
-        rc = st != ZPS_OK ? s_fail(f, "CHECKPOINT", st) : 0;
-        if (!rc) {
-            printf("checkpoint: written (%s mode: each server at its own version, no common "
-                   "cut)\n", mode);
-            s_print_answers(f, ans);
-        }
+        zps_status st = ps_client_admin(f->c, shutdown, 0, 0, ans);
+        rc = st != ZPS_OK ? s_fail(f, shutdown ? "SHUTDOWN" : "CHECKPOINT", st) : 0;
     }
-    free(ans);
-    return rc;
-}
-
-static int s_shutdown(fleet *f)
-{
-    ps_client_answer *ans = zps_xcalloc((size_t)f->n, sizeof *ans);
-    zps_status st = ps_client_admin(f->c, 1, 0, 0, ans);
-    int rc = st != ZPS_OK ? s_fail(f, "SHUTDOWN", st) : 0;
+    if (!rc && cut)
+        printf("%s: version %" PRIu64 " on every server (sync: one consistent cut)\n",
+               shutdown ? "shutdown" : "checkpoint", at);
+    else if (!rc)
+        printf("%s: %s\n", shutdown ? "shutdown" : "checkpoint",
+               strcmp(mode, "sync") ? "each server at its own version (no common cut outside sync mode)"
+                                    : "each server at its own version (--now: maybe not one cut)");
     for (int i = 0; !rc && i < f->n; i++)
-        printf("server %d: %s at version %" PRIu64 "\n", i, ans[i].msg, ans[i].version);
+        if (shutdown)
+            printf("server %d: %s at version %" PRIu64 "\n", i, ans[i].msg, ans[i].version);
+        else
+            printf("server %d: %s\n", i, ans[i].msg);
     free(ans);
     return rc;
 }
@@ -408,6 +405,8 @@ static int s_usage_check(const args *a, const char *cmd, int *code)
         return zps_opts_fail(&s_spec, code, "export needs --ckpt-dir DIR and --out FILE") != ZPS_OK;
     if (a->server >= 0 && strcmp(cmd, "stats"))
         return zps_opts_fail(&s_spec, code, "--server is for stats") != ZPS_OK;
+    if (a->now && (!fleet_cmd || !strcmp(cmd, "stats")))
+        return zps_opts_fail(&s_spec, code, "--now is for checkpoint and shutdown") != ZPS_OK;
     return 0;
 }
 
@@ -432,10 +431,8 @@ int main(int argc, char **argv)
     int rc = s_connect(&a, &f);
     if (!rc && !strcmp(cmd, "stats"))
         rc = s_stats(&a, &f);
-    else if (!rc && !strcmp(cmd, "checkpoint"))
-        rc = s_checkpoint(&a, &f);
     else if (!rc)
-        rc = s_shutdown(&f);
+        rc = s_admin(&a, &f, !strcmp(cmd, "shutdown"));
     s_fleet_free(&f);
     return rc;
 }

@@ -9,6 +9,9 @@
  *     servers form one model. A server already past V answers ZPS_ERR_STALE (the caller
  *     asks again with a later version); one not there yet keeps the request (at most
  *     PS_SRV_CUT_WAITS) and answers when it gets there, or ZPS_ERR_STALE if it went past.
+ *   - SHUTDOWN at a version (sync, zps-ctl) is a cut too: until every chunk is there, pushes
+ *     for that step or later are refused (ZPS_ERR_SHUTDOWN), so no chunk passes it; then the
+ *     final checkpoint is that cut on every server.
  *   - SHUTDOWN writes the final checkpoint and replies first; then the server drains: every
  *     trainer request but LEAVE is answered ZPS_ERR_SHUTDOWN, so trainers end with a clear
  *     reason instead of waiting out their timeouts; nothing changes the values any more.
@@ -58,55 +61,119 @@ static void s_checkpoint_reply(ps_server *s, zmq_msg_t *ident, int op, uint64_t 
     ps_srv_send(s, ident, &r, NULL, 0);
 }
 
-static void s_op_checkpoint(ps_server *s, zmq_msg_t *ident, const Zps__Header *h)
+/* SHUTDOWN's work: the final checkpoint (a cut when every chunk is at one version), the
+ * reply, everyone waiting told, and the drain (ps_srv_admin_tick ends it). */
+static void s_shutdown_now(ps_server *s, zmq_msg_t *ident, uint64_t rid, uint32_t sender)
+{
+    zps_status st = ps_srv_write_checkpoint(s, 1); // the job ends: every server at its end
+    ps_srv_reply r = {ZPS__OP__OP_SHUTDOWN, rid, st,
+                      st == ZPS_OK ? "shutting down" : "shutting down; checkpoint failed",
+                      ps_srv_min_version(s), 0, 0};
+    ps_srv_send(s, ident, &r, NULL, 0);
+    if (sender < s->n_trainers)
+        zps_log(ZPS_INFO, "ps", "SHUTDOWN from trainer %u", sender);
+    else
+        zps_log(ZPS_INFO, "ps", "SHUTDOWN from zps-ctl at version %" PRIu64, ps_srv_min_version(s));
+    /* whoever waits hears it now; the rest when they next ask (ps_srv_check_message) */
+    while (s->n_pending) {
+        ps_srv_pending *p = &s->pending[0];
+        ps_srv_reply pr = {p->op, p->rid, ZPS_ERR_SHUTDOWN, "server shutting down",
+                           ps_srv_min_version(s), 0, 0};
+        ps_srv_send(s, &p->ident, &pr, NULL, 0);
+        ps_srv_pending_drop(s, 0);
+    }
+    s->drain_sender = sender;
+    s->drain_until = zps_now_s() + PS_SRV_DRAIN_S;
+    while (s->n_cut_waits) {
+        ps_srv_cut_wait *w = &s->cut_waits[0];
+        ps_srv_reject(s, &w->ident, w->op, w->rid, ZPS_ERR_SHUTDOWN,
+                      "server shutting down before that version");
+        zmq_msg_close(&w->ident);
+        s->cut_waits[0] = s->cut_waits[--s->n_cut_waits];
+    }
+    ps_srv_admin_tick(s);
+}
+
+/* A cut's version reached (st ZPS_OK: write it, or shut down at it) or missed (st, why):
+ * wait i is answered and leaves the list. */
+static void s_cut_done(ps_server *s, uint32_t i, zps_status st, const char *why)
+{
+    ps_srv_cut_wait w = s->cut_waits[i];
+    s->cut_waits[i] = s->cut_waits[--s->n_cut_waits];
+    if (w.op == ZPS__OP__OP_SHUTDOWN) {
+        s->stop_at = 0;
+        for (uint32_t k = 0; k < s->n_cut_waits; k++) // another SHUTDOWN still stops there
+            if (s->cut_waits[k].op == ZPS__OP__OP_SHUTDOWN)
+                s->stop_at = s->cut_waits[k].version + 1;
+    }
+    if (st != ZPS_OK)
+        ps_srv_reject(s, &w.ident, w.op, w.rid, st, why);
+    else if (w.op == ZPS__OP__OP_SHUTDOWN)
+        s_shutdown_now(s, &w.ident, w.rid, w.sender);
+    else
+        s_checkpoint_reply(s, &w.ident, w.op, w.rid, 1);
+    zmq_msg_close(&w.ident);
+}
+
+/* A cut of h->cut_version (CHECKPOINT, or SHUTDOWN at that version): done now when every
+ * chunk is there, refused when one is past it, else kept until it is reached. A SHUTDOWN
+ * waiting for its version stops pushes that would take a chunk past it (s->stop_at). */
+static void s_op_cut(ps_server *s, zmq_msg_t *ident, const Zps__Header *h)
 {
     char why[200];
     zps_status st = ZPS_OK;
     uint64_t v = ps_srv_min_version(s), top = ps_srv_max_version(s), want = h->cut_version;
+    if (top > want) {
+        st = ZPS_ERR_STALE;
+        snprintf(why, sizeof why, "server %d is past version %" PRIu64 " (chunks at %" PRIu64
+                 "..%" PRIu64 "): ask for a later one", s->cfg.index, want, v, top);
+    } else if (v < want && s->n_cut_waits == PS_SRV_CUT_WAITS) {
+        st = ZPS_ERR_BUSY;
+        snprintf(why, sizeof why, "%d requests already wait for their version", PS_SRV_CUT_WAITS);
+    }
+    if (st != ZPS_OK) {
+        ps_srv_reject(s, ident, h->op, h->request_id, st, why);
+        return;
+    }
+    ps_srv_cut_wait *w = &s->cut_waits[s->n_cut_waits++];
+    zmq_msg_init(&w->ident);
+    zmq_msg_copy(&w->ident, ident);
+    w->rid = h->request_id;
+    w->version = want;
+    w->op = h->op;
+    w->sender = h->trainer_id;
+    if (h->op == ZPS__OP__OP_SHUTDOWN && (!s->stop_at || want + 1 < s->stop_at)) {
+        s->stop_at = want + 1;
+        if (v < want)
+            zps_log(ZPS_INFO, "ps", "SHUTDOWN at version %" PRIu64 " (now %" PRIu64 "): pushes "
+                    "for later steps are refused from now on", want, v);
+    }
+    ps_srv_admin_progress(s); // done at once when the version is there
+}
+
+static void s_op_checkpoint(ps_server *s, zmq_msg_t *ident, const Zps__Header *h)
+{
+    char why[200];
+    zps_status st = ZPS_OK;
     if (!s->cfg.checkpoint_dir[0]) {
         st = ZPS_ERR_UNSUPPORTED;
         snprintf(why, sizeof why, "no --checkpoint-dir");
     } else if (!s->initialised) {
         st = ZPS_ERR_NOT_INIT;
         snprintf(why, sizeof why, "no INIT yet: nothing to checkpoint");
-    } else if (h->cut && top > want) {
-        st = ZPS_ERR_STALE;
-        snprintf(why, sizeof why, "server %d is past version %" PRIu64 " (chunks at %" PRIu64
-                 "..%" PRIu64 "): ask for a later one", s->cfg.index, want, v, top);
-    } else if (h->cut && v < want && s->n_cut_waits == PS_SRV_CUT_WAITS) {
-        st = ZPS_ERR_BUSY;
-        snprintf(why, sizeof why, "%d checkpoints already wait for their version",
-                 PS_SRV_CUT_WAITS);
     }
-    if (st != ZPS_OK) {
+    if (st != ZPS_OK)
         ps_srv_reject(s, ident, h->op, h->request_id, st, why);
-    } else if (h->cut && v < want) {
-        ps_srv_cut_wait *w = &s->cut_waits[s->n_cut_waits++];
-        zmq_msg_init(&w->ident);
-        zmq_msg_copy(&w->ident, ident);
-        w->rid = h->request_id;
-        w->version = want;
-    } else {
-        s_checkpoint_reply(s, ident, h->op, h->request_id, h->cut);
-    }
-}
-
-/* The waiting cut i is answered (st: ZPS_OK writes it) and leaves the list. */
-static void s_cut_done(ps_server *s, uint32_t i, zps_status st, const char *why)
-{
-    ps_srv_cut_wait *w = &s->cut_waits[i];
-    if (st == ZPS_OK)
-        s_checkpoint_reply(s, &w->ident, ZPS__OP__OP_CHECKPOINT, w->rid, 1);
+    else if (h->cut)
+        s_op_cut(s, ident, h);
     else
-        ps_srv_reject(s, &w->ident, ZPS__OP__OP_CHECKPOINT, w->rid, st, why);
-    zmq_msg_close(&w->ident);
-    s->cut_waits[i] = s->cut_waits[--s->n_cut_waits];
+        s_checkpoint_reply(s, ident, h->op, h->request_id, 0);
 }
 
 void ps_srv_admin_progress(ps_server *s)
 {
     uint64_t v = ps_srv_min_version(s), top = ps_srv_max_version(s);
-    for (uint32_t i = 0; i < s->n_cut_waits;) {
+    for (uint32_t i = 0; i < s->n_cut_waits && s->drain_until <= 0;) {
         uint64_t want = s->cut_waits[i].version;
         if (v == want && top == want) {
             s_cut_done(s, i, ZPS_OK, NULL);
@@ -128,30 +195,11 @@ static void s_op_shutdown(ps_server *s, zmq_msg_t *ident, const Zps__Header *h)
         ps_srv_reply r = {h->op, h->request_id, ZPS_OK, "already shutting down",
                           ps_srv_min_version(s), 0, 0};
         ps_srv_send(s, ident, &r, NULL, 0);
-        return;
+    } else if (h->cut && s->initialised) {
+        s_op_cut(s, ident, h);
+    } else {
+        s_shutdown_now(s, ident, h->request_id, h->trainer_id);
     }
-    zps_status st = ps_srv_write_checkpoint(s, 1); // the job ends: every server at its end
-    ps_srv_reply r = {h->op, h->request_id, st,
-                      st == ZPS_OK ? "shutting down" : "shutting down; checkpoint failed",
-                      ps_srv_min_version(s), 0, 0};
-    ps_srv_send(s, ident, &r, NULL, 0);
-    if (h->trainer_id < s->n_trainers)
-        zps_log(ZPS_INFO, "ps", "SHUTDOWN from trainer %u", h->trainer_id);
-    else
-        zps_log(ZPS_INFO, "ps", "SHUTDOWN from zps-ctl");
-    /* whoever waits hears it now; the rest when they next ask (ps_srv_check_message) */
-    while (s->n_pending) {
-        ps_srv_pending *p = &s->pending[0];
-        ps_srv_reply pr = {p->op, p->rid, ZPS_ERR_SHUTDOWN, "server shutting down",
-                           ps_srv_min_version(s), 0, 0};
-        ps_srv_send(s, &p->ident, &pr, NULL, 0);
-        ps_srv_pending_drop(s, 0);
-    }
-    while (s->n_cut_waits)
-        s_cut_done(s, 0, ZPS_ERR_SHUTDOWN, "server shutting down before that version");
-    s->drain_sender = h->trainer_id;
-    s->drain_until = zps_now_s() + PS_SRV_DRAIN_S;
-    ps_srv_admin_tick(s);
 }
 
 void ps_srv_admin_tick(ps_server *s)

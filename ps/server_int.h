@@ -137,11 +137,14 @@ typedef struct ps_srv_retired {
     struct ps_srv_retired *next;
 } ps_srv_retired;
 
-/* A CHECKPOINT cut whose version this server has not reached yet (server_admin.c). */
+/* A CHECKPOINT or SHUTDOWN cut whose version this server has not reached yet
+ * (server_admin.c). */
 typedef struct ps_srv_cut_wait {
     zmq_msg_t ident;   // the asker (a copy)
     uint64_t rid;
-    uint64_t version;  // written when every chunk is at this version
+    uint64_t version;  // done when every chunk is at this version
+    int op;            // CHECKPOINT: write it; SHUTDOWN: write it and shut down
+    uint32_t sender;   // the request's trainer id
 } ps_srv_cut_wait;
 
 /* The chunk table an INIT brings, once validated (ps_srv_check_init). keys and counts are
@@ -213,6 +216,8 @@ struct ps_server {
     /* admin (server_admin.c) */
     ps_srv_cut_wait cut_waits[PS_SRV_CUT_WAITS];
     uint32_t n_cut_waits;
+    uint64_t stop_at;      // SHUTDOWN at version V waits: V + 1 (pushes of step V on are
+                           // refused); 0: none
     double drain_until;    // 0: serving; after SHUTDOWN: stop then, or once no trainer is live
     uint32_t drain_sender; // the trainer that sent SHUTDOWN (not waited for), or none
 };

@@ -74,9 +74,18 @@ static int s_key_mismatch(const ps_server *s, const Zps__Header *h, char *why, s
     return 0;
 }
 
-/* After SHUTDOWN (server_admin.c): every trainer request but LEAVE is told so. */
-static int s_draining(const ps_server *s, int op, char *why, size_t why_len)
+/* After SHUTDOWN (server_admin.c): every trainer request but LEAVE is told so; while a
+ * SHUTDOWN waits for its version, so is a push for that step or a later one. */
+static int s_draining(const ps_server *s, const Zps__Header *h, char *why, size_t why_len)
 {
+    int op = (int)h->op;
+    if (s->stop_at && s->drain_until <= 0 &&
+        (op == ZPS__OP__OP_PUSH || op == ZPS__OP__OP_PUSHPULL) && h->step >= 0 &&
+        (uint64_t)h->step + 1 >= s->stop_at) {
+        S_WHY("server %d is shutting down at version %" PRIu64 ": no step after it",
+              s->cfg.index, s->stop_at - 1);
+        return 1;
+    }
     if (s->drain_until <= 0 || op == ZPS__OP__OP_LEAVE || op == ZPS__OP__OP_STATS ||
         op == ZPS__OP__OP_SHUTDOWN)
         return 0;
@@ -112,11 +121,12 @@ static zps_status s_check_header(ps_server *s, const Zps__Header *h, int nframes
     }
     if (s_key_mismatch(s, h, why, why_len))
         return ZPS_ERR_UNAUTHORIZED;
-    if (s_draining(s, o, why, why_len))
+    if (s_draining(s, h, why, why_len))
         return ZPS_ERR_SHUTDOWN;
-    if (o == ZPS__OP__OP_CHECKPOINT && h->cut && s->mode != PS_MODE_SYNC) {
-        S_WHY("a CHECKPOINT cut needs sync mode (this server runs %s): ask for a plain one",
-              ps_srv_mode_names[s->mode]);
+    if ((o == ZPS__OP__OP_CHECKPOINT || o == ZPS__OP__OP_SHUTDOWN) && h->cut &&
+        s->mode != PS_MODE_SYNC) {
+        S_WHY("a %s cut needs sync mode (this server runs %s): ask for a plain one",
+              o == ZPS__OP__OP_SHUTDOWN ? "SHUTDOWN" : "CHECKPOINT", ps_srv_mode_names[s->mode]);
         return ZPS_ERR_UNSUPPORTED;
     }
     return ZPS_OK;

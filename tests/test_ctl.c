@@ -8,8 +8,9 @@
  *    evaluates (zps-trainer --eval-only --init-weights) to the test accuracy the trainer
  *    reported at the end of its run.
  *  - checkpoint while a sync fleet trains: a consistent cut (every chunk of both shards at
- *    the printed version); shutdown: both servers write their final checkpoint and exit 0,
- *    and the trainer ends (exit 0) saying the servers were shut down.
+ *    the printed version); shutdown: both servers write their final checkpoint at one
+ *    version and exit 0, the trainer ends (exit 0) saying the servers were shut down, and
+ *    export takes those final files as they are.
  *  - export refuses a missing shard, shards of different versions and another model.
  *  - CURVE: an admin key ('KEY admin') may checkpoint and shut down; a trainer's key may
  *    not, and the server stays up.
@@ -267,9 +268,9 @@ Test(it_ctl, cut_while_training_then_shutdown_ends_the_fleet)
 
     const char *sd[] = {"shutdown", "--servers", s_list, NULL};
     cr_assert_eq(s_ctl(sd, &out), 0);
-    const char *at = strstr(out, "at version ");
+    const char *at = strstr(out, "shutdown: version ");
     cr_assert_not_null(at, "%s", out);
-    uint64_t final = strtoull(at + 11, NULL, 10);
+    uint64_t final = strtoull(at + 18, NULL, 10);
     cr_assert_geq(final, version);
     free(out);
     for (int i = 0; i < 2; i++) {
@@ -282,6 +283,12 @@ Test(it_ctl, cut_while_training_then_shutdown_ends_the_fleet)
     snprintf(tlog, sizeof tlog, "%s/train.log", s_tmp);
     cr_assert(s_exit0(&t, tlog, 10), "the trainer did not end with exit 0");
     cr_assert(zt_file_has(tlog, "the servers were shut down"), "the trainer did not say why");
+    /* the final checkpoints are one model: export takes them as they are */
+    char wts[700];
+    snprintf(wts, sizeof wts, "%s/final.wts", s_tmp);
+    const char *ex[] = {"export", "--ckpt-dir", s_ck, "--out", wts, "--model", "mlp", NULL};
+    cr_assert_eq(s_ctl(ex, &out), 0, "%s", out);
+    free(out);
 }
 
 /* A shard file copied over another (both named by version). */

@@ -126,7 +126,7 @@ static uint8_t *s_hdr(raw *r, int op, uint32_t version, uint32_t trainer, int64_
     h.request_id = ++r->rid;
     h.trainer_id = trainer;
     h.step = step;
-    if (op == ZPS__OP__OP_CHECKPOINT && step > 0) { // a cut of version `step`
+    if ((op == ZPS__OP__OP_CHECKPOINT || op == ZPS__OP__OP_SHUTDOWN) && step > 0) { // a cut
         h.cut = 1;
         h.cut_version = (uint64_t)step;
     }
@@ -210,7 +210,7 @@ typedef struct m_case {
     m_frame f[2];
     int inc;             // I_*: the incarnation the request carries (default trainer 0's)
     const char *msg_has; // the reply's message contains it (NULL: not checked)
-    int64_t step;        // the header's step (CHECKPOINT: > 0 asks for a cut of it)
+    int64_t step;        // the header's step (CHECKPOINT, SHUTDOWN: > 0 asks for a cut of it)
 } m_case;
 
 #define B(k) {(uint64_t)(k), 0}
@@ -293,6 +293,8 @@ static const m_case s_cases[] = {
     {"rollback with a payload frame", ZPS_ERR_FRAMES, .op = ZPS__OP__OP_ROLLBACK, GOOD1},
     /* the operator's ops (zps-ctl): a cut is sync only; no payloads */
     {"checkpoint cut outside sync mode", ZPS_ERR_UNSUPPORTED, .op = ZPS__OP__OP_CHECKPOINT,
+     .step = 5, .msg_has = "needs sync mode"},
+    {"shutdown cut outside sync mode", ZPS_ERR_UNSUPPORTED, .op = ZPS__OP__OP_SHUTDOWN,
      .step = 5, .msg_has = "needs sync mode"},
     {"checkpoint with a payload frame", ZPS_ERR_FRAMES, .op = ZPS__OP__OP_CHECKPOINT, GOOD1},
     {"shutdown with a payload frame", ZPS_ERR_FRAMES, .op = ZPS__OP__OP_SHUTDOWN, GOOD1},
