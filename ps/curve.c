@@ -436,7 +436,8 @@ zps_status ps_curve_keygen(const char *prefix, char *why, size_t wl)
         return st;
     snprintf(text, sizeof text,
              "# zps CURVE public key (zps-server --keygen). Servers list trainers' keys in\n"
-             "# --curve-allow; trainers name the server's in --curve-server-key.\n%s\n",
+             "# --curve-allow (zps-ctl's as 'KEY admin'); trainers and zps-ctl name the\n"
+             "# server's in --curve-server-key.\n%s\n",
              pub);
     st = s_write_new(ppath, 0644, text, why, wl);
     if (st != ZPS_OK)

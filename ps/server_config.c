@@ -71,7 +71,8 @@ static const zps_opt s_opt[] = {
      .help = "this server's key pair (from --keygen): clients must use CURVE"},
     {"curve-allow", ZPS_OPT_STRING, F(cfg.curve_allow), .meta = "FILE",
      .help = "trainer public keys admitted, one Z85 key per line (# comments);\n"
-             "'KEY trainer=N' lets that key speak for trainer N only"},
+             "'KEY trainer=N' lets that key speak for trainer N only;\n"
+             "'KEY admin' makes it an operator's (zps-ctl checkpoint, shutdown)"},
     {"curve-allow-any", ZPS_OPT_SET, F(cfg.curve_allow_any),
      .help = "admit any trainer key instead (encrypted, not authenticated)"},
     {"keygen", ZPS_OPT_ARG, F(keygen), .meta = "PREFIX",
