@@ -175,12 +175,14 @@ static void s_stop(pst_server srv[2])
 
 /* ------------------------------------------------------------------------- tests */
 
-Test(it_ctl, stats_checkpoint_and_an_export_that_evaluates_as_trained)
+/* Data, two servers (versioned every 50) and a trainer run of steps to its end; the test
+ * accuracy the trainer reported. */
+static double s_trained_fleet(pst_server srv[2], const char *steps)
 {
     s_make_data();
-    pst_server srv[2], t;
+    pst_server t;
     s_servers(srv, "50");
-    s_trainer(&t, "train", "200");
+    s_trainer(&t, "train", steps);
     char tlog[700];
     snprintf(tlog, sizeof tlog, "%s/train.log", s_tmp);
     cr_assert(s_exit0(&t, tlog, 180), "the trainer failed");
@@ -188,6 +190,13 @@ Test(it_ctl, stats_checkpoint_and_an_export_that_evaluates_as_trained)
     double trained = s_accuracy(text);
     free(text);
     cr_assert_gt(trained, 0.5, "no test accuracy in the trainer's output");
+    return trained;
+}
+
+Test(it_ctl, stats_checkpoint_and_an_export_that_evaluates_as_trained)
+{
+    pst_server srv[2];
+    double trained = s_trained_fleet(srv, "200");
 
     char *out = NULL;
     const char *stats[] = {"stats", "--servers", s_list, NULL};
@@ -322,13 +331,8 @@ static void s_export_fails(const char *v, const char *model, const char *what)
 
 Test(it_ctl, export_refuses_missing_mixed_and_foreign_shards)
 {
-    s_make_data();
-    pst_server srv[2], t;
-    s_servers(srv, "50");
-    s_trainer(&t, "train", "100");
-    char tlog[700];
-    snprintf(tlog, sizeof tlog, "%s/train.log", s_tmp);
-    cr_assert(s_exit0(&t, tlog, 180), "the trainer failed");
+    pst_server srv[2];
+    s_trained_fleet(srv, "100");
     s_stop(srv);
     s_export_fails("100", "convnet", "the shards hold another model");
     s_copy(1, 50, 1, 100); // server 1's shard of 50 where its shard of 100 belongs
