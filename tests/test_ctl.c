@@ -344,6 +344,21 @@ Test(it_ctl, export_refuses_missing_mixed_and_foreign_shards)
     s_export_fails("7", "mlp", "no shard of server 0");
 }
 
+/* zps-ctl cmd against uri with s_tmp/server.pub and s_tmp/name.key: exit code want_rc,
+ * what in its output. */
+static void s_ctl_as(const char *cmd, const char *uri, const char *name, int want_rc,
+                     const char *what)
+{
+    char spub[700], key[700], *out = NULL;
+    snprintf(spub, sizeof spub, "%s/server.pub", s_tmp);
+    snprintf(key, sizeof key, "%s/%s.key", s_tmp, name);
+    const char *args[] = {cmd, "--servers", uri, "--curve-server-key", spub, "--curve-key", key,
+                          NULL};
+    cr_assert_eq(s_ctl(args, &out), want_rc, "%s as %s: %s", cmd, name, out);
+    cr_assert_not_null(strstr(out, what), "%s as %s: want '%s' in:\n%s", cmd, name, what, out);
+    free(out);
+}
+
 Test(it_ctl, curve_admin_key_controls_trainer_key_does_not)
 {
     s_make_data();
@@ -374,32 +389,12 @@ Test(it_ctl, curve_admin_key_controls_trainer_key_does_not)
     cr_assert_eq(pct_client(srv.uri, s_tmp, "server", "t0", 0, 0, &c0), ZPS_OK);
     pct_train_round(c0, plan, pst_seed(), 0);
 
-    char spub[700], tkey[700], okey[700], *out = NULL;
-    snprintf(spub, sizeof spub, "%s/server.pub", s_tmp);
-    snprintf(tkey, sizeof tkey, "%s/t0.key", s_tmp);
-    snprintf(okey, sizeof okey, "%s/ops.key", s_tmp);
-    const char *tck[] = {"checkpoint", "--servers", srv.uri, "--curve-server-key", spub,
-                         "--curve-key", tkey, NULL};
-    cr_assert_eq(s_ctl(tck, &out), 1, "%s", out);
-    cr_assert_not_null(strstr(out, "not authorised"), "%s", out);
-    free(out);
-    const char *tsd[] = {"shutdown", "--servers", srv.uri, "--curve-server-key", spub,
-                         "--curve-key", tkey, NULL};
-    cr_assert_eq(s_ctl(tsd, &out), 1, "%s", out);
-    free(out);
+    s_ctl_as("checkpoint", srv.uri, "t0", 1, "not authorised");
+    s_ctl_as("shutdown", srv.uri, "t0", 1, "not authorised");
     cr_assert_eq(pst_wait(&srv, 0.5), -1, "the server exited on a trainer key's SHUTDOWN");
     /* a key without a role: STATS yes, the operator's ops no */
-    char akey[700];
-    snprintf(akey, sizeof akey, "%s/anon.key", s_tmp);
-    const char *ast[] = {"stats", "--servers", srv.uri, "--curve-server-key", spub,
-                         "--curve-key", akey, NULL};
-    cr_assert_eq(s_ctl(ast, &out), 0, "%s", out);
-    free(out);
-    const char *ack[] = {"checkpoint", "--servers", srv.uri, "--curve-server-key", spub,
-                         "--curve-key", akey, NULL};
-    cr_assert_eq(s_ctl(ack, &out), 1, "%s", out);
-    cr_assert_not_null(strstr(out, "CHECKPOINT needs an admin key"), "%s", out);
-    free(out);
+    s_ctl_as("stats", srv.uri, "anon", 0, "\"server\":0");
+    s_ctl_as("checkpoint", srv.uri, "anon", 1, "CHECKPOINT needs an admin key");
     /* an admin key is not a trainer's */
     ps_client *op;
     cr_assert_eq(pct_client(srv.uri, s_tmp, "server", "ops", 0, 0, &op), ZPS_OK);
@@ -408,15 +403,8 @@ Test(it_ctl, curve_admin_key_controls_trainer_key_does_not)
                        ps_client_last_error(op));
     ps_client_destroy(&op);
 
-    const char *ock[] = {"checkpoint", "--servers", srv.uri, "--curve-server-key", spub,
-                         "--curve-key", okey, NULL};
-    cr_assert_eq(s_ctl(ock, &out), 0, "%s", out);
-    cr_assert_not_null(strstr(out, "on every server (sync: one consistent cut)"), "%s", out);
-    free(out);
-    const char *osd[] = {"shutdown", "--servers", srv.uri, "--curve-server-key", spub,
-                         "--curve-key", okey, NULL};
-    cr_assert_eq(s_ctl(osd, &out), 0, "%s", out);
-    free(out);
+    s_ctl_as("checkpoint", srv.uri, "ops", 0, "on every server (sync: one consistent cut)");
+    s_ctl_as("shutdown", srv.uri, "ops", 0, "shutting down");
     ps_client_destroy(&c0); // trainer 0 never left: the server waits out its drain
     cr_assert(s_exit0(&srv, "server", 10), "the server did not exit 0 on the admin's SHUTDOWN");
     ps_plan_destroy(&plan);
