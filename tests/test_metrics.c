@@ -2,9 +2,11 @@
  * field against the random steps fed in), the summary totals, null for unmeasured values,
  * the progress line as plain lines on a file and in place on a pseudo-terminal, and no heap
  * growth per step. The clock is the test hook (tr_metrics_set_fake_time), so rates are exact.
+ * Suite it_metrics (below) runs zps-trainer and reads its metrics file.
  */
 #include <criterion/criterion.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <malloc.h>
 #include <math.h>
 #include <stdint.h>
@@ -12,9 +14,15 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "common/log.h"
+#include "common/mem.h"
+#include "common/version.h"
+#include "tests/ps_test_util.h"
+#include "tests/testutil.h"
 #include "trainer/metrics.h"
 
 static uint64_t s_rng;
@@ -110,6 +118,9 @@ static void s_check_start(const char *l)
     cr_assert(strstr(l, "\"mode\":\"as\\\"ync\""), "escaped mode: %s", l);
     cr_assert_eq(s_field(l, "batch"), 32.0);
     cr_assert_float_eq(s_field(l, "target_accuracy"), 0.8, 1e-12);
+    cr_assert_eq(s_field(l, "seed"), 77.0);
+    cr_assert_eq(s_field(l, "pid"), (double)getpid());
+    cr_assert(strstr(l, ",\"config\":{\"batch-size\":32}}"), "the configuration last: %s", l);
 }
 
 static void s_check_summary(const char *l, const fed *f)
@@ -172,7 +183,8 @@ Test(metrics, jsonl_records_match_the_steps, .timeout = 10)
     FILE *prog = tmpfile();
     tr_metrics_opts o = {.jsonl_path = path, .progress = prog, .trainer_id = 1,
                          .mode_name = "as\"ync", .model = "lenet", .batch = 32,
-                         .n_trainers = 2, .total_steps = 40, .target_accuracy = 0.8};
+                         .n_trainers = 2, .total_steps = 40, .target_accuracy = 0.8,
+                         .seed = 77, .config_json = "{\"batch-size\":32}"};
     tr_metrics *m = NULL;
     cr_assert_eq(tr_metrics_new(&o, &m), ZPS_OK);
     s_feed_steps(m, &f);
@@ -354,4 +366,111 @@ Test(metrics, redone_steps_count_once, .timeout = 10)
     cr_assert_not_null(sum, "%s", text);
     cr_assert_eq(s_field(sum, "steps"), 6, "%s", sum);
     cr_assert_eq(s_field(sum, "redone_steps"), 2, "%s", sum);
+}
+
+/* ================================================================ it_metrics: real processes
+ *
+ * The metrics files zps-trainer and zps-server write, read back with Python's json module
+ * (a real parser, and the one scripts/compare reads them with). The tests wait on the files'
+ * content, never on the clock. */
+
+/* Runs python3 -c script with args (NULL-terminated); its exit status (0: the checks held;
+ * it prints what failed). */
+static int s_python(const char *script, const char *const *args)
+{
+    const char *argv[16] = {"python3", "-c", script};
+    int n = 3;
+    for (int i = 0; args[i] && n < 15; i++)
+        argv[n++] = args[i];
+    argv[n] = NULL;
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        execvp("python3", (char *const *)argv);
+        _exit(127);
+    }
+    int st;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    cr_assert(WIFEXITED(st), "python3 died");
+    return WEXITSTATUS(st);
+}
+
+/* Runs $ZPS_BIN/<prog> with args, output into log; fails unless it exits 0 within
+ * timeout_s. Returns its pid. */
+static pid_t s_run_ok(const char *prog, const char *const *args, const char *log,
+                      double timeout_s)
+{
+    pst_server p;
+    cr_assert_eq(pst_start(&p, prog, log, args), 0);
+    pid_t pid = p.pid;
+    int st = pst_wait(&p, timeout_s);
+    if (st == -1)
+        pst_kill(&p, SIGKILL);
+    if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+        pst_dump(log);
+        cr_assert_fail("%s failed (wait status %d)", prog, st);
+    }
+    return pid;
+}
+
+static const char s_check_trainer_start[] =
+    "import json, socket, sys, datetime\n"
+    "path, want = sys.argv[1], json.loads(sys.argv[2])\n"
+    "with open(path) as f:\n"
+    "    r = json.loads(f.readline())\n"
+    "help_flags = {l.split()[0][2:] for l in open(sys.argv[3]) if l.startswith('  --')}\n"
+    "bad = []\n"
+    "def check(what, got, exp):\n"
+    "    if got != exp: bad.append('%s: %r, not %r' % (what, got, exp))\n"
+    "check('type', r.get('type'), 'start')\n"
+    "for k, v in want['top'].items(): check(k, r.get(k), v)\n"
+    "for k, v in want['config'].items(): check('config ' + k, r['config'].get(k, 'ABSENT'), v)\n"
+    "check('host', r.get('host'), socket.gethostname())\n"
+    "w = r.get('wall_ms', 0)\n"
+    "if not want['t0'] <= w <= want['t1']: bad.append('wall_ms %r outside the run' % w)\n"
+    "t = datetime.datetime.strptime(r['start_time'], '%Y-%m-%dT%H:%M:%SZ')\n"
+    "t = t.replace(tzinfo=datetime.timezone.utc).timestamp()\n"
+    "if abs(t - w / 1000) > 1: bad.append('start_time %s is not wall_ms' % r['start_time'])\n"
+    "missing = help_flags - set(r['config']) - {'help', 'version'}\n"
+    "if missing: bad.append('flags of --help not in config: %s' % sorted(missing))\n"
+    "for b in bad: print('start record:', b)\n"
+    "sys.exit(1 if bad else 0)\n";
+
+/* zps-trainer's start record holds the command line's values (and the defaults of the
+ * flags not given), the seed, host, pid, start time and the build's version and hash. */
+Test(it_metrics, trainer_start_record_holds_the_configuration, .timeout = 120)
+{
+    char dir[512], data[600], log[600], path[600], help[600];
+    zt_mktmp(dir, sizeof dir, "zps-metrics");
+    snprintf(data, sizeof data, "%s/fm", dir);
+    snprintf(log, sizeof log, "%s/run.log", dir);
+    snprintf(path, sizeof path, "%s/m.jsonl", dir);
+    snprintf(help, sizeof help, "%s/help.txt", dir);
+    const char *conv[] = {"convert", "fashion-mnist", "--out", data, "--limit", "256", NULL};
+    s_run_ok("zps-data", conv, log, 60);
+    const char *hargs[] = {"--help", NULL};
+    s_run_ok("zps-trainer", hargs, help, 30);
+    uint64_t t0 = zps_wall_ms();
+    const char *args[] = {"--data", data, "--model", "mlp", "--batch-size", "16", "--steps", "3",
+                          "--optimizer", "adam", "--lr", "0.0123", "--seed", "4242", "--metrics",
+                          path, "--no-progress", "--threads", "0", "--log-level", "warn", NULL};
+    pid_t pid = s_run_ok("zps-trainer", args, log, 90);
+    char want[4096];
+    snprintf(want, sizeof want,
+             "{\"t0\":%llu,\"t1\":%llu,\"top\":{\"trainer\":0,\"mode\":\"local\",\"model\":\"mlp\","
+             "\"batch\":16,\"total_steps\":3,\"seed\":4242,\"pid\":%d,\"version\":\"%s\","
+             "\"git_hash\":\"%s\"},\"config\":{\"data\":\"%s\",\"model\":\"mlp\","
+             "\"batch-size\":16,\"steps\":3,\"optimizer\":\"adam\",\"lr\":0.0123,\"seed\":4242,"
+             "\"metrics\":\"%s\",\"no-progress\":true,\"threads\":0,\"log-level\":\"warn\","
+             "\"mode\":\"local\",\"epochs\":1,\"momentum\":0.9,\"augment\":false,"
+             "\"push-dtype\":\"f32\",\"lr-schedule\":\"constant\",\"accumulate\":1}}",
+             (unsigned long long)t0, (unsigned long long)zps_wall_ms(), (int)pid, zps_version(),
+             zps_git_hash(), data, path);
+    const char *py[] = {path, want, help, NULL};
+    int rc = s_python(s_check_trainer_start, py);
+    if (rc) {
+        pst_dump(path);
+        cr_assert_fail("the start record does not match the command line (python3 exit %d)", rc);
+    }
+    zt_rmtmp(dir);
 }
