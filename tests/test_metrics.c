@@ -2,7 +2,7 @@
  * field against the random steps fed in), the summary totals, null for unmeasured values,
  * the progress line as plain lines on a file and in place on a pseudo-terminal, and no heap
  * growth per step. The clock is the test hook (tr_metrics_set_fake_time), so rates are exact.
- * Suite it_metrics (below) runs zps-trainer and reads its metrics file.
+ * Suite it_metrics (below) runs zps-trainer and zps-server and reads their metrics files.
  */
 #include <criterion/criterion.h>
 #include <fcntl.h>
@@ -395,6 +395,28 @@ static int s_python(const char *script, const char *const *args)
     return WEXITSTATUS(st);
 }
 
+/* Waits (<= timeout_s) until a line of path has want and, when key is given, the number
+ * after "key": at least min. */
+static void s_wait_line(const char *path, const char *want, const char *key, double min,
+                        double timeout_s)
+{
+    double end = zps_now_s() + timeout_s;
+    static char line[1 << 16];
+    for (;;) {
+        FILE *f = fopen(path, "r");
+        int found = 0;
+        while (f && !found && fgets(line, sizeof line, f))
+            found = strstr(line, want) && (!key || s_field(line, key) >= min);
+        if (f)
+            fclose(f);
+        if (found)
+            return;
+        cr_assert(zps_now_s() < end, "no line with %s (%s >= %g) in %s after %.0f s", want,
+                  key ? key : "-", min, path, timeout_s);
+        zps_sleep_ns(10 * 1000 * 1000);
+    }
+}
+
 /* Runs $ZPS_BIN/<prog> with args, output into log; fails unless it exits 0 within
  * timeout_s. Returns its pid. */
 static pid_t s_run_ok(const char *prog, const char *const *args, const char *log,
@@ -472,5 +494,91 @@ Test(it_metrics, trainer_start_record_holds_the_configuration, .timeout = 120)
         pst_dump(path);
         cr_assert_fail("the start record does not match the command line (python3 exit %d)", rc);
     }
+    zt_rmtmp(dir);
+}
+
+static const char s_check_server_file[] =
+    "import json, sys\n"
+    "path, stats, spid, tpid, uri = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3]), "
+    "int(sys.argv[4]), sys.argv[5]\n"
+    "text = open(path).read()\n"
+    "assert text.endswith('\\n'), 'the last record is cut'\n"
+    "recs = [json.loads(l) for l in text.splitlines()]\n"
+    "bad = []\n"
+    "def check(what, got, exp):\n"
+    "    if got != exp: bad.append('%s: %r, not %r' % (what, got, exp))\n"
+    "s = recs[0]\n"
+    "check('first type', s['type'], 'start')\n"
+    "for k, v in [('server', 0), ('pid', spid), ('endpoint', uri)]: check('start ' + k, s.get(k), v)\n"
+    "for k in ['host', 'wall_ms', 'start_time', 'version', 'git_hash']:\n"
+    "    if k not in s: bad.append('start record without ' + k)\n"
+    "check('config metrics', s['config'].get('metrics'), path)\n"
+    "check('config metrics-every', s['config'].get('metrics-every'), 0.05)\n"
+    "body, end = recs[1:-1], recs[-1]\n"
+    "check('middle types', {r['type'] for r in body}, {'stats'})\n"
+    "check('last type', end['type'], 'end')\n"
+    "check('end', end.get('end'), 'signal')\n"
+    "keys = ['pushes', 'pulls', 'bytes_in', 'bytes_out', 'updates', 'version']\n"
+    "for a, b in zip(recs[1:], recs[2:]):\n"
+    "    if b['time'] < a['time']: bad.append('time went back')\n"
+    "    for k in keys:\n"
+    "        if b[k] < a[k]: bad.append('%s went down: %r then %r' % (k, a[k], b[k]))\n"
+    "check('pushes of the first stats record', body[0]['pushes'], 0)\n"
+    "if not end['pushes'] > 0: bad.append('the counters never grew')\n"
+    "if not any((r['rates']['pushes_s'] or 0) > 0 for r in body): bad.append('no push rate')\n"
+    "after = [r for r in recs[1:] if r['requests']['stats'] >= 1][0]\n"
+    "for k in keys + ['trainers', 'live_trainers', 'mode', 'chunks', 'values', 'initialised',\n"
+    "                 'rejected_total', 'checkpoints']:\n"
+    "    check('record after STATS: ' + k, after.get(k), stats[k])\n"
+    "check('end pushes', end['pushes'], stats['pushes'])\n"
+    "ts = after['trainer_state']\n"
+    "check('trainer_state', [(t['trainer'], t['state'], t['pid']) for t in ts], [(0, 'live', tpid)])\n"
+    "for b in bad: print('server metrics:', b)\n"
+    "sys.exit(1 if bad else 0)\n";
+
+/* zps-server --metrics: a start record, STATS records every --metrics-every seconds whose
+ * counters grow with the traffic and agree with a STATS reply, and an end record on
+ * SIGTERM. */
+Test(it_metrics, server_records_agree_with_stats_and_end_on_sigterm, .timeout = 60)
+{
+    char dir[512], path[600];
+    zt_mktmp(dir, sizeof dir, "zps-metrics");
+    snprintf(path, sizeof path, "%s/server-0.metrics.jsonl", dir);
+    pst_server srv;
+    const char *args[] = {"--metrics", path, "--metrics-every", "0.05", "--mode", "async",
+                          "--num-trainers", "1", NULL};
+    cr_assert_eq(pst_spawn(&srv, NULL, args), 0);
+    s_wait_line(path, "\"type\":\"stats\"", NULL, 0, 10); /* a record before any traffic */
+
+    static const ps_var vars[] = {{"w", 5000}, {"b", 10}};
+    ps_plan *plan;
+    cr_assert_eq(ps_plan_new(vars, 2, 1, 0, &plan), ZPS_OK);
+    ps_client *c = pst_client_init(srv.uri, plan, pst_seed(), NULL);
+    float *g = zps_xcalloc(plan->total, 4);
+    for (int k = 0; k < 6; k++) {
+        ps_ticket t;
+        cr_assert_eq(ps_client_pushpull(c, 0, 2, g, g, k, &t), ZPS_OK);
+        cr_assert_eq(ps_client_wait(c, t), ZPS_OK);
+    }
+    s_wait_line(path, "\"type\":\"stats\"", "pushpull", 6, 10);
+    char *stats = NULL;
+    cr_assert_eq(ps_client_stats(c, 0, &stats), ZPS_OK);
+    s_wait_line(path, "\"type\":\"stats\"", "stats", 1, 10); /* a record after STATS */
+    pid_t spid = srv.pid;
+    int st = pst_kill(&srv, SIGTERM);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "zps-server: wait status %d", st);
+
+    char spid_s[32], tpid_s[32];
+    snprintf(spid_s, sizeof spid_s, "%d", (int)spid);
+    snprintf(tpid_s, sizeof tpid_s, "%d", (int)getpid());
+    const char *py[] = {path, stats, spid_s, tpid_s, srv.uri, NULL};
+    int rc = s_python(s_check_server_file, py);
+    if (rc)
+        pst_dump(path);
+    cr_assert_eq(rc, 0, "the server's metrics file (python3 exit %d)", rc);
+    free(stats);
+    free(g);
+    ps_client_destroy(&c);
+    ps_plan_destroy(&plan);
     zt_rmtmp(dir);
 }
