@@ -329,7 +329,9 @@ static zps_status s_run(ps_server *s)
 zps_status ps_server_run(ps_server *s)
 {
     zps_status st = s_run(s);
-    ps_srv_metrics_close(s, st != ZPS_OK ? "error" : s->stop == S_STOP_ASKED ? "signal" : "shutdown");
+    ps_srv_metrics_close(s, st != ZPS_OK                ? "error"
+                            : s->stop == S_STOP_ASKED ? "signal"
+                                                      : "shutdown");
     return st;
 }
 

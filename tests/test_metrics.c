@@ -509,7 +509,8 @@ static const char s_check_server_file[] =
     "    if got != exp: bad.append('%s: %r, not %r' % (what, got, exp))\n"
     "s = recs[0]\n"
     "check('first type', s['type'], 'start')\n"
-    "for k, v in [('server', 0), ('pid', spid), ('endpoint', uri)]: check('start ' + k, s.get(k), v)\n"
+    "for k, v in [('server', 0), ('pid', spid), ('endpoint', uri)]:\n"
+    "    check('start ' + k, s.get(k), v)\n"
     "for k in ['host', 'wall_ms', 'start_time', 'version', 'git_hash']:\n"
     "    if k not in s: bad.append('start record without ' + k)\n"
     "check('config metrics', s['config'].get('metrics'), path)\n"
@@ -532,7 +533,8 @@ static const char s_check_server_file[] =
     "    check('record after STATS: ' + k, after.get(k), stats[k])\n"
     "check('end pushes', end['pushes'], stats['pushes'])\n"
     "ts = after['trainer_state']\n"
-    "check('trainer_state', [(t['trainer'], t['state'], t['pid']) for t in ts], [(0, 'live', tpid)])\n"
+    "check('trainer_state', [(t['trainer'], t['state'], t['pid']) for t in ts],\n"
+    "      [(0, 'live', tpid)])\n"
     "for b in bad: print('server metrics:', b)\n"
     "sys.exit(1 if bad else 0)\n";
 

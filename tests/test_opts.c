@@ -73,7 +73,8 @@ static const zps_opt s_opt[] = {
     {"no-off", ZPS_OPT_CLEAR, F(off), .help = "clears an int"},
     {"color", ZPS_OPT_ENUM, F(color), .names = s_colors, .help = "an enum"},
     {"size", ZPS_OPT_STRING, F(size), .names = s_sizes, .help = "a string of names"},
-    {"tick", ZPS_OPT_FUNC, .fn = s_tick, .show = s_tick_show, .help = "a callback without argument"},
+    {"tick", ZPS_OPT_FUNC, .fn = s_tick, .show = s_tick_show,
+     .help = "a callback without argument"},
     {"even", ZPS_OPT_FUNC, .fn = s_even, .meta = "S", .dflt = "none", .help = "a callback"},
     {.type = ZPS_OPT_END},
 };

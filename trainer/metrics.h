@@ -40,9 +40,9 @@
  * (\r ... erase to end of line) at most every 0.2 s and ends with a newline at finish; on a
  * file or pipe it is a plain line every `progress_every_s` seconds and on every evaluation.
  *
- * Invariants: after tr_metrics_new nothing allocates (one line buffer, sized there, reused); every line
- * is written whole with one fwrite and flushed, so a crash loses at most the current step and
- * a script can follow the file while training runs. Not thread-safe: call from the training
+ * Invariants: after tr_metrics_new nothing allocates (one line buffer, sized there,
+ * reused); every line is written whole with one fwrite and flushed, so a crash loses at most
+ * the current step and a script can follow the file while training runs. Not thread-safe: call from the training
  * loop's thread.
  */
 #ifndef ZPS_TRAINER_METRICS_H
