@@ -29,9 +29,12 @@ TIMEOUT=${DEMO_TIMEOUT:-7200}
 # the server's version: the learning rate reaches its floor after 2 x STEPS versions.
 TRAINERS=2
 DECAY=$((TRAINERS * STEPS))
-# The trainers measure 2048 test images (sampling error about 0.8%); they stop at the target
-# plus half a point so that the whole test split, measured at the end, is at the target.
-STOP=$(awk -v t="$TARGET" 'BEGIN { printf "%.4f", t + 0.005 }')
+# The trainers measure 2048 test images (standard error about 0.8 points at 85%), and stop at
+# the first evaluation that reaches STOP: the highest of several noisy measurements, taken
+# while the learning rate is still high. So STOP is the target plus 1.5 points (about two
+# standard errors): with half a point a run stopped at 85.7% measured, 84.9% on the whole
+# split. Without an early stop the run ends at DEMO_STEPS with the learning rate at its floor.
+STOP=$(awk -v t="$TARGET" 'BEGIN { printf "%.4f", t + 0.015 }')
 
 DATA=$(bash scripts/fashion-data.sh "$BIN")
 RUN=runs/demo-$(date +%Y%m%d-%H%M%S)
