@@ -21,6 +21,7 @@
 #include "common/log.h"
 #include "common/mem.h"
 #include "common/version.h"
+#include "ps/server.h"
 #include "tests/ps_test_util.h"
 #include "tests/testutil.h"
 #include "trainer/metrics.h"
@@ -582,5 +583,39 @@ Test(it_metrics, server_records_agree_with_stats_and_end_on_sigterm, .timeout = 
     free(g);
     ps_client_destroy(&c);
     ps_plan_destroy(&plan);
+    zt_rmtmp(dir);
+}
+
+/* The server's records reuse one buffer: after the first records, writing more changes
+ * nothing on the heap (the in-process server, driven by ps_server_run_once). */
+Test(metrics, server_records_do_not_grow_the_heap, .timeout = 30)
+{
+    zps_log_set_level(ZPS_LOG_OFF);
+    char dir[512], path[600];
+    zt_mktmp(dir, sizeof dir, "zps-metrics");
+    snprintf(path, sizeof path, "%s/s.jsonl", dir);
+    ps_server_config cfg;
+    ps_server_config_default(&cfg);
+    snprintf(cfg.metrics, sizeof cfg.metrics, "%s", path);
+    cfg.metrics_every_s = 0.01;
+    cfg.num_trainers = 3;
+    ps_server *s = NULL;
+    cr_assert_eq(ps_server_new(&cfg, &s), ZPS_OK);
+    int handled;
+    for (int i = 0; i < 10; i++)
+        cr_assert_eq(ps_server_run_once(s, 15, &handled), ZPS_OK);
+    struct mallinfo2 before = mallinfo2();
+    for (int i = 0; i < 50; i++)
+        cr_assert_eq(ps_server_run_once(s, 15, &handled), ZPS_OK);
+    struct mallinfo2 after = mallinfo2();
+    ps_server_destroy(&s);
+    cr_assert_eq(after.uordblks, before.uordblks, "heap in use changed over 50 records");
+    size_t len;
+    char *text = s_slurp(path, &len);
+    int stats = 0;
+    for (const char *p = text; (p = strstr(p, "\"type\":\"stats\"")); p++)
+        stats++;
+    cr_assert_geq(stats, 40, "%d stats records", stats);
+    cr_assert(strstr(text, "\"type\":\"end\",\"end\":\"closed\""), "no end record");
     zt_rmtmp(dir);
 }
