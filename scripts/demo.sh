@@ -40,7 +40,7 @@ DATA=$(bash scripts/fashion-data.sh "$BIN")
 RUN=runs/demo-$(date +%Y%m%d-%H%M%S)
 echo "zps demo: 2 servers + $TRAINERS trainers (async) on 127.0.0.1, Inception-v3 width $WIDTH at ${SIZE}x${SIZE}x1,"
 echo "          adam lr $LR with cosine decay over $STEPS steps per trainer, batch $BATCH per trainer;"
-echo "          each trainer stops after $STEPS steps, or earlier at $TARGET test accuracy"
+echo "          each trainer stops after $STEPS steps, or earlier once it measures $STOP test accuracy"
 echo "          run folder $RUN (one log per process; trainer 0 follows)"
 set +e
 scripts/zps-launch --servers 2 --trainers $TRAINERS --job demo --run-dir "$RUN" --bin-dir "$BIN" \
