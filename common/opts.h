@@ -25,6 +25,7 @@
 #include <stddef.h>
 #include <stdio.h>
 
+#include "common/json.h"
 #include "common/status.h"
 
 typedef enum zps_opt_type {
@@ -52,6 +53,9 @@ typedef struct zps_opt_name {
  * no argument (meta NULL). On a bad value it writes the reason, which is printed after the
  * flag's name ("wants HxW, got 'x'"), and returns ZPS_ERR_INVALID. */
 typedef zps_status (*zps_opt_fn)(void *cfg, const char *arg, char *why, size_t cap);
+/* A FUNC entry's value as text, for zps_opts_json: what the entry's parser set in cfg ("adam"
+ * for --optimizer), or NULL when there is nothing to show. */
+typedef const char *(*zps_opt_show)(const void *cfg);
 
 typedef struct zps_opt {
     const char *name;          // long flag without the dashes
@@ -60,6 +64,7 @@ typedef struct zps_opt {
     double lo, hi;             // INT, UINT, DOUBLE: accepted range
     const zps_opt_name *names; // ENUM: accepted names; STRING: allowed values (NULL: any)
     zps_opt_fn fn;             // FUNC: the parser
+    zps_opt_show show;         // FUNC: its value for zps_opts_json (NULL: written as null)
     const char *meta;          // the argument in the help ("N", "FILE"); ENUM and STRING with
                                // names: NULL lists the names; FUNC: NULL takes no argument
     const char *dflt;          // default in the help: NULL reads it from the defaulted struct,
@@ -102,6 +107,13 @@ zps_status zps_opts_fail(const zps_opts *o, int *exit_code, const char *fmt, ...
 zps_status zps_opts_vfail(const zps_opts *o, int *exit_code, const char *fmt, va_list ap)
     __attribute__((format(printf, 3, 0)));
 
+/* Every flag's value in cfg as one JSON object, {"batch-size":64,"model":"convnet",...}: the
+ * effective configuration after defaults, for a metrics file's start record. Keys are the
+ * flag names; integers, numbers (null when not finite), strings, ENUM names, booleans for
+ * SET and CLEAR flags (true when the flag's effect is on: "no-progress" is true when the
+ * field is 0), null for an ARG not given; FUNC entries give their show's text. */
+void zps_opts_json(const zps_opts *o, const void *cfg, zps_json *j);
+
 /* The value of name s in names, or ZPS_ERR_INVALID. */
 zps_status zps_opt_name_parse(const zps_opt_name *names, const char *s, int *out);
 /* The name of value in names, or NULL. */
@@ -113,9 +125,12 @@ void zps_opt_names_join(const zps_opt_name *names, const char *sep, const char *
 
 /* FUNC parser for --log-level (sets the process's log level; cfg unused). */
 zps_status zps_opt_log_level(void *cfg, const char *arg, char *why, size_t cap);
+/* Its show: the process's log level now ("info"). */
+const char *zps_opt_log_level_show(const void *cfg);
 /* The --log-level entry every binary's table has. */
 #define ZPS_OPT_LOG_LEVEL                                                                  \
-    {"log-level", ZPS_OPT_FUNC, .fn = zps_opt_log_level, .meta = "L",                     \
+    {"log-level", ZPS_OPT_FUNC, .fn = zps_opt_log_level, .show = zps_opt_log_level_show, \
+     .meta = "L",                                                                          \
      .dflt = "info, or $ZPS_LOG", .help = "trace | debug | info | warn | error | off"}
 
 #endif

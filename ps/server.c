@@ -49,6 +49,7 @@ void ps_server_config_default(ps_server_config *c)
     c->trainer_timeout_s = PS_DEFAULT_TRAINER_TIMEOUT_S;
     c->max_message_bytes = 1ull << 30;
     c->stats_every_s = 30;
+    c->metrics_every_s = 10;
     c->io_threads = 1;
 }
 
@@ -225,6 +226,7 @@ static void s_timers(ps_server *s)
         s->last_stats_s = now;
         ps_srv_stats_log(s);
     }
+    ps_srv_metrics_tick(s, now);
 }
 
 /* Receives one whole message (all parts) into s->frames. */
@@ -279,7 +281,7 @@ zps_status ps_server_run_once(ps_server *s, int timeout_ms, int *handled)
     return ZPS_OK;
 }
 
-zps_status ps_server_run(ps_server *s)
+static zps_status s_run(ps_server *s)
 {
     zmq_pollitem_t it = {s->sock, 0, ZMQ_POLLIN, 0};
     while (!s->stop) {
@@ -324,6 +326,15 @@ zps_status ps_server_run(ps_server *s)
         return ps_srv_write_checkpoint(s, 0);
     }
     return ZPS_OK;
+}
+
+zps_status ps_server_run(ps_server *s)
+{
+    zps_status st = s_run(s);
+    ps_srv_metrics_close(s, st != ZPS_OK                ? "error"
+                            : s->stop == S_STOP_ASKED ? "signal"
+                                                      : "shutdown");
+    return st;
 }
 
 void ps_server_stop(ps_server *s) { s->stop = S_STOP_ASKED; }
@@ -458,6 +469,8 @@ zps_status ps_server_new(const ps_server_config *cfg, ps_server **out)
     zps_status st = s_open_socket(s);
     if (st == ZPS_OK && cfg->restore)
         st = ps_srv_restore(s);
+    if (st == ZPS_OK)
+        st = ps_srv_metrics_open(s);
     if (st != ZPS_OK) {
         ps_server_destroy(&s);
         return st;
@@ -472,6 +485,7 @@ void ps_server_destroy(ps_server **ps)
     if (!ps || !*ps)
         return;
     ps_server *s = *ps;
+    ps_srv_metrics_close(s, "closed"); /* an end record when ps_server_run wrote none */
     while (s->n_pending)
         ps_srv_pending_drop(s, 0);
     free(s->pending);

@@ -19,6 +19,7 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <zmq.h>
 
 #include "common/proto.h"
@@ -220,6 +221,16 @@ struct ps_server {
                            // refused); 0: none
     double drain_until;    // 0: serving; after SHUTDOWN: stop then, or once no trainer is live
     uint32_t drain_sender; // the trainer that sent SHUTDOWN (not waited for), or none
+
+    /* --metrics file (server_stats.c; the timer in server.c) */
+    FILE *metrics;            // NULL: none, or closed after a write failed
+    char *metrics_line;       // (metrics_cap) the record buffer, reused; grows only when a
+                              // record outgrows it (more trainers)
+    size_t metrics_cap;
+    double metrics_t0_s;      // when the start record was written (zps_now_s)
+    double last_metrics_s;    // when the last record was written
+    ps_srv_stats metrics_prev; // the counters at the last record, for the rates
+    uint64_t metrics_prev_version;
 };
 
 /* ---- server.c: replies */
@@ -305,6 +316,16 @@ zps_status ps_srv_rollback(ps_server *s, uint64_t v, char *why, size_t why_len);
 /* A new rollback token: the wall clock in ms (so a later rollback has a larger token) and
  * 16 bits of the incarnation. */
 uint64_t ps_srv_rollback_token(const ps_server *s);
+
+/* ---- server_stats.c: the --metrics file (docs/ps.md "Metrics file"). A failed write is
+ * logged and closes the file: the server serves on without it. */
+
+/* Creates the file and writes the start record (nothing without --metrics). */
+zps_status ps_srv_metrics_open(ps_server *s);
+/* A stats record when --metrics-every has passed since the last one (the loop's timer). */
+void ps_srv_metrics_tick(ps_server *s, double now);
+/* The end record (end: "shutdown", "signal", "error") and closes the file; idempotent. */
+void ps_srv_metrics_close(ps_server *s, const char *end);
 
 /* ---- server_consistency.c */
 

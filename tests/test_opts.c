@@ -1,7 +1,8 @@
 /* test_opts.c — the flag table (common/opts.h) on a small made-up binary: every type lands in
  * its field, ranges and names are enforced with one line naming the flag, positional
- * arguments are counted, and --help shows each default from the defaults function. Suite
- * it_cli runs every binary of $ZPS_BIN: --version and an unknown option, as a user meets them. */
+ * arguments are counted, --help shows each default from the defaults function, and the JSON
+ * of a parsed struct lists every flag with its value. Suite it_cli runs every binary of
+ * $ZPS_BIN: --version and an unknown option, as a user meets them. */
 #include <criterion/criterion.h>
 #include <criterion/redirect.h>
 #include <dirent.h>
@@ -43,6 +44,11 @@ static zps_status s_tick(void *cfg, const char *arg, char *why, size_t cap)
     return ZPS_OK;
 }
 
+static const char *s_tick_show(const void *cfg)
+{
+    return ((const s_cfg *)cfg)->funcs ? "ticked" : NULL;
+}
+
 static zps_status s_even(void *cfg, const char *arg, char *why, size_t cap)
 {
     (void)cfg;
@@ -71,7 +77,8 @@ static const zps_opt s_opt[] = {
     {"no-off", ZPS_OPT_CLEAR, F(off), .help = "clears an int"},
     {"color", ZPS_OPT_ENUM, F(color), .names = s_colors, .help = "an enum"},
     {"size", ZPS_OPT_STRING, F(size), .names = s_sizes, .help = "a string of names"},
-    {"tick", ZPS_OPT_FUNC, .fn = s_tick, .help = "a callback without argument"},
+    {"tick", ZPS_OPT_FUNC, .fn = s_tick, .show = s_tick_show,
+     .help = "a callback without argument"},
     {"even", ZPS_OPT_FUNC, .fn = s_even, .meta = "S", .dflt = "none", .help = "a callback"},
     {.type = ZPS_OPT_END},
 };
@@ -339,4 +346,47 @@ Test(it_cli, every_binary_names_an_unknown_option_in_one_line_and_exits_2, .time
         cr_assert_str_eq(out, want, "one line, the program's name and no path");
         free(out);
     }
+}
+
+/* zps_opts_json: every flag once, under its name, with the value parsed (or defaulted). */
+Test(opts, json_lists_every_flag_with_its_value)
+{
+    s_cfg c;
+    char *argv[64];
+    int first;
+    const char *a[] = {"--n", "-5", "--u32", "4000000000", "--i64", "-1e12", "--u64",
+                       "18446744073709551615", "--d", "0.3", "--f", "-0.25", "--name", "q\"\\\t",
+                       "--on", "--no-off", "--color", "blue", "--size", "m", "--tick", NULL};
+    cr_assert_eq(s_parse(&c, a, &first, argv), -1);
+    const char *want = "{\"n\":-5,\"u32\":4000000000,\"i64\":-1000000000000,"
+                       "\"u64\":18446744073709551615,\"d\":0.3,\"f\":-0.25,"
+                       "\"name\":\"q\\\"\\\\\\u0009\",\"path\":null,\"on\":true,\"no-off\":true,"
+                       "\"color\":\"blue\",\"size\":\"m\",\"tick\":\"ticked\",\"even\":null}";
+    zps_json m = zps_json_over(NULL, 0);
+    zps_opts_json(&s_spec, &c, &m);
+    cr_assert_eq(m.len, strlen(want), "measuring gives the length written");
+    char buf[512];
+    zps_json j = zps_json_over(buf, sizeof buf);
+    zps_opts_json(&s_spec, &c, &j);
+    cr_assert(zps_json_fits(&j));
+    cr_assert_str_eq(buf, want);
+
+    const char *none[] = {NULL};
+    cr_assert_eq(s_parse(&c, none, &first, argv), -1);
+    j = zps_json_over(buf, sizeof buf);
+    zps_opts_json(&s_spec, &c, &j);
+    cr_assert(strstr(buf, "\"n\":7,") && strstr(buf, "\"no-off\":false,") &&
+                  strstr(buf, "\"color\":\"green\"") && strstr(buf, "\"tick\":null"),
+              "the defaults: %s", buf);
+
+    char small[16];
+    j = zps_json_over(small, sizeof small);
+    zps_opts_json(&s_spec, &c, &j);
+    cr_assert(!zps_json_fits(&j) && j.len == strlen(buf), "a cut text still counts it all");
+    cr_assert_eq(strlen(small), sizeof small - 1, "and stays NUL-terminated");
+    j = zps_json_over(buf, sizeof buf);
+    zps_json_num(&j, 0.0 / 0.0, 6);
+    zps_json_raw(&j, ",");
+    zps_json_num(&j, 1.5, 6);
+    cr_assert_str_eq(buf, "null,1.5", "no NaN in JSON");
 }

@@ -215,3 +215,32 @@ Test(it_cli, server_log_level_flag_beats_zps_log, .timeout = 30)
     cr_assert_null(strstr(out, "server["), "no log line at --log-level off:\n%s", out);
     free(out);
 }
+
+/* --metrics FILE --metrics-every SEC (default 10), and the configuration the metrics start
+ * record carries: every flag under its name, --bind and --index as used. */
+Test(server_config, metrics_flags_and_their_json, .init = cr_redirect_stderr)
+{
+    ps_server_config c;
+    const char *kg;
+    zps_status st;
+    const char *none[] = {NULL};
+    cr_assert_eq(s_parse(&c, none, &kg, &st), -1);
+    cr_assert_str_eq(c.metrics, "");
+    cr_assert_float_eq(c.metrics_every_s, 10.0, 0);
+    const char *a[] = {"--metrics", "/tmp/s.jsonl", "--metrics-every", "0.25", "--index", "2",
+                       "--mode", "async", NULL};
+    cr_assert_eq(s_parse(&c, a, &kg, &st), -1);
+    cr_assert_str_eq(c.metrics, "/tmp/s.jsonl");
+    cr_assert_float_eq(c.metrics_every_s, 0.25, 0);
+    char buf[4096];
+    zps_json j = zps_json_over(buf, sizeof buf);
+    ps_server_config_json(&c, &j);
+    cr_assert(zps_json_fits(&j));
+    const char *want[] = {"{\"bind\":\"tcp://127.0.0.1:0\",", "\"index\":2,", "\"mode\":\"async\",",
+                          "\"metrics\":\"/tmp/s.jsonl\",", "\"metrics-every\":0.25,",
+                          "\"cluster\":null,", "\"trainer-timeout\":30,", "\"log-level\":"};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        cr_assert(strstr(buf, want[i]), "%s not in %s", want[i], buf);
+    const char *bad[] = {"--metrics-every", "0", NULL};
+    cr_assert_eq(s_parse(&c, bad, &kg, &st), 2, "a period of 0 would write without pause");
+}

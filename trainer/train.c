@@ -374,7 +374,17 @@ static zps_status s_metrics_new(s_job *j)
     /* with a time limit the step count is not the end: no percentage or ETA to mislead */
     mo.total_steps = c->time_limit_s > 0 ? 0 : j->total;
     mo.target_accuracy = c->stop_accuracy;
-    ZPS_TRY(tr_metrics_new(&mo, &j->metrics));
+    mo.seed = c->seed;
+    /* the whole configuration in the start record: measured, then written */
+    zps_json cj = zps_json_over(NULL, 0);
+    tr_config_json(c, &cj);
+    char *config = zps_xmalloc(cj.len + 1);
+    cj = zps_json_over(config, cj.len + 1);
+    tr_config_json(c, &cj);
+    mo.config_json = config;
+    zps_status st = tr_metrics_new(&mo, &j->metrics);
+    free(config);
+    ZPS_TRY(st);
     zps_log(ZPS_INFO, "trainer", "%lld steps of %d x %d images (%lld batches per epoch)",
             (long long)j->total, c->accumulate, c->batch, (long long)per_epoch);
     return ZPS_OK;
