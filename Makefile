@@ -62,7 +62,7 @@ LIB_OBJ := $(patsubst %.c,$(B)/obj/%.o,$(LIB_SRC)) $(patsubst $(B)/gen/%.c,$(B)/
 LIB := $(B)/lib/libzps.a
 
 # binaries: <dir>/<name>_main.c -> build/bin/zps-<name>; bench/*.c -> zps-bench
-MAINS := $(wildcard ps/server_main.c trainer/trainer_main.c datasets/data_main.c)
+MAINS := $(wildcard ps/server_main.c ps/ctl_main.c trainer/trainer_main.c datasets/data_main.c)
 BIN_NAMES := $(patsubst %_main.c,zps-%,$(notdir $(MAINS)))
 BINS := $(addprefix $(B)/bin/,$(BIN_NAMES) zps-bench)
 BENCH_SRC := $(wildcard bench/*.c)

@@ -34,13 +34,13 @@ void bench_register(const char *name, bench_fn fn, const char *help);
      .opt = (table), .cfg_size = sizeof(T), .defaults = (defaults_fn), .more_help = (more)}
 
 /* Fills cfg with the benchmark's defaults and parses its flags (argv[0] is its name) with
- * its table; a refused flag's reason is followed by the usage on stderr. -1 to go on, else
+ * its table; a refused flag is one line on stderr (common/opts.h). -1 to go on, else
  * the exit code: 0 after --help, 2 (usage) after a refusal. */
 int bench_opts_parse(const zps_opts *o, void *cfg, int argc, char **argv);
 /* Output directory for JSON (created when missing). */
 const char *bench_out_dir(void);
 /* Opens bench_out_dir()/name for writing, its path into path (len bytes). NULL, after
- * "BENCH: cannot write PATH" on stderr, when it cannot. */
+ * "zps-bench BENCH: cannot write PATH" on stderr, when it cannot. */
 FILE *bench_json_open(const char *bench, const char *name, char *path, size_t len);
 /* Median of n doubles (sorts v in place). n > 0. */
 double bench_median(double *v, size_t n);

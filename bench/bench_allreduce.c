@@ -232,7 +232,7 @@ static int s_measure(const s_cfg *c, double *zps, double *gloo)
         pc.rep0 = pass == 0 ? 0 : half;
         snprintf(pc.job, sizeof pc.job, "bench-%d-%d", (int)getpid(), pass);
         if (pc.reps > 0 && s_run_zps(&pc) != 0) {
-            fprintf(stderr, "allreduce: a zps rank failed\n");
+            fprintf(stderr, "zps-bench allreduce: a zps rank failed\n");
             munmap(s_times, tbytes);
             return 1;
         }
@@ -285,7 +285,7 @@ static int s_report(const s_cfg *c, const double *zps, const double *gloo)
     }
     printf("wrote %s\n", path);
     if (!c->no_gloo && !gloo_ok) {
-        fprintf(stderr, "allreduce: the gloo peer did not run; no ratio\n");
+        fprintf(stderr, "zps-bench allreduce: the gloo peer did not run; no ratio\n");
         return 1;
     }
     return 0;

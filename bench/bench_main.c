@@ -148,7 +148,9 @@ int main(int argc, char **argv)
     for (int k = 0; k < s_n; k++)
         if (!strcmp(argv[i], s_benches[k].name))
             return s_benches[k].fn(argc - i, argv + i);
-    fprintf(stderr, "zps-bench: unknown benchmark '%s'\n", argv[i]);
-    zps_opts_usage(&s_top_spec, stderr);
-    return 2;
+    char names[512] = "env";
+    for (int k = 0; k < s_n; k++)
+        snprintf(names + strlen(names), sizeof names - strlen(names), ", %s", s_benches[k].name);
+    zps_opts_fail(&s_top_spec, &code, "unknown benchmark '%s'; benchmarks: %s", argv[i], names);
+    return code;
 }

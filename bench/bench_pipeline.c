@@ -228,9 +228,9 @@ static zps_status s_measure(double seconds, s_figures *f)
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd) != 0)
-        fprintf(stderr, "pipeline: could not remove %s\n", dir);
+        fprintf(stderr, "zps-bench pipeline: could not remove %s\n", dir);
     if (st != ZPS_OK)
-        fprintf(stderr, "pipeline: %s\n", zps_strerror(st));
+        fprintf(stderr, "zps-bench pipeline: %s\n", zps_strerror(st));
     return st;
 }
 

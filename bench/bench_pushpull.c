@@ -249,7 +249,7 @@ static void *s_zps_client(void *arg)
     /* the next repetition's client is a new process-like incarnation of the same trainer
      * id: LEAVE frees the id (docs/ps.md "Trainer identity"), outside the timed loop */
     if (z.c && z.st == ZPS_OK && ps_client_leave(z.c) != ZPS_OK)
-        fprintf(stderr, "pushpull: LEAVE failed: %s\n", ps_client_last_error(z.c));
+        fprintf(stderr, "zps-bench pushpull: LEAVE failed: %s\n", ps_client_last_error(z.c));
     ps_client_destroy(&z.c);
     zps_aligned_free(z.grad);
     zps_aligned_free(z.val);
@@ -295,7 +295,7 @@ static void s_rep(bench_pp_run *r, acc *a)
         pthread_join(th[c], NULL);
     pthread_barrier_destroy(&r->start);
     if (r->failed) {
-        fprintf(stderr, "pushpull: zps run failed: %s\n", r->err);
+        fprintf(stderr, "zps-bench pushpull: zps run failed: %s\n", r->err);
         a->ok = 0;
     }
     double bytes = (double)r->bytes * (r->op == OP_PUSHPULL ? 2 : 1) * r->clients * r->iters;
@@ -483,7 +483,7 @@ static int s_run_shape(const cfg *c, int ns, int nc, FILE *js, int *first, int *
     proc raw[MAX_SERVERS] = {{0}}, warm[MAX_SERVERS] = {{0}}, zs[MAX_SERVERS] = {{0}};
     for (int s = 0; s < ns; s++)
         if (s_spawn_raw(&raw[s], 0) || s_spawn_raw(&warm[s], 1) || s_spawn_zps(&zs[s], nc)) {
-            fprintf(stderr, "pushpull: cannot start servers\n");
+            fprintf(stderr, "zps-bench pushpull: cannot start servers\n");
             return 1;
         }
     const proc *const srv[3] = {zs, raw, warm};
@@ -502,7 +502,7 @@ static int s_run_shape(const cfg *c, int ns, int nc, FILE *js, int *first, int *
             for (int s = 0; s < ns; s++) {
                 s_reap(&zs[s]);
                 if (s_spawn_zps(&zs[s], nc)) {
-                    fprintf(stderr, "pushpull: cannot restart zps-server\n");
+                    fprintf(stderr, "zps-bench pushpull: cannot restart zps-server\n");
                     return 1;
                 }
             }

@@ -187,19 +187,19 @@ static int s_train_step(int argc, char **argv)
     for (char *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         s_shape sh;
         if (sscanf(tok, "%dx%d", &sh.size, &sh.batch) != 2 || sh.size < 75 || sh.batch < 1) {
-            fprintf(stderr, "train-step: bad shape '%s' (want SIZExBATCH)\n", tok);
+            fprintf(stderr, "zps-bench train-step: bad shape '%s' (want SIZExBATCH)\n", tok);
             rc = 2;
             break;
         }
         sh.aux = sh.size >= 299;
         double zi = 0, ti = NAN, rss = 0;
         if (s_run_zps(&sh, warmup, steps, &zi, &rss) != 0) {
-            fprintf(stderr, "train-step: zps run failed at %s\n", tok);
+            fprintf(stderr, "zps-bench train-step: zps run failed at %s\n", tok);
             rc = 1;
             continue;
         }
         if (torch && s_run_torch(&sh, warmup, steps, &ti) != 0) {
-            fprintf(stderr, "train-step: PyTorch run failed at %s (python3-torch missing?)\n",
+            fprintf(stderr, "zps-bench train-step: PyTorch run failed at %s (python3-torch missing?)\n",
                     tok);
             ti = NAN;
         }

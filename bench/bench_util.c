@@ -7,8 +7,7 @@ int bench_opts_parse(const zps_opts *o, void *cfg, int argc, char **argv)
 {
     o->defaults(cfg);
     int first, code;
-    if (zps_opts_parse(o, cfg, argc, argv, &first, &code) != ZPS_OK && code == 2)
-        zps_opts_usage(o, stderr);
+    zps_opts_parse(o, cfg, argc, argv, &first, &code);
     return code;
 }
 
@@ -17,6 +16,6 @@ FILE *bench_json_open(const char *bench, const char *name, char *path, size_t le
     snprintf(path, len, "%s/%s", bench_out_dir(), name);
     FILE *f = fopen(path, "w");
     if (!f)
-        fprintf(stderr, "%s: cannot write %s\n", bench, path);
+        fprintf(stderr, "zps-bench %s: cannot write %s\n", bench, path);
     return f;
 }

@@ -200,8 +200,9 @@ zps_status zps_cluster_load(const char *path, zps_cluster **out, zps_parse_error
     FILE *f = fopen(path, "rb");
     if (!f) {
         int e = errno;
-        zps_log(ZPS_ERROR, "cluster", "cannot open cluster file %s: %s", path, strerror(e));
-        if (err) {
+        if (!err) /* else the caller reports err, and one failure is one message */
+            zps_log(ZPS_ERROR, "cluster", "cannot open cluster file %s: %s", path, strerror(e));
+        else {
             err->line = 0;
             snprintf(err->msg, sizeof err->msg, "cannot open %s: %s", path, strerror(e));
         }

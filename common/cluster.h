@@ -5,7 +5,8 @@
  *     job = NAME          optional, at most once ([A-Za-z0-9_.-]+)
  *     server = HOST:PORT  one line per server, in server-index order; no duplicates
  *     trainer = HOST      one line per trainer, in trainer-index order; a host may repeat
- * HOST is a name or IPv4 address ([A-Za-z0-9.-]+) or a bracketed IPv6 address ([::1]).
+ * HOST is a name or IPv4 address ([A-Za-z0-9.-]+) or a bracketed IPv6 address ([::1]);
+ * names are resolved where the address is bound or connected (common/net.h), not here.
  * At least one server and one trainer. Anything else is rejected with its line number.
  */
 #ifndef ZPS_COMMON_CLUSTER_H
@@ -37,7 +38,8 @@ typedef struct zps_parse_error {
 /* Parses the text of a cluster file. On success *out is the caller's (zps_cluster_destroy).
  * On failure returns ZPS_ERR_PARSE and fills err (when not NULL). */
 zps_status zps_cluster_parse(const char *text, zps_cluster **out, zps_parse_error *err);
-/* Reads and parses path; ZPS_ERR_NOT_FOUND / ZPS_ERR_IO when it cannot be read. */
+/* Reads and parses path; ZPS_ERR_NOT_FOUND / ZPS_ERR_IO when it cannot be read (logged
+ * only when err is NULL: else err says why, for the caller to report). */
 zps_status zps_cluster_load(const char *path, zps_cluster **out, zps_parse_error *err);
 void zps_cluster_destroy(zps_cluster **pc);
 /* "tcp://HOST:PORT" (IPv6 bracketed) into buf; returns buf. */

@@ -12,6 +12,7 @@
 volatile int zps_log_threshold = ZPS_LOG_INFO;
 static char s_role[32] = "zps";
 static int s_index = -1;
+static _Atomic int s_errors; // error lines written (zps_log_errors)
 
 static const char s_letters[] = "TDIWE";
 static const char *const s_names[] = {"trace", "debug", "info", "warn", "error", "off"};
@@ -62,6 +63,20 @@ void zps_log_init(const char *role, int index)
                 env);
 }
 
+int zps_log_errors(void) { return s_errors; }
+
+void zps_log_failure(const char *prog, zps_status st, const char *fmt, ...)
+{
+    if (s_errors)
+        return;
+    char what[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "%s: %s%s%s\n", prog, what, what[0] ? ": " : "", zps_strerror(st));
+}
+
 void zps_log_write(zps_log_level level, const char *module, const char *file, int line,
                    const char *fmt, ...)
 {
@@ -98,6 +113,8 @@ void zps_log_write(zps_log_level level, const char *module, const char *file, in
             len = sizeof buf - 2;
     }
     buf[len++] = '\n';
+    if (lv == ZPS_LOG_ERROR)
+        s_errors++;
     ssize_t w = write(STDERR_FILENO, buf, len);
     (void)w;
 }

@@ -48,6 +48,15 @@ zps_status zps_log_level_parse(const char *s, zps_log_level *out);
 /* zps_log_level_parse + set; for --log-level. */
 zps_status zps_log_set_level_str(const char *s);
 
+/* Error lines written so far by this process (at any threshold that let them through). A
+ * main() whose call failed prints its own "zps-PROG: ..." line only when this is still 0:
+ * the module that failed has said why already, and one failure is one message. */
+int zps_log_errors(void);
+/* For main(): "PROG: WHAT: STATUS" on stderr (WHAT from fmt; empty fmt: "PROG: STATUS"), unless
+ * an error line has been logged already (zps_log_errors). */
+void zps_log_failure(const char *prog, zps_status st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
 void zps_log_write(zps_log_level level, const char *module, const char *file, int line,
                    const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 

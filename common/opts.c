@@ -16,6 +16,7 @@
 
 #include "common/log.h"
 #include "common/mem.h"
+#include "common/version.h"
 
 /* Where the help text starts: "  --flag META" is padded to this column. */
 #define S_HELP_COL 29
@@ -238,19 +239,73 @@ static size_t s_count(const zps_opts *o)
     return n;
 }
 
-static void s_hint(const zps_opts *o) { fprintf(stderr, "%s --help lists the flags\n", o->prog); }
+zps_status zps_opts_vfail(const zps_opts *o, int *exit_code, const char *fmt, va_list ap)
+{
+    char msg[1024];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    fprintf(stderr, "%s: %s (see --help)\n", o->prog, msg);
+    *exit_code = 2;
+    return ZPS_ERR_INVALID;
+}
 
 zps_status zps_opts_fail(const zps_opts *o, int *exit_code, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "%s: ", o->prog);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    zps_status st = zps_opts_vfail(o, exit_code, fmt, ap);
     va_end(ap);
-    s_hint(o);
-    *exit_code = 2;
-    return ZPS_ERR_INVALID;
+    return st;
+}
+
+/* The program's own name: prog up to the first space ("zps-bench env" -> "zps-bench"). */
+static void s_binary(const zps_opts *o, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "%.*s", (int)strcspn(o->prog, " "), o->prog);
+}
+
+/* The long options whose names start with s (up to '=' or its end): 0 unknown, 1 an
+ * abbreviation getopt took, more ambiguous; names the first two into a and b. */
+static int s_prefix_matches(const struct option *lo, const char *s, const char **a,
+                            const char **b)
+{
+    size_t len = strcspn(s, "=");
+    int n = 0;
+    for (; lo->name; lo++) {
+        if (strncmp(lo->name, s, len) != 0)
+            continue;
+        if (strlen(lo->name) == len) /* exact: the only match */
+            return *a = lo->name, 1;
+        if (n == 0)
+            *a = lo->name;
+        else if (n == 1)
+            *b = lo->name;
+        n++;
+    }
+    return n;
+}
+
+/* getopt_long (opterr 0) returned '?' or ':' for the option it just read: says why, in one
+ * line naming the option as the user wrote it. */
+static zps_status s_refuse(const zps_opts *o, const struct option *lo, int c, int argc,
+                           char **argv, int *exit_code)
+{
+    const char *arg = optind > 0 && optind <= argc ? argv[optind - 1] : "";
+    if (strncmp(arg, "--", 2) != 0) /* a short option: only -h exists */
+        return zps_opts_fail(o, exit_code, c == ':' ? "option '-%c' needs a value"
+                                                    : "unknown option '-%c'", optopt);
+    const zps_opt *e = optopt >= S_VAL0 ? &o->opt[optopt - S_VAL0] : NULL;
+    const char *name = e ? e->name : optopt == 'h' ? "help" : optopt == 'V' ? "version" : NULL;
+    if (c == ':')
+        return zps_opts_fail(o, exit_code, "--%s needs a value%s%s", name ? name : arg + 2,
+                             e && e->meta ? ": " : "", e && e->meta ? e->meta : "");
+    if (name) /* --flag=VALUE for a flag without one */
+        return zps_opts_fail(o, exit_code, "--%s takes no value, got '%s'", name, arg);
+    const char *a = NULL, *b = NULL;
+    int len = (int)strcspn(arg, "=");
+    if (s_prefix_matches(lo, arg + 2, &a, &b) > 1)
+        return zps_opts_fail(o, exit_code, "option '%.*s' is ambiguous (--%s, --%s, ...)", len,
+                             arg, a, b);
+    return zps_opts_fail(o, exit_code, "unknown option '%.*s'", len, arg);
 }
 
 /* Leaves getopt as a fresh process finds it (permuting, nothing pending), so a sub-command's
@@ -269,7 +324,7 @@ zps_status zps_opts_parse(const zps_opts *o, void *cfg, int argc, char **argv, i
                           int *exit_code)
 {
     size_t n = s_count(o), k = 0;
-    struct option *lo = zps_xcalloc(n + 2, sizeof *lo);
+    struct option *lo = zps_xcalloc(n + 3, sizeof *lo);
     for (size_t i = 0; i < n; i++) {
         const zps_opt *e = &o->opt[i];
         s_assert_entry(e);
@@ -277,23 +332,30 @@ zps_status zps_opts_parse(const zps_opts *o, void *cfg, int argc, char **argv, i
             lo[k++] = (struct option){e->name, s_takes_arg(e) ? required_argument : no_argument,
                                       NULL, S_VAL0 + (int)i};
     }
-    lo[k] = (struct option){"help", no_argument, NULL, 'h'};
+    lo[k++] = (struct option){"help", no_argument, NULL, 'h'};
+    lo[k] = (struct option){"version", no_argument, NULL, 'V'};
     *exit_code = -1;
     zps_status st = ZPS_OK;
     optind = 0; /* 0, not 1: glibc then forgets the previous argv (tests parse many) */
-    opterr = 1;
+    opterr = 0; /* s_refuse says why, naming the program rather than argv[0]'s path */
     int c;
-    const char *shorts = o->in_order ? "+h" : "h"; /* +: stop at the first argument */
+    /* +: stop at the first argument; ':' a missing value returns ':' rather than '?' */
+    const char *shorts = o->in_order ? "+:h" : ":h";
     while (st == ZPS_OK && (c = getopt_long(argc, argv, shorts, lo, NULL)) != -1) {
         if (c == 'h') {
             zps_opts_usage(o, stdout);
             *exit_code = 0;
             break;
         }
-        if (c < S_VAL0) { /* getopt printed the reason */
-            s_hint(o);
-            *exit_code = 2;
-            st = ZPS_ERR_INVALID;
+        if (c == 'V') {
+            char bin[64];
+            s_binary(o, bin, sizeof bin);
+            printf("%s\n", zps_version_line(bin));
+            *exit_code = 0;
+            break;
+        }
+        if (c < S_VAL0) {
+            st = s_refuse(o, lo, c, argc, argv, exit_code);
             break;
         }
         const zps_opt *e = &o->opt[c - S_VAL0];
@@ -415,7 +477,8 @@ void zps_opts_usage(const zps_opts *o, FILE *f)
         else
             s_usage_line(e, d, f);
     }
-    fprintf(f, "  --help\n");
+    fprintf(f, "  --help%*sthis help\n", S_HELP_COL - 8, "");
+    fprintf(f, "  --version%*sthe version and git commit\n", S_HELP_COL - 11, "");
     if (o->more_help)
         o->more_help(f);
     free(d);

@@ -13,6 +13,7 @@
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -189,7 +190,7 @@ static int s_print_stats(const char *path, const args *a)
     ds_stats s;
     zps_status st = ds_inspect(path, a->split, &s);
     if (st != ZPS_OK && st != ZPS_ERR_CORRUPT) {
-        fprintf(stderr, "zps-data: inspect %s: %s\n", path, zps_strerror(st));
+        zps_log_failure("zps-data", st, "inspect %s", path);
         return 1;
     }
     printf("records      %" PRIu64 " in %d shards (%" PRIu64 " corrupt), %.1f MB\n", s.records,
@@ -213,8 +214,9 @@ static int s_print_stats(const char *path, const args *a)
     ds_stats_free(&s);
     if (a->dump >= 0) {
         const char *out = a->dump_out;
-        if (ds_dump_png(path, a->split, (uint64_t)a->dump, out) != ZPS_OK) {
-            fprintf(stderr, "zps-data: cannot dump record %" PRId64 "\n", a->dump);
+        if ((st = ds_dump_png(path, a->split, (uint64_t)a->dump, out)) != ZPS_OK) {
+            zps_log_failure("zps-data", st, "inspect %s: cannot dump record %" PRId64, path,
+                            a->dump);
             return 1;
         }
         printf("record %" PRId64 " written to %s\n", a->dump, out);
@@ -229,7 +231,7 @@ static int s_verify_all(const char *path, const char *split)
     ds_dataset *d;
     zps_status st = ds_dataset_open_flags(path, split, DS_OPEN_ALLOW_DAMAGED, &d);
     if (st != ZPS_OK) {
-        fprintf(stderr, "zps-data verify %s: %s\n", path, zps_strerror(st));
+        zps_log_failure("zps-data", st, "verify %s", path);
         return 1;
     }
     uint64_t n = 0, bad = 0;
@@ -239,13 +241,13 @@ static int s_verify_all(const char *path, const char *split)
     for (int s = 0; s < d->n_shards; s++) {
         int fd[2];
         if (pipe(fd) != 0) {
-            perror("pipe");
+            fprintf(stderr, "zps-data: verify: pipe: %s\n", strerror(errno));
             ds_dataset_close(&d);
             return 1;
         }
         pid_t pid = fork();
         if (pid < 0) {
-            perror("fork");
+            fprintf(stderr, "zps-data: verify: fork: %s\n", strerror(errno));
             ds_dataset_close(&d);
             return 1;
         }
@@ -305,14 +307,14 @@ static int s_read(const char *path, const args *a)
     ds_pipeline *p;
     zps_status st = ds_pipeline_new(&o, &p);
     if (st != ZPS_OK) {
-        fprintf(stderr, "zps-data read %s: %s\n", path, zps_strerror(st));
+        zps_log_failure("zps-data", st, "read %s", path);
         return 1;
     }
     size_t per = (size_t)o.batch * o.channels * o.height * o.width;
     float *img = malloc(per * sizeof(float));
     int32_t *lab = malloc((size_t)o.batch * sizeof *lab);
     if (!img || !lab) {
-        fprintf(stderr, "zps-data read: out of memory\n");
+        fprintf(stderr, "zps-data: read: out of memory\n");
         return 1;
     }
     int64_t total_batches = o.once ? INT64_MAX : (int64_t)a->epochs * ds_pipeline_batches_per_epoch(p);
@@ -336,7 +338,7 @@ static int s_read(const char *path, const args *a)
     free(img);
     free(lab);
     if (st != ZPS_OK) {
-        fprintf(stderr, "zps-data read: %s\n", zps_strerror(st));
+        zps_log_failure("zps-data", st, "read %s", path);
         return 1;
     }
     return 0;
@@ -347,16 +349,25 @@ static int s_exit(const char *cmd, zps_status st)
 {
     if (st == ZPS_OK)
         return 0;
-    fprintf(stderr, "zps-data %s: %s\n", cmd, zps_strerror(st));
+    zps_log_failure("zps-data", st, "%s", cmd);
     return 1;
+}
+
+/* A command's usage error: one line (zps_opts_fail); returns its exit code, 2. */
+__attribute__((format(printf, 1, 2))) static int s_usage_error(const char *fmt, ...)
+{
+    int code;
+    va_list ap;
+    va_start(ap, fmt);
+    zps_opts_vfail(&s_spec, &code, fmt, ap);
+    va_end(ap);
+    return code;
 }
 
 static int s_cmd_convert(const args *a)
 {
-    if (a->npos < 1 || !a->out) {
-        fprintf(stderr, "zps-data convert: need a source (fashion-mnist | folder SRC) and --out DIR\n");
-        return 2;
-    }
+    if (a->npos < 1 || !a->out)
+        return s_usage_error("convert needs a source (fashion-mnist | folder SRC) and --out DIR");
     double t0 = zps_now_s();
     zps_status st;
     if (strcmp(a->pos[0], "fashion-mnist") == 0) {
@@ -376,19 +387,16 @@ static int s_cmd_convert(const args *a)
             printf("folder %s: %" PRIu64 " records (%" PRIu64 " files skipped) in %s (%.2f s)\n",
                    a->pos[1], n, skipped, a->out, zps_now_s() - t0);
     } else {
-        fprintf(stderr, "zps-data convert: unknown source '%s' (fashion-mnist | folder SRC)\n",
-                a->pos[0]);
-        return 2;
+        return s_usage_error("convert: unknown source '%s' (fashion-mnist | folder SRC)",
+                             a->pos[0]);
     }
     return s_exit("convert", st);
 }
 
 static int s_cmd_detection(const args *a)
 {
-    if (!a->out) {
-        fprintf(stderr, "zps-data make-detection: --out DIR is required\n");
-        return 2;
-    }
+    if (!a->out)
+        return s_usage_error("%s needs --out DIR", "make-detection");
     double t0 = zps_now_s();
     ds_convert_opts o = s_convert_opts(a, DS_ENC_PNG);
     zps_status st = ds_make_detection(a->src, &o, &a->det);
@@ -430,13 +438,10 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < sizeof s_commands / sizeof s_commands[0]; i++) {
         if (strcmp(cmd, s_commands[i].name) != 0)
             continue;
-        if (s_commands[i].one_path && a.npos != 1) {
-            fprintf(stderr, "zps-data %s: need one dataset PATH\n", cmd);
-            return 2;
-        }
+        if (s_commands[i].one_path && a.npos != 1)
+            return s_usage_error("%s needs one dataset PATH", cmd);
         return s_commands[i].run(&a);
     }
-    fprintf(stderr, "zps-data: unknown command '%s'\n", cmd);
-    zps_opts_usage(&s_spec, stderr);
-    return 2;
+    return s_usage_error("unknown command '%s'; commands: convert, make-detection, inspect, verify, read",
+                         cmd);
 }

@@ -10,6 +10,7 @@
 #include <dlfcn.h>
 #include <limits.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,7 @@ static int s_tried;          // the load was attempted (under s_mu)
 static k_cuda_lib s_api;     // valid when s_ok
 static int s_ok;             // the library loaded with every symbol
 static char s_why[320];      // why not, when !s_ok
+static atomic_flag s_told = ATOMIC_FLAG_INIT; // the chosen GPU was logged at info once
 
 char *k_device_cuda_lib_path(char *buf, unsigned len)
 {
@@ -109,7 +111,7 @@ zps_status k_device_select(const char *want, k_device_info *out)
     }
     if (!is_auto && !is_cuda) {
         snprintf(out->reason, sizeof out->reason, "--device cpu");
-        zps_log(ZPS_INFO, "device", "using the CPU (--device cpu)");
+        zps_log(ZPS_DEBUG, "device", "using the CPU (--device cpu)");
         return ZPS_OK;
     }
     const k_cuda_lib *lib = k_device_cuda_lib(out->reason, sizeof out->reason);
@@ -121,7 +123,9 @@ zps_status k_device_select(const char *want, k_device_info *out)
             out->kind = K_DEVICE_CUDA;
             out->cuda_devices = count;
             snprintf(out->reason, sizeof out->reason, "%d CUDA device(s)", count);
-            zps_log(ZPS_INFO, "device", "using CUDA device 0 (%s) of %d", out->name, count);
+            /* the trainer asks, then the CUDA back-end asks again: say it once */
+            zps_log(atomic_flag_test_and_set(&s_told) ? ZPS_DEBUG : ZPS_INFO, "device",
+                    "using CUDA device 0 (%s) of %d", out->name, count);
             return ZPS_OK;
         }
         snprintf(out->name, sizeof out->name, "cpu");
@@ -132,6 +136,7 @@ zps_status k_device_select(const char *want, k_device_info *out)
         zps_log(ZPS_ERROR, "device", "--device cuda, but %s", out->reason);
         return ZPS_ERR_NO_DEVICE;
     }
-    zps_log(ZPS_INFO, "device", "%s; using the CPU", out->reason);
+    /* the usual case on a CPU-only machine: not worth a line on every start */
+    zps_log(ZPS_DEBUG, "device", "%s; using the CPU", out->reason);
     return ZPS_OK;
 }

@@ -3,7 +3,9 @@
  * The CUDA back-end is a shared library (build/lib/libzps_cuda.so, built by nvcc when the
  * toolkit and cuDNN exist) loaded with dlopen at run time, so the same binaries run on
  * machines with no CUDA at all. `--device auto` uses CUDA when the library loads and a device
- * answers, else the CPU, and logs one line saying which and why.
+ * answers, else the CPU. A chosen GPU is logged at info, once per process however often it
+ * is asked; the CPU (no device answered, or --device cpu) at debug level: the usual case,
+ * not worth a line on every start.
  *
  * device.c is the only place that dlopens the library and looks up its symbols: everything
  * else (k_backend_cuda in kernels.c for the op table, the NCCL all-reduce in trainer/allreduce.c)

@@ -20,6 +20,7 @@
 #include <stdint.h>
 
 #include "common/status.h"
+#include "ps/plan.h"
 
 typedef struct ps_ckpt_chunk {
     uint32_t key;
@@ -68,5 +69,28 @@ zps_status ps_ckpt_write(const char *dir, int index, const ps_ckpt *c);
  * ps_ckpt_free. */
 zps_status ps_ckpt_read(const char *path, ps_ckpt *out, char *why, size_t why_len);
 void ps_ckpt_free(ps_ckpt *c);
+
+/* ---- ckpt_set.c: every server's shard read as one model (zps-ctl export) */
+
+typedef struct ps_ckpt_set {
+    uint32_t n;                  // shards = the fleet's servers (from server 0's file)
+    ps_ckpt *shards;             // (n) shard i is server i's
+    uint64_t version_min, version_max; // over every chunk of every shard
+} ps_ckpt_set;
+
+/* Reads DIR/server-I.vV.ckpt (version >= 0) or DIR/server-I.ckpt (version -1) for every
+ * server I of the fleet. Refuses, naming the file in why: a missing shard
+ * (ZPS_ERR_NOT_FOUND), a corrupt one or one at another index (ZPS_ERR_CORRUPT), one of
+ * another fleet (ZPS_ERR_PLAN: plan hash, server count, chunk size), another mode
+ * (ZPS_ERR_CONFIG) and, in sync mode, chunks at different versions (ZPS_ERR_STALE). Async
+ * and ssp shards differ in version by nature: version_min and version_max say by how much.
+ * On success the caller frees with ps_ckpt_set_free. */
+zps_status ps_ckpt_set_read(const char *dir, int64_t version, ps_ckpt_set *out, char *why,
+                            size_t why_len);
+/* The model's values into flat (plan->total floats, flat order): ZPS_ERR_PLAN (why) when
+ * plan is not the shards' (hash, server count, chunk table). */
+zps_status ps_ckpt_set_merge(const ps_ckpt_set *s, const ps_plan *plan, float *flat, char *why,
+                             size_t why_len);
+void ps_ckpt_set_free(ps_ckpt_set *s);
 
 #endif

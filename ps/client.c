@@ -69,6 +69,16 @@ static zps_status s_check_keys(const ps_client_opts *o, int *curve)
     return ZPS_OK;
 }
 
+zps_status ps_client_opts_curve(ps_client_opts *o, const char *server_key_file,
+                                const char *key_file, char *why, size_t why_len)
+{
+    zps_status st = ps_curve_load_public(server_key_file, o->curve_server_key, why, why_len);
+    if (st == ZPS_OK)
+        st = ps_curve_load_keypair(key_file, o->curve_public_key, o->curve_secret_key, why,
+                                   why_len);
+    return st;
+}
+
 /* The options ps_client_new refuses besides the keys. */
 static zps_status s_check_opts(const ps_client_opts *o)
 {
@@ -546,7 +556,22 @@ zps_status ps_client_stats(ps_client *c, int server, char **json)
 
 zps_status ps_client_checkpoint(ps_client *c)
 {
-    return s_simple(c, ZPS__OP__OP_CHECKPOINT, -1, NULL, NULL);
+    return s_simple_at(c, ZPS__OP__OP_CHECKPOINT, -1, -1, NULL, NULL); // step -1: no cut
+}
+
+zps_status ps_client_admin(ps_client *c, int shutdown, int cut, uint64_t version,
+                           ps_client_answer *answers)
+{
+    if (answers) {
+        for (int i = 0; i < c->n; i++)
+            answers[i] = (ps_client_answer){ZPS_ERR_TIMEOUT, 0, "no answer"};
+        c->answers = answers;
+        c->answers_ticket = c->next_ticket; // the ticket s_simple_at takes
+    }
+    int op = shutdown ? ZPS__OP__OP_SHUTDOWN : ZPS__OP__OP_CHECKPOINT;
+    zps_status st = s_simple_at(c, op, -1, cut ? (int64_t)version : -1, NULL, NULL);
+    c->answers = NULL;
+    return st;
 }
 
 zps_status ps_client_leave(ps_client *c)
@@ -557,7 +582,7 @@ zps_status ps_client_leave(ps_client *c)
 
 zps_status ps_client_shutdown(ps_client *c)
 {
-    return s_simple(c, ZPS__OP__OP_SHUTDOWN, -1, NULL, NULL);
+    return s_simple_at(c, ZPS__OP__OP_SHUTDOWN, -1, -1, NULL, NULL); // step -1: now
 }
 
 int ps_client_rollback_pending(const ps_client *c, uint64_t *version)

@@ -100,6 +100,10 @@ typedef struct ps_job {
 typedef struct ps_client ps_client;
 
 void ps_client_opts_default(ps_client_opts *o);
+/* Reads the servers' public key (a .pub file) and this client's key pair file into o's
+ * curve_* fields (ps/curve.h); on failure why names the file and what is wrong. */
+zps_status ps_client_opts_curve(ps_client_opts *o, const char *server_key_file,
+                                const char *key_file, char *why, size_t why_len);
 
 /* Connects a DEALER to each server (server_uris[i] is server i of the plan). opts may be
  * NULL (defaults). *out is the caller's (ps_client_destroy). ZPS_ERR_INVALID when only some
@@ -159,10 +163,30 @@ zps_status ps_client_barrier(ps_client *c);
 zps_status ps_client_heartbeat(ps_client *c, uint64_t *version);
 /* STATS JSON of server i; *json is the caller's (free). */
 zps_status ps_client_stats(ps_client *c, int server, char **json);
-/* CHECKPOINT on every server. */
+/* CHECKPOINT on every server, now. */
 zps_status ps_client_checkpoint(ps_client *c);
 /* SHUTDOWN every server (each checkpoints first when configured). */
 zps_status ps_client_shutdown(ps_client *c);
+
+/* ---- the operator's ops (zps-ctl; docs/ps.md "Admin ops") */
+
+/* The trainer id an operator's client (zps-ctl) gives ps_client_new: no trainer's, so a key
+ * bound to a trainer cannot send for it. Such a client never registers. */
+#define PS_CLIENT_CTL_ID 0xffffffffu
+
+/* What one server answered. */
+typedef struct ps_client_answer {
+    int status;       // zps_status of its reply, or of the failure to get one
+    uint64_t version; // the reply's model_version
+    char msg[1024];   // the reply's message (CHECKPOINT: "version V: PATH [PATH]")
+} ps_client_answer;
+
+/* CHECKPOINT (shutdown 0) or SHUTDOWN (1) on every server: now (cut 0), or (cut 1, sync
+ * mode) at the consistent cut of `version`: each server acts and answers once all its
+ * chunks are at it (a SHUTDOWN refuses pushes past it meanwhile), ZPS_ERR_STALE when it is
+ * past it. answers (may be NULL): one per server. The first failure is returned. */
+zps_status ps_client_admin(ps_client *c, int shutdown, int cut, uint64_t version,
+                           ps_client_answer *answers);
 
 /* This client's incarnation nonce: random, never 0, fixed for the client's life. Every
  * request carries it (REGISTER also the start time, host name and pid); a server refuses

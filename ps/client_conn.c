@@ -26,6 +26,7 @@
 #include "common/check.h"
 #include "common/clock.h"
 #include "common/mem.h"
+#include "common/net.h"
 #include "ps/client_int.h"
 #include "ps/curve.h"
 
@@ -69,7 +70,8 @@ static void *s_hb_main(void *arg)
         if (!socks[i])
             continue;
         zmq_setsockopt(socks[i], ZMQ_LINGER, &zero, sizeof zero);
-        if (s_curve_sockopts(c, socks[i]) == -1 || zmq_connect(socks[i], c->uris[i]) == -1) {
+        if (s_curve_sockopts(c, socks[i]) == -1 ||
+            zps_net_connect(socks[i], c->uris[i], "server", 1) != ZPS_OK) {
             zmq_close(socks[i]);
             socks[i] = NULL;
         }
@@ -133,15 +135,6 @@ void ps_client_hb_stop(ps_client *c)
 
 /* ------------------------------------------------------------------------- sockets */
 
-/* Connects socket s to server i opts.streams times: one TCP connection each. */
-static int s_connect_streams(ps_client *c, void *s, int i)
-{
-    for (int k = 0; k < c->o.streams; k++)
-        if (zmq_connect(s, c->uris[i]) == -1)
-            return -1;
-    return 0;
-}
-
 zps_status ps_client_open_socket(ps_client *c, int i)
 {
     void *s = zmq_socket(c->ctx, ZMQ_DEALER);
@@ -152,6 +145,7 @@ zps_status ps_client_open_socket(ps_client *c, int i)
              c->mon_gen++);
     int zero = 0, linger = 1000, ivl = 100, ivlmax = S_RECONNECT_MAX_MS;
     int hb_ivl = S_HB_IVL_MS, hb_timeout = S_HB_TIMEOUT_MS, hb_ttl = 2 * S_HB_TIMEOUT_MS;
+    zps_status st = ZPS_OK;
     if (zmq_setsockopt(s, ZMQ_SNDHWM, &zero, sizeof zero) == -1 ||
         zmq_setsockopt(s, ZMQ_HEARTBEAT_IVL, &hb_ivl, sizeof hb_ivl) == -1 ||
         zmq_setsockopt(s, ZMQ_HEARTBEAT_TIMEOUT, &hb_timeout, sizeof hb_timeout) == -1 ||
@@ -163,13 +157,21 @@ zps_status ps_client_open_socket(ps_client *c, int i)
         s_curve_sockopts(c, s) == -1 || zmq_socket_monitor(s, mon_ep, S_HS_EVENTS) == -1 ||
         !(mon = zmq_socket(c->ctx, ZMQ_PAIR)) ||
         zmq_setsockopt(mon, ZMQ_LINGER, &zero, sizeof zero) == -1 ||
-        zmq_connect(mon, mon_ep) == -1 || s_connect_streams(c, s, i) == -1) {
+        zmq_connect(mon, mon_ep) == -1) {
         zps_log(ZPS_ERROR, "client", "cannot connect to %s: %s", c->uris[i],
                 zmq_strerror(zmq_errno()));
+        st = ZPS_ERR_ZMQ;
+    }
+    /* one TCP connection per stream, to the server's resolved address (common/net.h: a
+     * name, or an IPv6 address with ZMQ_IPV6); resolved at each open, not at ZeroMQ's
+     * reconnects, which keep that address */
+    if (st == ZPS_OK)
+        st = zps_net_connect(s, c->uris[i], "server", c->o.streams);
+    if (st != ZPS_OK) {
         if (mon)
             zmq_close(mon);
         zmq_close(s);
-        return ZPS_ERR_ZMQ;
+        return st;
     }
     c->socks[i] = s;
     c->mons[i] = mon;
@@ -312,6 +314,11 @@ zps_status ps_client_send_slot(ps_client *c, ps_client_slot *sl, const ps_optim_
     ps_client_header_ident(c, &h, sl->op);
     h.request_id = sl->rid;
     h.step = sl->step;
+    if (sl->op == ZPS__OP__OP_CHECKPOINT || sl->op == ZPS__OP__OP_SHUTDOWN) {
+        /* step: the cut's version, -1 for none */
+        h.cut = sl->step >= 0;
+        h.cut_version = sl->step >= 0 ? (uint64_t)sl->step : 0;
+    }
     h.rollback_token = sl->token;
     h.server_index = (uint32_t)sl->server;
     h.plan_hash = c->plan ? c->plan->hash : 0;

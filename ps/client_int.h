@@ -116,6 +116,8 @@ struct ps_client {
     uint64_t rb_version;   // ... and the version it went back to
     int rb_pending;        // sync: a rollback the caller has not done yet (ps_client_rollback)
     uint64_t reconnect_ns; // when a dropped server last came back (0: never)
+    ps_client_answer *answers; // (n) ps_client_admin: each server's answer (NULL otherwise)
+    ps_ticket answers_ticket;  // ... to this ticket
 };
 
 /* ---- client_conn.c: transport */

@@ -91,6 +91,12 @@ void ps_client_slot_pieces(ps_client_slot *sl, size_t n)
 void ps_client_slot_finish(ps_client *c, ps_client_slot *sl, int status, const char *msg,
                            uint64_t version)
 {
+    if (c->answers && sl->ticket && sl->ticket == c->answers_ticket) {
+        ps_client_answer *a = &c->answers[sl->server];
+        a->status = status;
+        a->version = version;
+        snprintf(a->msg, sizeof a->msg, "%s", msg ? msg : "");
+    }
     if (sl->ticket) {
         ps_client_ticket *tk = ps_client_ticket_get(c, sl->ticket);
         if (tk) {

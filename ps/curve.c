@@ -131,17 +131,24 @@ static size_t s_token_len(const char *s, size_t len)
 
 struct ps_curve_allow {
     uint8_t (*keys)[32]; // (n) binary public keys
-    int32_t *ids;        // (n) the trainer id each key is bound to, or -1 (any)
-    size_t n, cap, n_bound;
+    int32_t *ids;        // (n) the trainer id each key is bound to, -1 (any), PS_CURVE_ADMIN
+    size_t n, cap, n_bound, n_admin;
 };
 
-/* After a key: "trainer=N" (N in 0..4095) sets *id; anything else but a comment is wrong. */
+/* After a key: "trainer=N" (N in 0..4095) or "admin" sets *id; anything else but a
+ * comment is wrong. */
 static int s_parse_binding(const char *rest, size_t rl, int32_t *id)
 {
     *id = -1;
     while (rl && (*rest == ' ' || *rest == '\t'))
         rest++, rl--;
-    if (rl >= 8 && !strncmp(rest, "trainer=", 8)) {
+    if (rl >= 5 && !strncmp(rest, "admin", 5) &&
+        (rl == 5 || rest[5] == ' ' || rest[5] == '\t' || rest[5] == '#')) {
+        *id = PS_CURVE_ADMIN;
+        rest += 5, rl -= 5;
+        while (rl && (*rest == ' ' || *rest == '\t'))
+            rest++, rl--;
+    } else if (rl >= 8 && !strncmp(rest, "trainer=", 8)) {
         rest += 8, rl -= 8;
         int32_t v = 0;
         size_t d = 0;
@@ -175,7 +182,7 @@ zps_status ps_curve_allow_parse(const char *text, const char *name, ps_curve_all
             if (s_parse_binding(line + tl, len - tl, &id)) {
                 snprintf(why, wl,
                          "%s:%d: text after the key (want nothing, 'trainer=N' with N in "
-                         "0..4095, or a comment starting with '#')",
+                         "0..4095, 'admin', or a comment starting with '#')",
                          name, no);
                 st = ZPS_ERR_PARSE;
                 break;
@@ -202,6 +209,7 @@ zps_status ps_curve_allow_parse(const char *text, const char *name, ps_curve_all
             }
             a->ids[a->n] = id;
             a->n_bound += id >= 0;
+            a->n_admin += id == PS_CURVE_ADMIN;
             a->n++;
             continue;
         }
@@ -259,6 +267,8 @@ int32_t ps_curve_allow_trainer(const ps_curve_allow *a, const uint8_t key[32])
 }
 
 size_t ps_curve_allow_bound(const ps_curve_allow *a) { return a ? a->n_bound : 0; }
+
+size_t ps_curve_allow_admins(const ps_curve_allow *a) { return a ? a->n_admin : 0; }
 
 void ps_curve_allow_destroy(ps_curve_allow **pa)
 {
@@ -426,7 +436,8 @@ zps_status ps_curve_keygen(const char *prefix, char *why, size_t wl)
         return st;
     snprintf(text, sizeof text,
              "# zps CURVE public key (zps-server --keygen). Servers list trainers' keys in\n"
-             "# --curve-allow; trainers name the server's in --curve-server-key.\n%s\n",
+             "# --curve-allow (zps-ctl's as 'KEY admin'); trainers and zps-ctl name the\n"
+             "# server's in --curve-server-key.\n%s\n",
              pub);
     st = s_write_new(ppath, 0644, text, why, wl);
     if (st != ZPS_OK)

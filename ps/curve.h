@@ -8,7 +8,10 @@
  * An allow-list holds one public key per line, with '#' comment lines and blank lines, so
  * `cat trainer-*.pub > allow.txt` makes one; `KEY  # comment` is allowed too, and
  * `KEY trainer=N` binds the key to trainer id N: the server then refuses any request made
- * with that key that says another trainer id (ZPS_ERR_UNAUTHORIZED). ('#' is a Z85
+ * with that key that says another trainer id (ZPS_ERR_UNAUTHORIZED); `KEY admin` makes the
+ * key an operator's (zps-ctl): once any key is one, CHECKPOINT and SHUTDOWN need such a key
+ * (or, for SHUTDOWN, trainer 0's), and an admin key sends nothing but STATS, CHECKPOINT and
+ * SHUTDOWN (docs/ps.md "Admin ops"). ('#' is a Z85
  * character, but never the first of a key: a 5-character group starting with '#' would
  * exceed 2^32, so a line starting with '#' is always a comment.)
  *
@@ -69,11 +72,16 @@ zps_status ps_curve_allow_load(const char *path, ps_curve_allow **out, char *why
 size_t ps_curve_allow_count(const ps_curve_allow *a);
 /* 1 when the binary key is listed. */
 int ps_curve_allow_has(const ps_curve_allow *a, const uint8_t key[32]);
+/* The role of an operator's key ("KEY admin"). */
+#define PS_CURVE_ADMIN (-3)
+
 /* The trainer id key is bound to ("KEY trainer=N"), -1 when it may speak for any trainer,
- * -2 when it is not in the list. */
+ * -2 when it is not in the list, PS_CURVE_ADMIN for an operator's key. */
 int32_t ps_curve_allow_trainer(const ps_curve_allow *a, const uint8_t key[32]);
 /* How many keys are bound to a trainer id (0 for NULL). */
 size_t ps_curve_allow_bound(const ps_curve_allow *a);
+/* How many keys are operators' (0 for NULL). */
+size_t ps_curve_allow_admins(const ps_curve_allow *a);
 void ps_curve_allow_destroy(ps_curve_allow **pa);
 
 typedef struct ps_curve_zap ps_curve_zap;

@@ -25,6 +25,7 @@
 #include "common/check.h"
 #include "common/clock.h"
 #include "common/mem.h"
+#include "common/net.h"
 #include "ps/server_int.h"
 
 /* s->stop set by ps_server_stop (a signal), not by SHUTDOWN (which checkpoints itself, and
@@ -48,6 +49,7 @@ void ps_server_config_default(ps_server_config *c)
     c->trainer_timeout_s = PS_DEFAULT_TRAINER_TIMEOUT_S;
     c->max_message_bytes = 1ull << 30;
     c->stats_every_s = 30;
+    c->metrics_every_s = 10;
     c->io_threads = 1;
 }
 
@@ -219,10 +221,12 @@ static void s_timers(ps_server *s)
     if (s->cfg.checkpoint_every_seconds > 0 && s->initialised &&
         now - s->last_ckpt_s >= s->cfg.checkpoint_every_seconds)
         ps_srv_write_checkpoint(s, 0);
+    ps_srv_admin_tick(s);
     if (s->cfg.stats_every_s > 0 && now - s->last_stats_s >= s->cfg.stats_every_s) {
         s->last_stats_s = now;
         ps_srv_stats_log(s);
     }
+    ps_srv_metrics_tick(s, now);
 }
 
 /* Receives one whole message (all parts) into s->frames. */
@@ -277,7 +281,7 @@ zps_status ps_server_run_once(ps_server *s, int timeout_ms, int *handled)
     return ZPS_OK;
 }
 
-zps_status ps_server_run(ps_server *s)
+static zps_status s_run(ps_server *s)
 {
     zmq_pollitem_t it = {s->sock, 0, ZMQ_POLLIN, 0};
     while (!s->stop) {
@@ -322,6 +326,15 @@ zps_status ps_server_run(ps_server *s)
         return ps_srv_write_checkpoint(s, 0);
     }
     return ZPS_OK;
+}
+
+zps_status ps_server_run(ps_server *s)
+{
+    zps_status st = s_run(s);
+    ps_srv_metrics_close(s, st != ZPS_OK                ? "error"
+                            : s->stop == S_STOP_ASKED ? "signal"
+                                                      : "shutdown");
+    return st;
 }
 
 void ps_server_stop(ps_server *s) { s->stop = S_STOP_ASKED; }
@@ -412,21 +425,18 @@ static zps_status s_open_socket(ps_server *s)
     ZPS_CHECK_PTR(s->sock, ZPS_ERR_ZMQ);
     int zero = 0, linger = 2000;
     int64_t maxmsg = (int64_t)(cfg->max_message_bytes + ZPS_HEADER_MAX_BYTES);
-    char bind[600];
-    snprintf(bind, sizeof bind, "%s", cfg->bind);
-    size_t bl = strlen(bind);
-    if (bl > 2 && !strcmp(bind + bl - 2, ":0"))
-        snprintf(bind + bl - 1, sizeof bind - (bl - 1), "*");
     if (cfg->curve_key[0])
         ZPS_TRY(s_setup_curve(s));
     if (zmq_setsockopt(s->sock, ZMQ_SNDHWM, &zero, sizeof zero) == -1 ||
         zmq_setsockopt(s->sock, ZMQ_RCVHWM, &zero, sizeof zero) == -1 ||
         zmq_setsockopt(s->sock, ZMQ_LINGER, &linger, sizeof linger) == -1 ||
-        zmq_setsockopt(s->sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg) == -1 ||
-        zmq_bind(s->sock, bind) == -1) {
-        zps_log(ZPS_ERROR, "ps", "cannot bind %s: %s", cfg->bind, zmq_strerror(zmq_errno()));
+        zmq_setsockopt(s->sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg) == -1) {
+        zps_log(ZPS_ERROR, "ps", "socket options: %s", zmq_strerror(zmq_errno()));
         return ZPS_ERR_ZMQ;
     }
+    /* a name is resolved and its addresses tried in order (common/net.h), so the endpoint
+     * below, and the loopback judgement made on it, is the numeric address bound */
+    ZPS_TRY(zps_net_bind(s->sock, cfg->bind, "server"));
     size_t el = sizeof s->endpoint;
     ZPS_CHECK_ZMQ(zmq_getsockopt(s->sock, ZMQ_LAST_ENDPOINT, s->endpoint, &el));
     return ZPS_OK;
@@ -459,6 +469,8 @@ zps_status ps_server_new(const ps_server_config *cfg, ps_server **out)
     zps_status st = s_open_socket(s);
     if (st == ZPS_OK && cfg->restore)
         st = ps_srv_restore(s);
+    if (st == ZPS_OK)
+        st = ps_srv_metrics_open(s);
     if (st != ZPS_OK) {
         ps_server_destroy(&s);
         return st;
@@ -473,6 +485,7 @@ void ps_server_destroy(ps_server **ps)
     if (!ps || !*ps)
         return;
     ps_server *s = *ps;
+    ps_srv_metrics_close(s, "closed"); /* an end record when ps_server_run wrote none */
     while (s->n_pending)
         ps_srv_pending_drop(s, 0);
     free(s->pending);

@@ -53,6 +53,9 @@ typedef struct ps_server_config {
     int allow_reinit;             // accept a second INIT (replaces values, resets versions)
     uint64_t max_message_bytes;   // payload bytes per request
     double stats_every_s;         // periodic one-line log; 0 = off
+    char metrics[512];            // JSON Lines file of STATS records (docs/ps.md "Metrics
+                                  // file"); "" = none
+    double metrics_every_s;       // seconds between its records (default 10)
     int io_threads;               // ZeroMQ I/O threads (default 1)
     char curve_key[512];          // CURVE key pair file (ps/curve.h); "" = plaintext
     char curve_allow[512];        // trainer public keys allowed in; needed with curve_key

@@ -63,6 +63,11 @@ static const zps_opt s_opt[] = {
      .help = "payload limit per request"},
     {"stats-every", ZPS_OPT_DOUBLE, F(cfg.stats_every_s), 0, 1e9, .meta = "SEC",
      .help = "periodic one-line stats log; 0 = off"},
+    {"metrics", ZPS_OPT_STRING, F(cfg.metrics), .meta = "FILE",
+     .help = "JSON Lines: a start record, the STATS counters every\n"
+             "--metrics-every seconds, an end record (docs/ps.md \"Metrics file\")"},
+    {"metrics-every", ZPS_OPT_DOUBLE, F(cfg.metrics_every_s), 0.01, 1e9, .meta = "SEC",
+     .help = "seconds between the --metrics records"},
     {"io-threads", ZPS_OPT_INT, F(cfg.io_threads), 1, 16, .meta = "N",
      .help = "ZeroMQ I/O threads: connections are spread over them"},
     ZPS_OPT_LOG_LEVEL,
@@ -71,7 +76,8 @@ static const zps_opt s_opt[] = {
      .help = "this server's key pair (from --keygen): clients must use CURVE"},
     {"curve-allow", ZPS_OPT_STRING, F(cfg.curve_allow), .meta = "FILE",
      .help = "trainer public keys admitted, one Z85 key per line (# comments);\n"
-             "'KEY trainer=N' lets that key speak for trainer N only"},
+             "'KEY trainer=N' lets that key speak for trainer N only;\n"
+             "'KEY admin' makes it an operator's (zps-ctl checkpoint, shutdown)"},
     {"curve-allow-any", ZPS_OPT_SET, F(cfg.curve_allow_any),
      .help = "admit any trainer key instead (encrypted, not authenticated)"},
     {"keygen", ZPS_OPT_ARG, F(keygen), .meta = "PREFIX",
@@ -156,4 +162,14 @@ zps_status ps_server_config_parse(ps_server_config *cfg, int argc, char **argv,
     f.cfg.check_index = f.index >= 0;
     *cfg = f.cfg;
     return ZPS_OK;
+}
+
+void ps_server_config_json(const ps_server_config *cfg, zps_json *j)
+{
+    s_flags f;
+    memset(&f, 0, sizeof f);
+    f.cfg = *cfg;
+    f.bind = cfg->bind;
+    f.index = cfg->index;
+    zps_opts_json(&s_spec, &f, j);
 }

@@ -22,5 +22,8 @@ extern const zps_opt_name ps_mode_names[];
  * or NULL; with it, the other flags are not checked against each other. */
 zps_status ps_server_config_parse(ps_server_config *cfg, int argc, char **argv,
                                   const char **keygen, int *exit_code);
+/* Every flag's effective value in cfg as one JSON object keyed by flag name (--bind the
+ * address, --index the index used), for the --metrics start record. */
+void ps_server_config_json(const ps_server_config *cfg, zps_json *j);
 
 #endif

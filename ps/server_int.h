@@ -8,6 +8,7 @@
  *   server_consistency.c  sync coverage and apply, async bookkeeping, ssp clocks, waiting
  *                         requests and the barrier, liveness
  *   server_stats.c        counters, latency and staleness histograms, STATS JSON, the log line
+ *   server_admin.c        the operator's ops: STATS, CHECKPOINT (cuts), SHUTDOWN and its drain
  * Each field group of struct ps_server says which file writes it. Names shared between the
  * files start with ps_srv_; helpers private to one file are static s_*.
  */
@@ -18,6 +19,7 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <zmq.h>
 
 #include "common/proto.h"
@@ -34,6 +36,10 @@
 /* Without --trainer-timeout, an incarnation silent this long no longer holds its trainer
  * id against a new one (docs/ps.md "Trainer identity"). */
 #define PS_SRV_IDENT_SILENT_S 10.0
+/* CHECKPOINT cuts one server keeps waiting for their version (server_admin.c). */
+#define PS_SRV_CUT_WAITS 8
+/* After SHUTDOWN, the longest the server waits for its trainers to hear it and leave. */
+#define PS_SRV_DRAIN_S 3.0
 
 /* Indexed by op (Zps__Op) and by ps_mode. */
 extern const char *const ps_srv_op_names[PS_SRV_N_OPS];
@@ -132,6 +138,16 @@ typedef struct ps_srv_retired {
     struct ps_srv_retired *next;
 } ps_srv_retired;
 
+/* A CHECKPOINT or SHUTDOWN cut whose version this server has not reached yet
+ * (server_admin.c). */
+typedef struct ps_srv_cut_wait {
+    zmq_msg_t ident;   // the asker (a copy)
+    uint64_t rid;
+    uint64_t version;  // done when every chunk is at this version
+    int op;            // CHECKPOINT: write it; SHUTDOWN: write it and shut down
+    uint32_t sender;   // the request's trainer id
+} ps_srv_cut_wait;
+
 /* The chunk table an INIT brings, once validated (ps_srv_check_init). keys and counts are
  * owned (ps_srv_init_table_free). */
 typedef struct ps_srv_init_table {
@@ -197,6 +213,24 @@ struct ps_server {
     double last_ckpt_s, last_stats_s, last_liveness_s;
 
     ps_srv_stats st;      // (every file counts; server_stats.c reports)
+
+    /* admin (server_admin.c) */
+    ps_srv_cut_wait cut_waits[PS_SRV_CUT_WAITS];
+    uint32_t n_cut_waits;
+    uint64_t stop_at;      // SHUTDOWN at version V waits: V + 1 (pushes of step V on are
+                           // refused); 0: none
+    double drain_until;    // 0: serving; after SHUTDOWN: stop then, or once no trainer is live
+    uint32_t drain_sender; // the trainer that sent SHUTDOWN (not waited for), or none
+
+    /* --metrics file (server_stats.c; the timer in server.c) */
+    FILE *metrics;            // NULL: none, or closed after a write failed
+    char *metrics_line;       // (metrics_cap) the record buffer, reused; grows only when a
+                              // record outgrows it (more trainers)
+    size_t metrics_cap;
+    double metrics_t0_s;      // when the start record was written (zps_now_s)
+    double last_metrics_s;    // when the last record was written
+    ps_srv_stats metrics_prev; // the counters at the last record, for the rates
+    uint64_t metrics_prev_version;
 };
 
 /* ---- server.c: replies */
@@ -247,6 +281,7 @@ void ps_srv_init_table_free(ps_srv_init_table *t);
 /* ---- server_shard.c */
 
 uint64_t ps_srv_min_version(const ps_server *s);
+uint64_t ps_srv_max_version(const ps_server *s);
 /* The smallest version among the ranges' chunks (all chunks when n is 0). */
 uint64_t ps_srv_ranges_version(const ps_server *s, const ps_srv_range *r, uint32_t n);
 /* Reply frames share the values: zmq calls this when it is done with one. */
@@ -281,6 +316,16 @@ zps_status ps_srv_rollback(ps_server *s, uint64_t v, char *why, size_t why_len);
 /* A new rollback token: the wall clock in ms (so a later rollback has a larger token) and
  * 16 bits of the incarnation. */
 uint64_t ps_srv_rollback_token(const ps_server *s);
+
+/* ---- server_stats.c: the --metrics file (docs/ps.md "Metrics file"). A failed write is
+ * logged and closes the file: the server serves on without it. */
+
+/* Creates the file and writes the start record (nothing without --metrics). */
+zps_status ps_srv_metrics_open(ps_server *s);
+/* A stats record when --metrics-every has passed since the last one (the loop's timer). */
+void ps_srv_metrics_tick(ps_server *s, double now);
+/* The end record (end: "shutdown", "signal", "error") and closes the file; idempotent. */
+void ps_srv_metrics_close(ps_server *s, const char *end);
 
 /* ---- server_consistency.c */
 
@@ -349,5 +394,14 @@ void ps_srv_op_pull(ps_server *s, zmq_msg_t *ident, const Zps__Header *h, int nf
                     uint64_t t0);
 /* HEARTBEAT, LEAVE, BARRIER, STATS, CHECKPOINT, SHUTDOWN, ROLLBACK. */
 void ps_srv_op_simple(ps_server *s, zmq_msg_t *ident, const Zps__Header *h, uint64_t t0);
+
+/* ---- server_admin.c */
+
+/* STATS, CHECKPOINT, SHUTDOWN. */
+void ps_srv_op_admin(ps_server *s, zmq_msg_t *ident, const Zps__Header *h);
+/* After updates: answers the CHECKPOINT cuts whose version was reached (or passed). */
+void ps_srv_admin_progress(ps_server *s);
+/* From the timers: ends SHUTDOWN's drain (s->stop) when it is over. */
+void ps_srv_admin_tick(ps_server *s);
 
 #endif

@@ -49,6 +49,8 @@ static int s_keygen(const char *prefix)
 
 int main(int argc, char **argv)
 {
+    /* before the flags: what parsing logs is the server's, and --log-level beats $ZPS_LOG */
+    zps_log_init("server", -1);
     ps_server_config cfg;
     ps_server_config_default(&cfg);
     const char *keygen;
@@ -57,12 +59,12 @@ int main(int argc, char **argv)
         return code;
     if (keygen)
         return s_keygen(keygen);
-    zps_log_init("server", cfg.index);
+    zps_log_set_role("server", cfg.index);
     zps_malloc_keep_warm();
 
     zps_status st = ps_server_new(&cfg, &s_srv);
     if (st != ZPS_OK) {
-        fprintf(stderr, "zps-server: cannot start: %s\n", zps_strerror(st));
+        zps_log_failure("zps-server", st, "cannot start");
         return 1;
     }
     struct sigaction sa;
@@ -82,7 +84,7 @@ int main(int argc, char **argv)
     st = ps_server_run(s_srv);
     ps_server_destroy(&s_srv);
     if (st != ZPS_OK) {
-        fprintf(stderr, "zps-server: %s\n", zps_strerror(st));
+        zps_log_failure("zps-server", st, "stopped");
         return 1;
     }
     return 0;

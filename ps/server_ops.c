@@ -207,6 +207,8 @@ static void s_push_reply(ps_server *s, zmq_msg_t *ident, const Zps__Header *h, i
     ps_srv_check_pending(s);
     if (s->cfg.checkpoint_every_versions)
         ps_srv_maybe_checkpoint(s);
+    if (s->n_cut_waits)
+        ps_srv_admin_progress(s);
 }
 
 /* The sync path: on a coverage conflict the request is refused (nothing changed, no
@@ -289,7 +291,11 @@ static void s_op_leave(ps_server *s, zmq_msg_t *ident, const Zps__Header *h)
     }
     ps_srv_reply r = {h->op, h->request_id, ZPS_OK, "", ps_srv_min_version(s), 0, 0};
     ps_srv_send(s, ident, &r, NULL, 0);
-    ps_srv_after_drop(s);
+    /* after SHUTDOWN's final checkpoint nothing may change: no sync apply for the rest */
+    if (s->drain_until <= 0)
+        ps_srv_after_drop(s);
+    else
+        ps_srv_admin_tick(s);
 }
 
 static void s_op_barrier(ps_server *s, zmq_msg_t *ident, const Zps__Header *h, uint64_t t0)
@@ -302,38 +308,6 @@ static void s_op_barrier(ps_server *s, zmq_msg_t *ident, const Zps__Header *h, u
         }
     ps_srv_pending_add(s, ident, h->request_id, h->trainer_id, h->op, 0, NULL, 0, t0);
     ps_srv_check_barrier(s);
-}
-
-static void s_op_stats(ps_server *s, zmq_msg_t *ident, const Zps__Header *h)
-{
-    size_t need = ps_srv_stats_json(s, NULL, 0) + 1;
-    char *json = zps_xmalloc(need);
-    ps_srv_stats_json(s, json, need);
-    ps_srv_reply r = {h->op, h->request_id, ZPS_OK, json, ps_srv_min_version(s), 1, 1};
-    ps_srv_send(s, ident, &r, NULL, 0);
-    free(json);
-}
-
-static void s_op_checkpoint(ps_server *s, zmq_msg_t *ident, const Zps__Header *h)
-{
-    zps_status st = s->cfg.checkpoint_dir[0] ? ps_srv_write_checkpoint(s, 0) : ZPS_ERR_UNSUPPORTED;
-    ps_srv_reply r = {h->op, h->request_id, st,
-                      st == ZPS_OK ? "checkpoint written"
-                      : st == ZPS_ERR_UNSUPPORTED ? "no --checkpoint-dir"
-                                                  : "checkpoint failed (see the server log)",
-                      ps_srv_min_version(s), 0, 0};
-    ps_srv_send(s, ident, &r, NULL, 0);
-}
-
-static void s_op_shutdown(ps_server *s, zmq_msg_t *ident, const Zps__Header *h)
-{
-    zps_status st = ps_srv_write_checkpoint(s, 1); // the job ends: every server at its end
-    ps_srv_reply r = {h->op, h->request_id, st,
-                      st == ZPS_OK ? "shutting down" : "shutting down; checkpoint failed",
-                      ps_srv_min_version(s), 0, 0};
-    ps_srv_send(s, ident, &r, NULL, 0);
-    zps_log(ZPS_INFO, "ps", "SHUTDOWN from trainer %u", h->trainer_id);
-    s->stop = 1;
 }
 
 /* ROLLBACK (sync): go back to the checkpoint of version `step`, once per rollback token;
@@ -400,13 +374,9 @@ void ps_srv_op_simple(ps_server *s, zmq_msg_t *ident, const Zps__Header *h, uint
         s_op_barrier(s, ident, h, t0);
         return; // its latency counts when it is released
     case ZPS__OP__OP_STATS:
-        s_op_stats(s, ident, h);
-        break;
     case ZPS__OP__OP_CHECKPOINT:
-        s_op_checkpoint(s, ident, h);
-        break;
     case ZPS__OP__OP_SHUTDOWN:
-        s_op_shutdown(s, ident, h);
+        ps_srv_op_admin(s, ident, h);
         break;
     case ZPS__OP__OP_ROLLBACK:
         s_op_rollback(s, ident, h);

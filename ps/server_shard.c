@@ -268,7 +268,7 @@ static void s_ckpt_fill(ps_server *s, ps_ckpt *c, float **slots)
 /* sync: versioned checkpoints kept (the newest first); a rollback can go back this far. */
 #define S_KEEP_VERSIONS 3
 
-static uint64_t s_max_version(const ps_server *s)
+uint64_t ps_srv_max_version(const ps_server *s)
 {
     uint64_t m = 0;
     for (uint32_t i = 0; i < s->n_local; i++)
@@ -291,7 +291,7 @@ zps_status ps_srv_write_checkpoint(ps_server *s, int cut)
     zps_aligned_free(slots);
     uint64_t v = ps_srv_min_version(s);
     if (st == ZPS_OK && cut && s->cfg.checkpoint_every_versions && s->mode == PS_MODE_SYNC &&
-        s_max_version(s) == v)
+        ps_srv_max_version(s) == v)
         st = ps_ckpt_keep_version(s->cfg.checkpoint_dir, s->cfg.index, v, S_KEEP_VERSIONS);
     if (st == ZPS_OK) {
         s->st.checkpoints++;

@@ -20,14 +20,37 @@
 
 #define S_WHY(...) snprintf(why, why_len, __VA_ARGS__)
 
-/* CURVE with trainer-bound keys (--curve-allow "KEY trainer=N"): 1 (and why) when the
- * request says another trainer id than its connection's key is bound to, or is a SHUTDOWN
- * from another trainer than 0 (the chief, who alone sends it: zps-trainer
- * --shutdown-servers). */
+/* An admin key (--curve-allow "KEY admin") sends STATS, CHECKPOINT and SHUTDOWN only; once
+ * the allow-list has one, CHECKPOINT needs one and SHUTDOWN one or trainer 0 (the chief:
+ * zps-trainer --shutdown-servers). 1 (and why) when the request is refused. */
+static int s_admin_refused(const ps_curve_allow *a, int32_t id, const char *uid,
+                           const Zps__Header *h, char *why, size_t why_len)
+{
+    int op = (int)h->op, admin_op = op == ZPS__OP__OP_CHECKPOINT || op == ZPS__OP__OP_SHUTDOWN;
+    if (id == PS_CURVE_ADMIN) {
+        if (admin_op || op == ZPS__OP__OP_STATS)
+            return 0;
+        S_WHY("key %.8s... is an admin key (zps-ctl): it sends STATS, CHECKPOINT and SHUTDOWN "
+              "only, not %s", uid, ps_srv_op_names[op]);
+        return 1;
+    }
+    if (!ps_curve_allow_admins(a) || !admin_op ||
+        (op == ZPS__OP__OP_SHUTDOWN && h->trainer_id == 0))
+        return 0;
+    S_WHY("%s needs an admin key ('KEY admin' in --curve-allow)%s; key %.8s... is not one",
+          op == ZPS__OP__OP_SHUTDOWN ? "SHUTDOWN" : "CHECKPOINT",
+          op == ZPS__OP__OP_SHUTDOWN ? " or trainer 0's" : "", uid);
+    return 1;
+}
+
+/* CURVE with roles (--curve-allow "KEY trainer=N", "KEY admin"): 1 (and why) when the
+ * request says another trainer id than its connection's key is bound to, is an op its key
+ * may not send (s_admin_refused), or, with trainer-bound keys, is a SHUTDOWN from another
+ * trainer than 0 without an admin key. */
 static int s_key_mismatch(const ps_server *s, const Zps__Header *h, char *why, size_t why_len)
 {
     const ps_curve_allow *a = ps_curve_zap_allow(s->zap);
-    if (!ps_curve_allow_bound(a))
+    if (!ps_curve_allow_bound(a) && !ps_curve_allow_admins(a))
         return 0;
     const char *uid = zmq_msg_gets(&s->frames[1], "User-Id"); // the key, set by ZAP
     uint8_t key[32];
@@ -41,12 +64,34 @@ static int s_key_mismatch(const ps_server *s, const Zps__Header *h, char *why, s
               uid, (int)id, h->trainer_id);
         return 1;
     }
-    if (h->op == ZPS__OP__OP_SHUTDOWN && h->trainer_id != 0) {
+    if (s_admin_refused(a, id, uid, h, why, why_len))
+        return 1;
+    if (h->op == ZPS__OP__OP_SHUTDOWN && h->trainer_id != 0 && id != PS_CURVE_ADMIN) {
         S_WHY("SHUTDOWN from trainer %u: with trainer-bound keys only trainer 0 (the chief) may "
-              "shut the servers down", h->trainer_id);
+              "shut the servers down (or an admin key: zps-ctl)", h->trainer_id);
         return 1;
     }
     return 0;
+}
+
+/* After SHUTDOWN (server_admin.c): every trainer request but LEAVE is told so; while a
+ * SHUTDOWN waits for its version, so is a push for that step or a later one. */
+static int s_draining(const ps_server *s, const Zps__Header *h, char *why, size_t why_len)
+{
+    int op = (int)h->op;
+    if (s->stop_at && s->drain_until <= 0 &&
+        (op == ZPS__OP__OP_PUSH || op == ZPS__OP__OP_PUSHPULL) && h->step >= 0 &&
+        (uint64_t)h->step + 1 >= s->stop_at) {
+        S_WHY("server %d is shutting down at version %" PRIu64 ": no step after it",
+              s->cfg.index, s->stop_at - 1);
+        return 1;
+    }
+    if (s->drain_until <= 0 || op == ZPS__OP__OP_LEAVE || op == ZPS__OP__OP_STATS ||
+        op == ZPS__OP__OP_SHUTDOWN)
+        return 0;
+    S_WHY("server %d is shutting down (SHUTDOWN received; its final checkpoint is written)",
+          s->cfg.index);
+    return 1;
 }
 
 /* The checks that need the header: version, op, size, payload frames, key binding. */
@@ -76,6 +121,14 @@ static zps_status s_check_header(ps_server *s, const Zps__Header *h, int nframes
     }
     if (s_key_mismatch(s, h, why, why_len))
         return ZPS_ERR_UNAUTHORIZED;
+    if (s_draining(s, h, why, why_len))
+        return ZPS_ERR_SHUTDOWN;
+    if ((o == ZPS__OP__OP_CHECKPOINT || o == ZPS__OP__OP_SHUTDOWN) && h->cut &&
+        s->mode != PS_MODE_SYNC) {
+        S_WHY("a %s cut needs sync mode (this server runs %s): ask for a plain one",
+              o == ZPS__OP__OP_SHUTDOWN ? "SHUTDOWN" : "CHECKPOINT", ps_srv_mode_names[s->mode]);
+        return ZPS_ERR_UNSUPPORTED;
+    }
     return ZPS_OK;
 }
 

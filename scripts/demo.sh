@@ -3,13 +3,18 @@
 #
 # Converts Fashion-MNIST on first use, then launches 2 parameter servers and 2 trainers on
 # this machine in async mode, training a width-reduced Inception-v3 (1-channel input,
-# images upscaled to the model's input) until the test accuracy reaches 85% or the time
-# budget ends. Shows trainer 0's progress, then the final test accuracy of the exported
-# model on the whole test split, a table and a plot, and where the logs are.
+# images upscaled to the model's input) for a fixed number of steps per trainer, with the
+# learning rate's cosine decay over exactly those steps; a trainer stops earlier once its
+# test accuracy reaches the target. Shows trainer 0's progress, then the final test accuracy
+# of the exported model on the whole test split, a table and a plot, and where the logs are.
+#
+# The work is bounded by steps, not by time: a busy machine makes the demo slower, not
+# less accurate. The wall-clock limit (DEMO_TIMEOUT) only guards against a hang.
 #
 # Environment overrides (defaults are what the README states):
 #   DEMO_WIDTH (0.25)  DEMO_SIZE (75)  DEMO_BATCH (32)  DEMO_LR (0.002, adam)
-#   DEMO_TIME (360 s of training per trainer)  DEMO_TARGET (0.85)  DEMO_DECAY_STEPS (3500)
+#   DEMO_STEPS (2000 steps per trainer)  DEMO_TARGET (0.85)
+#   DEMO_TIMEOUT (7200 s: the hang guard, not a training budget)
 set -eu
 B=${1:-build}
 BIN=$(cd "$B/bin" && pwd)
@@ -17,24 +22,31 @@ WIDTH=${DEMO_WIDTH:-0.25}
 SIZE=${DEMO_SIZE:-75}
 BATCH=${DEMO_BATCH:-32}
 LR=${DEMO_LR:-0.002}
-TIME=${DEMO_TIME:-360}
+STEPS=${DEMO_STEPS:-2000}
 TARGET=${DEMO_TARGET:-0.85}
-# server versions (pushes of both trainers) over which the learning rate decays to its floor
-STEPS=${DEMO_DECAY_STEPS:-3500}
-# The trainers measure 2048 test images (sampling error about 0.8%); they stop at the target
-# plus half a point so that the whole test split, measured at the end, is at the target.
-STOP=$(awk -v t="$TARGET" 'BEGIN { printf "%.4f", t + 0.005 }')
+TIMEOUT=${DEMO_TIMEOUT:-7200}
+# In async mode the servers apply every push of every trainer, and the schedule's step is
+# the server's version: the learning rate reaches its floor after 2 x STEPS versions.
+TRAINERS=2
+DECAY=$((TRAINERS * STEPS))
+# The trainers measure 2048 test images (standard error about 0.8 points at 85%), and stop at
+# the first evaluation that reaches STOP: the highest of several noisy measurements, taken
+# while the learning rate is still high. So STOP is the target plus 1.5 points (about two
+# standard errors): with half a point a run stopped at 85.7% measured, 84.9% on the whole
+# split. Without an early stop the run ends at DEMO_STEPS with the learning rate at its floor.
+STOP=$(awk -v t="$TARGET" 'BEGIN { printf "%.4f", t + 0.015 }')
 
 DATA=$(bash scripts/fashion-data.sh "$BIN")
 RUN=runs/demo-$(date +%Y%m%d-%H%M%S)
-echo "zps demo: 2 servers + 2 trainers (async) on 127.0.0.1, Inception-v3 width $WIDTH at ${SIZE}x${SIZE}x1,"
-echo "          adam lr $LR with cosine decay, batch $BATCH per trainer; stops at $TARGET test accuracy or after $TIME s"
+echo "zps demo: 2 servers + $TRAINERS trainers (async) on 127.0.0.1, Inception-v3 width $WIDTH at ${SIZE}x${SIZE}x1,"
+echo "          adam lr $LR with cosine decay over $STEPS steps per trainer, batch $BATCH per trainer;"
+echo "          each trainer stops after $STEPS steps, or earlier once it measures $STOP test accuracy"
 echo "          run folder $RUN (one log per process; trainer 0 follows)"
 set +e
-scripts/zps-launch --servers 2 --trainers 2 --job demo --run-dir "$RUN" --bin-dir "$BIN" \
-  --timeout $((TIME + 240)) --follow trainer:0 \
+scripts/zps-launch --servers 2 --trainers $TRAINERS --job demo --run-dir "$RUN" --bin-dir "$BIN" \
+  --timeout "$TIMEOUT" --follow trainer:0 \
   --server-args="--mode async --trainer-timeout 30" \
-  --trainer-args="--data $DATA --mode async --model inception_v3 --width $WIDTH --input-size $SIZE --batch-size $BATCH --optimizer adam --lr $LR --lr-schedule cosine --total-steps $STEPS --min-lr 0.00005 --epochs 20 --eval-every 200 --eval-batches 8 --eval-all --stop-accuracy $STOP --time-limit $TIME --threads 1 --metrics {run_dir}/metrics-{index}.jsonl --export {run_dir}/model.zpsw"
+  --trainer-args="--data $DATA --mode async --model inception_v3 --width $WIDTH --input-size $SIZE --batch-size $BATCH --optimizer adam --lr $LR --lr-schedule cosine --total-steps $DECAY --min-lr 0.00005 --steps $STEPS --eval-every 200 --eval-batches 8 --eval-all --stop-accuracy $STOP --threads 1 --metrics {run_dir}/metrics-{index}.jsonl --export {run_dir}/model.zpsw"
 rc=$?
 set -e
 if [ $rc -ne 0 ]; then
@@ -49,7 +61,7 @@ acc=$(sed -n 's/.*test accuracy \([0-9.]*\).*/\1/p' "$RUN/final-accuracy.txt")
 if awk -v a="$acc" -v t="$TARGET" 'BEGIN { exit !(a >= t) }'; then
   echo "zps demo: target $TARGET reached: $acc on the 10000 test images"
 else
-  echo "zps demo: target $TARGET NOT reached: $acc on the 10000 test images (give it more time: DEMO_TIME)"
+  echo "zps demo: target $TARGET NOT reached: $acc on the 10000 test images (give it more steps: DEMO_STEPS)"
 fi
 scripts/compare --from-runs async="$RUN" --out-dir "$RUN" --target "$TARGET" || true
 echo

@@ -86,7 +86,9 @@ Test(it_bench, pushpull_refuses_bad_options)
         int rc = s_bench(&out, 30, bad[i]);
         cr_expect_eq(rc, 2, "%s %s: exit %d, want 2 (usage):\n%s", bad[i][1], bad[i][2] ? bad[i][2] : "",
                      rc, out);
-        cr_expect_not_null(strstr(out, "usage: zps-bench pushpull"), "no usage text in:\n%s", out);
+        cr_expect_eq(strncmp(out, "zps-bench pushpull: ", 20), 0, "no program name in:\n%s", out);
+        cr_expect_not_null(strstr(out, " (see --help)\n"), "%s", out);
+        cr_expect_eq(zt_count(out, "\n"), 1, "one line:\n%s", out);
         free(out);
     }
 }

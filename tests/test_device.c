@@ -2,6 +2,7 @@
  * device is an error; the CUDA library, when built, loads here with every entry point and is
  * probed. */
 #include <criterion/criterion.h>
+#include <criterion/redirect.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -58,4 +59,22 @@ Test(device, cuda_library_loads_when_built)
 #else
     ZPS_GPU_SKIP("zps built without CUDA (CUDA=0 or no nvcc/cuDNN): no CUDA library to load");
 #endif
+}
+
+Test(device, the_choice_is_one_info_line_for_a_gpu_and_none_for_the_cpu,
+     .init = cr_redirect_stderr)
+{
+    zps_log_set_level(ZPS_LOG_INFO);
+    k_device_info info;
+    for (int i = 0; i < 3; i++) /* the trainer, then the back-end, then anyone else */
+        cr_assert_eq(k_device_select("auto", &info), ZPS_OK);
+    k_device_kind chosen = info.kind;
+    cr_assert_eq(k_device_select("cpu", &info), ZPS_OK);
+    fflush(stderr);
+    char err[4096];
+    zt_read_redirected(cr_get_redirected_stderr(), err, sizeof err);
+    if (chosen == K_DEVICE_CPU)
+        cr_assert_eq(zt_count(err, " device: "), 0, "nothing at info on the CPU:\n%s", err);
+    else
+        cr_assert_eq(zt_count(err, "using CUDA device"), 1, "once:\n%s", err);
 }

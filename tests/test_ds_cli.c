@@ -277,3 +277,35 @@ Test(it_ds, resize_matches_pytorch_bilinear)
     }
     cr_assert_eq(system(cmd), 0, "zps resize differs from PyTorch, seed %llu", (unsigned long long)seed);
 }
+
+Test(it_ds, mistakes_are_told_once_in_one_line)
+{
+    static const struct {
+        const char *args[6];
+        int code;
+        const char *msg; /* the whole output */
+    } cases[] = {
+        {{"inspect", "/d", "--bogus", NULL}, 2, "zps-data: unknown option '--bogus' (see --help)\n"},
+        {{"--shards", "x", NULL}, 2,
+         "zps-data: --shards wants an integer in [1, 99999], got 'x' (see --help)\n"},
+        {{"bogus", NULL}, 2, "zps-data: unknown command 'bogus'; commands: convert, "
+                             "make-detection, inspect, verify, read (see --help)\n"},
+        {{"inspect", NULL}, 2, "zps-data: inspect needs one dataset PATH (see --help)\n"},
+        {{"make-detection", NULL}, 2, "zps-data: make-detection needs --out DIR (see --help)\n"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *log;
+        cr_assert_eq(s_run(&log, cases[i].args), cases[i].code, "case %zu: %s", i, log);
+        cr_assert_str_eq(log, cases[i].msg, "case %zu", i);
+        free(log);
+    }
+    /* a missing dataset: the reader's line says why, and nothing repeats it */
+    static const char *const cmds[] = {"inspect", "verify", "read"};
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+        char *log;
+        cr_assert_eq(s_run(&log, (const char *const[]){cmds[i], "/nonexistent/zps-data", NULL}), 1);
+        cr_assert_eq(zt_count(log, "\n"), 1, "%s: one line:\n%s", cmds[i], log);
+        cr_assert_not_null(strstr(log, "/nonexistent"), "%s", log);
+        free(log);
+    }
+}

@@ -40,3 +40,21 @@ Test(log, line_has_time_role_module_and_filters_by_level, .init = cr_redirect_st
     cr_assert_eq(sscanf(buf, "%d-%d-%d %d:%d:%d.%d", &y, &mo, &d, &h, &mi, &s, &ms), 7);
     cr_assert(y >= 2024);
 }
+
+Test(log, a_failure_is_told_once, .init = cr_redirect_stderr)
+{
+    zps_log_init("data", -1);
+    cr_assert_eq(zps_log_errors(), 0);
+    zps_log_failure("zps-x", ZPS_ERR_NOT_FOUND, "inspect %s", "/d");
+    zps_log(ZPS_ERROR, "ds", "no shards in /d");
+    cr_assert_eq(zps_log_errors(), 1);
+    /* the module said why: main's own line would be the same failure a second time */
+    zps_log_failure("zps-x", ZPS_ERR_NOT_FOUND, "inspect %s", "/d");
+    fflush(stderr);
+    char buf[1024] = {0};
+    size_t n = fread(buf, 1, sizeof buf - 1, cr_get_redirected_stderr());
+    cr_assert(n > 0);
+    const char *first = strstr(buf, "zps-x: inspect /d: not found\n");
+    cr_assert_eq(first, buf, "main's line when nothing was logged:\n%s", buf);
+    cr_assert_null(strstr(first + 1, "zps-x:"), "and only then:\n%s", buf);
+}

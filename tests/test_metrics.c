@@ -2,9 +2,11 @@
  * field against the random steps fed in), the summary totals, null for unmeasured values,
  * the progress line as plain lines on a file and in place on a pseudo-terminal, and no heap
  * growth per step. The clock is the test hook (tr_metrics_set_fake_time), so rates are exact.
+ * Suite it_metrics (below) runs zps-trainer and zps-server and reads their metrics files.
  */
 #include <criterion/criterion.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <malloc.h>
 #include <math.h>
 #include <stdint.h>
@@ -12,9 +14,16 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "common/log.h"
+#include "common/mem.h"
+#include "common/version.h"
+#include "ps/server.h"
+#include "tests/ps_test_util.h"
+#include "tests/testutil.h"
 #include "trainer/metrics.h"
 
 static uint64_t s_rng;
@@ -110,6 +119,9 @@ static void s_check_start(const char *l)
     cr_assert(strstr(l, "\"mode\":\"as\\\"ync\""), "escaped mode: %s", l);
     cr_assert_eq(s_field(l, "batch"), 32.0);
     cr_assert_float_eq(s_field(l, "target_accuracy"), 0.8, 1e-12);
+    cr_assert_eq(s_field(l, "seed"), 77.0);
+    cr_assert_eq(s_field(l, "pid"), (double)getpid());
+    cr_assert(strstr(l, ",\"config\":{\"batch-size\":32}}"), "the configuration last: %s", l);
 }
 
 static void s_check_summary(const char *l, const fed *f)
@@ -172,7 +184,8 @@ Test(metrics, jsonl_records_match_the_steps, .timeout = 10)
     FILE *prog = tmpfile();
     tr_metrics_opts o = {.jsonl_path = path, .progress = prog, .trainer_id = 1,
                          .mode_name = "as\"ync", .model = "lenet", .batch = 32,
-                         .n_trainers = 2, .total_steps = 40, .target_accuracy = 0.8};
+                         .n_trainers = 2, .total_steps = 40, .target_accuracy = 0.8,
+                         .seed = 77, .config_json = "{\"batch-size\":32}"};
     tr_metrics *m = NULL;
     cr_assert_eq(tr_metrics_new(&o, &m), ZPS_OK);
     s_feed_steps(m, &f);
@@ -354,4 +367,255 @@ Test(metrics, redone_steps_count_once, .timeout = 10)
     cr_assert_not_null(sum, "%s", text);
     cr_assert_eq(s_field(sum, "steps"), 6, "%s", sum);
     cr_assert_eq(s_field(sum, "redone_steps"), 2, "%s", sum);
+}
+
+/* ================================================================ it_metrics: real processes
+ *
+ * The metrics files zps-trainer and zps-server write, read back with Python's json module
+ * (a real parser, and the one scripts/compare reads them with). The tests wait on the files'
+ * content, never on the clock. */
+
+/* Runs python3 -c script with args (NULL-terminated); its exit status (0: the checks held;
+ * it prints what failed). */
+static int s_python(const char *script, const char *const *args)
+{
+    const char *argv[16] = {"python3", "-c", script};
+    int n = 3;
+    for (int i = 0; args[i] && n < 15; i++)
+        argv[n++] = args[i];
+    argv[n] = NULL;
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        execvp("python3", (char *const *)argv);
+        _exit(127);
+    }
+    int st;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    cr_assert(WIFEXITED(st), "python3 died");
+    return WEXITSTATUS(st);
+}
+
+/* Waits (<= timeout_s) until a line of path has want and, when key is given, the number
+ * after "key": at least min. */
+static void s_wait_line(const char *path, const char *want, const char *key, double min,
+                        double timeout_s)
+{
+    double end = zps_now_s() + timeout_s;
+    static char line[1 << 16];
+    for (;;) {
+        FILE *f = fopen(path, "r");
+        int found = 0;
+        while (f && !found && fgets(line, sizeof line, f))
+            found = strstr(line, want) && (!key || s_field(line, key) >= min);
+        if (f)
+            fclose(f);
+        if (found)
+            return;
+        cr_assert(zps_now_s() < end, "no line with %s (%s >= %g) in %s after %.0f s", want,
+                  key ? key : "-", min, path, timeout_s);
+        zps_sleep_ns(10 * 1000 * 1000);
+    }
+}
+
+/* Runs $ZPS_BIN/<prog> with args, output into log; fails unless it exits 0 within
+ * timeout_s. Returns its pid. */
+static pid_t s_run_ok(const char *prog, const char *const *args, const char *log,
+                      double timeout_s)
+{
+    pst_server p;
+    cr_assert_eq(pst_start(&p, prog, log, args), 0);
+    pid_t pid = p.pid;
+    int st = pst_wait(&p, timeout_s);
+    if (st == -1)
+        pst_kill(&p, SIGKILL);
+    if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+        pst_dump(log);
+        cr_assert_fail("%s failed (wait status %d)", prog, st);
+    }
+    return pid;
+}
+
+static const char s_check_trainer_start[] =
+    "import json, socket, sys, datetime\n"
+    "path, want = sys.argv[1], json.loads(sys.argv[2])\n"
+    "with open(path) as f:\n"
+    "    r = json.loads(f.readline())\n"
+    "help_flags = {l.split()[0][2:] for l in open(sys.argv[3]) if l.startswith('  --')}\n"
+    "bad = []\n"
+    "def check(what, got, exp):\n"
+    "    if got != exp: bad.append('%s: %r, not %r' % (what, got, exp))\n"
+    "check('type', r.get('type'), 'start')\n"
+    "for k, v in want['top'].items(): check(k, r.get(k), v)\n"
+    "for k, v in want['config'].items(): check('config ' + k, r['config'].get(k, 'ABSENT'), v)\n"
+    "check('host', r.get('host'), socket.gethostname())\n"
+    "w = r.get('wall_ms', 0)\n"
+    "if not want['t0'] <= w <= want['t1']: bad.append('wall_ms %r outside the run' % w)\n"
+    "t = datetime.datetime.strptime(r['start_time'], '%Y-%m-%dT%H:%M:%SZ')\n"
+    "t = t.replace(tzinfo=datetime.timezone.utc).timestamp()\n"
+    "if abs(t - w / 1000) > 1: bad.append('start_time %s is not wall_ms' % r['start_time'])\n"
+    "missing = help_flags - set(r['config']) - {'help', 'version'}\n"
+    "if missing: bad.append('flags of --help not in config: %s' % sorted(missing))\n"
+    "for b in bad: print('start record:', b)\n"
+    "sys.exit(1 if bad else 0)\n";
+
+/* zps-trainer's start record holds the command line's values (and the defaults of the
+ * flags not given), the seed, host, pid, start time and the build's version and hash. */
+Test(it_metrics, trainer_start_record_holds_the_configuration, .timeout = 120)
+{
+    char dir[512], data[600], log[600], path[600], help[600];
+    zt_mktmp(dir, sizeof dir, "zps-metrics");
+    snprintf(data, sizeof data, "%s/fm", dir);
+    snprintf(log, sizeof log, "%s/run.log", dir);
+    snprintf(path, sizeof path, "%s/m.jsonl", dir);
+    snprintf(help, sizeof help, "%s/help.txt", dir);
+    const char *conv[] = {"convert", "fashion-mnist", "--out", data, "--limit", "256", NULL};
+    s_run_ok("zps-data", conv, log, 60);
+    const char *hargs[] = {"--help", NULL};
+    s_run_ok("zps-trainer", hargs, help, 30);
+    uint64_t t0 = zps_wall_ms();
+    const char *args[] = {"--data", data, "--model", "mlp", "--batch-size", "16", "--steps", "3",
+                          "--optimizer", "adam", "--lr", "0.0123", "--seed", "4242", "--metrics",
+                          path, "--no-progress", "--threads", "0", "--log-level", "warn", NULL};
+    pid_t pid = s_run_ok("zps-trainer", args, log, 90);
+    char want[4096];
+    snprintf(want, sizeof want,
+             "{\"t0\":%llu,\"t1\":%llu,\"top\":{\"trainer\":0,\"mode\":\"local\",\"model\":\"mlp\","
+             "\"batch\":16,\"total_steps\":3,\"seed\":4242,\"pid\":%d,\"version\":\"%s\","
+             "\"git_hash\":\"%s\"},\"config\":{\"data\":\"%s\",\"model\":\"mlp\","
+             "\"batch-size\":16,\"steps\":3,\"optimizer\":\"adam\",\"lr\":0.0123,\"seed\":4242,"
+             "\"metrics\":\"%s\",\"no-progress\":true,\"threads\":0,\"log-level\":\"warn\","
+             "\"mode\":\"local\",\"epochs\":1,\"momentum\":0.9,\"augment\":false,"
+             "\"push-dtype\":\"f32\",\"lr-schedule\":\"constant\",\"accumulate\":1}}",
+             (unsigned long long)t0, (unsigned long long)zps_wall_ms(), (int)pid, zps_version(),
+             zps_git_hash(), data, path);
+    const char *py[] = {path, want, help, NULL};
+    int rc = s_python(s_check_trainer_start, py);
+    if (rc) {
+        pst_dump(path);
+        cr_assert_fail("the start record does not match the command line (python3 exit %d)", rc);
+    }
+    zt_rmtmp(dir);
+}
+
+static const char s_check_server_file[] =
+    "import json, sys\n"
+    "path, stats, spid, tpid, uri = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3]), "
+    "int(sys.argv[4]), sys.argv[5]\n"
+    "text = open(path).read()\n"
+    "assert text.endswith('\\n'), 'the last record is cut'\n"
+    "recs = [json.loads(l) for l in text.splitlines()]\n"
+    "bad = []\n"
+    "def check(what, got, exp):\n"
+    "    if got != exp: bad.append('%s: %r, not %r' % (what, got, exp))\n"
+    "s = recs[0]\n"
+    "check('first type', s['type'], 'start')\n"
+    "for k, v in [('server', 0), ('pid', spid), ('endpoint', uri)]:\n"
+    "    check('start ' + k, s.get(k), v)\n"
+    "for k in ['host', 'wall_ms', 'start_time', 'version', 'git_hash']:\n"
+    "    if k not in s: bad.append('start record without ' + k)\n"
+    "check('config metrics', s['config'].get('metrics'), path)\n"
+    "check('config metrics-every', s['config'].get('metrics-every'), 0.05)\n"
+    "body, end = recs[1:-1], recs[-1]\n"
+    "check('middle types', {r['type'] for r in body}, {'stats'})\n"
+    "check('last type', end['type'], 'end')\n"
+    "check('end', end.get('end'), 'signal')\n"
+    "keys = ['pushes', 'pulls', 'bytes_in', 'bytes_out', 'updates', 'version']\n"
+    "for a, b in zip(recs[1:], recs[2:]):\n"
+    "    if b['time'] < a['time']: bad.append('time went back')\n"
+    "    for k in keys:\n"
+    "        if b[k] < a[k]: bad.append('%s went down: %r then %r' % (k, a[k], b[k]))\n"
+    "check('pushes of the first stats record', body[0]['pushes'], 0)\n"
+    "if not end['pushes'] > 0: bad.append('the counters never grew')\n"
+    "if not any((r['rates']['pushes_s'] or 0) > 0 for r in body): bad.append('no push rate')\n"
+    "after = [r for r in recs[1:] if r['requests']['stats'] >= 1][0]\n"
+    "for k in keys + ['trainers', 'live_trainers', 'mode', 'chunks', 'values', 'initialised',\n"
+    "                 'rejected_total', 'checkpoints']:\n"
+    "    check('record after STATS: ' + k, after.get(k), stats[k])\n"
+    "check('end pushes', end['pushes'], stats['pushes'])\n"
+    "ts = after['trainer_state']\n"
+    "check('trainer_state', [(t['trainer'], t['state'], t['pid']) for t in ts],\n"
+    "      [(0, 'live', tpid)])\n"
+    "for b in bad: print('server metrics:', b)\n"
+    "sys.exit(1 if bad else 0)\n";
+
+/* zps-server --metrics: a start record, STATS records every --metrics-every seconds whose
+ * counters grow with the traffic and agree with a STATS reply, and an end record on
+ * SIGTERM. */
+Test(it_metrics, server_records_agree_with_stats_and_end_on_sigterm, .timeout = 60)
+{
+    char dir[512], path[600];
+    zt_mktmp(dir, sizeof dir, "zps-metrics");
+    snprintf(path, sizeof path, "%s/server-0.metrics.jsonl", dir);
+    pst_server srv;
+    const char *args[] = {"--metrics", path, "--metrics-every", "0.05", "--mode", "async",
+                          "--num-trainers", "1", NULL};
+    cr_assert_eq(pst_spawn(&srv, NULL, args), 0);
+    s_wait_line(path, "\"type\":\"stats\"", NULL, 0, 10); /* a record before any traffic */
+
+    static const ps_var vars[] = {{"w", 5000}, {"b", 10}};
+    ps_plan *plan;
+    cr_assert_eq(ps_plan_new(vars, 2, 1, 0, &plan), ZPS_OK);
+    ps_client *c = pst_client_init(srv.uri, plan, pst_seed(), NULL);
+    float *g = zps_xcalloc(plan->total, 4);
+    for (int k = 0; k < 6; k++) {
+        ps_ticket t;
+        cr_assert_eq(ps_client_pushpull(c, 0, 2, g, g, k, &t), ZPS_OK);
+        cr_assert_eq(ps_client_wait(c, t), ZPS_OK);
+    }
+    s_wait_line(path, "\"type\":\"stats\"", "pushpull", 6, 10);
+    char *stats = NULL;
+    cr_assert_eq(ps_client_stats(c, 0, &stats), ZPS_OK);
+    s_wait_line(path, "\"type\":\"stats\"", "stats", 1, 10); /* a record after STATS */
+    pid_t spid = srv.pid;
+    int st = pst_kill(&srv, SIGTERM);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "zps-server: wait status %d", st);
+
+    char spid_s[32], tpid_s[32];
+    snprintf(spid_s, sizeof spid_s, "%d", (int)spid);
+    snprintf(tpid_s, sizeof tpid_s, "%d", (int)getpid());
+    const char *py[] = {path, stats, spid_s, tpid_s, srv.uri, NULL};
+    int rc = s_python(s_check_server_file, py);
+    if (rc)
+        pst_dump(path);
+    cr_assert_eq(rc, 0, "the server's metrics file (python3 exit %d)", rc);
+    free(stats);
+    free(g);
+    ps_client_destroy(&c);
+    ps_plan_destroy(&plan);
+    zt_rmtmp(dir);
+}
+
+/* The server's records reuse one buffer: after the first records, writing more changes
+ * nothing on the heap (the in-process server, driven by ps_server_run_once). */
+Test(metrics, server_records_do_not_grow_the_heap, .timeout = 30)
+{
+    zps_log_set_level(ZPS_LOG_OFF);
+    char dir[512], path[600];
+    zt_mktmp(dir, sizeof dir, "zps-metrics");
+    snprintf(path, sizeof path, "%s/s.jsonl", dir);
+    ps_server_config cfg;
+    ps_server_config_default(&cfg);
+    snprintf(cfg.metrics, sizeof cfg.metrics, "%s", path);
+    cfg.metrics_every_s = 0.01;
+    cfg.num_trainers = 3;
+    ps_server *s = NULL;
+    cr_assert_eq(ps_server_new(&cfg, &s), ZPS_OK);
+    int handled;
+    for (int i = 0; i < 10; i++)
+        cr_assert_eq(ps_server_run_once(s, 15, &handled), ZPS_OK);
+    struct mallinfo2 before = mallinfo2();
+    for (int i = 0; i < 50; i++)
+        cr_assert_eq(ps_server_run_once(s, 15, &handled), ZPS_OK);
+    struct mallinfo2 after = mallinfo2();
+    ps_server_destroy(&s);
+    cr_assert_eq(after.uordblks, before.uordblks, "heap in use changed over 50 records");
+    size_t len;
+    char *text = s_slurp(path, &len);
+    int stats = 0;
+    for (const char *p = text; (p = strstr(p, "\"type\":\"stats\"")); p++)
+        stats++;
+    cr_assert_geq(stats, 40, "%d stats records", stats);
+    cr_assert(strstr(text, "\"type\":\"end\",\"end\":\"closed\""), "no end record");
+    zt_rmtmp(dir);
 }

@@ -1,15 +1,20 @@
 /* test_opts.c — the flag table (common/opts.h) on a small made-up binary: every type lands in
  * its field, ranges and names are enforced with one line naming the flag, positional
- * arguments are counted, and --help shows each default from the defaults function. */
+ * arguments are counted, --help shows each default from the defaults function, and the JSON
+ * of a parsed struct lists every flag with its value. Suite it_cli runs every binary of
+ * $ZPS_BIN: --version and an unknown option, as a user meets them. */
 #include <criterion/criterion.h>
 #include <criterion/redirect.h>
+#include <dirent.h>
 #include <getopt.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/opts.h"
+#include "common/version.h"
 #include "testutil.h"
 
 typedef struct s_cfg {
@@ -37,6 +42,11 @@ static zps_status s_tick(void *cfg, const char *arg, char *why, size_t cap)
     (void)cap;
     ((s_cfg *)cfg)->funcs++;
     return ZPS_OK;
+}
+
+static const char *s_tick_show(const void *cfg)
+{
+    return ((const s_cfg *)cfg)->funcs ? "ticked" : NULL;
 }
 
 static zps_status s_even(void *cfg, const char *arg, char *why, size_t cap)
@@ -67,7 +77,8 @@ static const zps_opt s_opt[] = {
     {"no-off", ZPS_OPT_CLEAR, F(off), .help = "clears an int"},
     {"color", ZPS_OPT_ENUM, F(color), .names = s_colors, .help = "an enum"},
     {"size", ZPS_OPT_STRING, F(size), .names = s_sizes, .help = "a string of names"},
-    {"tick", ZPS_OPT_FUNC, .fn = s_tick, .help = "a callback without argument"},
+    {"tick", ZPS_OPT_FUNC, .fn = s_tick, .show = s_tick_show,
+     .help = "a callback without argument"},
     {"even", ZPS_OPT_FUNC, .fn = s_even, .meta = "S", .dflt = "none", .help = "a callback"},
     {.type = ZPS_OPT_END},
 };
@@ -133,8 +144,13 @@ static const struct {
     {{"--size", "xl", NULL}, "--size wants s, m or l, got 'xl'"},
     {{"--even", "abc", NULL}, "--even wants an even length, got 'abc'"},
     {{"a", "b", NULL}, "zps-test: unexpected argument 'b'"},
-    {{"--nope", NULL}, "zps-test --help lists the flags"},
-    {{"--n", NULL}, "zps-test --help lists the flags"},
+    {{"--nope", NULL}, "zps-test: unknown option '--nope' (see --help)\n"},
+    {{"--nope=3", NULL}, "zps-test: unknown option '--nope' (see --help)\n"},
+    {{"-x", NULL}, "zps-test: unknown option '-x' (see --help)\n"},
+    {{"--n", NULL}, "zps-test: --n needs a value: N (see --help)\n"},
+    {{"--on=1", NULL}, "zps-test: --on takes no value, got '--on=1' (see --help)\n"},
+    {{"--version=2", NULL}, "zps-test: --version takes no value"},
+    {{"--u", "3", NULL}, "zps-test: option '--u' is ambiguous (--u32, --u64, ...) (see --help)\n"},
 };
 
 Test(opts, bad_values_exit_2_and_name_the_flag, .init = cr_redirect_stderr)
@@ -148,6 +164,8 @@ Test(opts, bad_values_exit_2_and_name_the_flag, .init = cr_redirect_stderr)
         zt_read_redirected(cr_get_redirected_stderr(), err, sizeof err);
         cr_assert_not_null(strstr(err, s_bad[i].msg), "case %zu: '%s' not in:\n%s", i,
                            s_bad[i].msg, err);
+        cr_assert_eq(strchr(err, '\n'), err + strlen(err) - 1, "case %zu: one line:\n%s", i,
+                     err);
     }
 }
 
@@ -181,7 +199,8 @@ Test(opts, help_lists_each_flag_with_its_default, .init = cr_redirect_stdout)
         "  --color red|green|blue     an enum (default green)\n",
         "  --size s|m|l               a string of names\n",
         "  --even S                   a callback (default: none)\n",
-        "  --help\n",
+        "  --help                     this help\n",
+        "  --version                  the version and git commit\n",
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
         cr_assert_not_null(strstr(out, want[i]), "'%s' not in:\n%s", want[i], out);
@@ -238,5 +257,136 @@ Test(opts, help_ends_with_more_help, .init = cr_redirect_stdout)
     cr_assert_eq(code, 0);
     char out[8192];
     zt_read_redirected(cr_get_redirected_stdout(), out, sizeof out);
-    cr_assert_not_null(strstr(out, "  --help\nsub-commands: go\n"), "%s", out);
+    cr_assert_not_null(strstr(out, "git commit\nsub-commands: go\n"), "%s", out);
+}
+
+Test(opts, version_prints_the_binary_s_version_line_and_exits_0, .init = cr_redirect_stdout)
+{
+    static const zps_opts sub = {.prog = "zps-test go", .usage = "usage: zps-test go\n",
+                                 .opt = s_opt, .cfg_size = sizeof(s_cfg),
+                                 .defaults = s_defaults};
+    const zps_opts *specs[] = {&s_spec, &s_top, &sub};
+    char out[1024], want[256];
+    snprintf(want, sizeof want, "%s\n", zps_version_line("zps-test"));
+    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
+        s_cfg c;
+        s_defaults(&c);
+        char *argv[8];
+        const char *a[] = {"--n", "3", "--version", "--n", "500", NULL};
+        int argc = zt_argv("zps-test", a, argv, 8), first, code;
+        cr_assert_eq(zps_opts_parse(specs[i], &c, argc, argv, &first, &code), ZPS_OK);
+        cr_assert_eq(code, 0, "spec %zu", i);
+        fflush(stdout);
+        zt_read_redirected(cr_get_redirected_stdout(), out, sizeof out);
+        cr_assert_str_eq(out, want, "spec %zu: the binary's name, not the sub-command's", i);
+    }
+    cr_assert_not_null(strstr(want, "zps-test " ZPS_VERSION " (git "), "%s", want);
+}
+
+/* ---- it_cli: the binaries themselves ---- */
+
+/* The zps-* programs of $ZPS_BIN (build/bin without it), so a new binary is covered as soon as
+ * it is built; each name into names[i] (cap of them); returns how many. */
+static int s_binaries(char names[][64], int cap)
+{
+    const char *dir = getenv("ZPS_BIN");
+    DIR *d = opendir(dir && *dir ? dir : "build/bin");
+    cr_assert_not_null(d, "no binaries in %s", dir ? dir : "build/bin");
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL && n < cap;)
+        if (strncmp(e->d_name, "zps-", 4) == 0 && strlen(e->d_name) < 64)
+            snprintf(names[n++], 64, "%s", e->d_name);
+    closedir(d);
+    static const char *const known[] = {"zps-server", "zps-trainer", "zps-data", "zps-bench"};
+    for (size_t k = 0; k < sizeof known / sizeof known[0]; k++) {
+        int found = 0;
+        for (int i = 0; i < n; i++)
+            found |= strcmp(names[i], known[k]) == 0;
+        cr_assert(found, "%s is not built", known[k]);
+    }
+    return n;
+}
+
+Test(it_cli, every_binary_prints_its_version_and_exits_0, .timeout = 60)
+{
+    char names[16][64];
+    int n = s_binaries(names, 16);
+    for (int i = 0; i <= n; i++) {
+        /* the last round: a zps-bench benchmark answers for zps-bench */
+        const char *prog = i < n ? names[i] : "zps-bench";
+        const char *const plain[] = {"--version", NULL}, *const sub[] = {"env", "--version", NULL};
+        char *out;
+        cr_assert_eq(zt_run_tmp(prog, i < n ? plain : sub, NULL, 20, &out), 0, "%s", prog);
+        /* "zps-X 0.3.0 (git 0123456789ab[-dirty])": the hash of the binaries' own build */
+        char want[128], hash[64] = "", end[8] = "";
+        snprintf(want, sizeof want, "%s %s (git %%63[0-9a-f]%%7[^\n]", prog, ZPS_VERSION);
+        if (!strstr(out, "(git unknown)\n")) { /* unknown: built outside a git checkout */
+            cr_assert_eq(sscanf(out, want, hash, end), 2, "%s --version: %s", prog, out);
+            cr_assert_eq(strlen(hash), 12, "%s", out);
+            cr_assert(!strcmp(end, ")") || !strcmp(end, "-dirty)"), "%s", out);
+        }
+        cr_assert_eq(zt_count(out, "\n"), 1, "one line: %s", out);
+        free(out);
+    }
+}
+
+Test(it_cli, every_binary_names_an_unknown_option_in_one_line_and_exits_2, .timeout = 60)
+{
+    char names[16][64];
+    int n = s_binaries(names, 16);
+    for (int i = 0; i <= n; i++) {
+        const char *prog = i < n ? names[i] : "zps-bench";
+        const char *const plain[] = {"--bogus-flag=1", NULL};
+        const char *const sub[] = {"env", "--bogus-flag=1", NULL};
+        char *out;
+        cr_assert_eq(zt_run_tmp(prog, i < n ? plain : sub, NULL, 20, &out), 2, "%s", prog);
+        char want[256];
+        snprintf(want, sizeof want, "%s%s: unknown option '--bogus-flag' (see --help)\n", prog,
+                 i < n ? "" : " env");
+        cr_assert_str_eq(out, want, "one line, the program's name and no path");
+        free(out);
+    }
+}
+
+/* zps_opts_json: every flag once, under its name, with the value parsed (or defaulted). */
+Test(opts, json_lists_every_flag_with_its_value)
+{
+    s_cfg c;
+    char *argv[64];
+    int first;
+    const char *a[] = {"--n", "-5", "--u32", "4000000000", "--i64", "-1e12", "--u64",
+                       "18446744073709551615", "--d", "0.3", "--f", "-0.25", "--name", "q\"\\\t",
+                       "--on", "--no-off", "--color", "blue", "--size", "m", "--tick", NULL};
+    cr_assert_eq(s_parse(&c, a, &first, argv), -1);
+    const char *want = "{\"n\":-5,\"u32\":4000000000,\"i64\":-1000000000000,"
+                       "\"u64\":18446744073709551615,\"d\":0.3,\"f\":-0.25,"
+                       "\"name\":\"q\\\"\\\\\\u0009\",\"path\":null,\"on\":true,\"no-off\":true,"
+                       "\"color\":\"blue\",\"size\":\"m\",\"tick\":\"ticked\",\"even\":null}";
+    zps_json m = zps_json_over(NULL, 0);
+    zps_opts_json(&s_spec, &c, &m);
+    cr_assert_eq(m.len, strlen(want), "measuring gives the length written");
+    char buf[512];
+    zps_json j = zps_json_over(buf, sizeof buf);
+    zps_opts_json(&s_spec, &c, &j);
+    cr_assert(zps_json_fits(&j));
+    cr_assert_str_eq(buf, want);
+
+    const char *none[] = {NULL};
+    cr_assert_eq(s_parse(&c, none, &first, argv), -1);
+    j = zps_json_over(buf, sizeof buf);
+    zps_opts_json(&s_spec, &c, &j);
+    cr_assert(strstr(buf, "\"n\":7,") && strstr(buf, "\"no-off\":false,") &&
+                  strstr(buf, "\"color\":\"green\"") && strstr(buf, "\"tick\":null"),
+              "the defaults: %s", buf);
+
+    char small[16];
+    j = zps_json_over(small, sizeof small);
+    zps_opts_json(&s_spec, &c, &j);
+    cr_assert(!zps_json_fits(&j) && j.len == strlen(buf), "a cut text still counts it all");
+    cr_assert_eq(strlen(small), sizeof small - 1, "and stays NUL-terminated");
+    j = zps_json_over(buf, sizeof buf);
+    zps_json_num(&j, 0.0 / 0.0, 6);
+    zps_json_raw(&j, ",");
+    zps_json_num(&j, 1.5, 6);
+    cr_assert_str_eq(buf, "null,1.5", "no NaN in JSON");
 }

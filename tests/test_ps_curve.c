@@ -78,6 +78,26 @@ static void s_check_bindings(char k[3][41], const char *other)
     }
 }
 
+/* Operator keys: "KEY admin" (zps-ctl), with or without a comment; counted apart from
+ * trainer bindings. */
+static void s_check_admin(char k[3][41])
+{
+    char text[1024], why[512] = "";
+    uint8_t bin[32];
+    ps_curve_allow *a = NULL;
+    snprintf(text, sizeof text, "%s admin\n%s\tadmin  # zps-ctl\n%s trainer=3\n", k[0], k[1], k[2]);
+    cr_assert_eq(ps_curve_allow_parse(text, "allow.txt", &a, why, sizeof why), ZPS_OK, "%s", why);
+    cr_assert_eq(ps_curve_allow_trainer(a, zmq_z85_decode(bin, k[0])), PS_CURVE_ADMIN);
+    cr_assert_eq(ps_curve_allow_trainer(a, zmq_z85_decode(bin, k[1])), PS_CURVE_ADMIN);
+    cr_assert_eq(ps_curve_allow_trainer(a, zmq_z85_decode(bin, k[2])), 3);
+    cr_assert_eq(ps_curve_allow_admins(a), 2);
+    cr_assert_eq(ps_curve_allow_bound(a), 1);
+    ps_curve_allow_destroy(&a);
+    snprintf(text, sizeof text, "%s admin\n%s trainer=0\n", k[0], k[0]);
+    cr_assert_eq(ps_curve_allow_parse(text, "allow.txt", &a, why, sizeof why), ZPS_ERR_PARSE,
+                 "a key both admin and trainer 0's");
+}
+
 Test(ps_curve, allow_list_parser)
 {
     char k[3][41], sec[41];
@@ -133,7 +153,7 @@ Test(ps_curve, allow_list_parser)
     }
     /* text after a key that is neither a binding nor a comment */
     const char *after[] = {"trainer-1", "trainer=", "trainer=4096", "trainer=x", "trainer=3 x",
-                           "trainer=-1"};
+                           "trainer=-1", "admins", "admin x", "admin trainer=1"};
     for (size_t i = 0; i < sizeof after / sizeof *after; i++) {
         snprintf(text, sizeof text, "%s %s\n", k[0], after[i]);
         cr_assert_eq(ps_curve_allow_parse(text, "allow.txt", &a, why, sizeof why), ZPS_ERR_PARSE,
@@ -142,6 +162,7 @@ Test(ps_curve, allow_list_parser)
     }
 
     s_check_bindings(k, other);
+    s_check_admin(k);
 }
 
 Test(ps_curve, keygen_round_trip_and_no_overwrite)

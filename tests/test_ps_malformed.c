@@ -126,6 +126,10 @@ static uint8_t *s_hdr(raw *r, int op, uint32_t version, uint32_t trainer, int64_
     h.request_id = ++r->rid;
     h.trainer_id = trainer;
     h.step = step;
+    if ((op == ZPS__OP__OP_CHECKPOINT || op == ZPS__OP__OP_SHUTDOWN) && step > 0) { // a cut
+        h.cut = 1;
+        h.cut_version = (uint64_t)step;
+    }
     h.n_ranges = (size_t)n;
     h.ranges = rp;
     h.is_reply = is_reply;
@@ -206,6 +210,7 @@ typedef struct m_case {
     m_frame f[2];
     int inc;             // I_*: the incarnation the request carries (default trainer 0's)
     const char *msg_has; // the reply's message contains it (NULL: not checked)
+    int64_t step;        // the header's step (CHECKPOINT, SHUTDOWN: > 0 asks for a cut of it)
 } m_case;
 
 #define B(k) {(uint64_t)(k), 0}
@@ -286,6 +291,13 @@ static const m_case s_cases[] = {
     {"rollback from an unregistered trainer", ZPS_ERR_TRAINER, .op = ZPS__OP__OP_ROLLBACK,
      .trainer = 1},
     {"rollback with a payload frame", ZPS_ERR_FRAMES, .op = ZPS__OP__OP_ROLLBACK, GOOD1},
+    /* the operator's ops (zps-ctl): a cut is sync only; no payloads */
+    {"checkpoint cut outside sync mode", ZPS_ERR_UNSUPPORTED, .op = ZPS__OP__OP_CHECKPOINT,
+     .step = 5, .msg_has = "needs sync mode"},
+    {"shutdown cut outside sync mode", ZPS_ERR_UNSUPPORTED, .op = ZPS__OP__OP_SHUTDOWN,
+     .step = 5, .msg_has = "needs sync mode"},
+    {"checkpoint with a payload frame", ZPS_ERR_FRAMES, .op = ZPS__OP__OP_CHECKPOINT, GOOD1},
+    {"shutdown with a payload frame", ZPS_ERR_FRAMES, .op = ZPS__OP__OP_SHUTDOWN, GOOD1},
 };
 
 #undef B
@@ -358,7 +370,7 @@ static int s_run_case(raw *rw, const m_case *c, const ps_plan *plan, const m_pay
         cr_assert(plan->chunks[0].count * 4 * (uint64_t)nr > 300000);
     }
     size_t hl;
-    uint8_t *h = s_hdr(rw, c->op, ZPS_PROTOCOL_VERSION + c->version_add, c->trainer, 0, kr, nr,
+    uint8_t *h = s_hdr(rw, c->op, ZPS_PROTOCOL_VERSION + c->version_add, c->trainer, c->step, kr, nr,
                        c->is_reply, c->inc, plan, &hl);
     int got = s_send_raw(rw, h, c->shape == M_TRUNCATED ? hl - 3 : hl, pl, pll, nf, msg, msg_len);
     free(h);

@@ -4,6 +4,7 @@
 #include <criterion/criterion.h>
 #include <criterion/redirect.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ps/server_config.h"
@@ -173,7 +174,7 @@ static const struct {
     {{"--cluster", "c", "--bind", "tcp://127.0.0.1:1", NULL}, "give --bind or --cluster, not both"},
     {{"--cluster", "/nonexistent/cluster.txt", NULL}, "--cluster needs --index"},
     {{"--cluster", "/nonexistent/cluster.txt", "--index", "0", NULL}, "/nonexistent/cluster.txt"},
-    {{"--bogus", NULL}, "zps-server --help lists the flags"},
+    {{"--bogus", NULL}, "zps-server: unknown option '--bogus' (see --help)"},
 };
 
 Test(server_config, bad_command_lines_exit_2_and_name_the_flag, .init = cr_redirect_stderr)
@@ -189,4 +190,57 @@ Test(server_config, bad_command_lines_exit_2_and_name_the_flag, .init = cr_redir
         cr_assert_not_null(strstr(err, s_bad[i].msg), "case %zu: '%s' not in:\n%s", i,
                            s_bad[i].msg, err);
     }
+}
+
+Test(server_config, a_missing_cluster_file_is_one_line, .init = cr_redirect_stderr)
+{
+    ps_server_config c;
+    const char *kg;
+    zps_status st;
+    const char *a[] = {"--cluster", "/nonexistent/cluster.txt", "--index", "0", NULL};
+    cr_assert_eq(s_parse(&c, a, &kg, &st), 2);
+    char err[2048];
+    zt_read_redirected(cr_get_redirected_stderr(), err, sizeof err);
+    cr_assert_eq(zt_count(err, "No such file or directory"), 1, "%s", err);
+    cr_assert_eq(zt_count(err, "\n"), 1, "one line:\n%s", err);
+    cr_assert_eq(strncmp(err, "zps-server: ", 12), 0, "%s", err);
+}
+
+Test(it_cli, server_log_level_flag_beats_zps_log, .timeout = 30)
+{
+    const char *env[] = {"ZPS_LOG=debug", NULL};
+    const char *a[] = {"--bind", "nonsense", "--log-level", "off", NULL};
+    char *out;
+    cr_assert_eq(zt_run_tmp("zps-server", a, env, 20, &out), 1);
+    cr_assert_null(strstr(out, "server["), "no log line at --log-level off:\n%s", out);
+    free(out);
+}
+
+/* --metrics FILE --metrics-every SEC (default 10), and the configuration the metrics start
+ * record carries: every flag under its name, --bind and --index as used. */
+Test(server_config, metrics_flags_and_their_json, .init = cr_redirect_stderr)
+{
+    ps_server_config c;
+    const char *kg;
+    zps_status st;
+    const char *none[] = {NULL};
+    cr_assert_eq(s_parse(&c, none, &kg, &st), -1);
+    cr_assert_str_eq(c.metrics, "");
+    cr_assert_float_eq(c.metrics_every_s, 10.0, 0);
+    const char *a[] = {"--metrics", "/tmp/s.jsonl", "--metrics-every", "0.25", "--index", "2",
+                       "--mode", "async", NULL};
+    cr_assert_eq(s_parse(&c, a, &kg, &st), -1);
+    cr_assert_str_eq(c.metrics, "/tmp/s.jsonl");
+    cr_assert_float_eq(c.metrics_every_s, 0.25, 0);
+    char buf[4096];
+    zps_json j = zps_json_over(buf, sizeof buf);
+    ps_server_config_json(&c, &j);
+    cr_assert(zps_json_fits(&j));
+    const char *want[] = {"{\"bind\":\"tcp://127.0.0.1:0\",", "\"index\":2,", "\"mode\":\"async\",",
+                          "\"metrics\":\"/tmp/s.jsonl\",", "\"metrics-every\":0.25,",
+                          "\"cluster\":null,", "\"trainer-timeout\":30,", "\"log-level\":"};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        cr_assert(strstr(buf, want[i]), "%s not in %s", want[i], buf);
+    const char *bad[] = {"--metrics-every", "0", NULL};
+    cr_assert_eq(s_parse(&c, bad, &kg, &st), 2, "a period of 0 would write without pause");
 }

@@ -1,10 +1,14 @@
 /* test_trainer_config.c — zps-trainer's flag parser: good command lines give the settings,
- * bad ones are refused with exit code 2 and a message naming the flag. */
+ * bad ones are refused with exit code 2 and a message naming the flag. Suite it_cli runs the
+ * binary: a bad model is named before any data is opened, a CPU-only start says nothing about
+ * CUDA at the default level, and each failure is told once. */
 #include <criterion/criterion.h>
 #include <criterion/redirect.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "kernels/device.h"
 #include "testutil.h"
 #include "trainer/config.h"
 
@@ -162,11 +166,11 @@ static const struct {
     {{"--data", "/d", "--curve-key", "t.key", NULL}, "--curve-server-key and --curve-key go together"},
     {{"--data", "/d", "--curve-server-key", "s.pub", NULL}, "--curve-server-key and --curve-key go together"},
     {{"--data", "/d", "--push-dtype", "f16", NULL}, "--push-dtype wants f32 or bf16, got 'f16'"},
-    {{"--data", "/d", "--no-batchnorm", NULL}, "unrecognized option '--no-batchnorm'"},
+    {{"--data", "/d", "--no-batchnorm", NULL}, "zps-trainer: unknown option '--no-batchnorm' (see --help)"},
     {{"--data", "/d", "--aux", "maybe", NULL}, "--aux wants auto, on or off, got 'maybe'"},
     {{"--data", "/d", "--steps", "2.5", NULL}, "--steps wants an integer"},
     {{"--data", "/d", "--seed", "-1", NULL}, "--seed wants an integer"},
-    {{"--data", "/d", "--model", "m0123456789012345678901234567890", NULL}, "--model value is longer than 31"},
+    {{"--data", "/d", "--model", "m0123456789012345678901234567890", NULL}, "--model wants mlp, convnet or inception_v3, got 'm01"},
     {{"--data", "/d", "--lr-schedule", "step", NULL}, "--lr-schedule wants constant, exponential or cosine"},
     {{"--data", "/d", "--log-level", "loud", NULL}, "--log-level wants"},
     {{"--data", "/d", "--in-channels", "4", NULL}, "--in-channels wants an integer in [1, 3], got '4'"},
@@ -187,4 +191,67 @@ Test(tr_config, bad_command_lines_exit_2_and_name_the_flag, .init = cr_redirect_
         seen += strlen(err);
     }
     cr_assert(seen > 0);
+}
+
+Test(tr_config, an_unknown_model_is_refused_with_the_known_ones, .init = cr_redirect_stderr)
+{
+    tr_config c;
+    zps_status st;
+    const char *a[] = {"--data", "/nonexistent", "--model", "resnet", NULL};
+    cr_assert_eq(s_parse(&c, a, &st), 2);
+    char err[1024];
+    zt_read_redirected(cr_get_redirected_stderr(), err, sizeof err);
+    cr_assert_str_eq(err, "zps-trainer: --model wants mlp, convnet or inception_v3, got 'resnet' "
+                          "(see --help)\n");
+    static const char *const known[] = {"mlp", "convnet", "inception_v3"};
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
+        const char *ok[] = {"--data", "/d", "--model", known[i], NULL};
+        cr_assert_eq(s_parse(&c, ok, &st), -1, "%s", known[i]);
+        cr_assert_str_eq(c.model, known[i]);
+    }
+}
+
+Test(it_cli, trainer_names_a_bad_model_before_opening_the_data, .timeout = 30)
+{
+    char *out;
+    const char *a[] = {"--data", "/nonexistent/zps-data", "--model", "resnet", NULL};
+    cr_assert_eq(zt_run_tmp("zps-trainer", a, NULL, 20, &out), 2);
+    cr_assert_str_eq(out, "zps-trainer: --model wants mlp, convnet or inception_v3, got 'resnet' "
+                          "(see --help)\n");
+    free(out);
+}
+
+Test(it_cli, trainer_on_a_cpu_only_machine_says_nothing_of_cuda_by_default, .timeout = 30)
+{
+    k_device_info info;
+    cr_assert_eq(k_device_select("auto", &info), ZPS_OK);
+    const char *env[] = {"ZPS_LOG=info", NULL};
+    const char *a[] = {"--data", "/nonexistent/zps-data", "--steps", "1", NULL};
+    char *out;
+    cr_assert_eq(zt_run_tmp("zps-trainer", a, env, 20, &out), 1);
+    if (info.kind == K_DEVICE_CPU)
+        cr_assert_null(strstr(out, "CUDA"), "no CUDA line at info:\n%s", out);
+    free(out);
+    /* the line is still there for whoever asks, and before the data is opened */
+    const char *dbg[] = {"--data", "/nonexistent/zps-data", "--log-level", "debug", NULL};
+    cr_assert_eq(zt_run_tmp("zps-trainer", dbg, env, 20, &out), 1);
+    cr_assert_not_null(strstr(out, info.kind == K_DEVICE_CPU ? "; using the CPU" : "using CUDA"),
+                       "%s", out);
+    free(out);
+}
+
+Test(it_cli, trainer_tells_each_failure_once, .timeout = 30)
+{
+    char *out;
+    const char *data[] = {"--data", "/nonexistent/zps-data", NULL};
+    cr_assert_eq(zt_run_tmp("zps-trainer", data, NULL, 20, &out), 1);
+    cr_assert_eq(zt_count(out, "not found"), 1, "%s", out);
+    cr_assert_null(strstr(out, "failed after 0 steps"), "%s", out);
+    free(out);
+    const char *cl[] = {"--data", "/nonexistent/zps-data", "--mode", "sync", "--cluster",
+                        "/nonexistent/cluster.txt", NULL};
+    cr_assert_eq(zt_run_tmp("zps-trainer", cl, NULL, 20, &out), 1);
+    cr_assert_eq(zt_count(out, "No such file or directory"), 1, "%s", out);
+    cr_assert_eq(zt_count(out, "\n"), 1, "one line:\n%s", out);
+    free(out);
 }

@@ -162,6 +162,26 @@ int zt_run(const char *prog, const char *const *args, const char *const *env,
     return WEXITSTATUS(status);
 }
 
+int zt_run_tmp(const char *prog, const char *const *args, const char *const *env,
+               double timeout_s, char **out)
+{
+    char log[64] = "/tmp/zps-run-XXXXXX";
+    int fd = mkstemp(log);
+    cr_assert(fd >= 0, "mkstemp failed");
+    close(fd);
+    int rc = zt_run(prog, args, env, log, timeout_s, out);
+    unlink(log);
+    return rc;
+}
+
+int zt_count(const char *s, const char *what)
+{
+    int n = 0;
+    for (size_t len = strlen(what); (s = strstr(s, what)) != NULL; s += len)
+        n++;
+    return n;
+}
+
 int zt_argv(const char *prog, const char *const *args, char **argv, int cap)
 {
     int argc = 0;

@@ -74,6 +74,12 @@ void zt_bin_argv(const char *prog, const char *const *args, char *path, size_t l
 int zt_run(const char *prog, const char *const *args, const char *const *env,
            const char *log_path, double timeout_s, char **out);
 
+/* zt_run with its output in a temporary file, removed afterwards. */
+int zt_run_tmp(const char *prog, const char *const *args, const char *const *env,
+               double timeout_s, char **out);
+/* Occurrences of what in s (not overlapping). */
+int zt_count(const char *s, const char *what);
+
 /* Flag-parser tests: argv = {prog, args..., NULL} (args NULL-terminated, at most cap - 2 of
  * them); returns argc. */
 int zt_argv(const char *prog, const char *const *args, char **argv, int cap);

@@ -99,6 +99,25 @@ static zps_status s_push_dtype(void *cfg, const char *arg, char *why, size_t cap
     return ZPS_ERR_INVALID;
 }
 
+/* The names nn_model_create builds: checked with the flags, so a misspelt model fails before
+ * any data is opened. */
+static const zps_opt_name s_models[] = {
+    {"mlp", 0}, {"convnet", 0}, {"inception_v3", 0}, {NULL, 0}};
+
+/* The FUNC flags' values, for the metrics start record (tr_config_json). */
+static const char *s_mode_show(const void *cfg)
+{
+    return tr_mode_name(((const tr_config *)cfg)->mode);
+}
+static const char *s_optimizer_show(const void *cfg)
+{
+    return ps_optim_kind_name(((const tr_config *)cfg)->opt.kind);
+}
+static const char *s_push_dtype_show(const void *cfg)
+{
+    return ps_dtype_name(((const tr_config *)cfg)->push_dtype);
+}
+
 static const zps_opt_name s_aux[] = {{"auto", -1}, {"on", 1}, {"off", 0}, {NULL, 0}};
 static const zps_opt_name s_shard[] = {
     {"records", TR_SHARD_RECORDS}, {"batch", TR_SHARD_BATCH}, {NULL, 0}};
@@ -113,7 +132,8 @@ static const zps_opt_name s_sched[] = {{"constant", PS_SCHED_CONSTANT},
 
 static const zps_opt s_opt[] = {
     {.type = ZPS_OPT_TEXT, .help = "model:"},
-    {"model", ZPS_OPT_STRING, F(model), .meta = "NAME", .help = "mlp | convnet | inception_v3"},
+    {"model", ZPS_OPT_STRING, F(model), .names = s_models, .meta = "NAME",
+     .help = "mlp | convnet | inception_v3"},
     {"width", ZPS_OPT_DOUBLE, F(width), 0.01, 4, .meta = "F",
      .help = "inception_v3 channel multiplier"},
     {"input-size", ZPS_OPT_INT, F(input_size), 8, 4096, .meta = "N",
@@ -145,7 +165,7 @@ static const zps_opt s_opt[] = {
     {"device", ZPS_OPT_STRING, F(device), .names = s_device,
      .help = "training runs on the CPU today; auto warns when a GPU\n"
              "answers, cuda is an error"},
-    {"mode", ZPS_OPT_FUNC, .fn = s_mode, .meta = "M", .dflt = "local",
+    {"mode", ZPS_OPT_FUNC, .fn = s_mode, .show = s_mode_show, .meta = "M", .dflt = "local",
      .help = "local | sync | async | ssp | allreduce"},
     {"cluster", ZPS_OPT_STRING, F(cluster), .meta = "FILE",
      .help = "servers and trainers (docs/cluster.md)"},
@@ -175,7 +195,8 @@ static const zps_opt s_opt[] = {
     {"curve-key", ZPS_OPT_STRING, F(curve_key), .meta = "FILE",
      .help = "this trainer's CURVE key pair (zps-server --keygen PREFIX\n"
              "writes PREFIX.key; the servers list PREFIX.pub in --curve-allow)"},
-    {"push-dtype", ZPS_OPT_FUNC, .fn = s_push_dtype, .meta = "f32|bf16", .dflt = "f32",
+    {"push-dtype", ZPS_OPT_FUNC, .fn = s_push_dtype, .show = s_push_dtype_show,
+     .meta = "f32|bf16", .dflt = "f32",
      .help = "gradients on the wire; bf16 halves the bytes\n"
              "pushed, rounding each gradient to 8 mantissa bits"},
     {.type = ZPS_OPT_TEXT, .help = "work:"},
@@ -192,7 +213,8 @@ static const zps_opt s_opt[] = {
     {"stop-accuracy", ZPS_OPT_DOUBLE, F(stop_accuracy), 0, 1, .meta = "A", .dflt = "",
      .help = "stop once test accuracy >= A (0..1)"},
     {.type = ZPS_OPT_TEXT, .help = "optimizer (PS modes: applied on the servers; others: here):"},
-    {"optimizer", ZPS_OPT_FUNC, .fn = s_optimizer, .meta = "NAME", .dflt = "sgd",
+    {"optimizer", ZPS_OPT_FUNC, .fn = s_optimizer, .show = s_optimizer_show,
+     .meta = "NAME", .dflt = "sgd",
      .help = "sgd | momentum | rmsprop | adam | adagrad"},
     {"lr", ZPS_OPT_DOUBLE, F(opt.lr), 0, 1e6, .meta = "F", .help = "learning rate"},
     {"momentum", ZPS_OPT_DOUBLE, F(opt.momentum), 0, 1, .meta = "F", .help = "momentum, rmsprop"},
@@ -280,3 +302,5 @@ zps_status tr_config_parse(tr_config *c, int argc, char **argv, int *exit_code)
         return st;
     return s_check(c, exit_code);
 }
+
+void tr_config_json(const tr_config *c, zps_json *j) { zps_opts_json(&s_spec, c, j); }

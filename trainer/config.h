@@ -9,6 +9,7 @@
 
 #include <stdint.h>
 
+#include "common/json.h"
 #include "common/status.h"
 #include "ps/dtype.h"
 #include "ps/optim.h"
@@ -89,6 +90,9 @@ void tr_config_default(tr_config *c);
 /* Parses argv into c (start from tr_config_default). *exit_code >= 0 means main should exit
  * with that code (--help printed: 0; a bad flag: 2, with the reason on stderr). */
 zps_status tr_config_parse(tr_config *c, int argc, char **argv, int *exit_code);
+/* Every flag's value in c as one JSON object keyed by flag name (common/opts.h
+ * zps_opts_json), for the metrics start record. */
+void tr_config_json(const tr_config *c, zps_json *j);
 /* The --mode names: local and allreduce, and the PS modes of ps_mode_names (ps/server_config.h). */
 const char *tr_mode_name(tr_mode m);
 zps_status tr_mode_parse(const char *s, tr_mode *out);

@@ -1,8 +1,9 @@
 /* metrics.c — JSON Lines per step, a summary record, and the progress line (see metrics.h).
  *
- * Everything a step needs lives in struct tr_metrics: the line buffer is formatted with
- * bounded appends (a line that would not fit is a bug, caught by an assert) and written with
- * one fwrite + fflush. Strings from the options are escaped once, at creation.
+ * Everything a step needs lives in struct tr_metrics: the line buffer, sized once at
+ * creation (room for the start record's configuration), is formatted with bounded appends
+ * (a line that would not fit is a bug, caught by an assert) and written with one fwrite +
+ * fflush. The option strings are used only by the start record, written at creation.
  */
 #include "trainer/metrics.h"
 
@@ -15,6 +16,7 @@
 #include <unistd.h>
 
 #include "common/clock.h"
+#include "common/json.h"
 #include "common/log.h"
 #include "common/mem.h"
 
@@ -22,9 +24,7 @@
 #define S_TTY_PERIOD_S 0.2
 
 struct tr_metrics {
-    tr_metrics_opts o;        // copy of the options (strings point into mode_s / model_s)
-    char mode_s[64];          // JSON-escaped mode name
-    char model_s[128];        // JSON-escaped model name
+    tr_metrics_opts o;        // copy of the options (its strings are not kept: NULL)
     char path[1024];          // the JSONL path, for error messages
     FILE *f;                  // JSONL file or NULL
     FILE *out;                // progress stream
@@ -44,7 +44,8 @@ struct tr_metrics {
     int64_t max_step;         // the highest step number recorded (redone steps are below)
     int64_t skipped;          // corrupt training records skipped (tr_metrics_set_end)
     const char *end;          // how the run ended: "done", "signal", "error" (a literal)
-    char line[S_LINE];        // the reused output buffer
+    char *line;               // (cap) the reused output buffer
+    size_t cap;               // S_LINE + room for the start record's configuration
     size_t len;               // bytes used in line
 };
 
@@ -57,9 +58,9 @@ static void s_append(tr_metrics *m, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    int n = vsnprintf(m->line + m->len, S_LINE - m->len, fmt, ap);
+    int n = vsnprintf(m->line + m->len, m->cap - m->len, fmt, ap);
     va_end(ap);
-    assert(n >= 0 && (size_t)n < S_LINE - m->len && "metrics line too long");
+    assert(n >= 0 && (size_t)n < m->cap - m->len && "metrics line too long");
     m->len += (size_t)n;
 }
 
@@ -76,23 +77,6 @@ static void s_num(tr_metrics *m, const char *key, double v, int prec)
 static void s_opt(tr_metrics *m, const char *key, double v, int prec)
 {
     s_num(m, key, v < 0 ? NAN : v, prec);
-}
-
-static void s_escape(char *dst, size_t cap, const char *src)
-{
-    size_t o = 0;
-    for (const unsigned char *p = (const unsigned char *)(src ? src : ""); *p && o + 7 < cap;
-         p++) {
-        if (*p == '"' || *p == '\\') {
-            dst[o++] = '\\';
-            dst[o++] = (char)*p;
-        } else if (*p < 0x20) {
-            o += (size_t)snprintf(dst + o, cap - o, "\\u%04x", *p);
-        } else {
-            dst[o++] = (char)*p;
-        }
-    }
-    dst[o] = 0;
 }
 
 static zps_status s_write_line(tr_metrics *m)
@@ -193,6 +177,35 @@ tr_step_record tr_step_record_empty(int64_t step)
     return r;
 }
 
+/* The start record (metrics.h) into j. */
+static void s_start_json(zps_json *j, const tr_metrics_opts *o)
+{
+    zps_json_raw(j, "{\"type\":\"start\",\"trainer\":%d,\"mode\":", o->trainer_id);
+    zps_json_str(j, o->mode_name ? o->mode_name : "");
+    zps_json_raw(j, ",\"model\":");
+    zps_json_str(j, o->model ? o->model : "");
+    zps_json_raw(j, ",\"batch\":%d,\"trainers\":%d,\"total_steps\":%lld,\"seed\":%llu",
+                 o->batch, o->n_trainers, (long long)o->total_steps, (unsigned long long)o->seed);
+    zps_json_run_info(j);
+    zps_json_raw(j, ",\"target_accuracy\":");
+    zps_json_num(j, o->target_accuracy > 0 ? o->target_accuracy : NAN, 6);
+    zps_json_raw(j, ",\"config\":%s}", o->config_json ? o->config_json : "null");
+}
+
+/* Sizes the line buffer for the longest record, the start record with its configuration,
+ * and writes the start record into it (not to the file yet). */
+static void s_start_record(tr_metrics *m, const tr_metrics_opts *o)
+{
+    zps_json j = zps_json_over(NULL, 0);
+    s_start_json(&j, o);
+    m->cap = S_LINE + j.len; /* S_LINE: room for a step, and for the clock to move on */
+    m->line = zps_xmalloc(m->cap);
+    j = zps_json_over(m->line, m->cap);
+    s_start_json(&j, o);
+    assert(zps_json_fits(&j));
+    m->len = j.len;
+}
+
 zps_status tr_metrics_new(const tr_metrics_opts *opts, tr_metrics **out)
 {
     *out = NULL;
@@ -200,10 +213,6 @@ zps_status tr_metrics_new(const tr_metrics_opts *opts, tr_metrics **out)
     m->o = *opts;
     if (m->o.progress_every_s <= 0)
         m->o.progress_every_s = 10;
-    s_escape(m->mode_s, sizeof m->mode_s, opts->mode_name);
-    s_escape(m->model_s, sizeof m->model_s, opts->model);
-    m->o.mode_name = m->mode_s;
-    m->o.model = m->model_s;
     m->out = opts->progress ? opts->progress : stderr;
     m->tty = m->o.mode == TR_PROGRESS_TTY ||
              (m->o.mode == TR_PROGRESS_AUTO && isatty(fileno(m->out)));
@@ -215,7 +224,7 @@ zps_status tr_metrics_new(const tr_metrics_opts *opts, tr_metrics **out)
     m->tot.time_to_target = -1;
     m->tot.staleness_mean = -1;
     m->tot.staleness_max = -1;
-    m->o.jsonl_path = NULL; // the caller's string is not kept
+    m->o.jsonl_path = m->o.mode_name = m->o.model = m->o.config_json = NULL; // not kept
     if (opts->jsonl_path) {
         snprintf(m->path, sizeof m->path, "%s", opts->jsonl_path);
         m->f = fopen(opts->jsonl_path, "w");
@@ -228,14 +237,7 @@ zps_status tr_metrics_new(const tr_metrics_opts *opts, tr_metrics **out)
         }
     }
     m->t0_ns = zps_now_ns();
-    s_reset(m);
-    s_append(m, "{\"type\":\"start\",\"trainer\":%d,\"mode\":\"%s\",\"model\":\"%s\"",
-             m->o.trainer_id, m->mode_s, m->model_s);
-    s_append(m, ",\"batch\":%d,\"trainers\":%d,\"total_steps\":%lld,\"wall_ms\":%llu",
-             m->o.batch, m->o.n_trainers, (long long)m->o.total_steps,
-             (unsigned long long)zps_wall_ms());
-    s_opt(m, "target_accuracy", m->o.target_accuracy > 0 ? m->o.target_accuracy : -1, 6);
-    s_append(m, "}");
+    s_start_record(m, opts);
     zps_status st = s_write_line(m);
     if (st != ZPS_OK) {
         m->finished = 1; // no summary after a failed start
@@ -394,6 +396,7 @@ void tr_metrics_destroy(tr_metrics **pm)
     tr_metrics_finish(m);
     if (m->f && fclose(m->f) != 0)
         zps_log(ZPS_ERROR, "metrics", "closing the metrics file: %s", strerror(errno));
+    free(m->line);
     free(m);
     *pm = NULL;
 }

@@ -5,7 +5,9 @@
  * JSONL file (docs/training.md, "Metrics files") holds one object per line:
  *
  *   {"type":"start","trainer":0,"mode":"async","model":"lenet","batch":64,"trainers":2,
- *    "wall_ms":1795000000000,"target_accuracy":0.85}
+ *    "total_steps":500,"seed":1,"host":"n1","pid":4242,"wall_ms":1795000000000,
+ *    "start_time":"2026-11-19T08:53:20Z","version":"0.3.0","git_hash":"0123456789ab",
+ *    "target_accuracy":0.85,"config":{"model":"lenet","batch-size":64,...}}
  *   {"type":"step","trainer":0,"step":1,"time":0.0421,"loss":2.3026,"img_s":1520.3,
  *    "images":64,"bytes_pushed":431080,"bytes_pulled":431080,"net_wait":0.0031,
  *    "staleness":0,"lr":0.01}
@@ -17,6 +19,10 @@
  *    "staleness_mean":0.8,"staleness_max":3,"evals":10,"skipped_records":0,
  *    "redone_steps":0,"end":"done"}
  *
+ * "config" is every zps-trainer flag's effective value, keyed by the flag's name
+ * (tr_config_json); "seed" the seed the run used; "host", "pid", "wall_ms" (Unix ms) and
+ * "start_time" (UTC) say which process wrote the file and when; "version" and "git_hash"
+ * the build (common/version.h).
  * "end" says how the run ended: "done" (its steps, target or time limit), "signal" (SIGTERM
  * or SIGINT) or "error"; every way out of a started run writes the summary.
  * "skipped_records" counts the corrupt training records skipped (zps-trainer --skip-corrupt).
@@ -34,9 +40,9 @@
  * (\r ... erase to end of line) at most every 0.2 s and ends with a newline at finish; on a
  * file or pipe it is a plain line every `progress_every_s` seconds and on every evaluation.
  *
- * Invariants: after tr_metrics_new nothing allocates (one line buffer, reused); every line
- * is written whole with one fwrite and flushed, so a crash loses at most the current step and
- * a script can follow the file while training runs. Not thread-safe: call from the training
+ * Invariants: after tr_metrics_new nothing allocates (one line buffer, sized there,
+ * reused); every line is written whole with one fwrite and flushed, so a crash loses at most
+ * the current step and a script can follow the file while training runs. Not thread-safe: call from the training
  * loop's thread.
  */
 #ifndef ZPS_TRAINER_METRICS_H
@@ -66,6 +72,8 @@ typedef struct tr_metrics_opts {
     int n_trainers;           // trainers in the job
     int64_t total_steps;      // for the percentage and ETA (0: unknown)
     double target_accuracy;   // summary's time_to_target (0: none)
+    uint64_t seed;            // the seed the run uses
+    const char *config_json;  // the whole configuration, one JSON object (NULL: null)
 } tr_metrics_opts;
 
 /* One training step. Fields that were not measured: negative (staleness, lr, accuracies). */

@@ -75,7 +75,7 @@ typedef struct s_ps {
 /* Logs a failed request; one interrupted by the trainer's stop flag is not a failure. */
 static void s_log_fail(const s_ps *p, const char *what, zps_status st)
 {
-    zps_log(st == ZPS_ERR_INTERRUPTED ? ZPS_DEBUG : ZPS_ERROR, "trainer", "%s failed: %s: %s",
+    zps_log(st == ZPS_ERR_INTERRUPTED || st == ZPS_ERR_SHUTDOWN ? ZPS_DEBUG : ZPS_ERROR, "trainer", "%s failed: %s: %s",
             what, zps_strerror(st), ps_client_last_error(p->client));
 }
 
@@ -390,11 +390,8 @@ static zps_status s_connect(s_ps *p, const tr_sync_env *env)
     co.stop = env->stop;
     if (c->curve_key[0]) {
         char why[1200];
-        zps_status st = ps_curve_load_public(c->curve_server_key, co.curve_server_key, why,
+        zps_status st = ps_client_opts_curve(&co, c->curve_server_key, c->curve_key, why,
                                              sizeof why);
-        if (st == ZPS_OK)
-            st = ps_curve_load_keypair(c->curve_key, co.curve_public_key, co.curve_secret_key,
-                                       why, sizeof why);
         if (st != ZPS_OK) {
             zps_log(ZPS_ERROR, "trainer", "%s", why);
             return st;

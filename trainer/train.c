@@ -374,7 +374,17 @@ static zps_status s_metrics_new(s_job *j)
     /* with a time limit the step count is not the end: no percentage or ETA to mislead */
     mo.total_steps = c->time_limit_s > 0 ? 0 : j->total;
     mo.target_accuracy = c->stop_accuracy;
-    ZPS_TRY(tr_metrics_new(&mo, &j->metrics));
+    mo.seed = c->seed;
+    /* the whole configuration in the start record: measured, then written */
+    zps_json cj = zps_json_over(NULL, 0);
+    tr_config_json(c, &cj);
+    char *config = zps_xmalloc(cj.len + 1);
+    cj = zps_json_over(config, cj.len + 1);
+    tr_config_json(c, &cj);
+    mo.config_json = config;
+    zps_status st = tr_metrics_new(&mo, &j->metrics);
+    free(config);
+    ZPS_TRY(st);
     zps_log(ZPS_INFO, "trainer", "%lld steps of %d x %d images (%lld batches per epoch)",
             (long long)j->total, c->accumulate, c->batch, (long long)per_epoch);
     return ZPS_OK;
@@ -594,20 +604,29 @@ static zps_status s_wrap_up(s_job *j, tr_result *res)
 
 /* Every way out of a run that did not reach s_wrap_up's end: LEAVE (so sync and ssp peers
  * do not wait for a trainer that is gone) and the summary record. A stop asked for by a
- * signal (the network waits it cut short return ZPS_ERR_INTERRUPTED) is not a failure:
- * ZPS_OK then, else st. */
+ * signal (the network waits it cut short return ZPS_ERR_INTERRUPTED) is not a failure, nor
+ * is the servers' SHUTDOWN (ZPS_ERR_SHUTDOWN): ZPS_OK then, else st. */
 static zps_status s_stop_early(s_job *j, zps_status st)
 {
     int by_signal = s_stop && st == ZPS_ERR_INTERRUPTED;
+    int by_shutdown = st == ZPS_ERR_SHUTDOWN; // the servers were shut down (zps-ctl shutdown)
     if (j->sync && j->sync->abandon)
         j->sync->abandon(j->sync);
     if (j->metrics) {
-        tr_metrics_set_end(j->metrics, by_signal ? TR_END_SIGNAL : TR_END_ERROR, j->skipped);
+        tr_metrics_set_end(j->metrics, by_signal || by_shutdown ? TR_END_SIGNAL : TR_END_ERROR,
+                           j->skipped);
         tr_metrics_finish(j->metrics);
     }
+    if (by_shutdown) {
+        zps_log(ZPS_WARN, "trainer", "trainer %d: the servers were shut down (zps-ctl shutdown) "
+                "after %lld steps: stopping", j->id, (long long)j->step);
+        return ZPS_OK;
+    }
     if (!by_signal) {
-        zps_log(ZPS_ERROR, "trainer", "trainer %d failed after %lld steps: %s", j->id,
-                (long long)j->step, zps_strerror(st));
+        /* before the first step the failure's own line is the whole story */
+        if (j->step > 0 || !zps_log_errors())
+            zps_log(ZPS_ERROR, "trainer", "trainer %d failed after %lld steps: %s", j->id,
+                    (long long)j->step, zps_strerror(st));
         return st;
     }
     return ZPS_OK;

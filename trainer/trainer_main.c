@@ -71,8 +71,11 @@ int main(int argc, char **argv)
     zps_malloc_keep_warm();
     zps_log_set_role("trainer", cfg.trainer_id);
     tr_result res;
-    if (tr_run(&cfg, &res) != ZPS_OK)
+    zps_status st = tr_run(&cfg, &res);
+    if (st != ZPS_OK) {
+        zps_log_failure("zps-trainer", st, "trainer %d", cfg.trainer_id);
         return 1;
+    }
     if (res.accuracy >= 0 && cfg.eval_only)
         printf("%s: test accuracy %.4f (loss %.4f) on %d test images\n", cfg.init_weights,
                res.accuracy, res.test_loss, res.eval_images);

@@ -16,6 +16,8 @@ Every process gets its own process group and its own log in the run folder
 --bin-dir, default $ZPS_BIN, else build/bin).
 Pass-through arguments and command templates may use {index}, {run_dir}, {cluster}, {job},
 {host}, {port}, {n_servers}, {n_trainers}, {bin}.
+Every process sees ZPS_RUN_DIR, ZPS_JOB, ZPS_ROLE, ZPS_INDEX and ZPS_RESTART; -x VAR
+(this launcher's value) / -x VAR=VALUE adds a variable (repeatable, like mpirun -x).
 
 --curve secures the fleet with CURVE (docs/ps.md "Security"): `zps-server --keygen` writes a
 server key pair and one per trainer into RUN/keys/, RUN/keys/allow.txt lists the trainers'
@@ -50,8 +52,12 @@ printed at the end and written, with the events, to summary.json in the run fold
 
 Launchers (docs/training.md says what was tested and how):
   local  run the command here (hosts in the cluster file are ignored)
-  ssh    `ssh HOST sh -c 'cd DIR && CMD'`; the remote process is killed when the launcher's
-         ssh connection ends (a watcher on the remote side waits for ssh's stdin to close)
+  ssh    `ssh HOST sh -c 'cd DIR && VAR=... CMD'`: the ZPS_* variables (the launcher's
+         own ZPS_* too) and the -x ones travel in the command line, since sshd starts a
+         clean environment; one ssh per host first checks every program is there and
+         executable (else nothing starts, exit 1); the launcher stops the remote process
+         by closing ssh's stdin (a watcher on the remote side SIGTERMs it, SIGKILL after
+         --grace; ssh returns its status), and it ends too when the connection does
   slurm  inside an allocation (sbatch/salloc) only; without --cluster the fleet comes from
          the allocation (--servers-per-node, default 1, and --trainers-per-node, default one
          per GPU, else one, on every node); each process is a step
@@ -71,10 +77,12 @@ import types
 from zpslaunch import slurm
 from zpslaunch.cluster import free_ports, parse_cluster, write_cluster
 from zpslaunch.commands import build_argv, make_curve_keys
-from zpslaunch.launchers import wrap
+from zpslaunch.env import fleet_env, parse_x, process_env
+from zpslaunch.launchers import command
 from zpslaunch.proc import (EXIT_FAILED, EXIT_OK, EXIT_USAGE, Interrupted, Proc, TimedOut)
 from zpslaunch.process import stop_all
 from zpslaunch.report import write_summary
+from zpslaunch.ssh import check_hosts
 from zpslaunch.supervise import Supervisor, supervise
 from zpslaunch.version import VersionAction
 
@@ -131,6 +139,10 @@ def parser():
                     help="seconds between SIGTERM and SIGKILL when stopping (default 10)")
     ap.add_argument("--follow", action="append", default=[], metavar="ROLE:INDEX",
                     help="copy that process's log to stdout while it runs (e.g. trainer:0)")
+    ap.add_argument("-x", action="append", default=[], dest="export", metavar="VAR[=VALUE]",
+                    help="give every process VAR with this launcher's value, or VALUE "
+                         "(repeatable, like mpirun -x; every launcher; ssh also forwards every "
+                         "ZPS_* variable)")
     ap.add_argument("--ssh", default="ssh -o BatchMode=yes", help="ssh command (ssh launcher)")
     ap.add_argument("--remote-dir", help="working directory on remote hosts (default: cwd)")
     ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
@@ -189,8 +201,9 @@ def make_run_dir(args, job):
     return run_dir
 
 
-def make_procs(args, run_dir, job, fleet, curve):
-    """The fleet's Procs (servers, then trainers) and the template values."""
+def make_procs(args, run_dir, job, fleet, curve, env):
+    """The fleet's Procs (servers, then trainers) and the template values; env is the
+    fleet's environment (env.fleet_env)."""
     curve_server, curve_trainer = curve
     servers, trainer_hosts = fleet.servers, fleet.trainers
     cluster = os.path.join(run_dir, "cluster.txt")
@@ -209,30 +222,25 @@ def make_procs(args, run_dir, job, fleet, curve):
     for i, (h, port) in enumerate(servers):
         v = dict(common, index=i, host=h, port=port)
         argv = build_argv(args.server_cmd, args.server_args, v, curve_server + ckpt)
-        step = f"{job}-server-{i}"
-        p = Proc("server", i, h, port, wrap(argv, node(h), args, job, step),
-                 os.path.join(run_dir, f"server-{i}.log"))
-        p.restart_argv = wrap(argv + ["--restore"], node(h), args, job, step)
-        p.step = step
+        p = Proc("server", i, h, port, argv, os.path.join(run_dir, f"server-{i}.log"))
+        p.restart_cmd = argv + ["--restore"]
         procs.append(p)
     for i, h in enumerate(trainer_hosts):
         v = dict(common, index=i, host=h, port="")
         argv = build_argv(args.trainer_cmd, args.trainer_args, v, curve_trainer(i))
         if fleet.gpu[i] is not None:
             argv = slurm.gpu_argv(argv, fleet.gpu[i])
-        step = f"{job}-trainer-{i}"
-        p = Proc("trainer", i, h, None, wrap(argv, node(h), args, job, step),
-                 os.path.join(run_dir, f"trainer-{i}.log"))
-        p.step = step
-        procs.append(p)
+        procs.append(Proc("trainer", i, h, None, argv, os.path.join(run_dir, f"trainer-{i}.log")))
     for p in procs:
         p.pipe_stdin = args.launcher == "ssh"
+        p.node, p.step = node(p.host), f"{job}-{p.role}-{p.index}"
+        p.argv = command(p, args, process_env(env, p))
     return procs, common
 
 
 def start_fleet(args):
-    """The fleet, its run folder, Procs and template values, or an exit code (usage, Slurm,
-    --curve) after printing why."""
+    """The fleet, its job name, run folder, Procs, template values and environment, or an
+    exit code (usage, Slurm, --curve) after printing why."""
     def fail(code, msg):
         print(f"zps-launch: {msg}", file=sys.stderr)
         return code
@@ -242,6 +250,7 @@ def start_fleet(args):
             return fail(EXIT_USAGE, why)
     try:
         fleet = fleet_hosts(args)
+        args.x_env = parse_x(args.export, os.environ)
     except ValueError as e:
         return fail(EXIT_USAGE, e)
     except RuntimeError as e:
@@ -257,8 +266,9 @@ def start_fleet(args):
                                     len(fleet.trainers))
         except (OSError, RuntimeError) as e:
             return fail(EXIT_FAILED, f"--curve: {e}")
-    procs, common = make_procs(args, run_dir, job, fleet, curve)
-    return fleet, job, run_dir, procs, common
+    env = fleet_env(os.environ, os.path.abspath(run_dir), job, args.x_env)
+    procs, common = make_procs(args, run_dir, job, fleet, curve, env)
+    return fleet, job, run_dir, procs, common, env
 
 
 def main(argv=None):
@@ -271,11 +281,17 @@ def main(argv=None):
     made = start_fleet(args)
     if isinstance(made, int):
         return made
-    fleet, job, run_dir, procs, common = made
+    fleet, job, run_dir, procs, common, env = made
     if args.dry_run:
         for p in procs:
             print(f"{p.role} {p.index} on {p.host}: {shlex.join(p.argv)}")
         return EXIT_OK
+    if args.launcher == "ssh":
+        problems = check_hosts(procs, args)
+        if problems:
+            print("zps-launch: nothing started: the hosts cannot run the fleet:\n  "
+                  + "\n  ".join(problems), file=sys.stderr)
+            return EXIT_FAILED
 
     def on_signal(signum, frame):
         raise Interrupted(signum)
@@ -287,7 +303,6 @@ def main(argv=None):
         signal.signal(sig, on_signal)
     signal.signal(signal.SIGALRM, on_alarm)
 
-    env = dict(os.environ, ZPS_RUN_DIR=os.path.abspath(run_dir), ZPS_JOB=job)
     say(f"job {job}: {len(fleet.servers)} server(s), {len(fleet.trainers)} trainer(s), "
         f"launcher {args.launcher}, run folder {run_dir}"
         + (", CURVE keys in " + os.path.join(run_dir, "keys") if args.curve else ""))

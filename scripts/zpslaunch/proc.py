@@ -27,10 +27,11 @@ BACKOFF_CAP = 30.0
 class Proc:
     """One slot of the fleet (a server or trainer index) and its current incarnation."""
 
-    def __init__(self, role, index, host, port, argv, log):
+    def __init__(self, role, index, host, port, cmd, log):
         self.role, self.index, self.host, self.port = role, index, host, port
-        self.argv = argv          # what runs (after launcher wrapping)
-        self.restart_argv = argv  # what a restart runs (servers: with --restore)
+        self.cmd = cmd            # the command, before the launcher wraps it
+        self.restart_cmd = cmd    # what a restart runs (servers: with --restore)
+        self.argv = cmd           # what runs here (wrapped; set at each start)
         self.log = log            # path of its log
         self.pid = None           # pid of the process we started (leader of its group)
         self.start = None         # monotonic start time
@@ -44,7 +45,8 @@ class Proc:
         self.restart_at = None    # monotonic time a pending restart is due
         self.early = False        # a server that ended while trainers still ran
         self.tolerated = False    # a dead trainer the job went on without (continue)
-        self.step = None          # slurm: the name of its job step
+        self.node = host          # where it runs (slurm: the node's name, whatever host says)
+        self.step = None          # its name in the job (slurm: its step's name)
         self.signaller = None     # slurm: signals its step; True when that was enough
         self.cancelled = False    # slurm: Slurm ended the job while it ran
 
@@ -58,6 +60,14 @@ class Proc:
         self.stopped = self.early = False
         self.restart_at = None
 
+    def signalled(self):
+        """The signal that ended the last incarnation, None when it exited. Over ssh a
+        remote death by signal N arrives as the remote shell's exit status 128 + N."""
+        if not os.WIFEXITED(self.status):
+            return os.WTERMSIG(self.status)
+        code = os.WEXITSTATUS(self.status)
+        return code - 128 if self.pipe_stdin and 128 < code < 128 + 65 else None
+
     def ok(self):
         """Finished successfully, was stopped by us after the trainers succeeded, or is a
         dead trainer the job was told to go on without."""
@@ -67,7 +77,7 @@ class Proc:
             return False
         if os.WIFEXITED(self.status) and os.WEXITSTATUS(self.status) == 0:
             return True
-        return self.stopped and not os.WIFEXITED(self.status)
+        return self.stopped and self.signalled() is not None
 
     def how(self):
         """How the last incarnation ended, in a few words."""
@@ -75,10 +85,10 @@ class Proc:
             return "failed to start"
         if self.status is None:
             return "running" if self.pid else "not started"
-        if os.WIFEXITED(self.status):
+        sig = self.signalled()
+        if sig is None:
             code = os.WEXITSTATUS(self.status)
             return "ok" if code == 0 else f"exit {code}"
-        sig = os.WTERMSIG(self.status)
         try:
             name = signal.Signals(sig).name
         except ValueError:
@@ -96,7 +106,7 @@ class Proc:
             if self.early:
                 text = ("exit 0" if text == "ok" else text) + " (early)"
             elif self.stopped:
-                text = "stopped" if not os.WIFEXITED(self.status) else (
+                text = "stopped" if self.signalled() is not None else (
                     text if text == "ok" else text + " (stopped)")
         if self.tolerated:
             text += " (job went on)"
@@ -107,6 +117,5 @@ class Proc:
     def exit_code(self):
         if self.status is None:
             return None
-        if os.WIFEXITED(self.status):
-            return os.WEXITSTATUS(self.status)
-        return -os.WTERMSIG(self.status)
+        sig = self.signalled()
+        return os.WEXITSTATUS(self.status) if sig is None else -sig

@@ -50,12 +50,28 @@ def start(p, env):
     signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
 
 
+def close_stdin(p):
+    """ssh: closes the pipe the remote side watches, which SIGTERMs the remote process."""
+    if p.stdin_w is not None:
+        try:
+            os.close(p.stdin_w)
+        except OSError:
+            pass
+        p.stdin_w = None
+
+
 def stop_group(p, sig):
-    """Signals p's process group (created by us with setsid). Never by name."""
+    """Signals p's process group (created by us with setsid). Never by name. An ssh process
+    is asked to stop by closing its stdin: the remote watcher SIGTERMs the remote process
+    and ssh returns its exit status (a signal to ssh itself would end the connection, exit
+    255, and lose how the remote process ended)."""
     if not p.running:
         return
     p.stopped = True
     if p.signaller is not None and p.signaller(p, sig):
+        return
+    if p.stdin_w is not None and sig == signal.SIGTERM:
+        close_stdin(p)
         return
     try:
         os.killpg(p.pid, sig)
@@ -66,12 +82,8 @@ def stop_group(p, sig):
             os.kill(p.pid, sig)
         except ProcessLookupError:
             pass
-    if p.stdin_w is not None and sig == signal.SIGKILL:
-        try:
-            os.close(p.stdin_w)
-        except OSError:
-            pass
-        p.stdin_w = None
+    if sig == signal.SIGKILL:
+        close_stdin(p)
 
 
 def reap_one(procs, block):
@@ -86,12 +98,7 @@ def reap_one(procs, block):
         if p.pid == pid and p.status is None:
             p.status = status
             p.end = time.monotonic()
-            if p.stdin_w is not None:
-                try:
-                    os.close(p.stdin_w)
-                except OSError:
-                    pass
-                p.stdin_w = None
+            close_stdin(p)
             return p
     return None
 
@@ -129,12 +136,7 @@ def stop_all(procs, which, grace, say):
             os.killpg(p.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-        if p.stdin_w is not None:
-            try:
-                os.close(p.stdin_w)
-            except OSError:
-                pass
-            p.stdin_w = None
+        close_stdin(p)
 
 
 def follow(path, stop_evt, out):

@@ -10,6 +10,8 @@ import subprocess
 import time
 
 from zpslaunch.commands import substitute
+from zpslaunch.env import process_env
+from zpslaunch.launchers import command
 from zpslaunch.proc import (BACKOFF_CAP, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_TIMEOUT,
                             NEVER_RESTART, Interrupted, TimedOut)
 from zpslaunch.process import reap_one, start, start_followers
@@ -38,7 +40,8 @@ class Supervisor:
             self.ended = self.ending()
             if self.ended is None:
                 return False
-            self.say(f"Slurm is ending the job (state {self.ended}): Slurm signalled every process")
+            self.say(f"Slurm is ending the job (state {self.ended}): Slurm signalled every "
+                     "process")
         for p in self.procs:
             if p.running or p is dead:
                 p.cancelled = True
@@ -49,8 +52,9 @@ class Supervisor:
 
     def start(self, p):
         """Starts p's next incarnation; False when it cannot start."""
-        start(p, dict(self.env, ZPS_ROLE=p.role, ZPS_INDEX=str(p.index),
-                      ZPS_RESTART=str(p.restarts)))
+        env = process_env(self.env, p)
+        p.argv = command(p, self.args, env)  # ssh: the variables travel in the command
+        start(p, env)
         if p.error:
             self.say(f"{p.role} {p.index}: cannot start: {p.error}")
             return False
@@ -126,7 +130,6 @@ class Supervisor:
             if p.restart_at is not None and p.restart_at <= now:
                 p.reset()
                 p.restarts += 1
-                p.argv = p.restart_argv
                 with open(p.log, "ab") as f:
                     f.write(f"---- zps-launch: restart {p.restarts} of {p.role} {p.index} at "
                             f"{now - self.t0:.1f} s\n".encode())

@@ -1,0 +1,411 @@
+/* test_ctl.c — zps-ctl against real fleets (suite it_ctl: zps-server, zps-trainer and
+ * zps-ctl processes on 127.0.0.1, each bounded in time and reaped by PID; docs/training.md
+ * "Controlling a running fleet", docs/ps.md "Admin ops").
+ *
+ *  - stats: the JSON of 2 servers parses (python3's json) and says what each server's own
+ *    STATS says; --server I gives one object.
+ *  - checkpoint of a finished sync fleet writes one version on both servers; export of it
+ *    evaluates (zps-trainer --eval-only --init-weights) to the test accuracy the trainer
+ *    reported at the end of its run.
+ *  - checkpoint while a sync fleet trains: a consistent cut (every chunk of both shards at
+ *    the printed version); shutdown: both servers write their final checkpoint at one
+ *    version and exit 0, the trainer ends (exit 0) saying the servers were shut down, and
+ *    export takes those final files as they are.
+ *  - export refuses a missing shard, shards of different versions and another model.
+ *  - CURVE: an admin key ('KEY admin') may checkpoint and shut down; a trainer's key may
+ *    not, and the server stays up.
+ */
+#include <criterion/criterion.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/clock.h"
+#include "common/mem.h"
+#include "ps/ckpt.h"
+#include "ps/client.h"
+#include "ps/curve.h"
+#include "tests/ps_curve_test_util.h"
+#include "tests/ps_test_util.h"
+#include "tests/testutil.h"
+
+static char s_tmp[512], s_data[600], s_ck[600], s_list[1200];
+
+static void s_cleanup(void)
+{
+    if (s_tmp[0])
+        zt_rmtmp(s_tmp);
+}
+
+TestSuite(it_ctl, .fini = s_cleanup, .timeout = 240);
+
+/* The small Fashion-MNIST copy the other fleet suites use. */
+static void s_make_data(void)
+{
+    zt_mktmp(s_tmp, sizeof s_tmp, "zps-ctl");
+    snprintf(s_data, sizeof s_data, "%s/fm", s_tmp);
+    snprintf(s_ck, sizeof s_ck, "%s/ck", s_tmp);
+    char log[700], *out = NULL;
+    snprintf(log, sizeof log, "%s/data.log", s_tmp);
+    const char *args[] = {"convert", "fashion-mnist", "--out", s_data, "--limit", "2048",
+                          "--shards", "2", NULL};
+    cr_assert_eq(zt_run("zps-data", args, NULL, log, 120, &out), 0);
+    free(out);
+}
+
+/* Two sync servers for one trainer, checkpointing into s_ck (versioned every `every`:
+ * the 3 newest are kept); their URIs into s_list ("tcp://...,tcp://..."). */
+static void s_servers(pst_server srv[2], const char *every)
+{
+    for (int i = 0; i < 2; i++) {
+        const char *args[] = {"--mode", "sync", "--num-trainers", "1", "--index", i ? "1" : "0",
+                              "--checkpoint-dir", s_ck, "--checkpoint-every-versions", every, NULL};
+        cr_assert_eq(pst_spawn(&srv[i], NULL, args), 0, "server %d did not start", i);
+    }
+    snprintf(s_list, sizeof s_list, "%s,%s", srv[0].uri, srv[1].uri);
+}
+
+/* zps-trainer (mlp on s_data against s_list) for steps; log into s_tmp/name.log. */
+static void s_trainer(pst_server *t, const char *name, const char *steps)
+{
+    char log[700];
+    snprintf(log, sizeof log, "%s/%s.log", s_tmp, name);
+    const char *args[] = {"--data", s_data, "--servers", s_list, "--mode", "sync", "--model",
+                          "mlp", "--steps", steps, "--lr", "0.1", "--no-progress", "--threads",
+                          "0", NULL};
+    cr_assert_eq(pst_start(t, "zps-trainer", log, args), 0);
+}
+
+/* Waits for p (fails, dumping log, past timeout_s); 1 when it exited 0. */
+static int s_exit0(pst_server *p, const char *log, double timeout_s)
+{
+    int st = pst_wait(p, timeout_s);
+    if (st == -1) {
+        pst_kill(p, SIGKILL);
+        pst_dump(log);
+        cr_assert_fail("%s did not end within %.0f s", log, timeout_s);
+    }
+    return WIFEXITED(st) && WEXITSTATUS(st) == 0;
+}
+
+/* zps-ctl with args (NULL-terminated); its exit code, output in *out (caller frees). */
+static int s_ctl(const char *const *args, char **out)
+{
+    char log[700];
+    snprintf(log, sizeof log, "%s/ctl.log", s_tmp);
+    return zt_run("zps-ctl", args, NULL, log, 60, out);
+}
+
+/* The accuracy after "test accuracy " in text (-1 when absent). */
+static double s_accuracy(const char *text)
+{
+    const char *p = strstr(text, "test accuracy ");
+    return p ? strtod(p + 14, NULL) : -1;
+}
+
+/* 1 when every chunk of shard path is at version v. */
+static int s_shard_at(const char *path, uint64_t v)
+{
+    ps_ckpt c;
+    char why[256];
+    cr_assert_eq(ps_ckpt_read(path, &c, why, sizeof why), ZPS_OK, "%s: %s", path, why);
+    int ok = c.n_local > 0;
+    for (uint32_t i = 0; i < c.n_local; i++)
+        ok &= c.chunks[i].version == v;
+    ps_ckpt_free(&c);
+    return ok;
+}
+
+/* A numeric field of server i's STATS, asked directly (-1 when absent). */
+static long long s_stat(int i, const char *field)
+{
+    ps_client *c;
+    const char *uri = i ? strchr(s_list, ',') + 1 : s_list;
+    char one[600];
+    snprintf(one, sizeof one, "%.*s", (int)strcspn(uri, ","), uri);
+    const char *uris[] = {one};
+    cr_assert_eq(ps_client_new(uris, 1, PS_CLIENT_CTL_ID, NULL, &c), ZPS_OK);
+    char *json = NULL, key[64];
+    cr_assert_eq(ps_client_stats(c, 0, &json), ZPS_OK, "%s", ps_client_last_error(c));
+    snprintf(key, sizeof key, "\"%s\":", field);
+    const char *p = strstr(json, key);
+    long long v = p ? strtoll(p + strlen(key), NULL, 10) : -1;
+    free(json);
+    ps_client_destroy(&c);
+    return v;
+}
+
+/* The number after "key": in text's n-th object (n counts "{\"server\"" openings). */
+static long long s_json_num(const char *text, int n, const char *key)
+{
+    const char *p = text;
+    for (int i = 0; i <= n && p; i++)
+        if ((p = strstr(p, "{\"server\"")) != NULL && i < n)
+            p++;
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    p = p ? strstr(p, pat) : NULL;
+    return p ? strtoll(p + strlen(pat), NULL, 10) : -1;
+}
+
+/* python3's json module parses text and finds want_len objects in it (1 for an object). */
+static void s_json_parses(const char *text, int want_len)
+{
+    char path[700], cmd[1600];
+    snprintf(path, sizeof path, "%s/stats.json", s_tmp);
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f);
+    fputs(text, f);
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); "
+             "sys.exit(0 if (len(d) if isinstance(d, list) else 1) == %d else 3)' %s",
+             want_len, path);
+    cr_assert_eq(system(cmd), 0, "not JSON with %d object(s):\n%s", want_len, text);
+}
+
+static void s_stop(pst_server srv[2])
+{
+    for (int i = 0; i < 2; i++)
+        if (srv[i].pid)
+            pst_kill(&srv[i], SIGKILL);
+}
+
+/* ------------------------------------------------------------------------- tests */
+
+/* Data, two servers (versioned every 50) and a trainer run of steps to its end; the test
+ * accuracy the trainer reported. */
+static double s_trained_fleet(pst_server srv[2], const char *steps)
+{
+    s_make_data();
+    pst_server t;
+    s_servers(srv, "50");
+    s_trainer(&t, "train", steps);
+    char tlog[700];
+    snprintf(tlog, sizeof tlog, "%s/train.log", s_tmp);
+    cr_assert(s_exit0(&t, tlog, 180), "the trainer failed");
+    char *text = pct_slurp(tlog);
+    double trained = s_accuracy(text);
+    free(text);
+    cr_assert_gt(trained, 0.5, "no test accuracy in the trainer's output");
+    return trained;
+}
+
+Test(it_ctl, stats_checkpoint_and_an_export_that_evaluates_as_trained)
+{
+    pst_server srv[2];
+    double trained = s_trained_fleet(srv, "200");
+
+    char *out = NULL;
+    const char *stats[] = {"stats", "--servers", s_list, NULL};
+    cr_assert_eq(s_ctl(stats, &out), 0);
+    s_json_parses(out, 2);
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(s_json_num(out, i, "server"), i);
+        cr_assert_eq(s_json_num(out, i, "version"), s_stat(i, "version"));
+        cr_assert_eq(s_json_num(out, i, "values"), s_stat(i, "values"));
+        cr_assert_eq(s_json_num(out, i, "pushes"), s_stat(i, "pushes"));
+    }
+    free(out);
+    const char *one[] = {"stats", "--server", "1", "--servers", s_list, NULL};
+    cr_assert_eq(s_ctl(one, &out), 0);
+    s_json_parses(out, 1);
+    cr_assert_eq(s_json_num(out, 0, "server"), 1);
+    free(out);
+
+    const char *ck[] = {"checkpoint", "--servers", s_list, NULL};
+    cr_assert_eq(s_ctl(ck, &out), 0);
+    cr_assert_not_null(strstr(out, "checkpoint: version 200 on every server"), "%s", out);
+    char path[700];
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof path, "%s/server-%d.v200.ckpt", s_ck, i);
+        cr_assert_not_null(strstr(out, path), "%s not named in:\n%s", path, out);
+        cr_assert(s_shard_at(path, 200));
+    }
+    free(out);
+
+    char wts[700];
+    snprintf(wts, sizeof wts, "%s/model.wts", s_tmp);
+    const char *ex[] = {"export", "--ckpt-dir", s_ck, "--ckpt-version", "200", "--out", wts,
+                        "--model", "mlp", NULL};
+    cr_assert_eq(s_ctl(ex, &out), 0);
+    free(out);
+    const char *ev[] = {"--data", s_data, "--model", "mlp", "--eval-only", "--init-weights", wts,
+                        "--no-progress", "--threads", "0", NULL};
+    snprintf(path, sizeof path, "%s/eval.log", s_tmp);
+    cr_assert_eq(zt_run("zps-trainer", ev, NULL, path, 120, &out), 0);
+    cr_assert_float_eq(s_accuracy(out), trained, 1e-9, "exported model: %s; trainer said %.4f",
+                       out, trained);
+    free(out);
+
+    const char *sd[] = {"shutdown", "--servers", s_list, NULL};
+    cr_assert_eq(s_ctl(sd, &out), 0);
+    free(out);
+    for (int i = 0; i < 2; i++)
+        cr_assert(s_exit0(&srv[i], "server", 10), "server %d did not exit 0", i);
+}
+
+Test(it_ctl, cut_while_training_then_shutdown_ends_the_fleet)
+{
+    s_make_data();
+    pst_server srv[2], t;
+    /* versioned files only at version 0 and at the cuts asked for: the 3 newest stay */
+    s_servers(srv, "1000000000");
+    s_trainer(&t, "train", "1000000");
+    double t0 = zps_now_s();
+    while (s_stat(0, "version") < 20 && zps_now_s() - t0 < 60)
+        zps_sleep_ns(100000000);
+    cr_assert_geq(s_stat(0, "version"), 20, "the trainer did not get going");
+
+    char *out = NULL;
+    const char *ck[] = {"checkpoint", "--servers", s_list, NULL};
+    cr_assert_eq(s_ctl(ck, &out), 0);
+    const char *v = strstr(out, "checkpoint: version ");
+    cr_assert_not_null(v, "%s", out);
+    uint64_t version = strtoull(v + 20, NULL, 10);
+    cr_assert_geq(version, 20);
+    char path[700];
+    for (int i = 0; i < 2; i++) { // both shards of the cut hold exactly its version
+        snprintf(path, sizeof path, "%s/server-%d.v%llu.ckpt", s_ck, i, (unsigned long long)version);
+        cr_assert(strstr(out, path), "%s not named in:\n%s", path, out);
+        cr_assert(s_shard_at(path, version), "%s is not all at version %llu", path,
+                  (unsigned long long)version);
+    }
+    free(out);
+
+    const char *sd[] = {"shutdown", "--servers", s_list, NULL};
+    cr_assert_eq(s_ctl(sd, &out), 0);
+    const char *at = strstr(out, "shutdown: version ");
+    cr_assert_not_null(at, "%s", out);
+    uint64_t final = strtoull(at + 18, NULL, 10);
+    cr_assert_geq(final, version);
+    free(out);
+    for (int i = 0; i < 2; i++) {
+        cr_assert(s_exit0(&srv[i], "server", 10), "server %d did not exit 0", i);
+        snprintf(path, sizeof path, "%s/server-%d.ckpt", s_ck, i);
+        cr_assert(s_shard_at(path, final), "server %d's final checkpoint is not at %llu", i,
+                  (unsigned long long)final);
+    }
+    char tlog[700];
+    snprintf(tlog, sizeof tlog, "%s/train.log", s_tmp);
+    cr_assert(s_exit0(&t, tlog, 10), "the trainer did not end with exit 0");
+    cr_assert(zt_file_has(tlog, "the servers were shut down"), "the trainer did not say why");
+    /* the final checkpoints are one model: export takes them as they are */
+    char wts[700];
+    snprintf(wts, sizeof wts, "%s/final.wts", s_tmp);
+    const char *ex[] = {"export", "--ckpt-dir", s_ck, "--out", wts, "--model", "mlp", NULL};
+    cr_assert_eq(s_ctl(ex, &out), 0, "%s", out);
+    free(out);
+}
+
+/* A shard file copied over another (both named by version). */
+static void s_copy(int from_srv, int from_v, int to_srv, int to_v)
+{
+    char a[700], b[700];
+    snprintf(a, sizeof a, "%s/server-%d.v%d.ckpt", s_ck, from_srv, from_v);
+    snprintf(b, sizeof b, "%s/server-%d.v%d.ckpt", s_ck, to_srv, to_v);
+    FILE *f = fopen(a, "rb"), *g = fopen(b, "wb");
+    cr_assert(f && g, "%s, %s", a, b);
+    char buf[65536];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0)
+        cr_assert_eq(fwrite(buf, 1, n, g), n);
+    fclose(f);
+    fclose(g);
+}
+
+/* zps-ctl export of version v with --model model must fail saying what. */
+static void s_export_fails(const char *v, const char *model, const char *what)
+{
+    char wts[700], *out = NULL;
+    snprintf(wts, sizeof wts, "%s/bad.wts", s_tmp);
+    const char *ex[] = {"export", "--ckpt-dir", s_ck, "--ckpt-version", v, "--out", wts,
+                        "--model", model, NULL};
+    cr_assert_eq(s_ctl(ex, &out), 1, "%s", out);
+    cr_assert_not_null(strstr(out, what), "want '%s' in:\n%s", what, out);
+    cr_assert_neq(access(wts, F_OK), 0, "a weights file was written");
+    free(out);
+}
+
+Test(it_ctl, export_refuses_missing_mixed_and_foreign_shards)
+{
+    pst_server srv[2];
+    s_trained_fleet(srv, "100");
+    s_stop(srv);
+    s_export_fails("100", "convnet", "the shards hold another model");
+    s_copy(1, 50, 1, 100); // server 1's shard of 50 where its shard of 100 belongs
+    s_export_fails("100", "mlp", "the shards are of different versions");
+    char path[700];
+    snprintf(path, sizeof path, "%s/server-1.v50.ckpt", s_ck);
+    cr_assert_eq(unlink(path), 0);
+    s_export_fails("50", "mlp", "missing shard");
+    s_export_fails("7", "mlp", "no shard of server 0");
+}
+
+/* zps-ctl cmd against uri with s_tmp/server.pub and s_tmp/name.key: exit code want_rc,
+ * what in its output. */
+static void s_ctl_as(const char *cmd, const char *uri, const char *name, int want_rc,
+                     const char *what)
+{
+    char spub[700], key[700], *out = NULL;
+    snprintf(spub, sizeof spub, "%s/server.pub", s_tmp);
+    snprintf(key, sizeof key, "%s/%s.key", s_tmp, name);
+    const char *args[] = {cmd, "--servers", uri, "--curve-server-key", spub, "--curve-key", key,
+                          NULL};
+    cr_assert_eq(s_ctl(args, &out), want_rc, "%s as %s: %s", cmd, name, out);
+    cr_assert_not_null(strstr(out, what), "%s as %s: want '%s' in:\n%s", cmd, name, what, out);
+    free(out);
+}
+
+Test(it_ctl, curve_admin_key_controls_trainer_key_does_not)
+{
+    s_make_data();
+    pct_keygen(s_tmp, "server");
+    pct_keygen(s_tmp, "t0");
+    pct_keygen(s_tmp, "ops");
+    pct_keygen(s_tmp, "anon");
+    char path[700], why[1024], pub[3][41], text[400];
+    const char *names[3] = {"t0", "ops", "anon"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(path, sizeof path, "%s/%s.pub", s_tmp, names[i]);
+        cr_assert_eq(ps_curve_load_public(path, pub[i], why, sizeof why), ZPS_OK, "%s", why);
+    }
+    snprintf(text, sizeof text, "%s trainer=0\n%s admin  # zps-ctl\n%s\n", pub[0], pub[1],
+             pub[2]);
+    snprintf(path, sizeof path, "%s/allow.txt", s_tmp);
+    pct_write(path, text, 0644);
+    char key[700];
+    snprintf(key, sizeof key, "%s/server.key", s_tmp);
+    const char *args[] = {"--mode", "sync", "--num-trainers", "1", "--curve-key", key,
+                          "--curve-allow", path, "--checkpoint-dir", s_ck, NULL};
+    pst_server srv;
+    cr_assert_eq(pst_spawn(&srv, NULL, args), 0, "CURVE server did not start");
+    ps_plan *plan;
+    const ps_var vars[] = {{"w", 3000}, {"b", 7}};
+    cr_assert_eq(ps_plan_new(vars, 2, 1, 0, &plan), ZPS_OK);
+    ps_client *c0;
+    cr_assert_eq(pct_client(srv.uri, s_tmp, "server", "t0", 0, 0, &c0), ZPS_OK);
+    pct_train_round(c0, plan, pst_seed(), 0);
+
+    s_ctl_as("checkpoint", srv.uri, "t0", 1, "not authorised");
+    s_ctl_as("shutdown", srv.uri, "t0", 1, "not authorised");
+    cr_assert_eq(pst_wait(&srv, 0.5), -1, "the server exited on a trainer key's SHUTDOWN");
+    /* a key without a role: STATS yes, the operator's ops no */
+    s_ctl_as("stats", srv.uri, "anon", 0, "\"server\":0");
+    s_ctl_as("checkpoint", srv.uri, "anon", 1, "CHECKPOINT needs an admin key");
+    /* an admin key is not a trainer's */
+    ps_client *op;
+    cr_assert_eq(pct_client(srv.uri, s_tmp, "server", "ops", 0, 0, &op), ZPS_OK);
+    cr_assert_eq(ps_client_register(op, plan, NULL, NULL), ZPS_ERR_UNAUTHORIZED);
+    cr_assert_not_null(strstr(ps_client_last_error(op), "is an admin key"), "%s",
+                       ps_client_last_error(op));
+    ps_client_destroy(&op);
+
+    s_ctl_as("checkpoint", srv.uri, "ops", 0, "on every server (sync: one consistent cut)");
+    s_ctl_as("shutdown", srv.uri, "ops", 0, "shutting down");
+    ps_client_destroy(&c0); // trainer 0 never left: the server waits out its drain
+    cr_assert(s_exit0(&srv, "server", 10), "the server did not exit 0 on the admin's SHUTDOWN");
+    ps_plan_destroy(&plan);
+}
