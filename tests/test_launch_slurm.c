@@ -247,6 +247,9 @@ static void s_check_training(void)
     cr_assert(zt_file_has(path, "reached the target 0.7000"), "see %s", path);
     snprintf(path, sizeof path, "%s/train/server-0.log", s_dir);
     cr_assert(zt_file_has(path, "stopping: final checkpoint"), "see %s", path);
+    snprintf(path, sizeof path, "%s/train/server-1.metrics.jsonl", s_dir);
+    cr_assert(zt_file_has(path, "{\"type\":\"start\",\"server\":1,"), "see %s", path);
+    cr_assert(zt_file_has(path, "{\"type\":\"end\""), "see %s", path);
     snprintf(path, sizeof path, "%s/train/cluster.txt", s_dir);
     cr_assert(zt_file_has(path, "server = 127.0.0.1:") && zt_file_has(path, "trainer ="),
               "see %s", path);
@@ -301,6 +304,8 @@ static void s_check_cancel(void)
     snprintf(path, sizeof path, "%s/cancel.out", s_dir);
     cr_assert(zt_file_has(path, "Slurm signalled every process"), "see %s", path);
     cr_assert(zt_file_has(path, "server 1 failed: exit 137"), "see %s", path);
+    snprintf(path, sizeof path, "%s/cancel/server-1.metrics.restart-1.jsonl", s_dir);
+    cr_assert(zt_file_has(path, "{\"type\":\"start\",\"server\":1,"), "see %s", path);
 }
 
 Test(it_slurm, fleet_from_the_allocation_trains_restarts_and_a_cancel_stops_it,

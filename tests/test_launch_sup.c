@@ -104,6 +104,12 @@ Test(it_launch, dead_server_is_restarted_with_restore, .timeout = 30)
     cr_assert(strstr(text, want), "server-1.log: %s\nwant %s", text, want);
     const char *second = strstr(text, "restart 1 args:");
     cr_assert(second && strstr(second, "--restore"), "server-1.log: %s", text);
+    /* the server metrics file: a restart writes its own, so the dead one's records stay */
+    snprintf(want, sizeof want, "--metrics %s/run/server-1.metrics.jsonl", r.dir);
+    const char *first = strstr(text, want);
+    cr_assert(first && first < second, "server-1.log: %s\nwant %s", text, want);
+    snprintf(want, sizeof want, "--metrics %s/run/server-1.metrics.restart-1.jsonl", r.dir);
+    cr_assert(strstr(second, want), "server-1.log: %s\nwant %s", text, want);
     cr_assert_null(strstr(text, "restart 0 args: --restore"), "%s", text);
     cr_assert(strstr(text, "---- zps-launch: restart 1 of server 1 at "), "%s", text);
     s_summary(&r, text, sizeof text);

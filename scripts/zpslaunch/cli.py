@@ -15,7 +15,9 @@ Every process gets its own process group and its own log in the run folder
 (--server-cmd / --trainer-cmd replace the part before the pass-through arguments; {bin} is
 --bin-dir, default $ZPS_BIN, else build/bin).
 Pass-through arguments and command templates may use {index}, {run_dir}, {cluster}, {job},
-{host}, {port}, {n_servers}, {n_trainers}, {bin}.
+{host}, {port}, {n_servers}, {n_trainers}, {bin}, and {restart} (0, or K in the K-th
+restart's command). Every server also gets --metrics {run_dir}/server-{index}.metrics.jsonl
+(--server-metrics; its K-th restart server-{index}.metrics.restart-K.jsonl).
 Every process sees ZPS_RUN_DIR, ZPS_JOB, ZPS_ROLE, ZPS_INDEX and ZPS_RESTART; -x VAR
 (this launcher's value) / -x VAR=VALUE adds a variable (repeatable, like mpirun -x).
 
@@ -76,7 +78,7 @@ import types
 
 from zpslaunch import slurm
 from zpslaunch.cluster import free_ports, parse_cluster, write_cluster
-from zpslaunch.commands import build_argv, make_curve_keys
+from zpslaunch.commands import build_argv, make_curve_keys, substitute
 from zpslaunch.env import fleet_env, parse_x, process_env
 from zpslaunch.launchers import command
 from zpslaunch.proc import (EXIT_FAILED, EXIT_OK, EXIT_USAGE, Interrupted, Proc, TimedOut)
@@ -110,6 +112,11 @@ def parser():
     ap.add_argument("--trainer-cmd",
                     default="{bin}/zps-trainer --cluster {cluster} --trainer-id {index}",
                     help="trainer command template (default: %(default)s)")
+    ap.add_argument("--server-metrics", default="{run_dir}/server-{index}.metrics.jsonl",
+                    metavar="TEMPLATE",
+                    help="zps-server --metrics FILE for every server (default %(default)s; "
+                         "the K-th restart writes FILE's name with .restart-K before the "
+                         "extension; '' passes none)")
     ap.add_argument("--curve", action="store_true",
                     help="CURVE authentication and encryption: generate a server key pair and "
                          "one per trainer in RUN/keys (zps-server --keygen) and pass the "
@@ -201,6 +208,15 @@ def make_run_dir(args, job):
     return run_dir
 
 
+def server_metrics(args, values):
+    """The --metrics flags of a server's first incarnation and of its restarts (a restart
+    must not overwrite the records of the incarnation that died: {restart} becomes K)."""
+    if not args.server_metrics:
+        return [], []
+    root, ext = os.path.splitext(substitute(args.server_metrics, values))
+    return ["--metrics", root + ext], ["--metrics", root + ".restart-{restart}" + ext]
+
+
 def make_procs(args, run_dir, job, fleet, curve, env):
     """The fleet's Procs (servers, then trainers) and the template values; env is the
     fleet's environment (env.fleet_env)."""
@@ -221,9 +237,11 @@ def make_procs(args, run_dir, job, fleet, curve, env):
     procs = []
     for i, (h, port) in enumerate(servers):
         v = dict(common, index=i, host=h, port=port)
-        argv = build_argv(args.server_cmd, args.server_args, v, curve_server + ckpt)
+        metrics, again = server_metrics(args, v)
+        argv = build_argv(args.server_cmd, args.server_args, v, curve_server + ckpt + metrics)
         p = Proc("server", i, h, port, argv, os.path.join(run_dir, f"server-{i}.log"))
-        p.restart_cmd = argv + ["--restore"]
+        p.restart_cmd = build_argv(args.server_cmd, args.server_args, v,
+                                   curve_server + ckpt + again) + ["--restore"]
         procs.append(p)
     for i, h in enumerate(trainer_hosts):
         v = dict(common, index=i, host=h, port="")

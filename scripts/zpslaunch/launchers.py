@@ -23,6 +23,8 @@ def wrap(argv, host, args, job, env, step=None):
 
 
 def command(p, args, env):
-    """What runs here for p's next incarnation (a restart runs p.restart_cmd)."""
-    return wrap(p.restart_cmd if p.restarts else p.cmd, p.node, args, env["ZPS_JOB"], env,
-                p.step)
+    """What runs here for p's next incarnation (a restart runs p.restart_cmd); {restart} in
+    it becomes the incarnation's number (0 first)."""
+    cmd = [a.replace("{restart}", str(p.restarts))
+           for a in (p.restart_cmd if p.restarts else p.cmd)]
+    return wrap(cmd, p.node, args, env["ZPS_JOB"], env, p.step)
