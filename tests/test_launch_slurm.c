@@ -12,8 +12,8 @@
  * refuses and starts nothing; the placement read from an allocation with GPUs, through a
  * stand-in scontrol (--dry-run).
  *
- * The cluster file names the node by its NodeAddr (--node-address addr) until zps-server
- * binds host names; the fleets get --port-base from free ports (the default derives from the
+ * The cluster file names the node by its Slurm name (this machine's short host name), which
+ * zps-server binds and the trainers connect to; the fleets get --port-base from free ports (the default derives from the
  * job id, the same in two of these tests running at once). Waits are polls of files and of
  * squeue, each with a deadline.
  */
@@ -168,7 +168,7 @@ static void s_sbatch(const char *run, int steps, char *job)
     int rc = s_sh(out, sizeof out,
                   "cd '%s' && sbatch --parsable --nodes=1 --ntasks=2 --output=%s.out "
                   "--export=ALL,ZPS_ROOT='%s' '%s/scripts/zps-slurm.sbatch' --bin-dir '%s' "
-                  "--servers-per-node 2 --trainers-per-node 2 --node-address addr "
+                  "--servers-per-node 2 --trainers-per-node 2 "
                   "--port-base %d --run-dir '%s/%s' --grace 5 --trainer-args='--data fm "
                   "--mode async --model mlp --steps %d --batch-size 32 --eval-batches 4 "
                   "--no-progress --threads 0 --stop-accuracy 0.7' 2>&1",
@@ -250,9 +250,15 @@ static void s_check_training(void)
     snprintf(path, sizeof path, "%s/train/server-1.metrics.jsonl", s_dir);
     cr_assert(zt_file_has(path, "{\"type\":\"start\",\"server\":1,"), "see %s", path);
     cr_assert(zt_file_has(path, "{\"type\":\"end\""), "see %s", path);
+    /* the cluster file names the node as Slurm does (its short host name here) */
+    char host[128] = "", want[160];
+    cr_assert_eq(gethostname(host, sizeof host - 1), 0);
+    host[strcspn(host, ".")] = 0;
     snprintf(path, sizeof path, "%s/train/cluster.txt", s_dir);
-    cr_assert(zt_file_has(path, "server = 127.0.0.1:") && zt_file_has(path, "trainer ="),
-              "see %s", path);
+    snprintf(want, sizeof want, "server = %s:", host);
+    cr_assert(zt_file_has(path, want), "see %s (want %s)", path, want);
+    snprintf(want, sizeof want, "trainer = %s", host);
+    cr_assert(zt_file_has(path, want), "see %s (want %s)", path, want);
     snprintf(path, sizeof path, "%s/train.out", s_dir);
     cr_assert(zt_file_has(path, "zps-launch: ok (exit 0)"), "see %s", path);
     cr_assert(zt_file_has(path, "tasks per node [2], GPUs per node [0]"), "see %s", path);
