@@ -29,6 +29,7 @@
 #include "ps/client.h"
 #include "ps/curve.h"
 #include "tests/ps_curve_test_util.h"
+#include "tests/launch_test_util.h"
 #include "tests/ps_test_util.h"
 #include "tests/testutil.h"
 
@@ -408,4 +409,49 @@ Test(it_ctl, curve_admin_key_controls_trainer_key_does_not)
     ps_client_destroy(&c0); // trainer 0 never left: the server waits out its drain
     cr_assert(s_exit0(&srv, "server", 10), "the server did not exit 0 on the admin's SHUTDOWN");
     ps_plan_destroy(&plan);
+}
+
+/* Under zps-launch --curve: zps-ctl with the launcher's admin key (RUN/keys/ctl.key) shuts
+ * the fleet down, and the launcher counts that as asked for: no server restart, every row
+ * ok, exit 0. Polls STATS (bounded) until training has started. */
+Test(it_ctl, launcher_fleet_shut_down_by_zps_ctl_ends_ok)
+{
+    s_make_data();
+    const char *bin = getenv("ZPS_BIN"), *root = getenv("ZPS_ROOT");
+    cr_assert(bin && root, "ZPS_BIN and ZPS_ROOT: run through make test");
+    char script[4096], out[700], text[65536];
+    snprintf(script, sizeof script,
+             "cd %1$s || exit 9\n"
+             "R=%1$s/lrun; K=$R/keys; CTL=\"%2$s/zps-ctl\"\n"
+             "KEYS=\"--cluster $R/cluster.txt --curve-server-key $K/server.pub "
+             "--curve-key $K/ctl.key\"\n"
+             "timeout -s TERM 170 %3$s/scripts/zps-launch --servers 2 --trainers 1 --curve "
+             "--run-dir $R --bin-dir %2$s --timeout 150 --server-args='--mode sync' "
+             "--trainer-args='--data %4$s --mode sync --model mlp --steps 1000000 --lr 0.1 "
+             "--no-progress --threads 0' > launch.out 2>&1 &\n"
+             "L=$!\n"
+             "for i in $(seq 900); do\n" /* up to ~90 s: the fleet is at version 20 */
+             "  v=$(\"$CTL\" stats $KEYS 2>/dev/null | python3 -c 'import json,sys; "
+             "print(min(s[\"version\"] for s in json.load(sys.stdin)))' 2>/dev/null)\n"
+             "  [ \"${v:-0}\" -ge 20 ] && break; sleep 0.1\n"
+             "done\n"
+             "\"$CTL\" shutdown $KEYS > ctl.out 2>&1; echo \"ctl rc $?\" >> ctl.out\n"
+             "wait $L; echo \"launch rc $?\" >> launch.out\n",
+             s_tmp, bin, root, s_data);
+    int rc = system(script);
+    cr_assert_eq(rc, 0, "the script failed (%d)", rc);
+    snprintf(out, sizeof out, "%s/ctl.out", s_tmp);
+    cr_assert(zt_file_has(out, "ctl rc 0"), "zps-ctl shutdown failed: %s",
+              lt_read_file(out, text, sizeof text));
+    snprintf(out, sizeof out, "%s/launch.out", s_tmp);
+    lt_read_file(out, text, sizeof text);
+    cr_assert(strstr(text, "launch rc 0\n"), "the launcher did not exit 0:\n%s", text);
+    for (int i = 0; i < 2; i++) {
+        char want[128];
+        snprintf(want, sizeof want, "server %d shut down by zps-ctl (exit 0)", i);
+        cr_assert(strstr(text, want), "no '%s' in:\n%s", want, text);
+    }
+    cr_assert_null(strstr(text, "restart"), "a shut-down server was restarted:\n%s", text);
+    cr_assert(strstr(text, "ok (shut down by zps-ctl)"), "%s", text);
+    cr_assert(strstr(text, "control it with: "), "%s", text);
 }

@@ -324,6 +324,12 @@ def main(argv=None):
     say(f"job {job}: {len(fleet.servers)} server(s), {len(fleet.trainers)} trainer(s), "
         f"launcher {args.launcher}, run folder {run_dir}"
         + (", CURVE keys in " + os.path.join(run_dir, "keys") if args.curve else ""))
+    if fleet.servers:
+        keys = os.path.join(run_dir, "keys")
+        ctl = (f" --curve-server-key {keys}/server.pub --curve-key {keys}/ctl.key"
+               if args.curve else "")
+        say(f"control it with: {args.bin_dir}/zps-ctl stats|checkpoint|shutdown "
+            f"--cluster {os.path.join(run_dir, 'cluster.txt')}{ctl}")
     stop_evt = threading.Event()
     sup = Supervisor(procs, args, env, say)
     extra = {"launcher": args.launcher}

@@ -23,15 +23,16 @@ def build_argv(template, passthrough, values, extra=()):
 
 
 def make_curve_keys(run_dir, bin_dir, n_trainers):
-    """--curve: key pairs for the servers (one, shared) and each trainer in run_dir/keys,
-    made by zps-server --keygen (keys already there from an earlier run in the same folder
-    are kept), and the allow-list of the trainers' public keys. Returns the extra server
+    """--curve: key pairs for the servers (one, shared), each trainer and zps-ctl (the admin
+    key: checkpoint, shutdown) in run_dir/keys, made by zps-server --keygen (keys already
+    there from an earlier run in the same folder are kept), and the allow-list of their
+    public keys. Returns the extra server
     arguments and a function giving trainer i's. Raises RuntimeError."""
     kdir = os.path.join(run_dir, "keys")
     os.makedirs(kdir, mode=0o700, exist_ok=True)
     os.chmod(kdir, 0o700)
     server = os.path.join(bin_dir, "zps-server")
-    names = ["server"] + [f"trainer-{i}" for i in range(n_trainers)]
+    names = ["server"] + [f"trainer-{i}" for i in range(n_trainers)] + ["ctl"]
     for name in names:
         prefix = os.path.join(kdir, name)
         if os.path.exists(prefix + ".key") and os.path.exists(prefix + ".pub"):
@@ -47,9 +48,11 @@ def make_curve_keys(run_dir, bin_dir, n_trainers):
     with open(allow, "w") as f:
         f.write("# trainer public keys admitted by the servers (written by zps-launch --curve);\n"
                 "# each key may speak for its own trainer id only\n")
-        for i, name in enumerate(names[1:]):
+        for i, name in enumerate(names[1:-1]):
             with open(os.path.join(kdir, name + ".pub")) as p:
                 f.write(f"{p.read().strip()} trainer={i}  # {name}\n")
+        with open(os.path.join(kdir, "ctl.pub")) as p:  # the operator's key, for zps-ctl
+            f.write(f"{p.read().strip()} admin  # zps-ctl\n")
     server_args = ["--curve-key", os.path.join(kdir, "server.key"), "--curve-allow", allow]
 
     def trainer_args(i):

@@ -7,6 +7,7 @@ Its status words (how/describe) are what the summary table and summary.json show
 and users read the same text.
 """
 import os
+import re
 import signal
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_TIMEOUT, EXIT_INTERRUPTED = 0, 1, 2, 124, 130
@@ -49,6 +50,7 @@ class Proc:
         self.step = None          # its name in the job (slurm: its step's name)
         self.signaller = None     # slurm: signals its step; True when that was enough
         self.cancelled = False    # slurm: Slurm ended the job while it ran
+        self.shut_down = None     # a server that exited 0 on a SHUTDOWN request: from whom
 
     @property
     def running(self):
@@ -58,7 +60,7 @@ class Proc:
         """Forgets the dead incarnation before a restart."""
         self.pid = self.start = self.end = self.status = self.error = None
         self.stopped = self.early = False
-        self.restart_at = None
+        self.restart_at = self.shut_down = None
 
     def signalled(self):
         """The signal that ended the last incarnation, None when it exited. Over ssh a
@@ -110,9 +112,26 @@ class Proc:
                     text if text == "ok" else text + " (stopped)")
         if self.tolerated:
             text += " (job went on)"
+        if self.shut_down:
+            text += f" (shut down by {self.shut_down})"
         if self.cancelled:  # Slurm signalled it: an exit 0 is a stop, not a finished run
             text = ("stopped" if text in ("ok", "stopped") else text) + " (job cancelled)"
         return text
+
+    def shutdown_requester(self):
+        """For a server that exited 0: who asked it to (its log's last "SHUTDOWN from WHO"
+        line: zps-ctl, or trainer 0 with --shutdown-servers), else None."""
+        if self.role != "server" or self.exit_code() != 0:
+            return None
+        try:
+            with open(self.log, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - 65536))
+                tail = f.read().decode(errors="replace")
+        except OSError:
+            return None
+        found = re.findall(r"SHUTDOWN from (zps-ctl|trainer \d+)", tail)
+        return found[-1] if found else None
 
     def exit_code(self):
         if self.status is None:

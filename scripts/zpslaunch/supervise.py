@@ -102,6 +102,11 @@ class Supervisor:
             self.say(f"trainer {p.index} finished (ok, {p.end - p.start:.1f} s)")
             return
         if p.role == "server":
+            p.shut_down = p.shutdown_requester()
+            if p.shut_down:  # asked to stop: the trainers end on their own, as told
+                self.record(p, f"none (shut down by {p.shut_down})")
+                self.say(f"server {p.index} shut down by {p.shut_down} (exit 0)")
+                return
             p.early = True  # whatever its status: the trainers still need it
         what = self.decide(p)
         if what == "restart":
