@@ -377,13 +377,15 @@ static zps_status s_setup_curve(ps_server *s)
         return ZPS_ERR_ZMQ;
     }
     size_t n_allow = ps_curve_allow_count(allow), n_bound = ps_curve_allow_bound(allow);
+    size_t n_admin = ps_curve_allow_admins(allow);
     ZPS_TRY(ps_curve_zap_new(s->ctx, s->sock, &allow, &s->zap));
     if (cfg->curve_allow_any)
         zps_log(ZPS_WARN, "ps", "CURVE on (server key %.8s...) with --curve-allow-any: traffic is "
                 "encrypted but any client key is admitted", pub);
     else
         zps_log(ZPS_INFO, "ps", "CURVE on (server key %.8s...): %zu trainer key(s) allowed from %s, "
-                "%zu of them bound to one trainer id", pub, n_allow, cfg->curve_allow, n_bound);
+                "%zu of them bound to one trainer id; %zu admin key(s)", pub, n_allow - n_admin,
+                cfg->curve_allow, n_bound, n_admin);
     return ZPS_OK;
 }
 

@@ -408,12 +408,13 @@ Test(it_ps_curve, launch_curve_fleet, .timeout = 200)
     log = pct_slurp(path);
     cr_assert_not_null(strstr(log, "CURVE on"), "%s", log);
     cr_assert_not_null(strstr(log, "2 trainer key(s) allowed"), "%s", log);
-    cr_assert_not_null(strstr(log, "2 of them bound to one trainer id"), "%s", log);
+    cr_assert_not_null(strstr(log, "2 of them bound to one trainer id; 1 admin key(s)"), "%s", log);
     free(log);
     snprintf(path, sizeof path, "%s/run/keys/allow.txt", dir);
     log = pct_slurp(path);
     cr_assert_not_null(strstr(log, " trainer=0  # trainer-0\n"), "%s", log);
     cr_assert_not_null(strstr(log, " trainer=1  # trainer-1\n"), "%s", log);
+    cr_assert_not_null(strstr(log, " admin  # zps-ctl\n"), "%s", log);
     free(log);
     snprintf(path, sizeof path, "%s/run/trainer-1.log", dir);
     log = pct_slurp(path);
