@@ -262,3 +262,50 @@ char *zps_endpoint_uri(const zps_endpoint *e, char *buf, unsigned len)
         snprintf(buf, len, "tcp://%s:%d", e->host, e->port);
     return buf;
 }
+
+static void s_add_uri(char ***uris, int *n, const char *uri)
+{
+    *uris = zps_xrealloc(*uris, (size_t)(*n + 1) * sizeof **uris);
+    (*uris)[(*n)++] = zps_xstrdup(uri);
+}
+
+zps_status zps_cluster_server_uris(const char *path, const char *list, char ***uris, int *n,
+                                   int *n_trainers, zps_parse_error *err)
+{
+    *uris = NULL;
+    *n = *n_trainers = 0;
+    if (path && path[0]) {
+        zps_cluster *cl;
+        zps_status st = zps_cluster_load(path, &cl, err);
+        if (st != ZPS_OK)
+            return st;
+        for (int i = 0; i < cl->n_servers; i++) {
+            char buf[ZPS_HOST_MAX + 32];
+            s_add_uri(uris, n, zps_endpoint_uri(&cl->servers[i], buf, sizeof buf));
+        }
+        *n_trainers = cl->n_trainers;
+        zps_cluster_destroy(&cl);
+        return ZPS_OK;
+    }
+    char *copy = zps_xstrdup(list ? list : ""), *save = NULL;
+    for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        char buf[ZPS_HOST_MAX + 32];
+        snprintf(buf, sizeof buf, "%s%s", strstr(t, "://") ? "" : "tcp://", t);
+        s_add_uri(uris, n, buf);
+    }
+    free(copy);
+    if (!*n) {
+        s_fail(err, 0, "'%s' names no server", list ? list : "");
+        return ZPS_ERR_INVALID;
+    }
+    return ZPS_OK;
+}
+
+void zps_uris_free(char ***uris, int *n)
+{
+    for (int i = 0; *uris && i < *n; i++)
+        free((*uris)[i]);
+    free(*uris);
+    *uris = NULL;
+    *n = 0;
+}

@@ -45,4 +45,13 @@ void zps_cluster_destroy(zps_cluster **pc);
 /* "tcp://HOST:PORT" (IPv6 bracketed) into buf; returns buf. */
 char *zps_endpoint_uri(const zps_endpoint *e, char *buf, unsigned len);
 
+/* The servers' URIs, in index order, from a cluster file (path non-empty) or else from a
+ * comma-separated list (an item without "://" gets "tcp://"): *uris (n of them) is the
+ * caller's (zps_uris_free). *n_trainers: the file's trainer count (0 for a list). A file
+ * that cannot be read or parsed fills err (line 0: the file as a whole); a list that names
+ * no server is ZPS_ERR_INVALID with err saying so; the caller reports. */
+zps_status zps_cluster_server_uris(const char *path, const char *list, char ***uris, int *n,
+                                   int *n_trainers, zps_parse_error *err);
+void zps_uris_free(char ***uris, int *n);
+
 #endif

@@ -125,43 +125,25 @@ typedef struct fleet {
 static void s_fleet_free(fleet *f)
 {
     ps_client_destroy(&f->c);
-    for (int i = 0; i < f->n; i++)
-        free(f->uris[i]);
-    free(f->uris);
-}
-
-static void s_add_uri(fleet *f, const char *uri)
-{
-    f->uris = zps_xrealloc(f->uris, (size_t)(f->n + 1) * sizeof *f->uris);
-    f->uris[f->n++] = zps_xstrdup(uri);
+    zps_uris_free(&f->uris, &f->n);
 }
 
 /* The servers' URIs from --cluster or --servers (HOST:PORT gets tcp://). */
 static int s_uris(const args *a, fleet *f)
 {
-    if (a->cluster[0]) {
-        zps_cluster *cl;
-        zps_parse_error err;
-        if (zps_cluster_load(a->cluster, &cl, &err) != ZPS_OK) {
-            fprintf(stderr, S_PROG ": cluster file %s: line %d: %s\n", a->cluster, err.line, err.msg);
-            return 1;
-        }
-        for (int i = 0; i < cl->n_servers; i++) {
-            char buf[ZPS_HOST_MAX + 32];
-            s_add_uri(f, zps_endpoint_uri(&cl->servers[i], buf, sizeof buf));
-        }
-        zps_cluster_destroy(&cl);
-    } else {
-        char *copy = zps_xstrdup(a->servers), *save = NULL;
-        for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-            char buf[8300];
-            snprintf(buf, sizeof buf, "%s%s", strstr(t, "://") ? "" : "tcp://", t);
-            s_add_uri(f, buf);
-        }
-        free(copy);
+    zps_parse_error err;
+    int n_trainers;
+    if (zps_cluster_server_uris(a->cluster, a->servers, &f->uris, &f->n, &n_trainers, &err) !=
+        ZPS_OK) {
+        if (a->cluster[0])
+            fprintf(stderr, S_PROG ": cluster file %s: line %d: %s\n", a->cluster, err.line,
+                    err.msg);
+        else
+            fprintf(stderr, S_PROG ": --servers %s\n", err.msg);
+        return 1;
     }
     if (!f->n) {
-        fprintf(stderr, S_PROG ": %s names no server\n", a->cluster[0] ? a->cluster : "--servers");
+        fprintf(stderr, S_PROG ": %s names no server\n", a->cluster);
         return 1;
     }
     return 0;

@@ -118,3 +118,44 @@ Test(cluster, load_from_file_and_missing_file)
     cr_assert_null(c);
     cr_assert_not_null(strstr(err.msg, "cannot open"));
 }
+
+/* The servers' URIs as zps-trainer and zps-ctl take them: a file in index order, or a list
+ * whose bare HOST:PORT items get tcp://; a list naming nothing is refused with a reason. */
+Test(cluster, server_uris_from_a_file_or_a_list)
+{
+    char path[] = "/tmp/zps-cluster-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    const char *text = "server = b:2\nserver = [::1]:3\ntrainer = t\ntrainer = u\ntrainer = v\n";
+    cr_assert_eq(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+    close(fd);
+    char **uris;
+    int n, n_trainers;
+    zps_parse_error err;
+    cr_assert_eq(zps_cluster_server_uris(path, "ignored:1", &uris, &n, &n_trainers, &err), ZPS_OK);
+    unlink(path);
+    cr_assert_eq(n, 2);
+    cr_assert_eq(n_trainers, 3);
+    cr_assert_str_eq(uris[0], "tcp://b:2");
+    cr_assert_str_eq(uris[1], "tcp://[::1]:3");
+    zps_uris_free(&uris, &n);
+    cr_assert_null(uris);
+    cr_assert_eq(n, 0);
+
+    cr_assert_eq(zps_cluster_server_uris("", "h:1,tcp://g:2,ipc:///x", &uris, &n, &n_trainers,
+                                         &err), ZPS_OK);
+    cr_assert_eq(n, 3);
+    cr_assert_eq(n_trainers, 0);
+    cr_assert_str_eq(uris[0], "tcp://h:1");
+    cr_assert_str_eq(uris[1], "tcp://g:2");
+    cr_assert_str_eq(uris[2], "ipc:///x");
+    zps_uris_free(&uris, &n);
+
+    cr_assert_eq(zps_cluster_server_uris("", ",,", &uris, &n, &n_trainers, &err),
+                 ZPS_ERR_INVALID);
+    cr_assert_eq(n, 0);
+    cr_assert_str_eq(err.msg, "',,' names no server");
+    cr_assert_eq(zps_cluster_server_uris("/nonexistent/c.txt", "", &uris, &n, &n_trainers, &err),
+                 ZPS_ERR_NOT_FOUND);
+    cr_assert_null(uris);
+}

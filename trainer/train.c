@@ -83,9 +83,7 @@ typedef struct s_job {
 static void s_job_free(s_job *j)
 {
     tr_sync_destroy(&j->sync);
-    for (int i = 0; i < j->n_uris; i++)
-        free(j->uris[i]);
-    free(j->uris);
+    zps_uris_free(&j->uris, &j->n_uris);
     tr_metrics_destroy(&j->metrics);
     ds_pipeline_destroy(&j->train);
     nn_model_destroy(&j->model);
@@ -103,45 +101,28 @@ static void s_job_free(s_job *j)
 static zps_status s_servers(s_job *j)
 {
     const tr_config *c = j->cfg;
-    if (c->cluster[0]) {
-        zps_cluster *cl;
-        zps_parse_error err;
-        zps_status st = zps_cluster_load(c->cluster, &cl, &err);
-        if (st != ZPS_OK) {
+    if (!c->cluster[0] && !c->servers[0])
+        return ZPS_OK;
+    zps_parse_error err;
+    int n_trainers;
+    zps_status st = zps_cluster_server_uris(c->cluster, c->servers, &j->uris, &j->n_uris,
+                                            &n_trainers, &err);
+    if (st != ZPS_OK) {
+        if (c->cluster[0])
             zps_log(ZPS_ERROR, "trainer", "cluster file %s: line %d: %s", c->cluster, err.line,
                     err.msg);
-            return st;
-        }
-        if (!cl->n_servers && c->mode != TR_MODE_LOCAL && c->mode != TR_MODE_ALLREDUCE) {
-            zps_log(ZPS_ERROR, "trainer", "cluster file %s lists no server: --mode %s needs at "
-                    "least one (only local and allreduce run without)", c->cluster,
-                    tr_mode_name(c->mode));
-            zps_cluster_destroy(&cl);
-            return ZPS_ERR_CONFIG;
-        }
-        j->n_uris = cl->n_servers;
-        j->uris = zps_xcalloc((size_t)cl->n_servers, sizeof *j->uris);
-        for (int i = 0; i < cl->n_servers; i++) {
-            char buf[ZPS_HOST_MAX + 32];
-            j->uris[i] = zps_xstrdup(zps_endpoint_uri(&cl->servers[i], buf, sizeof buf));
-        }
-        if (!c->num_trainers)
-            j->n_trainers = cl->n_trainers;
-        zps_cluster_destroy(&cl);
-        return ZPS_OK;
+        else
+            zps_log(ZPS_ERROR, "trainer", "--servers %s", err.msg);
+        return st;
     }
-    if (!c->servers[0])
-        return ZPS_OK;
-    char *copy = zps_xstrdup(c->servers), *save = NULL;
-    for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-        j->uris = zps_xrealloc(j->uris, (size_t)(j->n_uris + 1) * sizeof *j->uris);
-        j->uris[j->n_uris++] = zps_xstrdup(t);
+    if (c->cluster[0] && !j->n_uris && c->mode != TR_MODE_LOCAL && c->mode != TR_MODE_ALLREDUCE) {
+        zps_log(ZPS_ERROR, "trainer", "cluster file %s lists no server: --mode %s needs at "
+                "least one (only local and allreduce run without)", c->cluster,
+                tr_mode_name(c->mode));
+        return ZPS_ERR_CONFIG;
     }
-    free(copy);
-    if (!j->n_uris) {
-        zps_log(ZPS_ERROR, "trainer", "--servers '%s' names no server", c->servers);
-        return ZPS_ERR_INVALID;
-    }
+    if (c->cluster[0] && !c->num_trainers)
+        j->n_trainers = n_trainers;
     return ZPS_OK;
 }
 
