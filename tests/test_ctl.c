@@ -49,12 +49,9 @@ static void s_make_data(void)
     zt_mktmp(s_tmp, sizeof s_tmp, "zps-ctl");
     snprintf(s_data, sizeof s_data, "%s/fm", s_tmp);
     snprintf(s_ck, sizeof s_ck, "%s/ck", s_tmp);
-    char log[700], *out = NULL;
+    char log[700];
     snprintf(log, sizeof log, "%s/data.log", s_tmp);
-    const char *args[] = {"convert", "fashion-mnist", "--out", s_data, "--limit", "2048",
-                          "--shards", "2", NULL};
-    cr_assert_eq(zt_run("zps-data", args, NULL, log, 120, &out), 0);
-    free(out);
+    zt_make_fashion(s_data, 2048, 2, log);
 }
 
 /* Two sync servers for one trainer, checkpointing into s_ck (versioned every `every`:

@@ -45,12 +45,9 @@ static void s_make_data(int corrupt)
 {
     zt_mktmp(s_tmp, sizeof s_tmp, "zps-exits");
     snprintf(s_data, sizeof s_data, "%s/fm", s_tmp);
-    char log[700], *out = NULL;
+    char log[700];
     snprintf(log, sizeof log, "%s/data.log", s_tmp);
-    const char *args[] = {"convert", "fashion-mnist", "--out", s_data, "--limit", "2048",
-                          "--shards", "2", NULL};
-    cr_assert_eq(zt_run("zps-data", args, NULL, log, 120, &out), 0);
-    free(out);
+    zt_make_fashion(s_data, 2048, 2, log);
     if (corrupt) {
         char shard[700];
         snprintf(shard, sizeof shard, "%s/train/train-00000-of-00002", s_data);

@@ -341,12 +341,9 @@ static void s_make_data(void)
 {
     zt_mktmp(s_tmp, sizeof s_tmp, "zps-net");
     snprintf(s_data, sizeof s_data, "%s/fm", s_tmp);
-    char log[700], *out = NULL;
+    char log[700];
     snprintf(log, sizeof log, "%s/data.log", s_tmp);
-    const char *args[] = {"convert", "fashion-mnist", "--out", s_data, "--limit", "512",
-                          "--shards", "2", NULL};
-    cr_assert_eq(zt_run("zps-data", args, NULL, log, 120, &out), 0);
-    free(out);
+    zt_make_fashion(s_data, 512, 2, log);
 }
 
 /* Writes text to s_tmp/name; the path into path. */

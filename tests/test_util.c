@@ -214,3 +214,15 @@ int zt_file_has(const char *path, const char *what)
     fclose(f);
     return found;
 }
+
+void zt_make_fashion(const char *out_dir, int limit, int shards, const char *log_path)
+{
+    char l[32], sh[32], *out = NULL;
+    snprintf(l, sizeof l, "%d", limit);
+    snprintf(sh, sizeof sh, "%d", shards);
+    const char *args[] = {"convert", "fashion-mnist", "--out", out_dir, "--limit", l,
+                          "--shards", sh, NULL};
+    cr_assert_eq(zt_run("zps-data", args, NULL, log_path, 120, &out), 0,
+                 "zps-data convert failed (see %s)", log_path);
+    free(out);
+}

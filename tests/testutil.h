@@ -74,6 +74,10 @@ void zt_bin_argv(const char *prog, const char *const *args, char *path, size_t l
 int zt_run(const char *prog, const char *const *args, const char *const *env,
            const char *log_path, double timeout_s, char **out);
 
+/* Fashion-MNIST (the first `limit` images of each split) in `shards` LMDB shards at
+ * out_dir, by zps-data convert; its log in log_path; asserts it succeeded. */
+void zt_make_fashion(const char *out_dir, int limit, int shards, const char *log_path);
+
 /* zt_run with its output in a temporary file, removed afterwards. */
 int zt_run_tmp(const char *prog, const char *const *args, const char *const *env,
                double timeout_s, char **out);
