@@ -16,6 +16,7 @@
  *    not, and the server stays up.
  */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,9 +26,11 @@
 
 #include "common/clock.h"
 #include "common/mem.h"
+#include "kernels/backend.h"
 #include "ps/ckpt.h"
 #include "ps/client.h"
 #include "ps/curve.h"
+#include "trainer/bn_recal.h"
 #include "tests/ps_curve_test_util.h"
 #include "tests/launch_test_util.h"
 #include "tests/ps_test_util.h"
@@ -454,4 +457,179 @@ Test(it_ctl, launcher_fleet_shut_down_by_zps_ctl_ends_ok)
     cr_assert_null(strstr(text, "restart"), "a shut-down server was restarted:\n%s", text);
     cr_assert(strstr(text, "ok (shut down by zps-ctl)"), "%s", text);
     cr_assert(strstr(text, "control it with: "), "%s", text);
+}
+
+/* ------------------------------------------------------------------------- bn recalibration */
+
+/* Unit suite: trainer/bn_recal.c on a tiny model (2x6x6 input, conv 3x3 pad 1 to 3 channels
+ * + bn + ReLU, conv 3x3 to 4 channels + bn + ReLU, global pool, dense 3) against the mean of
+ * each batch's statistics computed here in double by direct loops, on ref and cpu. */
+TestSuite(ctl_bn, .timeout = 30);
+
+enum { S_BN_N = 4, S_BN_C = 2, S_BN_HW = 6, S_BN_K1 = 3, S_BN_K2 = 4, S_BN_B = 12 };
+#define S_BN_X ((size_t)S_BN_N * S_BN_C * S_BN_HW * S_BN_HW)
+
+typedef struct s_bn_src {
+    const float *x;       // (S_BN_B, S_BN_X)
+    const int32_t *y;     // (S_BN_B, S_BN_N)
+    int k;                // next batch
+} s_bn_src;
+
+static zps_status s_bn_src_next(void *ctx, float *x, int32_t *labels, int n)
+{
+    s_bn_src *s = ctx;
+    cr_assert_eq(n, S_BN_N);
+    cr_assert_lt(s->k, S_BN_B);
+    memcpy(x, s->x + (size_t)s->k * S_BN_X, S_BN_X * sizeof *x);
+    memcpy(labels, s->y + (size_t)s->k * S_BN_N, S_BN_N * sizeof *labels);
+    s->k++;
+    return ZPS_OK;
+}
+
+static const float *s_bn_var(nn_model *m, const char *name)
+{
+    size_t nv;
+    const nn_var *v = nn_model_vars(m, &nv);
+    for (size_t i = 0; i < nv; i++)
+        if (!strcmp(v[i].name, name))
+            return nn_model_params(m) + v[i].offset;
+    cr_assert_fail("no variable %s", name);
+    return NULL;
+}
+
+/* Convolution (no bias) of in (n, c, h, h) with w (k, c, 3, 3), padding p, stride 1. */
+static void s_bn_conv(const double *in, int c, int h, const float *w, int k, int p, double *out)
+{
+    int oh = h + 2 * p - 2;
+    for (int n = 0; n < S_BN_N; n++)
+        for (int o = 0; o < k; o++)
+            for (int i = 0; i < oh; i++)
+                for (int j = 0; j < oh; j++) {
+                    double s = 0;
+                    for (int ci = 0; ci < c; ci++)
+                        for (int r = 0; r < 3; r++)
+                            for (int q = 0; q < 3; q++) {
+                                int y = i + r - p, x = j + q - p;
+                                if (y >= 0 && y < h && x >= 0 && x < h)
+                                    s += w[((o * c + ci) * 3 + r) * 3 + q] *
+                                         in[((size_t)(n * c + ci) * h + y) * h + x];
+                            }
+                    out[((size_t)(n * k + o) * oh + i) * oh + j] = s;
+                }
+}
+
+/* Batch statistics of y (n, k, h, h): mean and unbiased variance into st[0..k) and
+ * st[k..2k) (added), then y normalised with the biased variance, gamma, beta and ReLU, as a
+ * training forward does. */
+static void s_bn_stats_apply(double *y, int k, int h, const float *gamma, const float *beta,
+                             double *st)
+{
+    double cnt = (double)S_BN_N * h * h;
+    for (int o = 0; o < k; o++) {
+        double s = 0, q = 0;
+        for (int n = 0; n < S_BN_N; n++)
+            for (int i = 0; i < h * h; i++)
+                s += y[(size_t)(n * k + o) * h * h + i];
+        double mean = s / cnt;
+        for (int n = 0; n < S_BN_N; n++)
+            for (int i = 0; i < h * h; i++) {
+                double d = y[(size_t)(n * k + o) * h * h + i] - mean;
+                q += d * d;
+            }
+        st[o] += mean;
+        st[k + o] += q / (cnt - 1);
+        for (int n = 0; n < S_BN_N; n++)
+            for (int i = 0; i < h * h; i++) {
+                double *v = &y[(size_t)(n * k + o) * h * h + i];
+                double z = gamma[o] * (*v - mean) / sqrt(q / cnt + 0.001) + beta[o];
+                *v = z > 0 ? z : 0;
+            }
+    }
+}
+
+/* The statistic called name of m (count floats). */
+static const float *s_bn_stat(nn_model *m, const char *name)
+{
+    size_t ns;
+    const nn_var *v = nn_model_stats(m, &ns);
+    for (size_t i = 0; i < ns; i++)
+        if (!strcmp(v[i].name, name))
+            return nn_model_statbuf(m) + v[i].offset;
+    cr_assert_fail("no statistic %s", name);
+    return NULL;
+}
+
+static void s_bn_check(const k_backend *be, const float *xs, const int32_t *ys)
+{
+    nn_model *m = nn_model_new(be, S_BN_C, S_BN_HW, S_BN_HW);
+    int a = nn_conv_bn_relu(m, "a", 0, S_BN_K1, 3, 3, 1, 1, 1, 1, 0.5f);
+    int b = nn_conv_bn_relu(m, "b", a, S_BN_K2, 3, 3, 1, 1, 0, 0, 0.5f);
+    int fc = nn_dense(m, "fc", nn_gap(m, "pool", b), 3, 0, 0.5f);
+    nn_model_head(m, fc, 1);
+    cr_assert_eq(nn_model_finish(m, 7), ZPS_OK);
+    const char *affine[] = {"a.bn.weight", "a.bn.bias", "b.bn.weight", "b.bn.bias"};
+    for (int i = 0; i < 4; i++) { /* not the initial 1 and 0: the reference must apply them */
+        float *p = (float *)s_bn_var(m, affine[i]);
+        for (int o = 0; o < (i < 2 ? S_BN_K1 : S_BN_K2); o++)
+            p[o] = i % 2 ? zt_unif(-0.3f, 0.3f) : zt_unif(0.5f, 1.5f);
+    }
+    size_t np = nn_model_param_count(m);
+    float *before = zps_xmalloc(np * sizeof *before);
+    memcpy(before, nn_model_params(m), np * sizeof *before);
+
+    s_bn_src src = {xs, ys, 0};
+    cr_assert_eq(tr_bn_recalibrate(m, S_BN_B, S_BN_N, s_bn_src_next, &src, NULL), ZPS_OK);
+    cr_assert_eq(src.k, S_BN_B);
+    cr_assert_eq(memcmp(before, nn_model_params(m), np * sizeof *before), 0, "params changed");
+
+    /* the reference: each batch's statistics, their mean */
+    double st1[2 * S_BN_K1] = {0}, st2[2 * S_BN_K2] = {0};
+    double *in = zps_xmalloc(S_BN_X * sizeof *in);
+    double *y1 = zps_xmalloc((size_t)S_BN_N * S_BN_K1 * 36 * sizeof *y1);
+    double *y2 = zps_xmalloc((size_t)S_BN_N * S_BN_K2 * 16 * sizeof *y2);
+    for (int k = 0; k < S_BN_B; k++) {
+        for (size_t i = 0; i < S_BN_X; i++)
+            in[i] = xs[(size_t)k * S_BN_X + i];
+        s_bn_conv(in, S_BN_C, 6, s_bn_var(m, "a.conv.weight"), S_BN_K1, 1, y1);
+        s_bn_stats_apply(y1, S_BN_K1, 6, s_bn_var(m, "a.bn.weight"), s_bn_var(m, "a.bn.bias"), st1);
+        s_bn_conv(y1, S_BN_K1, 6, s_bn_var(m, "b.conv.weight"), S_BN_K2, 0, y2);
+        s_bn_stats_apply(y2, S_BN_K2, 4, s_bn_var(m, "b.bn.weight"), s_bn_var(m, "b.bn.bias"), st2);
+    }
+    const char *names[] = {"a.bn.running_mean", "a.bn.running_var", "b.bn.running_mean",
+                           "b.bn.running_var"};
+    for (int s = 0; s < 4; s++) {
+        int k = s < 2 ? S_BN_K1 : S_BN_K2;
+        const double *want = (s < 2 ? st1 : st2) + (s % 2) * k;
+        const float *got = s_bn_stat(m, names[s]);
+        for (int o = 0; o < k; o++) {
+            double ref = want[o] / S_BN_B;
+            cr_assert(fabs(got[o] - ref) <= 2e-5 * fmax(1, fabs(ref)),
+                      "%s %s[%d]: %.7g, the mean of the batches' is %.7g", be->name, names[s],
+                      o, got[o], ref);
+        }
+    }
+    free(in);
+    free(y1);
+    free(y2);
+    free(before);
+    nn_model_destroy(&m);
+}
+
+/* Batches whose statistics drift (the input's mean grows with the batch), so that a
+ * momentum trace, which weighs the last batches most, is far from their mean. */
+Test(ctl_bn, recalibrated_statistics_are_the_mean_of_the_batches)
+{
+    zt_seed_init();
+    float *xs = zps_xmalloc(S_BN_B * S_BN_X * sizeof *xs);
+    int32_t *ys = zps_xmalloc(S_BN_B * S_BN_N * sizeof *ys);
+    for (int k = 0; k < S_BN_B; k++) {
+        for (size_t i = 0; i < S_BN_X; i++)
+            xs[(size_t)k * S_BN_X + i] = zt_unif(-1, 1) * (1 + 0.2f * k) + 0.3f * k;
+        for (int i = 0; i < S_BN_N; i++)
+            ys[k * S_BN_N + i] = zt_irand(0, 2);
+    }
+    s_bn_check(k_backend_ref(), xs, ys);
+    s_bn_check(k_backend_cpu(), xs, ys);
+    free(xs);
+    free(ys);
 }
