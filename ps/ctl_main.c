@@ -5,6 +5,7 @@
  *   zps-ctl checkpoint           (--cluster FILE | --servers HOST:PORT,...)
  *   zps-ctl shutdown             (--cluster FILE | --servers HOST:PORT,...)
  *   zps-ctl export --ckpt-dir DIR [--ckpt-version V] --out FILE --model NAME [model flags]
+ *                  [--bn-data DIR [--bn-batches N] [--batch-size B]]
  *
  * The fleet commands speak through the PS client library (ps/client.h) as no trainer
  * (PS_CLIENT_CTL_ID): its connections, CURVE (--curve-server-key, --curve-key) and one
@@ -14,6 +15,9 @@
  * cut (ps_client_admin), moving the version on while training overtakes it. export rebuilds the model's variable
  * table from --model and its flags (the checkpoints hold values, not names), checks it
  * against the shards' plan and writes a weights file for zps-trainer --init-weights.
+ * Batchnorm running statistics live in the trainers, not in the shards: with --bn-data
+ * export recomputes them from training batches (trainer/bn_recal.h), fed as zps-trainer
+ * feeds its model; without it a model with batchnorm gets a warning naming --bn-data.
  *
  * Exit status: 0 success; 1 the fleet or the files said no (a refused or missing answer,
  * a missing, mixed or foreign shard); 2 usage.
@@ -31,11 +35,23 @@
 #include "ps/ckpt.h"
 #include "ps/client.h"
 #include "ps/plan.h"
+#include "datasets/pipeline.h"
+#include "trainer/bn_recal.h"
 #include "trainer/models/models.h"
 
 #define S_PROG "zps-ctl"
 /* checkpoint in sync mode: how many times a cut may be overtaken by training. */
 #define S_CUT_ROUNDS 10
+/* export --bn-data: 100 batches of 32 (docs/training.md "Controlling a running fleet").
+ * The result does not lean on the batch size: the mean of batch means is the data's mean and
+ * the mean of unbiased batch variances its variance whatever the size, so the size is set
+ * for memory (a training forward of Inception-v3 at 299x299 keeps every activation: 32
+ * images take half of the trainer's default 64). 3200 images put each channel's recomputed
+ * mean within ~1/sqrt(3200) (< 2%) of its std even where a channel has one value per image,
+ * and cost one forward per image: seconds for convnet, minutes for inception_v3 at 299x299
+ * on a few cores. */
+#define S_BN_BATCHES 100
+#define S_BN_BATCH 32
 
 typedef struct args {
     char cluster[4096];    // --cluster FILE
@@ -51,12 +67,16 @@ typedef struct args {
     char model[32];        // export: --model and the flags that shape its variables
     int classes, in_channels, input_size, aux;
     double width;
+    char bn_data[4096];    // export: --bn-data DIR (training data for the statistics)
+    int bn_batches;        // --bn-batches N
+    int bn_batch;          // --batch-size B
 } args;
 
 static void s_defaults(void *p)
 {
     *(args *)p = (args){.server = -1, .timeout_s = 60, .ckpt_version = -1, .model = "convnet",
-                        .classes = 10, .aux = -1, .width = 1};
+                        .classes = 10, .aux = -1, .width = 1, .bn_batches = S_BN_BATCHES,
+                        .bn_batch = S_BN_BATCH};
 }
 
 static const zps_opt_name s_aux[] = {{"auto", -1}, {"on", 1}, {"off", 0}, {NULL, 0}};
@@ -94,6 +114,13 @@ static const zps_opt s_table[] = {
      .help = "input height = width"},
     {"width", ZPS_OPT_DOUBLE, F(width), 0.01, 4, .meta = "F", .help = "inception_v3 width"},
     {"aux", ZPS_OPT_ENUM, F(aux), .names = s_aux, .help = "inception_v3 aux head"},
+    {"bn-data", ZPS_OPT_STRING, F(bn_data), .meta = "DIR",
+     .help = "recompute the batchnorm statistics from this training data\n"
+             "(zps-trainer's --data; its train split), as the trainer feeds it"},
+    {"bn-batches", ZPS_OPT_INT, F(bn_batches), 1, 1000000, .meta = "N",
+     .help = "--bn-data: batches in training mode (their mean statistics)"},
+    {"batch-size", ZPS_OPT_INT, F(bn_batch), 1, 65536, .meta = "B",
+     .help = "--bn-data: images per batch"},
     ZPS_OPT_LOG_LEVEL,
     {.type = ZPS_OPT_END},
 };
@@ -287,7 +314,8 @@ static int s_admin(const args *a, fleet *f, int shutdown)
 
 /* ------------------------------------------------------------------------- export */
 
-/* The model the fleet trained, as zps-trainer builds it (trainer/train.c), for its tables. */
+/* The model the fleet trained, as zps-trainer builds it (trainer/train.c), for its tables;
+ * on the cpu back-end when it will run (--bn-data). */
 static int s_model(const args *a, nn_model **m)
 {
     nn_model_opts mo;
@@ -301,7 +329,8 @@ static int s_model(const args *a, nn_model **m)
     mo.width = (float)a->width;
     mo.aux = a->aux;
     mo.classes = a->classes;
-    if (nn_model_create(k_backend_ref(), &mo, m) != ZPS_OK) {
+    const k_backend *be = a->bn_data[0] ? k_backend_cpu() : k_backend_ref();
+    if (nn_model_create(be, &mo, m) != ZPS_OK) {
         fprintf(stderr, S_PROG ": cannot build model '%s' (see the log)\n", a->model);
         return 1;
     }
@@ -335,6 +364,45 @@ static int s_merge(const args *a, const ps_ckpt_set *set, nn_model *m, float **f
     return 0;
 }
 
+static zps_status s_bn_next(void *ctx, float *x, int32_t *labels, int n)
+{
+    (void)n; /* the pipeline's batch */
+    return ds_pipeline_next(ctx, x, labels, NULL);
+}
+
+/* --bn-data: the merged values into m, then the statistics from training batches fed as
+ * zps-trainer feeds them (trainer/train.c s_pipe_opts: its train split, shuffled with seed 1,
+ * (px / 255 - 0.5) / 0.5 at the model's input size and channels, no augmentation). */
+static int s_bn_recal(const args *a, nn_model *m, const float *flat)
+{
+    memcpy(nn_model_params(m), flat, nn_model_param_count(m) * sizeof *flat);
+    ds_pipeline_opts po;
+    ds_pipeline_opts_default(&po);
+    po.path = a->bn_data;
+    po.split = "train";
+    nn_model_input_shape(m, &po.channels, &po.height, &po.width);
+    for (int k = 0; k < 3; k++)
+        po.mean[k] = po.std[k] = 0.5f;
+    po.batch = a->bn_batch;
+    po.num_classes = nn_model_classes(m);
+    ds_pipeline *p = NULL;
+    zps_status st = ds_pipeline_new(&po, &p);
+    if (st != ZPS_OK) {
+        fprintf(stderr, S_PROG ": --bn-data %s: %s (see the log)\n", a->bn_data, zps_strerror(st));
+        return 1;
+    }
+    fprintf(stderr, S_PROG ": recomputing the batchnorm statistics from %d batches of %d of %s\n",
+            a->bn_batches, a->bn_batch, a->bn_data);
+    st = tr_bn_recalibrate(m, a->bn_batches, a->bn_batch, s_bn_next, p, stderr);
+    ds_pipeline_destroy(&p);
+    if (st != ZPS_OK) {
+        fprintf(stderr, S_PROG ": batchnorm statistics from %s: %s\n", a->bn_data,
+                zps_strerror(st));
+        return 1;
+    }
+    return 0;
+}
+
 static int s_export(const args *a)
 {
     ps_ckpt_set set;
@@ -350,6 +418,11 @@ static int s_export(const args *a)
     size_t nv, ns;
     const nn_var *vars = m ? nn_model_vars(m, &nv) : NULL;
     const nn_var *stats = m ? nn_model_stats(m, &ns) : NULL;
+    if (!rc && a->bn_data[0] && ns)
+        rc = s_bn_recal(a, m, flat);
+    else if (!rc && a->bn_data[0])
+        zps_log(ZPS_WARN, "ctl", "model %s has no batchnorm: --bn-data %s not read", a->model,
+                a->bn_data);
     if (!rc && nn_weights_write(a->out, vars, nv, flat, stats, ns, nn_model_statbuf(m)) != ZPS_OK) {
         fprintf(stderr, S_PROG ": cannot write %s (see the log)\n", a->out);
         rc = 1;
@@ -359,10 +432,14 @@ static int s_export(const args *a)
                "shards in %s\n", a->out, a->model, nv, nn_model_param_count(m), set.version_max,
                set.version_min != set.version_max ? " (async/ssp: chunks from older versions too)" : "",
                set.n, a->ckpt_dir);
-        if (ns)
+        if (ns && a->bn_data[0])
+            printf("batchnorm statistics (%zu) recomputed from %d batches of %d of %s\n", ns,
+                   a->bn_batches, a->bn_batch, a->bn_data);
+        else if (ns)
             zps_log(ZPS_WARN, "ctl", "model %s has %zu batchnorm statistics; they live in the "
-                    "trainers, not on the servers, so %s holds their initial values", a->model,
-                    ns, a->out);
+                    "trainers, not on the servers, so %s holds their initial values and will not "
+                    "evaluate as trained: recompute them with --bn-data DIR (the training data)",
+                    a->model, ns, a->out);
     }
     free(flat);
     nn_model_destroy(&m);
@@ -385,6 +462,8 @@ static int s_usage_check(const args *a, const char *cmd, int *code)
         return zps_opts_fail(&s_spec, code, "--curve-key and --curve-server-key go together") != ZPS_OK;
     if (!fleet_cmd && (!a->ckpt_dir[0] || !a->out[0]))
         return zps_opts_fail(&s_spec, code, "export needs --ckpt-dir DIR and --out FILE") != ZPS_OK;
+    if (fleet_cmd && a->bn_data[0])
+        return zps_opts_fail(&s_spec, code, "--bn-data is for export") != ZPS_OK;
     if (a->server >= 0 && strcmp(cmd, "stats"))
         return zps_opts_fail(&s_spec, code, "--server is for stats") != ZPS_OK;
     if (a->now && (!fleet_cmd || !strcmp(cmd, "stats")))

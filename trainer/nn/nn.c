@@ -31,6 +31,8 @@ static zps_status s_node_fwd(nn_model *m, nn_node *nd, int train)
         float *rm = m->statbuf + m->stats[nd->stat0].offset;
         float *rv = m->statbuf + m->stats[nd->stat0 + 1].offset;
         ZPS_TRY(k_conv2d_fwd(be, &nd->conv, x, p + w->offset, NULL, nd->pre));
+        if (train && m->bn_momentum > 0) /* a descriptor is re-planned with 0.1 */
+            nd->bn.momentum = m->bn_momentum;
         if (train)
             return k_bn_fwd_train(be, &nd->bn, nd->pre, g, b, y, nd->mean, nd->var, rm, rv);
         return k_bn_fwd_infer(be, &nd->bn, nd->pre, g, b, rm, rv, y);
@@ -59,6 +61,11 @@ static zps_status s_node_fwd(nn_model *m, nn_node *nd, int train)
     }
     }
     return ZPS_ERR_INTERNAL;
+}
+
+void nn_model_set_bn_momentum(nn_model *m, float momentum)
+{
+    m->bn_momentum = momentum;
 }
 
 void nn_model_set_forward_hook(nn_model *m, nn_grad_hook hook, void *ctx)

@@ -119,6 +119,12 @@ double nn_model_flops_per_sample(const nn_model *m);
  * layers' values are still arriving). NULL removes it. */
 void nn_model_set_forward_hook(nn_model *m, nn_grad_hook hook, void *ctx);
 
+/* The batchnorm momentum of the training forwards from now on, in (0, 1] (PyTorch's
+ * convention: run = (1 - momentum) * run + momentum * batch; 0.1 until set). Recalibrating
+ * the running statistics (torch.optim.swa_utils.update_bn) sets 1 / (k + 1) before batch k,
+ * so they end as the exact mean of the batches' statistics. */
+void nn_model_set_bn_momentum(nn_model *m, float momentum);
+
 /* x: (n, c, h, w) floats in host memory; labels: n int32 in host memory, each in
  * [0, classes). train=1: batch statistics, dropout, every head, state kept for backward;
  * train=0: running statistics, no dropout, first head only. loss: weighted sum of the heads'

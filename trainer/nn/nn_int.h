@@ -102,6 +102,7 @@ struct nn_model {
     uint64_t seed;          // init seed
     nn_grad_hook fwd_hook;  // called before a layer with parameters runs forward
     void *fwd_ctx;
+    float bn_momentum;      // > 0: batchnorm momentum of training forwards (0: the 0.1 planned)
 };
 
 /* Floats of tensor t for n samples. */
