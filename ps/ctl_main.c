@@ -371,18 +371,15 @@ static zps_status s_bn_next(void *ctx, float *x, int32_t *labels, int n)
 }
 
 /* --bn-data: the merged values into m, then the statistics from training batches fed as
- * zps-trainer feeds them (trainer/train.c s_pipe_opts: its train split, shuffled with seed 1,
- * (px / 255 - 0.5) / 0.5 at the model's input size and channels, no augmentation). */
+ * zps-trainer feeds them (tr_input_opts: its train split, shuffled with seed 1, at the
+ * model's input size and channels, no augmentation). */
 static int s_bn_recal(const args *a, nn_model *m, const float *flat)
 {
     memcpy(nn_model_params(m), flat, nn_model_param_count(m) * sizeof *flat);
     ds_pipeline_opts po;
-    ds_pipeline_opts_default(&po);
-    po.path = a->bn_data;
-    po.split = "train";
-    nn_model_input_shape(m, &po.channels, &po.height, &po.width);
-    for (int k = 0; k < 3; k++)
-        po.mean[k] = po.std[k] = 0.5f;
+    int c, h, w;
+    nn_model_input_shape(m, &c, &h, &w);
+    tr_input_opts(&po, a->bn_data, "train", c, h, w);
     po.batch = a->bn_batch;
     po.num_classes = nn_model_classes(m);
     ds_pipeline *p = NULL;

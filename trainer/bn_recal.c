@@ -40,3 +40,15 @@ zps_status tr_bn_recalibrate(nn_model *m, int batches, int batch, tr_batch_fn ne
     free(labels);
     return st;
 }
+
+void tr_input_opts(ds_pipeline_opts *o, const char *path, const char *split, int c, int h, int w)
+{
+    ds_pipeline_opts_default(o);
+    o->path = path;
+    o->split = split;
+    o->channels = c;
+    o->height = h;
+    o->width = w;
+    for (int k = 0; k < 3; k++)
+        o->mean[k] = o->std[k] = 0.5f;
+}

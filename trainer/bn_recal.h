@@ -16,7 +16,14 @@
 #include <stdio.h>
 
 #include "common/status.h"
+#include "datasets/pipeline.h"
 #include "trainer/nn/nn.h"
+
+/* A pipeline's options for feeding a model of input c x h x w from split of the data set at
+ * path, the way every zps model is fed: (px / 255 - 0.5) / 0.5 per channel, the pipeline's
+ * defaults otherwise (zps-trainer, and zps-ctl's recalibration, which must match it). */
+void tr_input_opts(ds_pipeline_opts *o, const char *path, const char *split, int c, int h,
+                   int w);
 
 /* Fills x (n, c, h, w) in host memory and n labels in [0, classes) with the next batch. */
 typedef zps_status (*tr_batch_fn)(void *ctx, float *x, int32_t *labels, int n);

@@ -35,6 +35,7 @@
 #include "datasets/pipeline.h"
 #include "kernels/device.h"
 #include "kernels/kernels.h"
+#include "trainer/bn_recal.h"
 #include "trainer/metrics.h"
 #include "trainer/models/models.h"
 #include "trainer/sync.h"
@@ -153,16 +154,7 @@ static zps_status s_backend(s_job *j)
 static void s_pipe_opts(const s_job *j, ds_pipeline_opts *o, const char *split)
 {
     const tr_config *c = j->cfg;
-    ds_pipeline_opts_default(o);
-    o->path = c->data;
-    o->split = split;
-    o->height = j->in_h;
-    o->width = j->in_w;
-    o->channels = j->in_c;
-    for (int k = 0; k < 3; k++) {
-        o->mean[k] = 0.5f;
-        o->std[k] = 0.5f;
-    }
+    tr_input_opts(o, c->data, split, j->in_c, j->in_h, j->in_w);
     o->threads = c->threads;
     o->seed = c->seed;
 }
