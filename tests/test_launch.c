@@ -254,6 +254,21 @@ Test(it_launch, slurm_and_ssh_command_lines, .timeout = 10)
     lt_cleanup(&r);
 }
 
+/* r exited 0 printing PROG's version line: "PROG VERSION (git HASH)". */
+static void s_assert_version(const lt_run *r, const char *prog)
+{
+    cr_assert_eq(r->code, 0, "%s", r->out);
+    char want[128];
+    snprintf(want, sizeof want, "%s " ZPS_VERSION " (git ", prog);
+    cr_assert(!strncmp(r->out, want, strlen(want)), "%s\nwant %s...", r->out, want);
+    const char *hash = r->out + strlen(want);
+    size_t n = strspn(hash, "0123456789abcdef");
+    cr_assert(n == 12 || !strncmp(hash, "unknown)", 8), "%s", r->out);
+    cr_assert(!strcmp(hash + n, ")\n") || !strcmp(hash + n, "-dirty)\n") ||
+                  !strcmp(hash, "unknown)\n"),
+              "%s", r->out);
+}
+
 /* --version: the C binaries' format (zps_version_line), the version from common/version.h
  * and the source tree's commit. */
 Test(it_launch, version_line, .timeout = 20)
@@ -262,15 +277,7 @@ Test(it_launch, version_line, .timeout = 20)
     lt_setup(&r, 0);
     const char *args[] = {"--version", NULL};
     lt_launch(&r, 0, NULL, args);
-    cr_assert_eq(r.code, 0, "%s", r.out);
-    const char *want = "zps-launch " ZPS_VERSION " (git ";
-    cr_assert(!strncmp(r.out, want, strlen(want)), "%s\nwant %s...", r.out, want);
-    const char *hash = r.out + strlen(want);
-    size_t n = strspn(hash, "0123456789abcdef");
-    cr_assert(n == 12 || !strncmp(hash, "unknown)", 8), "%s", r.out);
-    cr_assert(!strcmp(hash + n, ")\n") || !strcmp(hash + n, "-dirty)\n") ||
-                  !strcmp(hash, "unknown)\n"),
-              "%s", r.out);
+    s_assert_version(&r, "zps-launch");
     lt_cleanup(&r);
 }
 
@@ -295,6 +302,16 @@ static void s_run_compare(lt_run *r, const char *const *args)
         argv[n++] = *args++;
     argv[n] = NULL;
     lt_exec(r, argv, 0, NULL);
+}
+
+Test(it_launch, compare_version_line, .timeout = 20)
+{
+    lt_run r;
+    lt_setup(&r, 0);
+    const char *args[] = {"--version", NULL};
+    s_run_compare(&r, args);
+    s_assert_version(&r, "compare");
+    lt_cleanup(&r);
 }
 
 /* number after "key": inside the compare.json entry of mode (NAN for null / absent) */
