@@ -110,7 +110,7 @@ def peers_line(path):
 class Bench:
     def __init__(self, a):
         self.a = a
-        self.runs = os.path.join(a.work_dir)
+        self.runs = a.work_dir
         os.makedirs(self.runs, exist_ok=True)
         self.n = 0
 
@@ -260,6 +260,15 @@ def run_group(b, g, pairs, out):
                     "load": [max(r["load_before"], r["load_after"]) for r in zr + runs]})
 
 
+def git_head():
+    """The checkout's commit (zps_git_hash is the one the binaries were built from)."""
+    try:
+        return subprocess.run(["git", "-C", ROOT, "rev-parse", "--short=12", "HEAD"],
+                              capture_output=True, text=True, timeout=10).stdout.strip() or None
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
 def fmt(x, nd=0):
     return "-" if x is None else f"{x:,.{nd}f}"
 
@@ -305,7 +314,7 @@ def run(a):
     for g in GROUPS:
         if not only or g[0] in only:
             run_group(b, g, a.pairs, comps)
-    versions = {"zps_git_hash": next((r.get("git_hash") for c in comps for r in c["zps"]["runs"]
+    versions = {"repo_git_hash": git_head(), "zps_git_hash": next((r.get("git_hash") for c in comps for r in c["zps"]["runs"]
                                       if r.get("git_hash")), None)}
     for c in comps:
         for r in c["peer_runs"]["runs"]:

@@ -79,7 +79,9 @@ class Model:
         return tf.nn.relu(y) if relu else y
 
     def __call__(self, x, training=True):
-        return self._convnet(x, training) if self.name == "convnet" else self._inception(x, training)
+        if self.name == "convnet":
+            return self._convnet(x, training)
+        return self._inception(x, training)
 
     def _convnet(self, x, training):
         x = self.conv_bn_relu("conv1", x, 32, 3, 3, 1, (1, 1), np.sqrt(2 / 9))
@@ -199,7 +201,7 @@ def loss_of(model, img, lab):
     return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(lab, logits))
 
 
-def report(args, img_s, params, nvars, extra=None):
+def report(img_s, params, nvars, extra=None):
     rec = {"img_s": img_s, "params": params, "variables": nvars, "tf": tf.__version__}
     rec.update(extra or {})
     print("PEERS " + json.dumps(rec), flush=True)
@@ -243,8 +245,8 @@ def pss_coordinator(a):
         per_ps[s.device] = per_ps.get(s.device, 0) + int(np.prod(s.shape))
     lr, mom, k = a["lr"], a["momentum"], a["steps_per_call"]
 
-    def ds_fn(ctx=None):
-        return dataset(a["size"], seed=int(time.time() * 1000) & 0xffff)
+    def ds_fn(ctx=None):  # traced once, run on each worker: the order does not matter here
+        return dataset(a["size"], seed=None)
 
     it = iter(coord.create_per_worker_dataset(ds_fn))
 
@@ -271,7 +273,7 @@ def pss_coordinator(a):
     calls = max(1, a["steps"] * a["workers"] // k)
     loss = run(calls)
     dt = time.perf_counter() - t0
-    report(a, calls * k * BATCH / dt, params, nvars,
+    report(calls * k * BATCH / dt, params, nvars,
            {"loss": loss, "shards": len(shards), "elements_per_ps": sorted(per_ps.values())})
 
 
@@ -323,7 +325,7 @@ def mwms_worker(a):
         loss = train(it)
     dt = time.perf_counter() - t0
     if task == 0:
-        report(a, calls * k * BATCH * a["workers"] / dt, params, nvars,
+        report(calls * k * BATCH * a["workers"] / dt, params, nvars,
                {"loss": float(strat.experimental_local_results(loss)[0])})
 
 
@@ -339,7 +341,7 @@ def main():
     if role == "count":
         m = Model(a["model"], a["width"], a["size"])
         params, nvars = m.build()
-        return report(a, None, params, nvars)
+        return report(None, params, nvars)
     raise SystemExit(f"peers_tf.py: unknown role {role}")
 
 
