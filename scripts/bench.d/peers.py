@@ -5,6 +5,7 @@
 #
 #   python3 peers.py --bin-dir build/bin --data DIR --tf-python PY [--torch-python PY]
 #                    [--out build/bench/peers.json]
+#   python3 peers.py --steady-rate RUN_DIR WORKERS WARMUP   # zps's figure of one run folder
 #
 # Comparisons (2 workers each, batch 32 per worker, momentum 0.9 SGD, one thread per process):
 #   ps-convnet, ps-inception    zps async PS (2 servers, 2 trainers) vs TF PSS (2 PS, 2 workers,
@@ -107,6 +108,22 @@ def peers_line(path):
     return None
 
 
+def zps_steady_rate(run_dir, workers, warmup):
+    """The fleet's steady img/s from the trainers' metrics files (trainer/metrics.h): per
+    trainer, the images of the steps after the first `warmup` over the time from the end of
+    step `warmup` to the end of the last step; summed over trainers. Also the git hashes."""
+    rate, hashes = 0.0, set()
+    for i in range(workers):
+        with open(os.path.join(run_dir, f"metrics-{i}.jsonl")) as f:
+            recs = [json.loads(x) for x in f if x.strip()]
+        st = sorted((r for r in recs if r.get("type") == "step"), key=lambda r: r["step"])
+        hashes.update(r.get("git_hash") for r in recs if r.get("type") == "start")
+        steady = [r for r in st if r["step"] > warmup]
+        t0 = next(r["time"] for r in st if r["step"] == warmup)
+        rate += sum(r["images"] for r in steady) / (steady[-1]["time"] - t0)
+    return rate, hashes
+
+
 class Bench:
     def __init__(self, a):
         self.a = a
@@ -144,15 +161,7 @@ class Bench:
             ok = wait_all([start(argv, child_env(), log)], 700)
         if not ok:
             return None
-        rate, hashes = 0.0, set()
-        for i in range(WORKERS):
-            recs = [json.loads(x) for x in open(os.path.join(run_dir, f"metrics-{i}.jsonl"))
-                    if x.strip()]
-            st = sorted((r for r in recs if r.get("type") == "step"), key=lambda r: r["step"])
-            hashes.update(r.get("git_hash") for r in recs if r.get("type") == "start")
-            steady = [r for r in st if r["step"] > m["warmup"]]
-            t0 = next(r["time"] for r in st if r["step"] == m["warmup"])
-            rate += sum(r["images"] for r in steady) / (steady[-1]["time"] - t0)
+        rate, hashes = zps_steady_rate(run_dir, WORKERS, m["warmup"])
         text = open(os.path.join(run_dir, "trainer-0.log"), errors="replace").read()
         mm = re.search(r"(\d+) variables, (\d+) parameters", text)
         return {"img_s": rate, "params": int(mm.group(2)) if mm else None,
@@ -286,6 +295,10 @@ def table(comps):
 
 
 def main():
+    if len(sys.argv) == 5 and sys.argv[1] == "--steady-rate":  # RUN_DIR WORKERS WARMUP (tests)
+        rate, _ = zps_steady_rate(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+        print(json.dumps({"img_s": rate}))
+        return 0
     ap = argparse.ArgumentParser(description="zps against TF and PyTorch fleets")
     ap.add_argument("--bin-dir", required=True)
     ap.add_argument("--data", required=True)
