@@ -5,6 +5,7 @@
 #   make test-unit  the tests that start no extra processes (used for sanitizer runs)
 #   make soak       the fault suite at length (it_soak with ZPS_SOAK=long; docs/training.md)
 #   make bench      benchmarks; JSON under build/bench/
+#   make bench-peers  TensorFlow into build/peers-venv (once), then zps against TF and PyTorch
 #   make demo       the main job (see README.md)
 #   make fuzz       libFuzzer targets under tests/fuzz (clang)
 #   make gpu-bundle build here and pack bin, libs, tests and data for a GPU machine (.gpu/)
@@ -75,7 +76,7 @@ TEST_BIN := $(B)/tests/zps-tests
 TEST_JOBS ?= 2
 TEST_ARGS ?=
 
-.PHONY: all deps test test-unit soak bench demo fuzz clean parts gpu-bundle test-gpu
+.PHONY: all deps test test-unit soak bench bench-peers demo fuzz clean parts gpu-bundle test-gpu
 .DEFAULT_GOAL := all
 .DELETE_ON_ERROR:
 
@@ -168,6 +169,13 @@ soak: all $(TEST_BIN)
 bench: all
 	@mkdir -p $(B)/bench
 	ZPS_BIN=$(abspath $(B)/bin) ZPS_ROOT=$(CURDIR) bash scripts/bench.sh $(B)
+
+# the peer benchmark alone (scripts/bench.d/tf-peers), after installing TensorFlow into
+# $(B)/peers-venv when it is not there; `make bench` runs it too once the venv exists
+bench-peers: all
+	@bash scripts/bench.d/peers-venv $(B)/peers-venv
+	@mkdir -p $(B)/bench
+	ZPS_BIN=$(abspath $(B)/bin) ZPS_ROOT=$(CURDIR) bash scripts/bench.d/tf-peers $(B)
 
 demo: all
 	ZPS_BIN=$(abspath $(B)/bin) ZPS_ROOT=$(CURDIR) bash scripts/demo.sh $(B)

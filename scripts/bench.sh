@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # bench.sh BUILD_DIR — what `make bench` runs: every benchmark zps-bench knows, with its
-# defaults, then the scripts in scripts/bench.d/ (comparisons that drive whole fleets).
+# defaults, then the scripts in scripts/bench.d/ (comparisons that drive whole fleets), then
+# scripts/bench.d/tf-peers (zps against TensorFlow and PyTorch; it says when it is skipped).
 # Each writes JSON under BUILD_DIR/bench/. A failing benchmark fails the run, after the
 # others have had their turn.
 set -u
@@ -20,6 +21,8 @@ for s in scripts/bench.d/*.sh; do
   echo "=== $s"
   bash "$s" "$B" || failed+=("$s")
 done
+echo "=== scripts/bench.d/tf-peers"
+bash scripts/bench.d/tf-peers "$B" || failed+=("scripts/bench.d/tf-peers")
 echo "bench: JSON in $ZPS_BENCH_DIR: $(cd "$ZPS_BENCH_DIR" && ls *.json 2>/dev/null | tr '\n' ' ')"
 if [ ${#failed[@]} -gt 0 ]; then
   echo "bench: failed: ${failed[*]}" >&2
