@@ -152,21 +152,34 @@ static void *s_thread_rank(void *p)
     return NULL;
 }
 
-/* Two ranks as two threads of this process: the whole data path under the sanitizers. */
-Test(allreduce, two_threads_as_ranks_match_fixed_order, .timeout = 30)
+/* A test with ranks as threads: quiet log, a fresh seed (returned), job named after what. */
+static uint64_t s_thread_job(char *job, size_t len, const char *what)
 {
     zps_log_set_level(ZPS_LOG_WARN);
     uint64_t seed = s_seed();
-    char job[64];
-    s_job(job, sizeof job, "thr", seed);
-    s_thread_arg a[2];
+    s_job(job, len, what, seed);
+    return seed;
+}
+
+/* Runs fn on a[0] and a[1] (each elem bytes apart) in two threads and joins them. */
+static void s_two_ranks(void *(*fn)(void *), void *a, size_t elem)
+{
     pthread_t th[2];
-    for (int r = 0; r < 2; r++) {
-        a[r] = (s_thread_arg){.job = job, .rank = r, .n = 2, .seed = seed};
-        cr_assert_eq(pthread_create(&th[r], NULL, s_thread_rank, &a[r]), 0);
-    }
+    for (int r = 0; r < 2; r++)
+        cr_assert_eq(pthread_create(&th[r], NULL, fn, (char *)a + (size_t)r * elem), 0);
     for (int r = 0; r < 2; r++)
         pthread_join(th[r], NULL);
+}
+
+/* Two ranks as two threads of this process: the whole data path under the sanitizers. */
+Test(allreduce, two_threads_as_ranks_match_fixed_order, .timeout = 30)
+{
+    char job[64];
+    uint64_t seed = s_thread_job(job, sizeof job, "thr");
+    s_thread_arg a[2];
+    for (int r = 0; r < 2; r++)
+        a[r] = (s_thread_arg){.job = job, .rank = r, .n = 2, .seed = seed};
+    s_two_ranks(s_thread_rank, a, sizeof a[0]);
     for (int r = 0; r < 2; r++)
         cr_assert_eq(a[r].rc, 0, "rank %d failed with %d; seed %llx", r, a[r].rc,
                      (unsigned long long)seed);
@@ -215,19 +228,14 @@ static void *s_apply_rank(void *p)
 
 Test(allreduce, sum_apply_hands_every_final_element_over_once, .timeout = 30)
 {
-    zps_log_set_level(ZPS_LOG_WARN);
-    uint64_t seed = s_seed();
     char job[64];
-    s_job(job, sizeof job, "apply", seed);
+    uint64_t seed = s_thread_job(job, sizeof job, "apply");
     static s_apply_arg a[2];
-    pthread_t th[2];
     for (int r = 0; r < 2; r++) {
         memset(&a[r], 0, sizeof a[r]);
         a[r].job = job, a[r].rank = r, a[r].seed = seed;
-        cr_assert_eq(pthread_create(&th[r], NULL, s_apply_rank, &a[r]), 0);
     }
-    for (int r = 0; r < 2; r++)
-        pthread_join(th[r], NULL);
+    s_two_ranks(s_apply_rank, a, sizeof a[0]);
     for (int r = 0; r < 2; r++) {
         cr_assert_eq(a[r].rc, ZPS_OK, "rank %d: %s; seed %llx", r, zps_strerror(a[r].rc),
                      (unsigned long long)seed);

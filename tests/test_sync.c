@@ -131,6 +131,16 @@ Test(tr_sync, allreduce_of_one_rank_is_local_training)
     tr_sync_destroy(&s);
 }
 
+/* Runs fn on a[0] and a[1] (each elem bytes apart) in two threads and joins them. */
+static void s_two_ranks(void *(*fn)(void *), void *a, size_t elem)
+{
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(pthread_create(&th[i], NULL, fn, (char *)a + (size_t)i * elem), 0);
+    for (int i = 0; i < 2; i++)
+        pthread_join(th[i], NULL);
+}
+
 typedef struct s_rank {
     s_fixture f;
     const char *job;
@@ -160,17 +170,13 @@ Test(tr_sync, allreduce_stops_when_rank_0_says_so)
     static s_rank r[2];
     char job[64];
     snprintf(job, sizeof job, "stop%d-%u", (int)getpid(), zt_rand());
-    pthread_t th[2];
     for (int i = 0; i < 2; i++) {
         s_fixture_init(&r[i].f, i, 2);
         r[i].job = job;
     }
     r[0].wish[0] = 0, r[1].wish[0] = 1; // rank 1 alone cannot stop the job
     r[0].wish[1] = 1, r[1].wish[1] = 0; // rank 0 stops everyone
-    for (int i = 0; i < 2; i++)
-        cr_assert_eq(pthread_create(&th[i], NULL, s_rank_thread, &r[i]), 0);
-    for (int i = 0; i < 2; i++)
-        pthread_join(th[i], NULL);
+    s_two_ranks(s_rank_thread, r, sizeof r[0]);
     for (int i = 0; i < 2; i++) {
         cr_assert_eq(r[i].st, ZPS_OK, "rank %d: %s", i, zps_strerror(r[i].st));
         cr_assert_eq(r[i].got[0], 0, "rank %d stopped on rank 1's wish", i);
@@ -246,11 +252,7 @@ Test(tr_sync, allreduce_reduces_each_bucket_while_backward_goes_on)
         g[i] = (r[0].f.grads[i] + r[1].f.grads[i]) / 2.0f;
     float *slots[2] = {slot, NULL};
     ps_optim_apply(&r[0].f.cfg.opt, 3, want, slots, g, S_N);
-    pthread_t th[2];
-    for (int i = 0; i < 2; i++)
-        cr_assert_eq(pthread_create(&th[i], NULL, s_ov_thread, &r[i]), 0);
-    for (int i = 0; i < 2; i++)
-        pthread_join(th[i], NULL);
+    s_two_ranks(s_ov_thread, r, sizeof r[0]);
     for (int i = 0; i < 2; i++) {
         cr_assert_eq(r[i].st, ZPS_OK, "rank %d: %s", i, zps_strerror(r[i].st));
         for (int v = 0; v < S_NV; v++)
