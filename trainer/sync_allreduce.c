@@ -34,6 +34,7 @@
 #include "trainer/sync.h"
 
 #include <pthread.h>
+#include <signal.h>
 #include <stdlib.h>
 
 #include "common/check.h"
@@ -220,7 +221,12 @@ zps_status tr_sync_allreduce_new(const tr_sync_env *env, tr_sync **out)
     if (st == ZPS_OK)
         st = tr_allreduce_broadcast(a->ar, env->params, env->nparams * sizeof(float), 0);
     if (st == ZPS_OK) {
+        /* signals stay with the loop's thread, which checks the stop flag */
+        sigset_t all, old;
+        sigfillset(&all);
+        pthread_sigmask(SIG_SETMASK, &all, &old);
         int rc = pthread_create(&a->thread, NULL, s_thread, a);
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
         a->thread_up = rc == 0;
         if (rc != 0) {
             zps_log(ZPS_ERROR, "allreduce", "cannot start the communication thread: error %d",
