@@ -6,9 +6,9 @@
  * start, when all take rank 0's.
  *
  * Overlap: backward reports the layers last first (grads_ready); the reported gradients
- * gather into a bucket, and once a bucket holds bucket_floats (default S_BUCKET_FLOATS)
- * it goes to this rank's communication thread, which reduces it with the peers while
- * backward computes the layers below. The optimizer is fused into the reduction
+ * gather into a bucket, and once a bucket holds bucket_floats (default: a quarter of the
+ * model, at least S_BUCKET_MIN) it goes to this rank's communication thread, which reduces
+ * it with the peers while backward computes the layers below. The optimizer is fused into the reduction
  * (tr_allreduce_sum_apply): each stretch of the mean gradient is applied to the values the
  * moment it is final, from cache, so the update makes no pass of its own. end_step sends
  * what is left (the first layers, and any floats no variable covers) and waits for the
@@ -44,9 +44,13 @@
 #include "ps/optim.h"
 #include "trainer/allreduce.h"
 
-/* 256 KiB: two slices of the segment; a few buckets for the convnet, some twenty for
- * Inception-v3 at width 0.25, so the first one leaves early in backward. */
-#define S_BUCKET_FLOATS 65536
+/* About S_BUCKETS buckets a step, none under S_BUCKET_MIN floats (256 KiB, two slices of
+ * the segment): the first leaves early in backward, and each round costs the two
+ * processes a few thread wake-ups, which on a machine where they share the cores with
+ * the computing threads cost more than the overlap brings (Inception-v3 at width 0.25 was
+ * slower with twenty buckets than with four). */
+#define S_BUCKETS 4
+#define S_BUCKET_MIN 65536
 
 typedef struct s_bucket {
     size_t lo, hi; // floats [lo, hi) of grads and params
@@ -201,7 +205,10 @@ static s_ar *s_alloc(const tr_sync_env *env)
     a->local.base.end_step = s_end_step;
     a->local.base.destroy = s_destroy;
     a->vars = env->vars, a->nvars = env->nvars;
-    a->bucket_floats = env->bucket_floats ? env->bucket_floats : S_BUCKET_FLOATS;
+    a->bucket_floats = env->nparams / S_BUCKETS > S_BUCKET_MIN ? env->nparams / S_BUCKETS
+                                                               : S_BUCKET_MIN;
+    if (env->bucket_floats)
+        a->bucket_floats = env->bucket_floats;
     a->nq_max = env->nvars + 2;
     a->q = zps_xcalloc(a->nq_max, sizeof *a->q);
     a->pend_lo = a->pend_hi = env->nparams;
