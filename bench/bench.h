@@ -42,6 +42,14 @@ const char *bench_out_dir(void);
 /* Opens bench_out_dir()/name for writing, its path into path (len bytes). NULL, after
  * "zps-bench BENCH: cannot write PATH" on stderr, when it cannot. */
 FILE *bench_json_open(const char *bench, const char *name, char *path, size_t len);
+/* The whole command line of zps-bench (main's argv), for a benchmark that re-executes it
+ * (common/omp_env.h); bench_set_argv is main's. */
+void bench_set_argv(char **argv);
+char **bench_argv(void);
+/* The machine's 1-minute load average (/proc/loadavg) into *load; -1 when unreadable. */
+int bench_loadavg(double *load);
+/* 1 when load is above the cores online: a figure taken then is not to be trusted. */
+int bench_busy(double load);
 /* Median of n doubles (sorts v in place). n > 0. */
 double bench_median(double *v, size_t n);
 /* p-th percentile (0..100) of n doubles, nearest rank (sorts v in place). n > 0. */

@@ -129,6 +129,7 @@ static int s_env(int argc, char **argv)
 int main(int argc, char **argv)
 {
     zps_log_init("bench", -1);
+    bench_set_argv(argv);
     s_top top;
     s_top_defaults(&top);
     int i, code;

@@ -8,7 +8,12 @@
  * jemalloc preloaded (MALLOC_CONF=dirty_decay_ms:-1,muzzy_decay_ms:-1), the same
  * warm-up/steps and median. Writes BENCH_DIR/train_step.json: a list of {"shape", "batch",
  * "zps_ips", "torch_ips", "ratio", "zps_peak_rss_mb"} (torch_ips and ratio null when PyTorch
- * is unavailable or --no-torch).
+ * is unavailable or --no-torch), with the machine's state: "omp_wait_policy" (what the zps side
+ * ran with), "cores", "load_before" and "load_after" (1-minute load average before the zps
+ * side and after both) and "busy" (either load above the cores: discard that figure).
+ *
+ * The zps side runs with zps-trainer's OpenMP policy (common/omp_env.h: the command
+ * re-executes itself once to set it); PyTorch keeps the environment the user gave.
  */
 #include <math.h>
 #include <stdio.h>
@@ -22,6 +27,7 @@
 #include "bench/bench.h"
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/omp_env.h"
 #include "ps/optim.h"
 #include "trainer/models/models.h"
 
@@ -108,13 +114,15 @@ static int s_run_zps(const s_shape *sh, int warmup, int steps, double *ips, doub
 static int s_run_torch(const s_shape *sh, int warmup, int steps, double *ips)
 {
     const char *root = getenv("ZPS_ROOT");
+    /* undo what zps_omp_env set for zps, so PyTorch runs as its users run it */
+    const char *unset = zps_omp_env_set("OMP_WAIT_POLICY") ? "-u OMP_WAIT_POLICY " : "";
     char cmd[8192];
     snprintf(cmd, sizeof cmd,
-             "LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2 "
+             "env %s-u ZPS_OMP_CONFIGURED LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2 "
              "MALLOC_CONF=dirty_decay_ms:-1,muzzy_decay_ms:-1 /usr/bin/python3 "
              "%s/tests/ref/train_step_ref.py --size %d --batch %d --aux %d --warmup %d "
              "--steps %d --threads 2",
-             root ? root : ".", sh->size, sh->batch, sh->aux, warmup, steps);
+             unset, root ? root : ".", sh->size, sh->batch, sh->aux, warmup, steps);
     fflush(NULL);
     FILE *f = popen(cmd, "r");
     if (!f)
@@ -166,14 +174,56 @@ static const zps_opt s_opt[] = {
 
 static const zps_opts s_spec = BENCH_OPTS("train-step", s_cfg, s_opt, s_defaults, NULL);
 
+/* One shape, both sides: its table line and JSON object (first: no leading comma). 0 when
+ * the zps side ran, 1 when it failed, 2 for a malformed shape. */
+static int s_one_shape(const s_cfg *cfg, const char *tok, FILE *out, int first)
+{
+    s_shape sh;
+    if (sscanf(tok, "%dx%d", &sh.size, &sh.batch) != 2 || sh.size < 75 || sh.batch < 1) {
+        fprintf(stderr, "zps-bench train-step: bad shape '%s' (want SIZExBATCH)\n", tok);
+        return 2;
+    }
+    sh.aux = sh.size >= 299;
+    double zi = 0, ti = NAN, rss = 0, before = -1, after = -1;
+    const char *policy = getenv("OMP_WAIT_POLICY");
+    bench_loadavg(&before);
+    if (s_run_zps(&sh, cfg->warmup, cfg->steps, &zi, &rss) != 0) {
+        fprintf(stderr, "zps-bench train-step: zps run failed at %s\n", tok);
+        return 1;
+    }
+    if (cfg->torch && s_run_torch(&sh, cfg->warmup, cfg->steps, &ti) != 0) {
+        fprintf(stderr, "zps-bench train-step: PyTorch run failed at %s (python3-torch missing?)\n",
+                tok);
+        ti = NAN;
+    }
+    bench_loadavg(&after);
+    int busy = bench_busy(before) || bench_busy(after);
+    char tbuf[32] = "null", rbuf[32] = "null";
+    if (!isnan(ti)) {
+        snprintf(tbuf, sizeof tbuf, "%.3f", ti);
+        snprintf(rbuf, sizeof rbuf, "%.3f", zi / ti);
+    }
+    printf("%-9s %6d %10.2f %10s %7s %12.0f %5.2f/%-5.2f%s\n", tok, sh.batch, zi, tbuf, rbuf, rss,
+           before, after, busy ? "  BUSY: discard this line" : "");
+    fflush(stdout);
+    fprintf(out,
+            "%s\n  {\"shape\": \"%dx%dx%d\", \"batch\": %d, \"aux\": %d, \"zps_ips\": %.3f, "
+            "\"torch_ips\": %s, \"ratio\": %s, \"zps_peak_rss_mb\": %.0f, "
+            "\"omp_wait_policy\": \"%s\", \"cores\": %ld, \"load_before\": %.2f, "
+            "\"load_after\": %.2f, \"busy\": %s}",
+            first ? "" : ",", 3, sh.size, sh.size, sh.batch, sh.aux, zi, tbuf, rbuf, rss,
+            policy ? policy : "", sysconf(_SC_NPROCESSORS_ONLN), before, after,
+            busy ? "true" : "false");
+    return 0;
+}
+
 static int s_train_step(int argc, char **argv)
 {
     s_cfg cfg;
     int rc = bench_opts_parse(&s_spec, &cfg, argc, argv);
     if (rc >= 0)
         return rc;
-    const char *shapes = cfg.shapes;
-    int warmup = cfg.warmup, steps = cfg.steps, torch = cfg.torch;
+    zps_omp_env(1, bench_argv());
     char path[4096];
     FILE *out = bench_json_open("train-step", "train_step.json", path, sizeof path);
     if (!out)
@@ -181,44 +231,24 @@ static int s_train_step(int argc, char **argv)
     fprintf(out, "[");
     int first = 1;
     rc = 0;
-    char *list = strdup(shapes), *save = NULL;
-    printf("%-9s %6s %10s %10s %7s %12s\n", "shape", "batch", "zps img/s", "torch img/s",
-           "ratio", "zps RSS MiB");
+    char *list = strdup(cfg.shapes), *save = NULL;
+    printf("%-9s %6s %10s %10s %7s %12s %s\n", "shape", "batch", "zps img/s", "torch img/s",
+           "ratio", "zps RSS MiB", "load before/after");
     for (char *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        s_shape sh;
-        if (sscanf(tok, "%dx%d", &sh.size, &sh.batch) != 2 || sh.size < 75 || sh.batch < 1) {
-            fprintf(stderr, "zps-bench train-step: bad shape '%s' (want SIZExBATCH)\n", tok);
+        int r = s_one_shape(&cfg, tok, out, first);
+        if (r == 2) {
             rc = 2;
             break;
         }
-        sh.aux = sh.size >= 299;
-        double zi = 0, ti = NAN, rss = 0;
-        if (s_run_zps(&sh, warmup, steps, &zi, &rss) != 0) {
-            fprintf(stderr, "zps-bench train-step: zps run failed at %s\n", tok);
+        if (r == 0)
+            first = 0;
+        else
             rc = 1;
-            continue;
-        }
-        if (torch && s_run_torch(&sh, warmup, steps, &ti) != 0) {
-            fprintf(stderr, "zps-bench train-step: PyTorch run failed at %s (python3-torch missing?)\n",
-                    tok);
-            ti = NAN;
-        }
-        char tbuf[32] = "null", rbuf[32] = "null";
-        if (!isnan(ti)) {
-            snprintf(tbuf, sizeof tbuf, "%.3f", ti);
-            snprintf(rbuf, sizeof rbuf, "%.3f", zi / ti);
-        }
-        printf("%-9s %6d %10.2f %10s %7s %12.0f\n", tok, sh.batch, zi, tbuf, rbuf, rss);
-        fflush(stdout);
-        fprintf(out,
-                "%s\n  {\"shape\": \"%dx%dx%d\", \"batch\": %d, \"aux\": %d, \"zps_ips\": %.3f, "
-                "\"torch_ips\": %s, \"ratio\": %s, \"zps_peak_rss_mb\": %.0f}",
-                first ? "" : ",", 3, sh.size, sh.size, sh.batch, sh.aux, zi, tbuf, rbuf, rss);
-        first = 0;
     }
     fprintf(out, "\n]\n");
     fclose(out);
     free(list);
-    printf("train-step: wrote %s\n", path);
+    printf("train-step: wrote %s (a line marked BUSY ran with the load above the %ld cores)\n",
+           path, sysconf(_SC_NPROCESSORS_ONLN));
     return rc;
 }

@@ -1,7 +1,8 @@
 /* test_allreduce.c — the shared-memory all-reduce (trainer/allreduce.h).
  *
- * Suite `allreduce` (in one process, so it runs under the sanitizers): argument checks and
- * two ranks played by two threads. Suite `it_allreduce` forks rank processes: results are
+ * Suite `allreduce` (in one process, so it runs under the sanitizers): argument checks,
+ * two ranks played by two threads, and the fused-update callback of tr_allreduce_sum_apply
+ * (each element handed over once, final, and the callback's writes kept). Suite `it_allreduce` forks rank processes: results are
  * bit-identical on every rank and equal to the fixed-order sum ((x0 + x1) + x2) + ...,
  * across many calls with sizes that do not fill a slice or wrap the ring; average,
  * broadcast and barrier; a peer that dies makes the others fail at once instead of hanging,
@@ -151,24 +152,104 @@ static void *s_thread_rank(void *p)
     return NULL;
 }
 
-/* Two ranks as two threads of this process: the whole data path under the sanitizers. */
-Test(allreduce, two_threads_as_ranks_match_fixed_order, .timeout = 30)
+/* A test with ranks as threads: quiet log, a fresh seed (returned), job named after what. */
+static uint64_t s_thread_job(char *job, size_t len, const char *what)
 {
     zps_log_set_level(ZPS_LOG_WARN);
     uint64_t seed = s_seed();
-    char job[64];
-    s_job(job, sizeof job, "thr", seed);
-    s_thread_arg a[2];
+    s_job(job, len, what, seed);
+    return seed;
+}
+
+/* Runs fn on a[0] and a[1] (each elem bytes apart) in two threads and joins them. */
+static void s_two_ranks(void *(*fn)(void *), void *a, size_t elem)
+{
     pthread_t th[2];
-    for (int r = 0; r < 2; r++) {
-        a[r] = (s_thread_arg){.job = job, .rank = r, .n = 2, .seed = seed};
-        cr_assert_eq(pthread_create(&th[r], NULL, s_thread_rank, &a[r]), 0);
-    }
+    for (int r = 0; r < 2; r++)
+        cr_assert_eq(pthread_create(&th[r], NULL, fn, (char *)a + (size_t)r * elem), 0);
     for (int r = 0; r < 2; r++)
         pthread_join(th[r], NULL);
+}
+
+/* Two ranks as two threads of this process: the whole data path under the sanitizers. */
+Test(allreduce, two_threads_as_ranks_match_fixed_order, .timeout = 30)
+{
+    char job[64];
+    uint64_t seed = s_thread_job(job, sizeof job, "thr");
+    s_thread_arg a[2];
+    for (int r = 0; r < 2; r++)
+        a[r] = (s_thread_arg){.job = job, .rank = r, .n = 2, .seed = seed};
+    s_two_ranks(s_thread_rank, a, sizeof a[0]);
     for (int r = 0; r < 2; r++)
         cr_assert_eq(a[r].rc, 0, "rank %d failed with %d; seed %llx", r, a[r].rc,
                      (unsigned long long)seed);
+}
+
+/* tr_allreduce_sum_apply: the callback sees every element once, already final (the mean),
+ * and what it writes stays (the fused update's contract). */
+#define S_APPLY_N 70001 // several slices (small slices below), a ragged end
+
+typedef struct s_apply_arg {
+    const char *job;
+    int rank;
+    uint64_t seed;
+    float buf[S_APPLY_N];
+    uint8_t seen[S_APPLY_N];
+    int bad; // elements not final when handed over
+    int rc;
+} s_apply_arg;
+
+static void s_apply_cb(void *ctx, float *part, size_t len)
+{
+    s_apply_arg *a = ctx;
+    size_t at = (size_t)(part - a->buf);
+    for (size_t i = 0; i < len; i++) {
+        float want = (s_val(a->seed, 0, 0, at + i) + s_val(a->seed, 0, 1, at + i)) / 2.0f;
+        a->bad += part[i] != want;
+        a->seen[at + i]++;
+        part[i] = -part[i]; // the update: must survive
+    }
+}
+
+static void *s_apply_rank(void *p)
+{
+    s_apply_arg *a = p;
+    tr_allreduce_opts o = {.slice_floats = 4096, .ring = 4};
+    tr_allreduce *ar;
+    a->rc = tr_allreduce_new(a->job, a->rank, 2, S_APPLY_N, &o, &ar);
+    if (a->rc != ZPS_OK)
+        return NULL;
+    for (size_t i = 0; i < S_APPLY_N; i++)
+        a->buf[i] = s_val(a->seed, 0, a->rank, i);
+    a->rc = tr_allreduce_sum_apply(ar, a->buf, S_APPLY_N, 1, s_apply_cb, a);
+    tr_allreduce_destroy(&ar);
+    return NULL;
+}
+
+Test(allreduce, sum_apply_hands_every_final_element_over_once, .timeout = 30)
+{
+    char job[64];
+    uint64_t seed = s_thread_job(job, sizeof job, "apply");
+    static s_apply_arg a[2];
+    for (int r = 0; r < 2; r++) {
+        memset(&a[r], 0, sizeof a[r]);
+        a[r].job = job, a[r].rank = r, a[r].seed = seed;
+    }
+    s_two_ranks(s_apply_rank, a, sizeof a[0]);
+    for (int r = 0; r < 2; r++) {
+        cr_assert_eq(a[r].rc, ZPS_OK, "rank %d: %s; seed %llx", r, zps_strerror(a[r].rc),
+                     (unsigned long long)seed);
+        cr_expect_eq(a[r].bad, 0, "rank %d: %d elements handed over before they were final", r,
+                     a[r].bad);
+        size_t once = 0;
+        for (size_t i = 0; i < S_APPLY_N; i++)
+            once += a[r].seen[i] == 1;
+        cr_expect_eq(once, S_APPLY_N, "rank %d: %zu elements not handed over exactly once", r,
+                     S_APPLY_N - once);
+        cr_expect_eq(memcmp(a[0].buf, a[r].buf, sizeof a[r].buf), 0, "rank %d differs", r);
+        float want = -(s_val(seed, 0, 0, 5) + s_val(seed, 0, 1, 5)) / 2.0f;
+        cr_expect_eq(a[r].buf[5], want, "the callback's update did not stay");
+    }
 }
 
 /* ---------------------------------------------------------------- forked ranks */

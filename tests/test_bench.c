@@ -1,6 +1,8 @@
-/* test_bench.c — `zps-bench pushpull` end to end (suite it_bench: runs $ZPS_BIN/zps-bench):
- * one small cell with all three sides (zps, raw, raw with warm memory) exits 0 and writes
- * build/bench-style JSON with every documented field, filled; bad options are usage errors.
+/* test_bench.c — `zps-bench pushpull` and `train-step` end to end (suite it_bench: runs
+ * $ZPS_BIN/zps-bench): one small pushpull cell with all three sides (zps, raw, raw with warm
+ * memory) exits 0 and writes build/bench-style JSON with every documented field, filled; bad
+ * options are usage errors. train-step's zps side runs with zps-trainer's OpenMP policy (a
+ * user's own value kept) and its JSON says the load and whether the machine was busy.
  * No figure is judged here: speed is the benchmark's business, not a test's. */
 #include <criterion/criterion.h>
 #include <stdio.h>
@@ -18,13 +20,31 @@ TestSuite(it_bench, .init = s_setup, .fini = s_teardown, .timeout = 150);
 
 /* Runs zps-bench with args (NULL-terminated), $ZPS_BENCH_DIR = s_dir, within timeout_s.
  * Returns the exit status; *out is the output (caller frees). */
-static int s_bench(char **out, double timeout_s, const char *const *args)
+static int s_bench_env(char **out, double timeout_s, const char *const *args, const char *more)
 {
     char logp[512], envd[600];
     snprintf(logp, sizeof logp, "%s/out.txt", s_dir);
     snprintf(envd, sizeof envd, "ZPS_BENCH_DIR=%s", s_dir);
-    const char *env[] = {envd, NULL};
+    const char *env[] = {envd, more, NULL};
     return zt_run("zps-bench", args, env, logp, timeout_s, out);
+}
+
+/* s_bench_env with no more environment. */
+static int s_bench(char **out, double timeout_s, const char *const *args)
+{
+    return s_bench_env(out, timeout_s, args, NULL);
+}
+
+/* The JSON file s_dir/name into js (n bytes). */
+static void s_json(const char *name, char *js, size_t n)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", s_dir, name);
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f, "no %s", path);
+    size_t got = fread(js, 1, n - 1, f);
+    js[got] = 0;
+    fclose(f);
 }
 
 /* The number after "key": in the JSON text js (asserts that the key is there). */
@@ -33,7 +53,7 @@ static double s_num(const char *js, const char *key)
     char pat[64];
     snprintf(pat, sizeof pat, "\"%s\": ", key);
     const char *at = strstr(js, pat);
-    cr_assert_not_null(at, "pushpull.json has no %s:\n%s", key, js);
+    cr_assert_not_null(at, "the JSON has no %s:\n%s", key, js);
     char *endp;
     double v = strtod(at + strlen(pat), &endp);
     cr_assert(endp != at + strlen(pat), "%s is not a number in:\n%s", key, js);
@@ -50,14 +70,8 @@ Test(it_bench, pushpull_writes_every_documented_field)
     cr_assert_not_null(strstr(out, "1x1   65536     push"), "no result row in:\n%s", out);
     free(out);
 
-    char path[512];
-    snprintf(path, sizeof path, "%s/pushpull.json", s_dir);
-    FILE *f = fopen(path, "r");
-    cr_assert_not_null(f, "no %s", path);
     char js[8192];
-    size_t got = fread(js, 1, sizeof js - 1, f);
-    js[got] = 0;
-    fclose(f);
+    s_json("pushpull.json", js, sizeof js);
     /* one cell: one object */
     cr_assert_eq(strchr(js, '{'), strrchr(js, '{'), "more than one cell in:\n%s", js);
     cr_assert_eq(s_num(js, "servers"), 1);
@@ -91,4 +105,39 @@ Test(it_bench, pushpull_refuses_bad_options)
         cr_expect_eq(zt_count(out, "\n"), 1, "one line:\n%s", out);
         free(out);
     }
+}
+
+/* One tiny train-step shape, zps side only, with more in its environment (NULL: none). */
+static void s_train_step(const char *more, char *js, size_t n)
+{
+    unsetenv("OMP_WAIT_POLICY");
+    unsetenv("ZPS_OMP_CONFIGURED");
+    char *out;
+    const char *const args[] = {"train-step", "--no-torch", "--shapes", "75x1", "--steps", "1",
+                                "--warmup", "0", NULL};
+    int rc = s_bench_env(&out, 120, args, more);
+    cr_assert_eq(rc, 0, "zps-bench train-step exited %d:\n%s", rc, out);
+    free(out);
+    s_json("train_step.json", js, n);
+}
+
+Test(it_bench, train_step_runs_zps_with_the_trainers_openmp_policy_and_says_the_load)
+{
+    char js[4096];
+    s_train_step(NULL, js, sizeof js);
+    cr_expect_not_null(strstr(js, "\"omp_wait_policy\": \"passive\""), "%s", js);
+    double cores = s_num(js, "cores"), before = s_num(js, "load_before"),
+           after = s_num(js, "load_after");
+    cr_expect_gt(cores, 0, "%s", js);
+    cr_expect_geq(before, 0, "%s", js);
+    cr_expect_geq(after, 0, "%s", js);
+    const char *busy = before > cores || after > cores ? "\"busy\": true" : "\"busy\": false";
+    cr_expect_not_null(strstr(js, busy), "want %s in:\n%s", busy, js);
+}
+
+Test(it_bench, train_step_keeps_the_users_openmp_policy)
+{
+    char js[4096];
+    s_train_step("OMP_WAIT_POLICY=active", js, sizeof js);
+    cr_expect_not_null(strstr(js, "\"omp_wait_policy\": \"active\""), "%s", js);
 }

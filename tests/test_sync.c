@@ -3,7 +3,9 @@
  * local: end_step is exactly the servers' optimizer (ps_optim_apply) on the mean gradient, at
  * the step begun last, with its learning rate in the record. all-reduce: with one rank it is
  * local training bit for bit, plus the byte counts; with two ranks (threads) rank 0's wish to
- * stop is everyone's. The PS back-end runs against real servers in it_train.
+ * stop is everyone's, and a step reduces and applies each layer's bucket while the layers
+ * below are still to come (before end_step), ending with the values of one mean and one
+ * update. The PS back-end runs against real servers in it_train.
  */
 #include <criterion/criterion.h>
 #include <pthread.h>
@@ -129,6 +131,16 @@ Test(tr_sync, allreduce_of_one_rank_is_local_training)
     tr_sync_destroy(&s);
 }
 
+/* Runs fn on a[0] and a[1] (each elem bytes apart) in two threads and joins them. */
+static void s_two_ranks(void *(*fn)(void *), void *a, size_t elem)
+{
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(pthread_create(&th[i], NULL, fn, (char *)a + (size_t)i * elem), 0);
+    for (int i = 0; i < 2; i++)
+        pthread_join(th[i], NULL);
+}
+
 typedef struct s_rank {
     s_fixture f;
     const char *job;
@@ -158,20 +170,94 @@ Test(tr_sync, allreduce_stops_when_rank_0_says_so)
     static s_rank r[2];
     char job[64];
     snprintf(job, sizeof job, "stop%d-%u", (int)getpid(), zt_rand());
-    pthread_t th[2];
     for (int i = 0; i < 2; i++) {
         s_fixture_init(&r[i].f, i, 2);
         r[i].job = job;
     }
     r[0].wish[0] = 0, r[1].wish[0] = 1; // rank 1 alone cannot stop the job
     r[0].wish[1] = 1, r[1].wish[1] = 0; // rank 0 stops everyone
-    for (int i = 0; i < 2; i++)
-        cr_assert_eq(pthread_create(&th[i], NULL, s_rank_thread, &r[i]), 0);
-    for (int i = 0; i < 2; i++)
-        pthread_join(th[i], NULL);
+    s_two_ranks(s_rank_thread, r, sizeof r[0]);
     for (int i = 0; i < 2; i++) {
         cr_assert_eq(r[i].st, ZPS_OK, "rank %d: %s", i, zps_strerror(r[i].st));
         cr_assert_eq(r[i].got[0], 0, "rank %d stopped on rank 1's wish", i);
         cr_assert_eq(r[i].got[1], 1, "rank %d went on after rank 0 stopped", i);
+    }
+}
+
+/* Overlap: four variables, one bucket each (bucket_floats 1). Each rank reports them last
+ * first and, before reporting the next, waits (at most 10 s) for the reported one's values
+ * to change: the reduction and the update ran while "backward" went on. */
+#define S_NV 4
+
+typedef struct s_ov_rank {
+    s_fixture f;
+    nn_var vars[S_NV];
+    const char *job;
+    int early[S_NV]; // variable v changed before end_step
+    zps_status st;
+} s_ov_rank;
+
+static int s_changed(const float *a, const float *b, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (a[i] != b[i])
+            return 1;
+    return 0;
+}
+
+static void *s_ov_thread(void *p)
+{
+    s_ov_rank *r = p;
+    snprintf(r->f.cfg.job, sizeof r->f.cfg.job, "%s", r->job);
+    tr_sync *s = NULL;
+    r->st = tr_sync_allreduce_new(&r->f.env, &s);
+    int stop = 0;
+    if (r->st == ZPS_OK)
+        r->st = s->begin_step(s, 3, &stop);
+    static _Thread_local float before[S_N];
+    memcpy(before, r->f.params, sizeof before);
+    for (int v = S_NV - 1; v >= 0 && r->st == ZPS_OK; v--) {
+        r->st = s->grads_ready(s, (size_t)v, 1);
+        const nn_var *x = &r->vars[v];
+        for (int k = 0; k < 10000 && !r->early[v]; k++) {
+            r->early[v] = s_changed(before + x->offset, r->f.params + x->offset, x->count);
+            usleep(1000);
+        }
+    }
+    tr_step_record rec = tr_step_record_empty(4);
+    if (r->st == ZPS_OK)
+        r->st = s->end_step(s, &rec);
+    tr_sync_destroy(&s);
+    return NULL;
+}
+
+Test(tr_sync, allreduce_reduces_each_bucket_while_backward_goes_on)
+{
+    zt_seed_init();
+    zps_log_set_level(ZPS_LOG_WARN);
+    static s_ov_rank r[2];
+    char job[64];
+    snprintf(job, sizeof job, "ovl%d-%u", (int)getpid(), zt_rand());
+    for (int i = 0; i < 2; i++) {
+        s_fixture_init(&r[i].f, i, 2);
+        for (int v = 0; v < S_NV; v++)
+            r[i].vars[v] = (nn_var){.offset = (size_t)v * (S_N / S_NV), .count = S_N / S_NV};
+        r[i].f.env.vars = r[i].vars, r[i].f.env.nvars = S_NV, r[i].f.env.bucket_floats = 1;
+        r[i].job = job;
+    }
+    /* what one mean of the two gradients and one update make of rank 0's values */
+    static float want[S_N], g[S_N], slot[S_N];
+    memcpy(want, r[0].f.params, sizeof want);
+    for (int i = 0; i < S_N; i++)
+        g[i] = (r[0].f.grads[i] + r[1].f.grads[i]) / 2.0f;
+    float *slots[2] = {slot, NULL};
+    ps_optim_apply(&r[0].f.cfg.opt, 3, want, slots, g, S_N);
+    s_two_ranks(s_ov_thread, r, sizeof r[0]);
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(r[i].st, ZPS_OK, "rank %d: %s", i, zps_strerror(r[i].st));
+        for (int v = 0; v < S_NV; v++)
+            cr_expect(r[i].early[v], "rank %d: variable %d only changed in end_step", i, v);
+        cr_expect_eq(memcmp(r[i].f.params, want, sizeof want), 0,
+                     "rank %d: not one mean and one update", i);
     }
 }

@@ -21,6 +21,9 @@
  *           gathered[r] = g + 1
  * Output slot k is reused for slice g only after every rank gathered slice g - ring: a
  * reducer of slice g waited for every copy of slice g, and each copy waited for that.
+ * With an apply callback (tr_allreduce_sum_apply) the reducer hands its part to it right
+ * after writing it into buf, and the gatherer each part it copied, so the caller's update
+ * reads the result from cache instead of making another pass over buf.
  */
 #include "trainer/allreduce.h"
 #include "trainer/allreduce_int.h"
@@ -256,15 +259,19 @@ static void s_reduce_part(tr_allreduce *ar, float *buf, size_t n, uint32_t base,
     uint32_t g = base + t;
     size_t len = s_slice_len(ar, n, t), lo, hi;
     s_part(len, ar->n_ranks, ar->rank, &lo, &hi);
+    float *part = buf + (size_t)t * ar->slice + lo;
     if (hi > lo) {
         float *src[TR_AR_MAX_RANKS] = {0};
         for (int i = 0; i < ar->n_ranks; i++)
             src[i] = s_in_slot(ar, i, g) + lo;
         float *out = s_out_slot(ar, g) + lo;
         s_reduce(out, src, ar->n_ranks, hi - lo, average);
-        memcpy(buf + (size_t)t * ar->slice + lo, out, (hi - lo) * sizeof(float));
+        memcpy(part, out, (hi - lo) * sizeof(float));
     }
     tr_ar_publish(ar->hdr, &ar->hdr->ranks[ar->rank].ctr[TR_AR_REDUCED].v, g + 1);
+    /* after the publication: the peers gather while this rank applies its own copy */
+    if (ar->apply && hi > lo)
+        ar->apply(ar->apply_ctx, part, hi - lo);
 }
 
 static void s_gather(tr_allreduce *ar, float *buf, size_t n, uint32_t base, uint32_t t)
@@ -280,6 +287,12 @@ static void s_gather(tr_allreduce *ar, float *buf, size_t n, uint32_t base, uint
             memcpy(dst + lo, out + lo, (hi - lo) * sizeof(float));
     }
     tr_ar_publish(ar->hdr, &ar->hdr->ranks[ar->rank].ctr[TR_AR_GATHERED].v, g + 1);
+    /* after the publication (the slot is free again): the parts are in buf, and in cache */
+    for (int p = 0; ar->apply && p < ar->n_ranks; p++) {
+        s_part(len, ar->n_ranks, p, &lo, &hi);
+        if (p != ar->rank && hi > lo)
+            ar->apply(ar->apply_ctx, dst + lo, hi - lo);
+    }
 }
 
 /* Runs ns slices (ns >= 1). Each pass does every phase whose inputs are ready — gathers
@@ -340,6 +353,12 @@ static zps_status s_usable(tr_allreduce *ar)
 
 zps_status tr_allreduce_sum(tr_allreduce *ar, float *buf, size_t n, int average)
 {
+    return tr_allreduce_sum_apply(ar, buf, n, average, NULL, NULL);
+}
+
+zps_status tr_allreduce_sum_apply(tr_allreduce *ar, float *buf, size_t n, int average,
+                                  tr_allreduce_apply_fn fn, void *ctx)
+{
     ZPS_TRY(s_usable(ar));
     if (n > ar->max_floats || (n && !buf)) {
         zps_log(ZPS_ERROR, "allreduce", "sum of %zu floats, max_floats is %zu", n,
@@ -348,7 +367,10 @@ zps_status tr_allreduce_sum(tr_allreduce *ar, float *buf, size_t n, int average)
     }
     if (n == 0)
         return ZPS_OK;
-    return s_run(ar, buf, n, (uint32_t)((n + ar->slice - 1) / ar->slice), average);
+    ar->apply = fn, ar->apply_ctx = ctx;
+    zps_status st = s_run(ar, buf, n, (uint32_t)((n + ar->slice - 1) / ar->slice), average);
+    ar->apply = NULL, ar->apply_ctx = NULL;
+    return st;
 }
 
 zps_status tr_allreduce_barrier(tr_allreduce *ar)

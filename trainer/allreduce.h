@@ -21,6 +21,8 @@
  *    average, the sum is divided by N (IEEE division, exact scaling when N is a power of 2).
  *  - The segment (ring of slots, counters) is allocated and pre-faulted once in
  *    tr_allreduce_new; calls allocate nothing.
+ *  - tr_allreduce_sum_apply hands each stretch to its callback once, after the stretch is
+ *    final on this rank; the callback may change buf there (it is not read again).
  *  - Synchronisation is by per-rank progress counters in the segment: short spin, then futex
  *    wait (no sleeps). Every rank holds a robust process-shared mutex for its lifetime, so a
  *    peer that dies is noticed at once; a peer that is alive but silent past the timeout
@@ -64,6 +66,16 @@ zps_status tr_allreduce_new(const char *job_name, int rank, int n_ranks, size_t 
 /* Collective: buf[0..n) becomes the sum over ranks (average != 0: the mean). n <= max_floats,
  * the same n on every rank. ZPS_ERR_TIMEOUT when a peer died or stayed silent too long. */
 zps_status tr_allreduce_sum(tr_allreduce *ar, float *buf, size_t n, int average);
+
+/* Called by tr_allreduce_sum_apply on each stretch part[0..len) of buf as soon as it holds
+ * its final sum (mean), while it is still in cache: the caller's update fused into the
+ * reduction (the trainer's optimizer step). The stretches cover buf exactly once, in no
+ * particular order; part points into buf. */
+typedef void (*tr_allreduce_apply_fn)(void *ctx, float *part, size_t len);
+
+/* tr_allreduce_sum, then fn on every stretch of the result (fn NULL: tr_allreduce_sum). */
+zps_status tr_allreduce_sum_apply(tr_allreduce *ar, float *buf, size_t n, int average,
+                                  tr_allreduce_apply_fn fn, void *ctx);
 
 /* Collective: buf[0..bytes) of rank `root` is copied into buf on every other rank (initial
  * weights, an NCCL unique id). bytes <= 4 * max_floats. */

@@ -68,6 +68,8 @@ struct tr_allreduce {
     size_t bytes;        // its length
     float *in;           // input ring: (n_ranks, ring, slice)
     float *outr;         // output ring: (ring, slice)
+    tr_allreduce_apply_fn apply; // during tr_allreduce_sum_apply: the callback, else NULL
+    void *apply_ctx;
 };
 
 static inline long tr_ar_futex(_Atomic uint32_t *addr, int op, uint32_t val,

@@ -9,8 +9,9 @@
  *                     hook, pulls the new values in forward order, and the next forward
  *                     waits for each layer's values just before it reads them
  *   sync_allreduce.c  --mode allreduce: shared-memory mean over the node's trainers
- *                     (trainer/allreduce.h), then the local optimizer; rank 0 decides when
- *                     every rank stops
+ *                     (trainer/allreduce.h) per bucket of layers on a communication thread
+ *                     while backward goes on, the local optimizer fused into each bucket's
+ *                     reduction; rank 0 decides when every rank stops
  *   (next: sync_nccl.c, the all-reduce of device gradients, behind the same calls)
  *
  * A step, as train.c calls it:
@@ -34,6 +35,10 @@
  *    the K micro-batches into env.grads and then calls grads_ready once per variable, last
  *    first; with K = 1 the model's backward calls it per layer. Either way every variable
  *    is reported once per step, after its gradient is final and before end_step.
+ *  - Once grads_ready(first, n) returned, the back-end may change those variables' values
+ *    before end_step (all-reduce: the fused update on its communication thread): backward
+ *    must not read them again in this step (nn calls a layer's hook after its whole
+ *    backward), and nothing but the back-end touches params until end_step returns.
  *  - grads_ready may run inside nn's backward, which cannot return a status: a back-end keeps
  *    its first failure, refuses further work, and returns that failure from every later
  *    grads_ready and from end_step. A failure is logged once, where it happens.
@@ -65,6 +70,7 @@ typedef struct tr_sync_env {
     const char *const *uris;  // (n_uris) PS servers
     int n_uris;
     const volatile sig_atomic_t *stop; // raised by SIGTERM/SIGINT: network waits end at once
+    size_t bucket_floats;     // all-reduce: gradients reduced together (0: the default)
 } tr_sync_env;
 
 typedef struct tr_sync tr_sync;

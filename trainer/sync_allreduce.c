@@ -5,38 +5,157 @@
  * optimizer, so the replicas stay bit-identical without ever exchanging values after the
  * start, when all take rank 0's.
  *
- * It is the local back-end (sync_local.c) with three calls replaced: begin_step (the stop
- * decision), end_step (the sum before the update) and destroy.
+ * Overlap: backward reports the layers last first (grads_ready); the reported gradients
+ * gather into a bucket, and once a bucket holds bucket_floats (default: a quarter of the
+ * model, at least S_BUCKET_MIN) it goes to this rank's communication thread, which reduces
+ * it with the peers while backward computes the layers below. The optimizer is fused into the reduction
+ * (tr_allreduce_sum_apply): each stretch of the mean gradient is applied to the values the
+ * moment it is final, from cache, so the update makes no pass of its own. end_step sends
+ * what is left (the first layers, and any floats no variable covers) and waits for the
+ * thread; net_wait is that wait, the part of the exchange backward did not hide.
+ *
+ * It is the local back-end (sync_local.c) with four calls replaced: begin_step (the stop
+ * decision), grads_ready (the buckets), end_step (the rest and the wait) and destroy.
  *
  * Invariants:
  *  - Every rank makes the same collective calls in the same order: one broadcast of the stop
- *    decision per step begun, one sum per step ended. Stopping is therefore decided by
- *    rank 0 alone (its wish, broadcast): a rank that stopped on its own would leave the
- *    others waiting in the next sum.
+ *    decision per step begun, then the step's buckets. Bucket edges depend only on the model
+ *    (its variables and the order of the hooks), so they are the same on every rank.
+ *    Stopping is decided by rank 0 alone (its wish, broadcast): a rank that stopped on its
+ *    own would leave the others waiting in the next sum.
+ *  - The thread is the only user of the tr_allreduce between the first bucket and the end
+ *    of end_step; the loop's thread uses it (broadcasts) only while the thread is idle, and
+ *    the mutex orders the two. Buckets cover [0, nparams) exactly once per step.
+ *  - The sum order per element is fixed (allreduce.h) and the update is elementwise
+ *    (ps_optim_apply), so bucket and stretch edges never change a bit: the result equals
+ *    one sum of the whole gradient followed by one update (test_sync, it_train).
+ *  - Nothing is allocated per step: the queue holds at most one bucket per variable + 1.
  */
 #include "trainer/sync.h"
 
+#include <pthread.h>
+#include <signal.h>
 #include <stdlib.h>
 
 #include "common/check.h"
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/mem.h"
+#include "ps/optim.h"
 #include "trainer/allreduce.h"
+
+/* About S_BUCKETS buckets a step, none under S_BUCKET_MIN floats (256 KiB, two slices of
+ * the segment): the first leaves early in backward, and each round costs the two
+ * processes a few thread wake-ups, which on a machine where they share the cores with
+ * the computing threads cost more than the overlap brings (Inception-v3 at width 0.25 was
+ * slower with twenty buckets than with four). */
+#define S_BUCKETS 4
+#define S_BUCKET_MIN 65536
+
+typedef struct s_bucket {
+    size_t lo, hi; // floats [lo, hi) of grads and params
+} s_bucket;
 
 typedef struct s_ar {
     tr_sync_local local;      // first: the local back-end this one extends
     tr_allreduce *ar;
+    const nn_var *vars;       // (nvars) the model's, to find a variable's floats
+    size_t nvars;
+    size_t bucket_floats;
+    size_t pend_lo, pend_hi;  // reported this step and not yet queued
+    s_bucket *q;              // (nq_max) this step's buckets
+    size_t nq_max;
+    /* shared with the thread, under mu */
+    pthread_mutex_t mu;
+    pthread_cond_t work, done_cv;
+    size_t posted, done;      // buckets queued, and reduced and applied, this step
+    int quit;                 // destroy: the thread ends once the queue is empty
+    zps_status err;           // the first failure (the thread's or the hooks')
+    int thread_up;
+    pthread_t thread;
 } s_ar;
+
+/* The fused update of one stretch of the mean gradient (allreduce.h's callback). */
+static void s_apply(void *ctx, float *part, size_t len)
+{
+    s_ar *a = ctx;
+    tr_sync_local *l = &a->local;
+    size_t at = (size_t)(part - l->grads);
+    float *slots[2] = {l->slots[0] ? l->slots[0] + at : NULL, l->slots[1] ? l->slots[1] + at : NULL};
+    ps_optim_apply(l->opt, (uint64_t)l->step, l->params + at, slots, part, len);
+}
+
+static void *s_thread(void *p)
+{
+    s_ar *a = p;
+    pthread_mutex_lock(&a->mu);
+    for (;;) {
+        while (!a->quit && a->done == a->posted)
+            pthread_cond_wait(&a->work, &a->mu);
+        if (a->done == a->posted)
+            break;
+        s_bucket b = a->q[a->done];
+        zps_status err = a->err;
+        pthread_mutex_unlock(&a->mu);
+        if (err == ZPS_OK) // after a failure the rest is skipped: the job is broken anyway
+            err = tr_allreduce_sum_apply(a->ar, a->local.grads + b.lo, b.hi - b.lo, 1, s_apply, a);
+        pthread_mutex_lock(&a->mu);
+        if (a->err == ZPS_OK)
+            a->err = err;
+        a->done++;
+        pthread_cond_signal(&a->done_cv);
+    }
+    pthread_mutex_unlock(&a->mu);
+    return NULL;
+}
+
+/* Queues [lo, pend_hi) and starts the next bucket below it. */
+static void s_post(s_ar *a, size_t lo)
+{
+    if (a->pend_hi <= lo)
+        return;
+    pthread_mutex_lock(&a->mu);
+    a->q[a->posted++] = (s_bucket){lo, a->pend_hi};
+    pthread_cond_signal(&a->work);
+    pthread_mutex_unlock(&a->mu);
+    a->pend_hi = a->pend_lo = lo;
+}
 
 static zps_status s_begin_step(tr_sync *s, int64_t step, int *stop)
 {
     s_ar *a = (s_ar *)s;
     int32_t flag = *stop;
+    ZPS_TRY(a->err);
     ZPS_TRY(tr_allreduce_broadcast(a->ar, &flag, sizeof flag, 0));
     *stop = flag;
     a->local.step = step;
+    a->pend_lo = a->pend_hi = a->local.n;
+    a->posted = a->done = 0; // the thread is idle: end_step waited for it
     s->net_wait = 0;
+    return ZPS_OK;
+}
+
+static zps_status s_grads_ready(tr_sync *s, size_t first, size_t n)
+{
+    s_ar *a = (s_ar *)s;
+    pthread_mutex_lock(&a->mu);
+    zps_status err = a->err;
+    pthread_mutex_unlock(&a->mu);
+    if (err != ZPS_OK || !a->vars || n == 0 || first + n > a->nvars)
+        return err; // without the variables' places, end_step sends everything
+    size_t lo = a->vars[first].offset;
+    const nn_var *top = &a->vars[first + n - 1];
+    if (top->offset + top->count > a->pend_lo || a->posted + 1 >= a->nq_max) {
+        zps_log(ZPS_ERROR, "allreduce", "variables %zu..%zu reported out of order", first,
+                first + n - 1);
+        pthread_mutex_lock(&a->mu);
+        a->err = a->err != ZPS_OK ? a->err : ZPS_ERR_INTERNAL;
+        pthread_mutex_unlock(&a->mu);
+        return ZPS_ERR_INTERNAL;
+    }
+    a->pend_lo = lo;
+    if (a->pend_hi - a->pend_lo >= a->bucket_floats)
+        s_post(a, lo);
     return ZPS_OK;
 }
 
@@ -44,35 +163,84 @@ static zps_status s_end_step(tr_sync *s, tr_step_record *rec)
 {
     s_ar *a = (s_ar *)s;
     uint64_t t0 = zps_now_ns();
-    ZPS_TRY(tr_allreduce_sum(a->ar, a->local.grads, a->local.n, 1));
+    s_post(a, 0);
+    pthread_mutex_lock(&a->mu);
+    while (a->done < a->posted)
+        pthread_cond_wait(&a->done_cv, &a->mu);
+    zps_status err = a->err;
+    pthread_mutex_unlock(&a->mu);
     s->net_wait += (double)(zps_now_ns() - t0) * 1e-9;
     rec->bytes_pushed = rec->bytes_pulled = a->local.n * sizeof(float);
     rec->net_wait_s = s->net_wait;
-    tr_sync_local_apply(&a->local, rec);
-    return ZPS_OK;
+    rec->lr = ps_optim_lr(a->local.opt, (uint64_t)a->local.step);
+    return err;
 }
 
 static void s_destroy(tr_sync *s)
 {
     s_ar *a = (s_ar *)s;
+    if (a->thread_up) {
+        pthread_mutex_lock(&a->mu);
+        a->quit = 1;
+        pthread_cond_signal(&a->work);
+        pthread_mutex_unlock(&a->mu);
+        pthread_join(a->thread, NULL);
+    }
+    pthread_cond_destroy(&a->work);
+    pthread_cond_destroy(&a->done_cv);
+    pthread_mutex_destroy(&a->mu);
     tr_allreduce_destroy(&a->ar);
     tr_sync_local_free(&a->local);
+    free(a->q);
     free(a);
+}
+
+/* The back-end's own fields; the thread is started by the caller. */
+static s_ar *s_alloc(const tr_sync_env *env)
+{
+    s_ar *a = zps_xcalloc(1, sizeof *a);
+    tr_sync_local_init(&a->local, env);
+    a->local.base.begin_step = s_begin_step;
+    a->local.base.grads_ready = s_grads_ready;
+    a->local.base.end_step = s_end_step;
+    a->local.base.destroy = s_destroy;
+    a->vars = env->vars, a->nvars = env->nvars;
+    a->bucket_floats = env->nparams / S_BUCKETS > S_BUCKET_MIN ? env->nparams / S_BUCKETS
+                                                               : S_BUCKET_MIN;
+    if (env->bucket_floats)
+        a->bucket_floats = env->bucket_floats;
+    a->nq_max = env->nvars + 2;
+    a->q = zps_xcalloc(a->nq_max, sizeof *a->q);
+    a->pend_lo = a->pend_hi = env->nparams;
+    pthread_mutex_init(&a->mu, NULL);
+    pthread_cond_init(&a->work, NULL);
+    pthread_cond_init(&a->done_cv, NULL);
+    return a;
 }
 
 zps_status tr_sync_allreduce_new(const tr_sync_env *env, tr_sync **out)
 {
     *out = NULL;
-    s_ar *a = zps_xcalloc(1, sizeof *a);
-    tr_sync_local_init(&a->local, env);
-    a->local.base.begin_step = s_begin_step;
-    a->local.base.end_step = s_end_step;
-    a->local.base.destroy = s_destroy;
+    s_ar *a = s_alloc(env);
     zps_status st = tr_allreduce_new(env->cfg->job, env->id, env->n_trainers, env->nparams,
                                      NULL, &a->ar);
     /* Everyone starts from rank 0's values (they are equal when seeded alike). */
     if (st == ZPS_OK)
         st = tr_allreduce_broadcast(a->ar, env->params, env->nparams * sizeof(float), 0);
+    if (st == ZPS_OK) {
+        /* signals stay with the loop's thread, which checks the stop flag */
+        sigset_t all, old;
+        sigfillset(&all);
+        pthread_sigmask(SIG_SETMASK, &all, &old);
+        int rc = pthread_create(&a->thread, NULL, s_thread, a);
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+        a->thread_up = rc == 0;
+        if (rc != 0) {
+            zps_log(ZPS_ERROR, "allreduce", "cannot start the communication thread: error %d",
+                    rc);
+            st = ZPS_ERR_SYS;
+        }
+    }
     if (st != ZPS_OK) {
         s_destroy(&a->local.base);
         return st;

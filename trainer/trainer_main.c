@@ -1,18 +1,16 @@
 /* trainer_main.c — zps-trainer: one trainer process (flags: trainer/config.c).
  *
- * OpenMP (under oneDNN) reads its settings once, when the library loads, so main sets them
- * and re-executes itself once: OMP_WAIT_POLICY=passive, because spinning worker threads
- * made a small model 20x slower on these 2-core VMs whenever anything else ran (servers,
- * other trainers); and, when several trainers share the machine, OMP_NUM_THREADS = cores
- * divided among them. Values the user set are kept.
+ * Before anything loads OpenMP, main sets its policy and re-executes itself once
+ * (common/omp_env.h): passive waiting, and the cores divided among the trainers that share
+ * this machine.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "common/log.h"
 #include "common/mem.h"
+#include "common/omp_env.h"
 #include "trainer/config.h"
 #include "trainer/train.h"
 
@@ -35,30 +33,6 @@ static int s_local_trainers(const tr_config *c)
     return 1;
 }
 
-static void s_openmp_env(const tr_config *c, char **argv)
-{
-    if (getenv("ZPS_OMP_CONFIGURED"))
-        return;
-    int changed = 0;
-    if (!getenv("OMP_WAIT_POLICY")) {
-        setenv("OMP_WAIT_POLICY", "passive", 1);
-        changed = 1;
-    }
-    int local = s_local_trainers(c);
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    if (!getenv("OMP_NUM_THREADS") && local > 1 && cores > 0) {
-        char buf[16];
-        snprintf(buf, sizeof buf, "%ld", cores / local > 0 ? cores / local : 1);
-        setenv("OMP_NUM_THREADS", buf, 1);
-        changed = 1;
-    }
-    if (!changed)
-        return;
-    setenv("ZPS_OMP_CONFIGURED", "1", 1);
-    execv("/proc/self/exe", argv);
-    zps_log(ZPS_WARN, "trainer", "could not re-execute with OpenMP settings; going on");
-}
-
 int main(int argc, char **argv)
 {
     tr_config cfg;
@@ -67,7 +41,7 @@ int main(int argc, char **argv)
     int code;
     if (tr_config_parse(&cfg, argc, argv, &code) != ZPS_OK || code >= 0)
         return code >= 0 ? code : 2;
-    s_openmp_env(&cfg, argv);
+    zps_omp_env(s_local_trainers(&cfg), argv);
     zps_malloc_keep_warm();
     zps_log_set_role("trainer", cfg.trainer_id);
     tr_result res;
