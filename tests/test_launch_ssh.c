@@ -29,17 +29,24 @@
 #include "tests/testutil.h"
 
 /* print the variables, then behave as lt_setup's stand-ins (server blocks; trainer 1 fails
- * its first incarnation, so its restart shows ZPS_RESTART=1) */
+ * its first incarnation, so its restart shows ZPS_RESTART=1). A trainer ends only once
+ * server 0 has printed everything ("server ready" in its log, polled for 30 s at most):
+ * else the launcher could stop the server, after the trainers, before it printed. */
 static const char *s_server_env_sh = "#!/bin/sh\n"
                                      "echo \"server $$ args: $*\"\n"
                                      "env | grep -E '^(ZPS_|FWD_|SSH_CONNECTION=)' | sort\n"
+                                     "echo 'server ready'\n"
                                      "exec tail -f /dev/null\n";
 static const char *s_trainer_env_sh =
     "#!/bin/sh\n"
     "echo \"trainer $$ args: $*\"\n"
     "env | grep -E '^(ZPS_|FWD_|SSH_CONNECTION=)' | sort\n"
     "[ \"$ZPS_INDEX\" = 1 ] && [ \"$ZPS_RESTART\" = 0 ] && exit 3\n"
-    "exit 0\n";
+    "for i in $(seq 600); do\n"
+    "  grep -q 'server ready' \"$ZPS_RUN_DIR/server-0.log\" 2>/dev/null && exit 0\n"
+    "  sleep 0.05\n"
+    "done\n"
+    "echo 'server 0 never got ready'; exit 1\n";
 
 static lt_run g_r;         // the launcher's run (its dir holds everything)
 static ssht_sshd g_sshd;   // the real sshd
@@ -193,6 +200,12 @@ Test(it_launch_ssh, remote_process_ignoring_sigterm_killed_after_grace, .init = 
     lt_write_exec(bin, "zps-server",
                   "#!/bin/sh\ntrap '' TERM\necho \"server $$ args: $*\"\n"
                   "exec sleep 3600\n"); // (tail -f would end with its output pipe)
+    /* the trainer ends once the server has set its trap (its line is in its log), so the
+     * launcher's SIGTERM cannot arrive before the trap does */
+    lt_write_exec(bin, "zps-trainer",
+                  "#!/bin/sh\nfor i in $(seq 600); do\n"
+                  "  grep -q 'args:' \"$ZPS_RUN_DIR/server-0.log\" 2>/dev/null && exit 0\n"
+                  "  sleep 0.05\ndone\necho 'the server never started'; exit 1\n");
     snprintf(text, sizeof text, "server = localhost:7001\ntrainer = %s\n", g_host);
     s_cluster(text);
     const char *args[] = {"--cluster", "c.txt", "--launcher", "ssh", "--ssh", g_sshd.ssh,
