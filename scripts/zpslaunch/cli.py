@@ -81,7 +81,7 @@ from zpslaunch.cluster import free_ports, parse_cluster, write_cluster
 from zpslaunch.commands import build_argv, make_curve_keys, substitute
 from zpslaunch.env import fleet_env, parse_x, process_env
 from zpslaunch.launchers import command
-from zpslaunch.proc import (EXIT_FAILED, EXIT_OK, EXIT_USAGE, Interrupted, Proc, TimedOut)
+from zpslaunch.proc import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Interrupted, Proc
 from zpslaunch.process import stop_all
 from zpslaunch.report import write_summary
 from zpslaunch.ssh import check_hosts
@@ -314,12 +314,8 @@ def main(argv=None):
     def on_signal(signum, frame):
         raise Interrupted(signum)
 
-    def on_alarm(signum, frame):
-        raise TimedOut()
-
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, on_signal)
-    signal.signal(signal.SIGALRM, on_alarm)
 
     say(f"job {job}: {len(fleet.servers)} server(s), {len(fleet.trainers)} trainer(s), "
         f"launcher {args.launcher}, run folder {run_dir}"

@@ -11,7 +11,6 @@ import sys
 import threading
 import time
 
-from zpslaunch.proc import TimedOut
 
 def start(p, env):
     log = open(p.log, "ab", buffering=0)
@@ -86,21 +85,33 @@ def stop_group(p, sig):
         close_stdin(p)
 
 
-def reap_one(procs, block):
-    """Waits for one of our children; returns its Proc (or None)."""
-    try:
-        pid, status = os.waitpid(-1, 0 if block else os.WNOHANG)
-    except ChildProcessError:
-        return None
-    if pid == 0:
-        return None
-    for p in procs:
-        if p.pid == pid and p.status is None:
-            p.status = status
-            p.end = time.monotonic()
-            close_stdin(p)
-            return p
-    return None
+REAP_POLL_S = 0.02
+
+
+def reap_one(procs, timeout=None):
+    """Waits up to timeout seconds (None: until one ends; 0: only looks) for one of our
+    children to end; returns its Proc, or None when none ended in time or none is left.
+    It polls (waitpid WNOHANG every 20 ms) rather than blocking in waitpid under an alarm:
+    a signal handler's exception landing between waitpid's return and the bookkeeping
+    would lose the status, and the process would read "running" for ever."""
+    end = None if timeout is None else time.monotonic() + timeout
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return None
+        if pid:
+            for p in procs:
+                if p.pid == pid and p.status is None:
+                    p.status = status
+                    p.end = time.monotonic()
+                    close_stdin(p)
+                    return p
+            continue  # a child that is not a fleet process: look again
+        now = time.monotonic()
+        if end is not None and now >= end:
+            return None
+        time.sleep(REAP_POLL_S if end is None else min(REAP_POLL_S, end - now))
 
 
 def stop_all(procs, which, grace, say):
@@ -120,16 +131,10 @@ def stop_all(procs, which, grace, say):
                     say(f"{p.role} {p.index} ignored SIGTERM for {grace:g} s: SIGKILL")
                     stop_group(p, signal.SIGKILL)
             while any(p.running for p in live):
-                if reap_one(procs, True) is None:
+                if reap_one(procs) is None:
                     break
             break
-        signal.setitimer(signal.ITIMER_REAL, max(left, 0.01))
-        try:
-            reap_one(procs, True)
-        except TimedOut:
-            pass
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
+        reap_one(procs, left)
     # kill anything left in the groups (e.g. a child the leader forked), then close pipes
     for p in live:
         try:

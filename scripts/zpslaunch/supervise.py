@@ -3,7 +3,8 @@ the restart policies (servers with --restore, trainers per --on-trainer-exit), s
 restarts, enforces --timeout, then runs --before-stop.
 
 Invariant: a death is recorded as an event (what, when, how, what was done) exactly once,
-when it is reaped; Interrupted and TimedOut come from the signal handlers installed by cli.
+when it is reaped; Interrupted comes from the signal handlers installed by cli, TimedOut
+from run() once --timeout is reached.
 """
 import signal
 import subprocess
@@ -153,15 +154,7 @@ class Supervisor:
             if self.t_end is not None and time.monotonic() >= self.t_end:
                 raise TimedOut()
             self.restart_due()
-            left = self.wake_in()
-            try:  # the alarm is set inside the try: it may fire at once
-                if left is not None:
-                    signal.setitimer(signal.ITIMER_REAL, left)
-                p = reap_one(self.procs, True)
-            except TimedOut:
-                continue  # a deadline: the loop looks at what is due
-            finally:
-                signal.setitimer(signal.ITIMER_REAL, 0)
+            p = reap_one(self.procs, self.wake_in())  # None at a deadline: look what is due
             if p is not None:
                 self.on_death(p)
         if self.code == EXIT_OK:
