@@ -210,11 +210,13 @@ zps_status k_gap_bwd(const k_backend *be, k_pool *d, const float *dy, float *dx)
 zps_status k_dense_fwd(const k_backend *be, k_dense *d, const float *x, const float *w,
                        const float *b, float *y)
 {
+    ZPS_TRY(s_blocked_ok(be, d->x_blocked, d->x_c));
     S_CALL(be, dense_fwd, d, x, w, b, y);
 }
 zps_status k_dense_bwd(const k_backend *be, k_dense *d, const float *x, const float *w,
                        const float *dy, float *dx, float *dw, float *db)
 {
+    ZPS_TRY(s_blocked_ok(be, d->x_blocked, d->x_c));
     S_CALL(be, dense_bwd, d, x, w, dy, dx, dw, db);
 }
 zps_status k_relu_fwd(const k_backend *be, size_t n, const float *x, float *y)

@@ -80,9 +80,14 @@ typedef struct k_pool {
     void *impl;             // back-end state (k_op_release)
 } k_pool;
 
-/* Fully connected: x (n, in) . w (out, in)^T + b (out) -> y (n, out). */
+/* Fully connected: x (n, in) . w (out, in)^T + b (out) -> y (n, out). With x_blocked, x and
+ * dx are a feature map (n, x_c, in / x_c) in the blocked layout (the features are still
+ * numbered in NCHW order, as w's columns are): a convolutional trunk's last map read without
+ * a conversion by the caller. */
 typedef struct k_dense {
     int n, in, out; // batch, input and output features
+    int x_c;        // x_blocked: channels of the map x (in a multiple of x_c)
+    int x_blocked;  // x and dx in the blocked layout
     void *impl;     // back-end state (k_op_release)
 } k_dense;
 

@@ -528,6 +528,35 @@ static void s_random_blocked_conv(k_conv2d *d, int xb, int yb)
     d->x_blocked = xb, d->y_blocked = yb;
 }
 
+/* A dense layer reading a blocked map (n, c, h, w) gives ref's results on the NCHW map, its dx
+ * comes back blocked, and dw/db are added into. */
+static void s_blocked_dense(int n, int c, int h, int w, int out)
+{
+    const k_backend *cpu = k_backend_cpu(), *ref = k_backend_ref();
+    k_dense d = {.n = n, .in = c * h * w, .out = out, .x_c = c, .x_blocked = 1}, dr = d;
+    dr.x_blocked = 0;
+    size_t nx = (size_t)n * d.in, nw = (size_t)out * d.in, ny = (size_t)n * out;
+    float *x = zt_k_randv(nx, -1, 1), *wt = zt_k_randv(nw, -1, 1), *b = zt_k_randv(out, -1, 1);
+    float *dy = zt_k_randv(ny, -1, 1), *xb = s_maybe_blocked(1, n, c, h, w, x);
+    float *y = zt_k_zeros(ny), *yr = zt_k_zeros(ny), *dx = zt_k_zeros(nx), *dxr = zt_k_zeros(nx);
+    float *dw = zt_k_randv(nw, -1, 1), *dwr = zt_k_copyv(dw, nw);
+    float *db = zt_k_randv(out, -1, 1), *dbr = zt_k_copyv(db, out);
+    for (int pass = 0; pass < 2; pass++) { /* the second runs on the cached primitives */
+        cr_assert_eq(k_dense_fwd(cpu, &d, xb, wt, b, y), ZPS_OK);
+        cr_assert_eq(k_dense_bwd(cpu, &d, xb, wt, dy, dx, dw, db), ZPS_OK);
+        k_dense_fwd(ref, &dr, x, wt, b, yr);
+        k_dense_bwd(ref, &dr, x, wt, dy, dxr, dwr, dbr);
+    }
+    float *dxp = s_maybe_plain(1, n, c, h, w, dx);
+    zt_k_close(s_be->name, "blocked dense y", y, yr, ny, 1e-4 * sqrt((double)d.in), 1e-3);
+    zt_k_close(s_be->name, "blocked dense dx", dxp, dxr, nx, 1e-4 * sqrt((double)out), 1e-3);
+    zt_k_close(s_be->name, "blocked dense dw", dw, dwr, nw, 1e-4 * sqrt((double)n), 1e-3);
+    zt_k_close(s_be->name, "blocked dense db", db, dbr, (size_t)out, 1e-4 * sqrt((double)n), 1e-3);
+    k_op_release(cpu, &d.impl);
+    free(x), free(wt), free(b), free(dy), free(xb), free(y), free(yr), free(dx), free(dxr);
+    free(dw), free(dwr), free(db), free(dbr), free(dxp);
+}
+
 /* The blocked (nChw16c) layouts of the cpu back-end give ref's results after conversion; the
  * dispatcher refuses blocked tensors where the back-end has no such layout. */
 Test(k_cpu, blocked_layouts_match_ref, .init = s_init_cpu, .timeout = 60)
@@ -557,8 +586,10 @@ Test(k_cpu, blocked_layouts_match_ref, .init = s_init_cpu, .timeout = 60)
         zt_k_close(s_be->name, "blocked conv dx", dxp, dxr, nx, 4e-4 * sqrt((double)d.k * d.r * d.s), 1e-3);
         zt_k_close(s_be->name, "blocked conv dw", dw, dwr, nw, 4e-4 * sqrt((double)d.n * d.oh * d.ow), 1e-3);
         k_op_release(cpu, &d.impl);
-        if (yb)
+        if (yb) {
             s_blocked_bn_pool(d.n, d.k, d.oh, d.ow, yr);
+            s_blocked_dense(d.n, d.k, d.oh, d.ow, zt_irand(1, 40));
+        }
         free(x), free(w), free(dy), free(xbl), free(dyb), free(y), free(yr), free(yp);
         free(dx), free(dxr), free(dxp), free(dw), free(dwr);
     }
@@ -575,6 +606,9 @@ Test(k_cpu, blocked_layouts_match_ref, .init = s_init_cpu, .timeout = 60)
     cr_assert_eq(k_conv2d_fwd(cpu, &d, buf, buf, NULL, buf), ZPS_ERR_UNSUPPORTED);
     k_bn b = {.n = 1, .c = 24, .h = 2, .w = 2, .eps = 1e-3f, .blocked = 1};
     cr_assert_eq(k_bn_fwd_infer(cpu, &b, buf, buf, buf, buf, buf, buf), ZPS_ERR_UNSUPPORTED);
+    k_dense e = {.n = 1, .in = 64, .out = 2, .x_c = 16, .x_blocked = 1};
+    cr_assert_eq(k_dense_fwd(ref, &e, buf, buf, NULL, buf), ZPS_ERR_UNSUPPORTED);
+    cr_assert_null(e.impl);
     cr_assert_null(d.impl);
     cr_assert_null(b.impl);
 }

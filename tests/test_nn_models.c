@@ -263,6 +263,25 @@ Test(nn_models, cpu_model_equals_ref_model, .init = s_init, .timeout = 60)
     nn_model_destroy(&a), nn_model_destroy(&b);
 }
 
+/* The convnet on the cpu back-end keeps its whole trunk blocked (its classifier reads the last
+ * blocked map) and still gives ref's loss and every gradient. */
+Test(nn_models, convnet_runs_blocked_and_equals_ref, .init = s_init, .timeout = 60)
+{
+    nn_model_opts o;
+    nn_model_opts_default(&o, "convnet");
+    o.seed = zt_rand();
+    nn_model *a, *b;
+    cr_assert_eq(nn_model_create(k_backend_cpu(), &o, &a), ZPS_OK);
+    cr_assert_eq(nn_model_create(k_backend_ref(), &o, &b), ZPS_OK);
+    s_cmp_models(a, b, 8, 1e-3, NULL);
+    const char *trunk[4] = {"conv1", "pool1", "conv2", "pool2"};
+    for (int i = 0; i < 4; i++) {
+        cr_assert(nn_model_tensor_blocked(a, trunk[i]), "%s is not blocked", trunk[i]);
+        cr_assert(!nn_model_tensor_blocked(b, trunk[i]));
+    }
+    nn_model_destroy(&a), nn_model_destroy(&b);
+}
+
 Test(nn_models, weights_file_round_trip_and_rejections, .init = s_init, .timeout = 30)
 {
     nn_model_opts o;

@@ -20,36 +20,10 @@ typedef struct s_reorder {
     k_cpu_prim p; // args: src, dst
 } s_reorder;
 
-/* accumulate: the reorder adds into its destination (a sum post-op). */
 static zps_status s_reorder_create(s_reorder *r, const dnnl_memory_desc_t *from,
                                    const dnnl_memory_desc_t *to, int accumulate)
 {
-    memset(r, 0, sizeof *r);
-    if (dnnl_memory_desc_equal(from, to))
-        return ZPS_OK;
-    dnnl_primitive_attr_t attr = NULL;
-    dnnl_post_ops_t po = NULL;
-    if (accumulate) {
-        K_CPU_DNNL(dnnl_primitive_attr_create(&attr));
-        K_CPU_DNNL(dnnl_post_ops_create(&po));
-        K_CPU_DNNL(dnnl_post_ops_append_sum(po, 1.0f));
-        K_CPU_DNNL(dnnl_primitive_attr_set_post_ops(attr, po));
-    }
-    dnnl_status_t st =
-        dnnl_reorder_primitive_desc_create(&r->p.pd, from, k_cpu_engine(), to, k_cpu_engine(), attr);
-    if (po)
-        dnnl_post_ops_destroy(po);
-    if (attr)
-        dnnl_primitive_attr_destroy(attr);
-    K_CPU_DNNL(st);
-    K_CPU_DNNL(dnnl_primitive_create(&r->p.p, r->p.pd));
-    dnnl_memory_t a, b;
-    K_CPU_DNNL(dnnl_memory_create(&a, from, k_cpu_engine(), DNNL_MEMORY_NONE));
-    K_CPU_DNNL(dnnl_memory_create(&b, to, k_cpu_engine(), DNNL_MEMORY_NONE));
-    r->p.args[0].arg = DNNL_ARG_FROM, r->p.args[0].memory = a;
-    r->p.args[1].arg = DNNL_ARG_TO, r->p.args[1].memory = b;
-    r->p.nargs = 2;
-    return ZPS_OK;
+    return k_cpu_reorder_create(&r->p, from, to, accumulate);
 }
 
 typedef struct s_conv {

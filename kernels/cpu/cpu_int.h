@@ -81,6 +81,11 @@ zps_status k_cpu_prim_run(k_cpu_prim *p, const void *const *ptrs, int n);
 /* Workspace memory sized as the primitive asks, allocated by oneDNN; *out NULL when none. */
 zps_status k_cpu_workspace(k_cpu_prim *p, dnnl_memory_t *out);
 
+/* A reorder between two layouts of the same tensor (args: from, to); p->p stays NULL when they
+ * are equal. accumulate: it adds into its destination (a sum post-op). */
+zps_status k_cpu_reorder_create(k_cpu_prim *p, const dnnl_memory_desc_t *from,
+                                const dnnl_memory_desc_t *to, int accumulate);
+
 /* Plain f32 memory descriptors; the layout of activations (blocked: nChw16c). */
 zps_status k_cpu_md4(dnnl_memory_desc_t *md, int a, int b, int c, int d, dnnl_format_tag_t tag);
 zps_status k_cpu_md2(dnnl_memory_desc_t *md, int a, int b);

@@ -90,8 +90,9 @@ static void s_pa_free(s_pool_alloc *pa, size_t off, size_t len)
 /* ---- layouts and descriptors ---- */
 
 /* Chooses the blocked layout for every tensor the back-end prefers it for, when the whole
- * graph can stay blocked between its edges: concat inputs agree, and dense layers read either
- * plain tensors or 1x1 maps (where blocked equals NCHW). Otherwise everything stays NCHW. */
+ * graph can stay blocked between its edges: concat inputs agree. A dense layer reads a blocked
+ * map as it is (k_dense's x_blocked: the back-end converts at this edge, once per step).
+ * Otherwise everything stays NCHW. */
 static void s_layouts(nn_model *m)
 {
     int ok = m->be->prefers_blocked != NULL;
@@ -110,7 +111,6 @@ static void s_layouts(nn_model *m)
             y->blocked = x->blocked;
             break;
         case NN_DENSE:
-            ok &= !x->blocked || (x->h == 1 && x->w == 1);
             break;
         default:
             y->blocked = x->blocked;
@@ -148,7 +148,9 @@ static zps_status s_describe(nn_model *m, nn_node *nd, int n)
         nd->pool.blocked = x->blocked;
         return ZPS_OK;
     case NN_DENSE:
-        nd->dense = (k_dense){.n = n, .in = x->c * x->h * x->w, .out = nd->k};
+        /* at 1x1 the blocked layout is NCHW's */
+        nd->dense = (k_dense){.n = n, .in = x->c * x->h * x->w, .out = nd->k, .x_c = x->c,
+                              .x_blocked = x->blocked && x->h * x->w > 1};
         return ZPS_OK;
     default:
         return ZPS_OK;
