@@ -5,8 +5,11 @@
  * says why; docs/kernels.md "Batch statistics (cpu)"). The backward is created without that
  * flag, so it still differentiates through the statistics. Running averages follow PyTorch
  * (unbiased variance). With the fused ReLU the forward's workspace (the mask) stays in impl
- * for the backward, so backward runs on the descriptor of its forward.
+ * for the backward, so backward runs on the descriptor of its forward. That is the blocked
+ * path; NCHW data trains in bn_plain.c's loops (the same statistics and shift), and only its
+ * inference goes through oneDNN.
  */
+#include <assert.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -170,8 +173,10 @@ static zps_status s_bn_get(k_bn *d, s_bn_impl **out)
     ZPS_TRY(k_cpu_md4(&data, d->n, d->c, d->h, d->w, k_cpu_act_tag(d->blocked)));
     im->acc = zps_xmalloc(sizeof(double) * 4 * (size_t)d->c);
     im->beta = zps_xmalloc(sizeof(float) * (size_t)d->c);
-    ZPS_TRY(s_bn_fwd_create(d, im, &data));
-    ZPS_TRY(s_bn_bwd_create(d, im, &data));
+    if (d->blocked) {
+        ZPS_TRY(s_bn_fwd_create(d, im, &data));
+        ZPS_TRY(s_bn_bwd_create(d, im, &data));
+    }
     *out = im;
     return ZPS_OK;
 }
@@ -190,8 +195,12 @@ zps_status k_cpu_bn_fwd_train(k_bn *d, const float *x, const float *gamma, const
     s_bn_stats(d, x, im->acc, mean, var, resid);
     for (int c = 0; c < d->c; c++)
         im->beta[c] = (float)(beta[c] - gamma[c] * resid[c] / sqrt((double)var[c] + d->eps));
-    const void *ptrs[6] = {x, mean, var, gamma, im->beta, y};
-    ZPS_TRY(k_cpu_prim_run(&im->fwd, ptrs, 6));
+    if (d->blocked) {
+        const void *ptrs[6] = {x, mean, var, gamma, im->beta, y};
+        ZPS_TRY(k_cpu_prim_run(&im->fwd, ptrs, 6));
+    } else {
+        k_cpu_bn_plain_fwd(d, x, mean, var, gamma, im->beta, y);
+    }
     float cnt = (float)d->n * d->h * d->w, m = d->momentum;
     float unbias = cnt > 1 ? cnt / (cnt - 1) : 1.0f;
     for (int c = 0; c < d->c; c++) {
@@ -231,9 +240,19 @@ zps_status k_cpu_bn_bwd(k_bn *d, const float *x, const float *y, const float *dy
                         const float *gamma, const float *mean, const float *var, float *dx,
                         float *dgamma, float *dbeta)
 {
-    (void)y; /* the fused ReLU mask is in the workspace */
     s_bn_impl *im;
     ZPS_TRY(s_bn_get(d, &im));
+    if (!d->blocked) {
+        assert(y || !d->relu);
+        float *sc = k_cpu_scratch((size_t)2 * d->c);
+        k_cpu_bn_plain_bwd(d, x, y, dy, gamma, mean, var, dx, sc, sc + d->c);
+        if (dgamma)
+            k_cpu_acc((size_t)d->c, sc, dgamma);
+        if (dbeta)
+            k_cpu_acc((size_t)d->c, sc + d->c, dbeta);
+        return ZPS_OK;
+    }
+    /* blocked: the fused ReLU mask is in the forward's workspace, y is not read */
     /* oneDNN always writes diff_src: without dx it goes to scratch, in the descriptor's own
      * layout (ref's loops would misread a blocked x, y and dy) */
     size_t total = dx ? 0 : (size_t)d->n * d->c * d->h * d->w;

@@ -5,6 +5,7 @@
  *                 lists, release of an op's state, the table
  *   conv.c        convolution (weight reorders into the primitives' layouts)
  *   bn.c          batchnorm (+ fused ReLU) with zps's own batch statistics
+ *   bn_plain.c    its training forward and backward on NCHW data, own loops
  *   pool_dense.c  pooling and inner product
  *
  * Every op's state lives in its descriptor's impl slot and starts with a k_cpu_head, so the
@@ -106,6 +107,14 @@ k_bn_fwd_infer_fn k_cpu_bn_fwd_infer;
 /* Without dx, diff_src goes to scratch (oneDNN always writes it). */
 k_bn_bwd_fn k_cpu_bn_bwd;
 void k_cpu_bn_release(k_cpu_head *impl);
+/* bn_plain.c: the NCHW training forward with given statistics and shift, and the backward
+ * (dgamma and dbeta overwritten, dx overwritten unless NULL; y: the forward's output, read for
+ * the ReLU mask). */
+void k_cpu_bn_plain_fwd(const k_bn *d, const float *x, const float *mean, const float *var,
+                        const float *gamma, const float *shift, float *y);
+void k_cpu_bn_plain_bwd(const k_bn *d, const float *x, const float *y, const float *dy,
+                        const float *gamma, const float *mean, const float *var, float *dx,
+                        float *dgamma, float *dbeta);
 
 /* pool_dense.c: max pooling keeps its argmax workspace from forward to backward. */
 k_pool_fwd_fn k_cpu_pool_fwd;
