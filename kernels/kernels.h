@@ -46,6 +46,15 @@ extern "C" {
 #endif
 
 /* Convolution: x (n, c, h, w) * w (k, c, r, s) [+ b (k)] -> y (n, k, oh, ow). */
+/* Activation layouts, the values of a descriptor's x_blocked / y_blocked / blocked. */
+enum {
+    K_NCHW = 0,    // plain
+    K_BLOCK16 = 1, // [n][c/16][h][w][16] (oneDNN's nChw16c); c a multiple of 16
+    K_BLOCK8 = 2,  // [n][c/8][h][w][8] (nChw8c); c a multiple of 8
+};
+/* Channels side by side in a layout (1 for NCHW). */
+static inline int k_block_size(int layout) { return layout == K_BLOCK8 ? 8 : layout ? 16 : 1; }
+
 typedef struct k_conv2d {
     int n, c, h, w;            // input shape
     int k, r, s;               // output channels, kernel height, kernel width
@@ -171,6 +180,9 @@ zps_status k_sumsq(const k_backend *be, size_t n, const float *x, double *out);
 /* NCHW <-> nChw16c on the host (c a multiple of 16); src and dst must not overlap. */
 void k_to_blocked(int n, int c, int h, int w, const float *src, float *dst);
 void k_from_blocked(int n, int c, int h, int w, const float *src, float *dst);
+/* The same for any layout (K_NCHW copies). */
+void k_to_layout(int layout, int n, int c, int h, int w, const float *src, float *dst);
+void k_from_layout(int layout, int n, int c, int h, int w, const float *src, float *dst);
 
 /* Deterministic uniform u32 of (seed, index): the dropout hash, exposed for tests. */
 uint32_t k_hash_u32(uint64_t seed, uint64_t index);

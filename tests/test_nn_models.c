@@ -282,6 +282,27 @@ Test(nn_models, convnet_runs_blocked_and_equals_ref, .init = s_init, .timeout = 
     nn_model_destroy(&a), nn_model_destroy(&b);
 }
 
+/* The demo's thin Inception-v3 (width 0.25, 75x75): channel counts of 8, 12, 20, 24, ... so
+ * the cpu back-end keeps each concat group in the 8- or 16-channel blocks all its members
+ * allow, leaves 12 and 20 NCHW (convolutions reorder at their edges), and still gives ref's
+ * classifier gradients. */
+Test(nn_models, thin_inception_runs_blocked_and_equals_ref, .init = s_init, .timeout = 120)
+{
+    nn_model_opts o;
+    nn_model_opts_default(&o, "inception_v3");
+    o.in_size = 75, o.width = 0.25f, o.in_channels = 1, o.classes = 10, o.dropout = 0;
+    o.seed = zt_rand();
+    nn_model *a, *b;
+    cr_assert_eq(nn_model_create(k_backend_cpu(), &o, &a), ZPS_OK);
+    cr_assert_eq(nn_model_create(k_backend_ref(), &o, &b), ZPS_OK);
+    s_cmp_models(a, b, 4, 1e-3, "fc.");
+    cr_assert_eq(nn_model_tensor_blocked(a, "Conv2d_2b_3x3"), K_BLOCK16);
+    cr_assert_eq(nn_model_tensor_blocked(a, "Mixed_5b"), K_BLOCK8); /* 16 + 16 + 24 + 8 */
+    cr_assert_eq(nn_model_tensor_blocked(a, "Mixed_6e"), K_BLOCK16); /* 4 x 48 */
+    cr_assert_eq(nn_model_tensor_blocked(a, "Conv2d_3b_1x1"), K_NCHW); /* 20 */
+    nn_model_destroy(&a), nn_model_destroy(&b);
+}
+
 Test(nn_models, weights_file_round_trip_and_rejections, .init = s_init, .timeout = 30)
 {
     nn_model_opts o;

@@ -37,6 +37,30 @@ static unsigned s_bn_flags(const k_bn *d)
     return dnnl_use_scale | dnnl_use_shift | (d->relu ? dnnl_fuse_norm_relu : 0);
 }
 
+/* Sums of x - shift and of its square per channel of a blocked x: B channels side by side,
+ * one vector lane each (inlined with B constant). */
+static inline void s_bn_sums_blocked(const k_bn *d, const float *x, const double *shift,
+                                     double *sum, double *sq, const int B)
+{
+    const int c = d->c;
+    const size_t hw = (size_t)d->h * d->w;
+    for (int cb = 0; cb < c / B; cb++) {
+        double s[16] = {0}, q[16] = {0};
+        const double *sh = shift + cb * B;
+        for (int n = 0; n < d->n; n++) {
+            const float *p = x + ((size_t)n * (c / B) + cb) * hw * B;
+            for (size_t i = 0; i < hw; i++)
+                for (int l = 0; l < B; l++) {
+                    double t = (double)p[i * B + l] - sh[l];
+                    s[l] += t;
+                    q[l] += t * t;
+                }
+        }
+        for (int l = 0; l < B; l++)
+            sum[cb * B + l] = s[l], sq[cb * B + l] = q[l];
+    }
+}
+
 /* Batch mean and biased variance of every channel, summed in double; resid (c) receives
  * mean - (float)mean, the part of the mean that float cannot hold.
  *
@@ -59,27 +83,16 @@ ZPS_SIMD_CLONES
 static void s_bn_stats(const k_bn *d, const float *x, double *acc, float *mean, float *var,
                        double *resid)
 {
-    const int c = d->c;
+    const int c = d->c, B = k_block_size(d->blocked);
     const size_t hw = (size_t)d->h * d->w;
     double *sum = acc, *sq = acc + c, *shift = acc + 2 * c;
     for (int k = 0; k < c; k++)
-        shift[k] = d->blocked ? x[(size_t)(k / 16) * hw * 16 + k % 16] : x[(size_t)k * hw];
-    if (d->blocked) { /* nChw16c: 16 channels side by side, one vector lane each */
-        for (int cb = 0; cb < c / 16; cb++) {
-            double s[16] = {0}, q[16] = {0}, *sh = shift + cb * 16;
-            for (int n = 0; n < d->n; n++) {
-                const float *p = x + ((size_t)n * (c / 16) + cb) * hw * 16;
-                for (size_t i = 0; i < hw; i++)
-                    for (int l = 0; l < 16; l++) {
-                        double t = (double)p[i * 16 + l] - sh[l];
-                        s[l] += t;
-                        q[l] += t * t;
-                    }
-            }
-            for (int l = 0; l < 16; l++)
-                sum[cb * 16 + l] = s[l], sq[cb * 16 + l] = q[l];
-        }
-    } else { /* NCHW: four interleaved sums per channel */
+        shift[k] = x[(size_t)(k / B) * hw * B + k % B];
+    if (B == 16)
+        s_bn_sums_blocked(d, x, shift, sum, sq, 16);
+    else if (B == 8)
+        s_bn_sums_blocked(d, x, shift, sum, sq, 8);
+    else { /* NCHW: four interleaved sums per channel */
         for (int k = 0; k < c; k++) {
             double s[4] = {0}, q[4] = {0}, sh = shift[k];
             for (int n = 0; n < d->n; n++) {

@@ -207,7 +207,10 @@ zps_status k_cpu_reorder_create(k_cpu_prim *p, const dnnl_memory_desc_t *from,
     return ZPS_OK;
 }
 
-dnnl_format_tag_t k_cpu_act_tag(int blocked) { return blocked ? dnnl_nChw16c : dnnl_nchw; }
+dnnl_format_tag_t k_cpu_act_tag(int blocked)
+{
+    return blocked == K_BLOCK8 ? dnnl_nChw8c : blocked ? dnnl_nChw16c : dnnl_nchw;
+}
 
 void *k_cpu_impl_new(void **impl, k_cpu_kind kind, size_t size)
 {
@@ -240,7 +243,12 @@ static void s_release(void **impl)
     *impl = NULL;
 }
 
-static int s_prefers_blocked(int c) { return c > 0 && c % 16 == 0; }
+/* 16 channels side by side where they divide c (AVX-512 kernels), else 8 (oneDNN's AVX2
+ * kernels: still direct convolutions and its jit batchnorm where NCHW gets gemm and ncsp). */
+static int s_prefers_blocked(int c)
+{
+    return c <= 0 ? 0 : c % 16 == 0 ? K_BLOCK16 : c % 8 == 0 ? K_BLOCK8 : 0;
+}
 
 static const k_backend s_cpu = {
     .name = "cpu",

@@ -98,8 +98,8 @@ typedef struct s_dense_impl {
     k_cpu_prim fwd;          // src, weights, bias, dst
     k_cpu_prim bwd_data;     // diff_dst, weights, diff_src
     k_cpu_prim bwd_weights;  // src, diff_dst, diff_weights, diff_bias
-    k_cpu_prim to_plain;     // x_blocked: x (nChw16c) -> xp (NCHW)
-    k_cpu_prim to_blocked;   // x_blocked: dx (NCHW, in xp) -> dx (nChw16c)
+    k_cpu_prim to_plain;     // x_blocked: x (blocked) -> xp (NCHW)
+    k_cpu_prim to_blocked;   // x_blocked: dx (NCHW, in xp) -> dx (blocked)
     float *xp;               // x_blocked: (n, in) plain x, then plain dx (owned)
 } s_dense_impl;
 
@@ -109,7 +109,7 @@ static zps_status s_dense_blocked_init(k_dense *d, s_dense_impl *im)
     assert(d->x_c > 0 && d->in % d->x_c == 0);
     int hw = d->in / d->x_c; /* (h, w) folded into one axis: the same offsets in both layouts */
     dnnl_memory_desc_t blk, pln;
-    ZPS_TRY(k_cpu_md4(&blk, d->n, d->x_c, hw, 1, k_cpu_act_tag(1)));
+    ZPS_TRY(k_cpu_md4(&blk, d->n, d->x_c, hw, 1, k_cpu_act_tag(d->x_blocked)));
     ZPS_TRY(k_cpu_md4(&pln, d->n, d->x_c, hw, 1, k_cpu_act_tag(0)));
     ZPS_TRY(k_cpu_reorder_create(&im->to_plain, &blk, &pln, 0));
     ZPS_TRY(k_cpu_reorder_create(&im->to_blocked, &pln, &blk, 0));
