@@ -10,13 +10,16 @@
  * Conventions, for every op and every back-end:
  *   - Tensors are dense float32, NCHW (activations), KCRS (conv weights), (out, in) (dense
  *     weights). Pointers are in the back-end's memory (host for ref/cpu, device for cuda).
- *   - Blocked activations (opt-in, per descriptor: x_blocked/y_blocked/blocked = 1): a back-end
- *     whose prefers_blocked(c) is true for a channel count c may keep such activations in its
- *     native layout, which for "cpu" is oneDNN's nChw16c, [n][c/16][h][w][16], and only for c a
- *     multiple of 16. Such a tensor holds exactly n*c*h*w floats, so elementwise ops, axpy,
- *     dropout and channel concat/split of blocked tensors work unchanged (concat copies per-image
- *     chunks of c*h*w floats), and at h = w = 1 the layout equals NCHW. k_to_blocked and
- *     k_from_blocked convert (host back-ends). Descriptors default to plain NCHW.
+ *   - Blocked activations (opt-in, per descriptor: x_blocked/y_blocked/blocked = K_BLOCK16 or
+ *     K_BLOCK8, below): a back-end whose prefers_blocked(c) is nonzero for a channel count c
+ *     may keep such activations in its native layout, which for "cpu" is oneDNN's nChw16c,
+ *     [n][c/16][h][w][16], for c a multiple of 16, or nChw8c for c a multiple of 8. Such a
+ *     tensor holds exactly n*c*h*w floats, so elementwise ops, axpy, dropout and channel
+ *     concat/split of tensors in one blocked layout work unchanged (concat copies per-image
+ *     chunks of c*h*w floats), and at h = w = 1 every layout equals NCHW. A convolution may
+ *     take any two layouts (the back-end converts where it has no direct kernel), a dense
+ *     layer a blocked x (x_blocked). k_to_layout and k_from_layout (k_to_blocked,
+ *     k_from_blocked for nChw16c) convert (host back-ends). Descriptors default to NCHW.
  *   - Backward ops ACCUMULATE (+=) into parameter gradients (dw, db, dgamma, dbeta) and
  *     OVERWRITE input gradients (dx). A NULL dx skips the input gradient.
  *   - Shape descriptors (k_conv2d, k_bn, k_pool, k_dense) are owned by the caller. Their `impl`
