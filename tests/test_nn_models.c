@@ -303,6 +303,31 @@ Test(nn_models, thin_inception_runs_blocked_and_equals_ref, .init = s_init, .tim
     nn_model_destroy(&a), nn_model_destroy(&b);
 }
 
+/* A loss head is read as NCHW, so a head (and whatever shares its layout through pooling)
+ * stays NCHW even where the back-end would block it; the loss then equals ref's. */
+Test(nn_models, loss_heads_stay_nchw, .init = s_init, .timeout = 30)
+{
+    nn_model *m[2];
+    const k_backend *be[2] = {k_backend_cpu(), k_backend_ref()};
+    float loss[2];
+    float x[2 * 36];
+    int32_t labels[2] = {3, 11};
+    for (int i = 0; i < 72; i++)
+        x[i] = zt_unif(-1, 1);
+    for (int k = 0; k < 2; k++) {
+        m[k] = nn_model_new(be[k], 1, 6, 6);
+        int c = nn_conv_bn_relu(m[k], "c", 0, 16, 3, 3, 1, 1, 1, 1, 0.5f);
+        nn_model_head(m[k], nn_gap(m[k], "gap", c), 1.0f);
+        cr_assert_eq(nn_model_finish(m[k], 5), ZPS_OK);
+        cr_assert_eq(nn_model_forward(m[k], x, labels, 2, 1, &loss[k], NULL), ZPS_OK);
+    }
+    cr_assert_eq(nn_model_tensor_blocked(m[0], "gap"), K_NCHW);
+    cr_assert_eq(nn_model_tensor_blocked(m[0], "c"), K_NCHW);
+    cr_assert(fabsf(loss[0] - loss[1]) <= 1e-4f * (1 + fabsf(loss[1])), "loss %g vs ref %g",
+              loss[0], loss[1]);
+    nn_model_destroy(&m[0]), nn_model_destroy(&m[1]);
+}
+
 Test(nn_models, weights_file_round_trip_and_rejections, .init = s_init, .timeout = 30)
 {
     nn_model_opts o;

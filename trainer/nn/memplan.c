@@ -98,11 +98,13 @@ static int s_meet(int a, int b) { return !a || !b ? 0 : a == b ? a : K_BLOCK8; }
  * output), concat (every input and the output). Such a group takes the meet of its members'
  * preferences, repeated until nothing changes (each pass only lowers layouts). Convolutions
  * convert between any two layouts, and a dense layer reads a blocked map as it is (k_dense's
- * x_blocked: the back-end converts at that edge). The input stays NCHW. */
+ * x_blocked: the back-end converts at that edge). The input and the loss heads stay NCHW. */
 static void s_layouts(nn_model *m)
 {
     for (int t = 0; t < m->nt; t++)
         m->t[t].blocked = t > 0 && m->be->prefers_blocked ? m->be->prefers_blocked(m->t[t].c) : 0;
+    for (int h = 0; h < m->nheads; h++) /* the losses read NCHW */
+        m->t[m->heads[h].t].blocked = 0;
     for (int changed = 1; changed;) {
         changed = 0;
         for (int i = 0; i < m->nn; i++) {
