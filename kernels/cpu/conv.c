@@ -26,49 +26,55 @@ static zps_status s_reorder_create(s_reorder *r, const dnnl_memory_desc_t *from,
     return k_cpu_reorder_create(&r->p, from, to, accumulate);
 }
 
-/* An activation's reorder at the convolution's edge with its buffer: used where the tensor's
- * layout is not one the primitives run on directly (s_conv_shape_init); r.p.p NULL and buf
- * NULL otherwise. */
+/* An activation's reorder at the convolution's edge: used where the tensor's layout is not
+ * one the primitives run on directly (s_conv_shape_init); r.p.p NULL otherwise. The
+ * primitive's side lives in this thread's scratch for the length of one call (s_edge_scratch),
+ * so a convolution holds no activation-sized buffers between calls. */
 typedef struct s_edge {
     s_reorder r;
-    float *buf; // the primitive's side (owned)
+    size_t len; // floats of the primitive's side, rounded to 16 (64 bytes); 0 without reorder
 } s_edge;
 
 static zps_status s_edge_create(s_edge *e, const dnnl_memory_desc_t *from,
                                 const dnnl_memory_desc_t *to, const dnnl_memory_desc_t *prim)
 {
     ZPS_TRY(s_reorder_create(&e->r, from, to, 0));
-    e->buf = e->r.p.p ? zps_xaligned(64, dnnl_memory_desc_get_size(prim) + 64) : NULL;
+    e->len = e->r.p.p ? (dnnl_memory_desc_get_size(prim) / sizeof(float) + 15) & ~(size_t)15 : 0;
     return ZPS_OK;
 }
 
-/* An input as the primitive wants it: t itself, or t reordered into the edge's buffer. */
-static zps_status s_edge_in(s_edge *e, const float *t, const float **out)
+/* Scratch for two edges and `extra` floats after them: a's slice, b's slice, then extra. */
+static float *s_edge_scratch(const s_edge *a, const s_edge *b, size_t extra, float **pa,
+                             float **pb)
+{
+    float *sc = k_cpu_scratch(a->len + b->len + extra);
+    *pa = sc, *pb = sc + a->len;
+    return sc + a->len + b->len;
+}
+
+/* An input as the primitive wants it: t itself, or t reordered into buf. */
+static zps_status s_edge_in(s_edge *e, float *buf, const float *t, const float **out)
 {
     *out = t;
     if (!e->r.p.p)
         return ZPS_OK;
-    const void *ptrs[2] = {t, e->buf};
+    const void *ptrs[2] = {t, buf};
     ZPS_TRY(k_cpu_prim_run(&e->r.p, ptrs, 2));
-    *out = e->buf;
+    *out = buf;
     return ZPS_OK;
 }
 
-/* Where the primitive writes an output: t itself, or the edge's buffer (then s_edge_out). */
-static float *s_edge_dst(s_edge *e, float *t) { return e->r.p.p ? e->buf : t; }
-static zps_status s_edge_out(s_edge *e, float *t)
+/* Where the primitive writes an output: t itself, or buf (then s_edge_out). */
+static float *s_edge_dst(s_edge *e, float *buf, float *t) { return e->r.p.p ? buf : t; }
+static zps_status s_edge_out(s_edge *e, float *buf, float *t)
 {
     if (!e->r.p.p)
         return ZPS_OK;
-    const void *ptrs[2] = {e->buf, t};
+    const void *ptrs[2] = {buf, t};
     return k_cpu_prim_run(&e->r.p, ptrs, 2);
 }
 
-static void s_edge_free(s_edge *e)
-{
-    k_cpu_prim_free(&e->r.p);
-    zps_aligned_free(e->buf);
-}
+static void s_edge_free(s_edge *e) { k_cpu_prim_free(&e->r.p); }
 
 typedef struct s_conv {
     int has_bias;           // bias given at the first forward (fixed afterwards)
@@ -281,13 +287,15 @@ zps_status k_cpu_conv2d_fwd(k_conv2d *d, const float *x, const float *w, const f
     const float *wl;
     ZPS_TRY(s_weights(&s->w_fwd, w, s->wf, &wl));
     s->wf_src = w;
-    ZPS_TRY(s_edge_in(&s->x_in, x, &x));
-    float *yp = s_edge_dst(&s->y_out, y);
+    float *xb, *yb;
+    s_edge_scratch(&s->x_in, &s->y_out, 0, &xb, &yb);
+    ZPS_TRY(s_edge_in(&s->x_in, xb, x, &x));
+    float *yp = s_edge_dst(&s->y_out, yb, y);
     const void *ptrs[4] = {x, wl, b, yp};
     if (!b)
         ptrs[2] = yp;
     ZPS_TRY(k_cpu_prim_run(&s->fwd, ptrs, b ? 4 : 3));
-    return s_edge_out(&s->y_out, y);
+    return s_edge_out(&s->y_out, yb, y);
 }
 
 /* db of a convolution created without bias (its primitive has no diff_bias): summed here,
@@ -320,17 +328,20 @@ zps_status k_cpu_conv2d_bwd(k_conv2d *d, const float *x, const float *w, const f
         else
             ZPS_TRY(s_weights(&s->w_bwd, w, s->wb, &wl));
         const float *dyp;
-        ZPS_TRY(s_edge_in(&s->dy_in, dy, &dyp));
-        const void *ptrs[3] = {dyp, wl, s_edge_dst(&s->dx_out, dx)};
+        float *dyb, *dxb;
+        s_edge_scratch(&s->dy_in, &s->dx_out, 0, &dyb, &dxb);
+        ZPS_TRY(s_edge_in(&s->dy_in, dyb, dy, &dyp));
+        const void *ptrs[3] = {dyp, wl, s_edge_dst(&s->dx_out, dxb, dx)};
         ZPS_TRY(k_cpu_prim_run(&s->bwd_data, ptrs, 3));
-        ZPS_TRY(s_edge_out(&s->dx_out, dx));
+        ZPS_TRY(s_edge_out(&s->dx_out, dxb, dx));
     }
     if (dw || db) {
         size_t nw = (size_t)d->k * d->c * d->r * d->s;
-        float *sw = k_cpu_scratch(nw + (size_t)d->k);
         const float *xp, *dyp;
-        ZPS_TRY(s_edge_in(&s->x_in_w, x, &xp));
-        ZPS_TRY(s_edge_in(&s->dy_in_w, dy, &dyp));
+        float *xb, *dyb;
+        float *sw = s_edge_scratch(&s->x_in_w, &s->dy_in_w, nw + (size_t)d->k, &xb, &dyb);
+        ZPS_TRY(s_edge_in(&s->x_in_w, xb, x, &xp));
+        ZPS_TRY(s_edge_in(&s->dy_in_w, dyb, dy, &dyp));
         const void *ptrs[4] = {xp, dyp, s->dwb ? s->dwb : sw, sw + nw};
         ZPS_TRY(k_cpu_prim_run(&s->bwd_weights, ptrs, s->has_bias ? 4 : 3));
         if (s->dwb && dw) { /* back to KCRS, added into dw by the reorder itself */
