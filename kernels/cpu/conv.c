@@ -7,6 +7,11 @@
  * and its backward). The weight gradient comes back to KCRS through a reorder with a sum
  * post-op, which adds it into dw as the API requires; without a reorder it goes through
  * scratch and is added.
+ *
+ * Activations: the descriptor's layouts where oneDNN has a direct kernel for the pair and no
+ * primitive comes out as its reference implementation; otherwise the primitives take the
+ * layouts oneDNN picks and x, y, dy, dx are reordered at the convolution's edges, through the
+ * thread's scratch (s_conv_create, s_edge).
  */
 #include <stdlib.h>
 #include <string.h>

@@ -3,7 +3,8 @@
  *
  *   cpu.c         engine, per-thread streams and scratch, primitives with their argument
  *                 lists, release of an op's state, the table
- *   conv.c        convolution (weight reorders into the primitives' layouts)
+ *   conv.c        convolution (weight reorders into the primitives' layouts, activation
+ *                 reorders where a layout pair has no direct kernel)
  *   bn.c          batchnorm (+ fused ReLU) with zps's own batch statistics
  *   bn_plain.c    its training forward and backward on NCHW data, own loops
  *   pool_dense.c  pooling and inner product
