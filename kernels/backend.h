@@ -21,8 +21,8 @@
  *     overwriting input gradients, PyTorch batchnorm and pooling semantics, the shared dropout
  *     hash): the back-end harness (tests/test_k_backends.c) checks every entry against ref.
  *   - Blocked activations (a descriptor's x_blocked/y_blocked/blocked) reach a back-end only
- *     when its prefers_blocked is set and true for the channel count (the dispatcher refuses
- *     them otherwise); an entry that hands a blocked tensor to a plain-layout function of
+ *     when its prefers_blocked is set and nonzero for the channel count, and the layout's
+ *     block divides it (the dispatcher refuses them otherwise); an entry that hands a blocked tensor to a plain-layout function of
  *     another back-end is a bug.
  *   - `release` frees whatever the back-end cached in a descriptor's impl slot.
  */
@@ -103,7 +103,8 @@ struct k_backend {
     zps_status (*copy_in)(void *dst, const void *host_src, size_t bytes);
     zps_status (*copy_out)(void *host_dst, const void *src, size_t bytes);
     void (*release)(void **impl);                       // frees an op's cached state
-    int (*prefers_blocked)(int c);  // NULL or 0: plain NCHW only
+    int (*prefers_blocked)(int c);  // the layout it prefers for c channels (K_BLOCK16,
+                                    // K_BLOCK8); NULL or 0: plain NCHW only
 
     /* the ops, one entry per k_* dispatcher of kernels.h */
     k_conv2d_fwd_fn *conv2d_fwd;

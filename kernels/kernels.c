@@ -101,24 +101,39 @@ double k_conv2d_flops(const k_conv2d *d)
     return 2.0 * d->n * d->k * d->oh * d->ow * (double)d->c * d->r * d->s;
 }
 
-void k_to_blocked(int n, int c, int h, int w, const float *src, float *dst)
+/* Offset of element (b, ch, i) of an (n, c, hw) map in layout `layout`. */
+static size_t s_layout_at(int layout, int c, size_t hw, int b, int ch, size_t i)
+{
+    size_t bs = (size_t)k_block_size(layout);
+    return (((size_t)b * (c / bs) + ch / bs) * hw + i) * bs + ch % bs;
+}
+
+void k_to_layout(int layout, int n, int c, int h, int w, const float *src, float *dst)
 {
     size_t hw = (size_t)h * w;
     for (int b = 0; b < n; b++)
         for (int ch = 0; ch < c; ch++)
             for (size_t i = 0; i < hw; i++)
-                dst[(((size_t)b * (c / 16) + ch / 16) * hw + i) * 16 + ch % 16] =
-                    src[((size_t)b * c + ch) * hw + i];
+                dst[s_layout_at(layout, c, hw, b, ch, i)] = src[((size_t)b * c + ch) * hw + i];
+}
+
+void k_from_layout(int layout, int n, int c, int h, int w, const float *src, float *dst)
+{
+    size_t hw = (size_t)h * w;
+    for (int b = 0; b < n; b++)
+        for (int ch = 0; ch < c; ch++)
+            for (size_t i = 0; i < hw; i++)
+                dst[((size_t)b * c + ch) * hw + i] = src[s_layout_at(layout, c, hw, b, ch, i)];
+}
+
+void k_to_blocked(int n, int c, int h, int w, const float *src, float *dst)
+{
+    k_to_layout(K_BLOCK16, n, c, h, w, src, dst);
 }
 
 void k_from_blocked(int n, int c, int h, int w, const float *src, float *dst)
 {
-    size_t hw = (size_t)h * w;
-    for (int b = 0; b < n; b++)
-        for (int ch = 0; ch < c; ch++)
-            for (size_t i = 0; i < hw; i++)
-                dst[((size_t)b * c + ch) * hw + i] =
-                    src[(((size_t)b * (c / 16) + ch / 16) * hw + i) * 16 + ch % 16];
+    k_from_layout(K_BLOCK16, n, c, h, w, src, dst);
 }
 
 uint32_t k_hash_u32(uint64_t seed, uint64_t index)
@@ -143,10 +158,10 @@ uint32_t k_hash_u32(uint64_t seed, uint64_t index)
 /* A blocked tensor of c channels reaches only a back-end whose prefers_blocked(c) holds. */
 static zps_status s_blocked_ok(const k_backend *be, int blocked, int c)
 {
-    if (!blocked || (be->prefers_blocked && be->prefers_blocked(c)))
+    if (!blocked || (be->prefers_blocked && be->prefers_blocked(c) && c % k_block_size(blocked) == 0))
         return ZPS_OK;
-    zps_log(ZPS_ERROR, "kernels", "back-end %s has no blocked layout for %d channels", be->name,
-            c);
+    zps_log(ZPS_ERROR, "kernels", "back-end %s has no %d-channel blocked layout for %d channels",
+            be->name, k_block_size(blocked), c);
     return ZPS_ERR_UNSUPPORTED;
 }
 
@@ -210,11 +225,13 @@ zps_status k_gap_bwd(const k_backend *be, k_pool *d, const float *dy, float *dx)
 zps_status k_dense_fwd(const k_backend *be, k_dense *d, const float *x, const float *w,
                        const float *b, float *y)
 {
+    ZPS_TRY(s_blocked_ok(be, d->x_blocked, d->x_c));
     S_CALL(be, dense_fwd, d, x, w, b, y);
 }
 zps_status k_dense_bwd(const k_backend *be, k_dense *d, const float *x, const float *w,
                        const float *dy, float *dx, float *dw, float *db)
 {
+    ZPS_TRY(s_blocked_ok(be, d->x_blocked, d->x_c));
     S_CALL(be, dense_bwd, d, x, w, dy, dx, dw, db);
 }
 zps_status k_relu_fwd(const k_backend *be, size_t n, const float *x, float *y)

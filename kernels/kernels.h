@@ -10,13 +10,16 @@
  * Conventions, for every op and every back-end:
  *   - Tensors are dense float32, NCHW (activations), KCRS (conv weights), (out, in) (dense
  *     weights). Pointers are in the back-end's memory (host for ref/cpu, device for cuda).
- *   - Blocked activations (opt-in, per descriptor: x_blocked/y_blocked/blocked = 1): a back-end
- *     whose prefers_blocked(c) is true for a channel count c may keep such activations in its
- *     native layout, which for "cpu" is oneDNN's nChw16c, [n][c/16][h][w][16], and only for c a
- *     multiple of 16. Such a tensor holds exactly n*c*h*w floats, so elementwise ops, axpy,
- *     dropout and channel concat/split of blocked tensors work unchanged (concat copies per-image
- *     chunks of c*h*w floats), and at h = w = 1 the layout equals NCHW. k_to_blocked and
- *     k_from_blocked convert (host back-ends). Descriptors default to plain NCHW.
+ *   - Blocked activations (opt-in, per descriptor: x_blocked/y_blocked/blocked = K_BLOCK16 or
+ *     K_BLOCK8, below): a back-end whose prefers_blocked(c) is nonzero for a channel count c
+ *     may keep such activations in its native layout, which for "cpu" is oneDNN's nChw16c,
+ *     [n][c/16][h][w][16], for c a multiple of 16, or nChw8c for c a multiple of 8. Such a
+ *     tensor holds exactly n*c*h*w floats, so elementwise ops, axpy, dropout and channel
+ *     concat/split of tensors in one blocked layout work unchanged (concat copies per-image
+ *     chunks of c*h*w floats), and at h = w = 1 every layout equals NCHW. A convolution may
+ *     take any two layouts (the back-end converts where it has no direct kernel), a dense
+ *     layer a blocked x (x_blocked). k_to_layout and k_from_layout (k_to_blocked,
+ *     k_from_blocked for nChw16c) convert (host back-ends). Descriptors default to NCHW.
  *   - Backward ops ACCUMULATE (+=) into parameter gradients (dw, db, dgamma, dbeta) and
  *     OVERWRITE input gradients (dx). A NULL dx skips the input gradient.
  *   - Shape descriptors (k_conv2d, k_bn, k_pool, k_dense) are owned by the caller. Their `impl`
@@ -46,6 +49,15 @@ extern "C" {
 #endif
 
 /* Convolution: x (n, c, h, w) * w (k, c, r, s) [+ b (k)] -> y (n, k, oh, ow). */
+/* Activation layouts, the values of a descriptor's x_blocked / y_blocked / blocked. */
+enum {
+    K_NCHW = 0,    // plain
+    K_BLOCK16 = 1, // [n][c/16][h][w][16] (oneDNN's nChw16c); c a multiple of 16
+    K_BLOCK8 = 2,  // [n][c/8][h][w][8] (nChw8c); c a multiple of 8
+};
+/* Channels side by side in a layout (1 for NCHW). */
+static inline int k_block_size(int layout) { return layout == K_BLOCK8 ? 8 : layout ? 16 : 1; }
+
 typedef struct k_conv2d {
     int n, c, h, w;            // input shape
     int k, r, s;               // output channels, kernel height, kernel width
@@ -80,9 +92,14 @@ typedef struct k_pool {
     void *impl;             // back-end state (k_op_release)
 } k_pool;
 
-/* Fully connected: x (n, in) . w (out, in)^T + b (out) -> y (n, out). */
+/* Fully connected: x (n, in) . w (out, in)^T + b (out) -> y (n, out). With x_blocked, x and
+ * dx are a feature map (n, x_c, in / x_c) in the blocked layout (the features are still
+ * numbered in NCHW order, as w's columns are): a convolutional trunk's last map read without
+ * a conversion by the caller. */
 typedef struct k_dense {
     int n, in, out; // batch, input and output features
+    int x_c;        // x_blocked: channels of the map x (in a multiple of x_c)
+    int x_blocked;  // x and dx in the blocked layout
     void *impl;     // back-end state (k_op_release)
 } k_dense;
 
@@ -166,6 +183,9 @@ zps_status k_sumsq(const k_backend *be, size_t n, const float *x, double *out);
 /* NCHW <-> nChw16c on the host (c a multiple of 16); src and dst must not overlap. */
 void k_to_blocked(int n, int c, int h, int w, const float *src, float *dst);
 void k_from_blocked(int n, int c, int h, int w, const float *src, float *dst);
+/* The same for any layout (K_NCHW copies). */
+void k_to_layout(int layout, int n, int c, int h, int w, const float *src, float *dst);
+void k_from_layout(int layout, int n, int c, int h, int w, const float *src, float *dst);
 
 /* Deterministic uniform u32 of (seed, index): the dropout hash, exposed for tests. */
 uint32_t k_hash_u32(uint64_t seed, uint64_t index);

@@ -449,9 +449,9 @@ static float *s_relayout(int blocked, int to_layout, int n, int c, int h, int w,
     size_t len = (size_t)n * c * h * w;
     float *out = zt_k_zeros(len);
     if (blocked && to_layout)
-        k_to_blocked(n, c, h, w, x, out);
+        k_to_layout(blocked, n, c, h, w, x, out);
     else if (blocked)
-        k_from_blocked(n, c, h, w, x, out);
+        k_from_layout(blocked, n, c, h, w, x, out);
     else
         memcpy(out, x, len * sizeof *x);
     return out;
@@ -467,28 +467,28 @@ static float *s_maybe_plain(int blocked, int n, int c, int h, int w, const float
 
 /* Batchnorm + ReLU (forward, backward with and without dx) and max pooling on the blocked
  * output y (n, k, oh, ow) of a convolution; yr: the same tensor in NCHW. */
-static void s_blocked_bn_pool(int n, int k, int oh, int ow, const float *yr)
+static void s_blocked_bn_pool(int lay, int n, int k, int oh, int ow, const float *yr)
 {
     const k_backend *cpu = k_backend_cpu(), *ref = k_backend_ref();
     k_bn b = {.n = n, .c = k, .h = oh, .w = ow, .eps = 1e-3f, .momentum = 0.1f, .relu = 1,
-              .blocked = 1}, br = b;
+              .blocked = lay}, br = b;
     br.blocked = 0;
     size_t nc = (size_t)k, ny = (size_t)n * k * oh * ow;
     float *g = zt_k_randv(nc, 0.5f, 1.5f), *be = zt_k_randv(nc, -0.5f, 0.5f);
     float *m = zt_k_zeros(nc), *v = zt_k_zeros(nc), *mr = zt_k_zeros(nc), *vr = zt_k_zeros(nc);
-    float *z = zt_k_zeros(ny), *zr = zt_k_zeros(ny), *yb = s_maybe_blocked(1, n, k, oh, ow, yr);
+    float *z = zt_k_zeros(ny), *zr = zt_k_zeros(ny), *yb = s_maybe_blocked(lay, n, k, oh, ow, yr);
     cr_assert_eq(k_bn_fwd_train(cpu, &b, yb, g, be, z, m, v, NULL, NULL), ZPS_OK);
     k_bn_fwd_train(ref, &br, yr, g, be, zr, mr, vr, NULL, NULL);
-    float *zp = s_maybe_plain(1, n, k, oh, ow, z);
+    float *zp = s_maybe_plain(lay, n, k, oh, ow, z);
     zt_k_close(s_be->name, "blocked bn y", zp, zr, ny, 1e-3, 1e-3);
     zt_k_close(s_be->name, "blocked bn mean", m, mr, nc, 1e-4, 1e-3);
     /* backward, then again without dx: parameter gradients only */
-    float *dz = zt_k_randv(ny, -1, 1), *dzb = s_maybe_blocked(1, n, k, oh, ow, dz);
+    float *dz = zt_k_randv(ny, -1, 1), *dzb = s_maybe_blocked(lay, n, k, oh, ow, dz);
     float *dx = zt_k_zeros(ny), *dxr = zt_k_zeros(ny), *dg = zt_k_zeros(nc), *dgr = zt_k_zeros(nc);
     float *db = zt_k_zeros(nc), *dbr = zt_k_zeros(nc);
     cr_assert_eq(k_bn_bwd(cpu, &b, yb, z, dzb, g, m, v, dx, dg, db), ZPS_OK);
     k_bn_bwd(ref, &br, yr, zr, dz, g, mr, vr, dxr, dgr, dbr);
-    float *dxp = s_maybe_plain(1, n, k, oh, ow, dx);
+    float *dxp = s_maybe_plain(lay, n, k, oh, ow, dx);
     zt_k_close(s_be->name, "blocked bn dx", dxp, dxr, ny, 1e-3, 1e-2);
     memset(dg, 0, nc * sizeof *dg), memset(db, 0, nc * sizeof *db);
     cr_assert_eq(k_bn_bwd(cpu, &b, yb, z, dzb, g, m, v, NULL, dg, db), ZPS_OK);
@@ -498,12 +498,12 @@ static void s_blocked_bn_pool(int n, int k, int oh, int ow, const float *yr)
     k_pool p, pr;
     if (k_pool_init(&p, K_POOL_MAX, n, k, oh, ow, 2, 2, 2, 2, 0, 0) == ZPS_OK) {
         pr = p;
-        p.blocked = 1;
+        p.blocked = lay;
         size_t no = (size_t)p.n * p.c * p.oh * p.ow;
         float *o = zt_k_zeros(no), *orf = zt_k_zeros(no);
         cr_assert_eq(k_pool_fwd(cpu, &p, yb, o), ZPS_OK);
         k_pool_fwd(ref, &pr, yr, orf);
-        float *op = s_maybe_plain(1, p.n, p.c, p.oh, p.ow, o);
+        float *op = s_maybe_plain(lay, p.n, p.c, p.oh, p.ow, o);
         zt_k_close(s_be->name, "blocked maxpool y", op, orf, no, 1e-6, 1e-6);
         k_op_release(cpu, &p.impl);
         free(o), free(orf), free(op);
@@ -513,11 +513,13 @@ static void s_blocked_bn_pool(int n, int k, int oh, int ow, const float *yr)
     free(dbr), free(dxp);
 }
 
-/* A random convolution whose input and/or output is blocked (first-layer style plain input
- * with few channels included). */
-static void s_random_blocked_conv(k_conv2d *d, int xb, int yb)
+/* A random convolution from layout xl into layout yl (K_NCHW, K_BLOCK16, K_BLOCK8); a plain
+ * input has 1-20 channels: first-layer style (a few) and thin-model style (12, which the cpu
+ * back-end reorders at the convolution's edges). */
+static void s_random_blocked_conv(k_conv2d *d, int xl, int yl)
 {
-    int c = xb ? 16 * zt_irand(1, 3) : zt_irand(1, 5), k = 16 * zt_irand(1, 3);
+    int c = xl ? k_block_size(xl) * zt_irand(1, 3) : zt_irand(1, 20);
+    int k = yl ? k_block_size(yl) * zt_irand(1, 3) : zt_irand(1, 20);
     for (;;) {
         int r = zt_irand(1, 4), s = zt_irand(1, 4);
         if (k_conv2d_init(d, zt_irand(1, 3), c, zt_irand(r, 14), zt_irand(s, 14), k, r, s,
@@ -525,40 +527,73 @@ static void s_random_blocked_conv(k_conv2d *d, int xb, int yb)
                           zt_irand(0, s / 2)) == ZPS_OK)
             break;
     }
-    d->x_blocked = xb, d->y_blocked = yb;
+    d->x_blocked = xl, d->y_blocked = yl;
 }
 
-/* The blocked (nChw16c) layouts of the cpu back-end give ref's results after conversion; the
- * dispatcher refuses blocked tensors where the back-end has no such layout. */
+/* A dense layer reading a blocked map (n, c, h, w) gives ref's results on the NCHW map, its dx
+ * comes back blocked, and dw/db are added into. */
+static void s_blocked_dense(int lay, int n, int c, int h, int w, int out)
+{
+    const k_backend *cpu = k_backend_cpu(), *ref = k_backend_ref();
+    k_dense d = {.n = n, .in = c * h * w, .out = out, .x_c = c, .x_blocked = lay}, dr = d;
+    dr.x_blocked = 0;
+    size_t nx = (size_t)n * d.in, nw = (size_t)out * d.in, ny = (size_t)n * out;
+    float *x = zt_k_randv(nx, -1, 1), *wt = zt_k_randv(nw, -1, 1), *b = zt_k_randv(out, -1, 1);
+    float *dy = zt_k_randv(ny, -1, 1), *xb = s_maybe_blocked(lay, n, c, h, w, x);
+    float *y = zt_k_zeros(ny), *yr = zt_k_zeros(ny), *dx = zt_k_zeros(nx), *dxr = zt_k_zeros(nx);
+    float *dw = zt_k_randv(nw, -1, 1), *dwr = zt_k_copyv(dw, nw);
+    float *db = zt_k_randv(out, -1, 1), *dbr = zt_k_copyv(db, out);
+    for (int pass = 0; pass < 2; pass++) { /* the second runs on the cached primitives */
+        cr_assert_eq(k_dense_fwd(cpu, &d, xb, wt, b, y), ZPS_OK);
+        cr_assert_eq(k_dense_bwd(cpu, &d, xb, wt, dy, dx, dw, db), ZPS_OK);
+        k_dense_fwd(ref, &dr, x, wt, b, yr);
+        k_dense_bwd(ref, &dr, x, wt, dy, dxr, dwr, dbr);
+    }
+    float *dxp = s_maybe_plain(lay, n, c, h, w, dx);
+    zt_k_close(s_be->name, "blocked dense y", y, yr, ny, 1e-4 * sqrt((double)d.in), 1e-3);
+    zt_k_close(s_be->name, "blocked dense dx", dxp, dxr, nx, 1e-4 * sqrt((double)out), 1e-3);
+    zt_k_close(s_be->name, "blocked dense dw", dw, dwr, nw, 1e-4 * sqrt((double)n), 1e-3);
+    zt_k_close(s_be->name, "blocked dense db", db, dbr, (size_t)out, 1e-4 * sqrt((double)n), 1e-3);
+    k_op_release(cpu, &d.impl);
+    free(x), free(wt), free(b), free(dy), free(xb), free(y), free(yr), free(dx), free(dxr);
+    free(dw), free(dwr), free(db), free(dbr), free(dxp);
+}
+
+/* The blocked layouts of the cpu back-end (nChw16c, nChw8c, and every pair of them and NCHW
+ * around a convolution) give ref's results after conversion; the dispatcher refuses blocked
+ * tensors where the back-end has no such layout. */
 Test(k_cpu, blocked_layouts_match_ref, .init = s_init_cpu, .timeout = 60)
 {
     const k_backend *cpu = k_backend_cpu(), *ref = k_backend_ref();
-    cr_assert(cpu->prefers_blocked && cpu->prefers_blocked(32) && !cpu->prefers_blocked(24));
-    for (int iter = 0; iter < 6; iter++) {
+    cr_assert(cpu->prefers_blocked && cpu->prefers_blocked(32) == K_BLOCK16);
+    cr_assert(cpu->prefers_blocked(24) == K_BLOCK8 && !cpu->prefers_blocked(12));
+    for (int iter = 0; iter < 8; iter++) {
         k_conv2d d, dr;
-        int xb = iter % 3 != 0, yb = iter % 3 != 1;
-        s_random_blocked_conv(&d, xb, yb);
+        int xl = (iter + 1) % 3, yl = (iter + 1) / 3 % 3; /* every pair but NCHW -> NCHW */
+        s_random_blocked_conv(&d, xl, yl);
         dr = d;
         dr.x_blocked = dr.y_blocked = 0;
         size_t nx = (size_t)d.n * d.c * d.h * d.w, nw = (size_t)d.k * d.c * d.r * d.s;
         size_t ny = (size_t)d.n * d.k * d.oh * d.ow;
         float *x = zt_k_randv(nx, -1, 1), *w = zt_k_randv(nw, -1, 1), *dy = zt_k_randv(ny, -1, 1);
-        float *xbl = s_maybe_blocked(xb, d.n, d.c, d.h, d.w, x);
-        float *dyb = s_maybe_blocked(yb, d.n, d.k, d.oh, d.ow, dy);
+        float *xbl = s_maybe_blocked(xl, d.n, d.c, d.h, d.w, x);
+        float *dyb = s_maybe_blocked(yl, d.n, d.k, d.oh, d.ow, dy);
         float *y = zt_k_zeros(ny), *yr = zt_k_zeros(ny), *dx = zt_k_zeros(nx), *dxr = zt_k_zeros(nx);
         float *dw = zt_k_randv(nw, -1, 1), *dwr = zt_k_copyv(dw, nw);
         cr_assert_eq(k_conv2d_fwd(cpu, &d, xbl, w, NULL, y), ZPS_OK);
         k_conv2d_fwd(ref, &dr, x, w, NULL, yr);
-        float *yp = s_maybe_plain(yb, d.n, d.k, d.oh, d.ow, y);
+        float *yp = s_maybe_plain(yl, d.n, d.k, d.oh, d.ow, y);
         zt_k_close(s_be->name, "blocked conv y", yp, yr, ny, 4e-4 * sqrt((double)d.c * d.r * d.s), 1e-3);
         cr_assert_eq(k_conv2d_bwd(cpu, &d, xbl, w, dyb, dx, dw, NULL), ZPS_OK);
         k_conv2d_bwd(ref, &dr, x, w, dy, dxr, dwr, NULL);
-        float *dxp = s_maybe_plain(xb, d.n, d.c, d.h, d.w, dx);
+        float *dxp = s_maybe_plain(xl, d.n, d.c, d.h, d.w, dx);
         zt_k_close(s_be->name, "blocked conv dx", dxp, dxr, nx, 4e-4 * sqrt((double)d.k * d.r * d.s), 1e-3);
         zt_k_close(s_be->name, "blocked conv dw", dw, dwr, nw, 4e-4 * sqrt((double)d.n * d.oh * d.ow), 1e-3);
         k_op_release(cpu, &d.impl);
-        if (yb)
-            s_blocked_bn_pool(d.n, d.k, d.oh, d.ow, yr);
+        if (yl) {
+            s_blocked_bn_pool(yl, d.n, d.k, d.oh, d.ow, yr);
+            s_blocked_dense(yl, d.n, d.k, d.oh, d.ow, zt_irand(1, 40));
+        }
         free(x), free(w), free(dy), free(xbl), free(dyb), free(y), free(yr), free(yp);
         free(dx), free(dxr), free(dxp), free(dw), free(dwr);
     }
@@ -569,12 +604,15 @@ Test(k_cpu, blocked_layouts_match_ref, .init = s_init_cpu, .timeout = 60)
     float buf[512] = {0};
     zps_log_set_level(ZPS_LOG_OFF);
     cr_assert_eq(k_conv2d_fwd(ref, &d, buf, buf, NULL, buf), ZPS_ERR_UNSUPPORTED);
-    /* nor has cpu for a channel count that is not a multiple of 16 */
+    /* nor has cpu 16-channel blocks for a channel count that is not a multiple of 16 */
     k_conv2d_init(&d, 1, 16, 4, 4, 24, 1, 1, 1, 1, 0, 0);
-    d.y_blocked = 1;
+    d.y_blocked = K_BLOCK16;
     cr_assert_eq(k_conv2d_fwd(cpu, &d, buf, buf, NULL, buf), ZPS_ERR_UNSUPPORTED);
     k_bn b = {.n = 1, .c = 24, .h = 2, .w = 2, .eps = 1e-3f, .blocked = 1};
     cr_assert_eq(k_bn_fwd_infer(cpu, &b, buf, buf, buf, buf, buf, buf), ZPS_ERR_UNSUPPORTED);
+    k_dense e = {.n = 1, .in = 64, .out = 2, .x_c = 16, .x_blocked = 1};
+    cr_assert_eq(k_dense_fwd(ref, &e, buf, buf, NULL, buf), ZPS_ERR_UNSUPPORTED);
+    cr_assert_null(e.impl);
     cr_assert_null(d.impl);
     cr_assert_null(b.impl);
 }

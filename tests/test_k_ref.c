@@ -5,6 +5,7 @@
  * (rerun with ZPS_TEST_SEED=<seed> to reproduce). Tolerances, |a - b| <= atol + rtol * |ref|:
  *   finite differences (float forward, central difference h = 1e-2 in double): 2e-2 + 2e-2
  *   fused batchnorm+ReLU backward against plain batchnorm backward of masked dy: 1e-6 + 1e-5
+ * The cpu back-end's NCHW batchnorm (its own loops, not oneDNN's) gets the same checks.
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -110,6 +111,7 @@ Test(k_ref, conv2d_backward_matches_finite_differences, .init = s_seed_init)
 }
 
 typedef struct s_bn_case {
+    const k_backend *be;
     k_bn d;
     float *x, *g, *b, *y, *r, *mean, *var;
 } s_bn_case;
@@ -117,26 +119,37 @@ typedef struct s_bn_case {
 static double s_bn_loss(void *ctx)
 {
     s_bn_case *c = ctx;
-    cr_assert_eq(k_bn_fwd_train(k_backend_ref(), &c->d, c->x, c->g, c->b, c->y, c->mean,
-                                c->var, NULL, NULL),
+    cr_assert_eq(k_bn_fwd_train(c->be, &c->d, c->x, c->g, c->b, c->y, c->mean, c->var, NULL,
+                                NULL),
                  ZPS_OK);
     return s_dot(c->y, c->r, (size_t)c->d.n * c->d.c * c->d.h * c->d.w);
 }
 
-Test(k_ref, batchnorm_backward_matches_finite_differences, .init = s_seed_init)
+/* Batchnorm (+ReLU) backward of back-end be, on NCHW, against finite differences of its own
+ * forward; planes of up to hw_max values per side. */
+static void s_bn_fd(const k_backend *be, int hw_max)
 {
+    const char *name = be->name;
     for (int iter = 0; iter < 6; iter++) {
-        s_bn_case c = {.d = {.n = zt_irand(1, 3), .c = zt_irand(1, 4), .h = zt_irand(1, 4),
-                             .w = zt_irand(2, 4), .eps = 1e-3f, .momentum = 0.1f,
+        s_bn_case c = {.be = be,
+                       .d = {.n = zt_irand(1, 3), .c = zt_irand(1, 4), .h = zt_irand(1, hw_max),
+                             .w = zt_irand(2, hw_max), .eps = 1e-3f, .momentum = 0.1f,
                              .relu = iter % 2}};
         size_t n = (size_t)c.d.n * c.d.c * c.d.h * c.d.w, nc = (size_t)c.d.c;
         c.x = zt_k_randv(n, -2, 2), c.g = zt_k_randv(nc, 0.5f, 1.5f), c.b = zt_k_randv(nc, -0.5f, 0.5f);
         c.y = zt_k_zeros(n), c.r = zt_k_randv(n, -1, 1), c.mean = zt_k_zeros(nc), c.var = zt_k_zeros(nc);
         float *dx = zt_k_zeros(n), *dg = zt_k_zeros(nc), *dbeta = zt_k_zeros(nc);
         s_bn_loss(&c);
-        cr_assert_eq(k_bn_bwd(k_backend_ref(), &c.d, c.x, c.y, c.r, c.g, c.mean, c.var, dx, dg,
-                              dbeta),
+        cr_assert_eq(k_bn_bwd(be, &c.d, c.x, c.y, c.r, c.g, c.mean, c.var, dx, dg, dbeta),
                      ZPS_OK);
+        /* without dx: the same parameter gradients, added into what is there */
+        float *dg1 = zt_k_copyv(dg, nc), *db1 = zt_k_copyv(dbeta, nc);
+        cr_assert_eq(k_bn_bwd(be, &c.d, c.x, c.y, c.r, c.g, c.mean, c.var, NULL, dg1, db1),
+                     ZPS_OK);
+        for (size_t i = 0; i < nc; i++)
+            dg1[i] -= dg[i], db1[i] -= dbeta[i];
+        zt_k_close(name, "bn dgamma without dx", dg1, dg, nc, 1e-6, 1e-5);
+        zt_k_close(name, "bn dbeta without dx", db1, dbeta, nc, 1e-6, 1e-5);
         if (!c.d.relu) {
             s_fd("bn dx", s_bn_loss, &c, c.x, dx, n);
             s_fd("bn dgamma", s_bn_loss, &c, c.g, dg, nc);
@@ -145,19 +158,33 @@ Test(k_ref, batchnorm_backward_matches_finite_differences, .init = s_seed_init)
             /* finite differences are unreliable across the ReLU kink: the fused op must equal
              * plain batchnorm backward fed with dy masked by y > 0 */
             k_bn plain = c.d;
-            plain.relu = 0;
+            plain.relu = 0, plain.impl = NULL;
             float *dym = zt_k_zeros(n), *dx2 = zt_k_zeros(n), *dg2 = zt_k_zeros(nc), *db2 = zt_k_zeros(nc);
             for (size_t i = 0; i < n; i++)
                 dym[i] = c.y[i] > 0 ? c.r[i] : 0.0f;
-            k_bn_bwd(k_backend_ref(), &plain, c.x, NULL, dym, c.g, c.mean, c.var, dx2, dg2, db2);
-            zt_k_close("ref", "bn+relu dx", dx, dx2, n, 1e-6, 1e-5);
-            zt_k_close("ref", "bn+relu dgamma", dg, dg2, nc, 1e-6, 1e-5);
-            zt_k_close("ref", "bn+relu dbeta", dbeta, db2, nc, 1e-6, 1e-5);
+            k_bn_bwd(be, &plain, c.x, NULL, dym, c.g, c.mean, c.var, dx2, dg2, db2);
+            zt_k_close(name, "bn+relu dx", dx, dx2, n, 1e-6, 1e-5);
+            zt_k_close(name, "bn+relu dgamma", dg, dg2, nc, 1e-6, 1e-5);
+            zt_k_close(name, "bn+relu dbeta", dbeta, db2, nc, 1e-6, 1e-5);
+            k_op_release(be, &plain.impl);
             free(dym), free(dx2), free(dg2), free(db2);
         }
+        k_op_release(be, &c.d.impl);
         free(c.x), free(c.g), free(c.b), free(c.y), free(c.r), free(c.mean), free(c.var);
-        free(dx), free(dg), free(dbeta);
+        free(dx), free(dg), free(dbeta), free(dg1), free(db1);
     }
+}
+
+Test(k_ref, batchnorm_backward_matches_finite_differences, .init = s_seed_init)
+{
+    s_bn_fd(k_backend_ref(), 4);
+}
+
+/* The cpu back-end's own NCHW batchnorm loops (kernels/cpu/bn_plain.c): planes long enough
+ * for their vector sums and their tails. */
+Test(k_cpu, plain_batchnorm_backward_matches_finite_differences, .init = s_seed_init)
+{
+    s_bn_fd(k_backend_cpu(), 9);
 }
 
 typedef struct s_pool_case {

@@ -263,6 +263,71 @@ Test(nn_models, cpu_model_equals_ref_model, .init = s_init, .timeout = 60)
     nn_model_destroy(&a), nn_model_destroy(&b);
 }
 
+/* The convnet on the cpu back-end keeps its whole trunk blocked (its classifier reads the last
+ * blocked map) and still gives ref's loss and every gradient. */
+Test(nn_models, convnet_runs_blocked_and_equals_ref, .init = s_init, .timeout = 60)
+{
+    nn_model_opts o;
+    nn_model_opts_default(&o, "convnet");
+    o.seed = zt_rand();
+    nn_model *a, *b;
+    cr_assert_eq(nn_model_create(k_backend_cpu(), &o, &a), ZPS_OK);
+    cr_assert_eq(nn_model_create(k_backend_ref(), &o, &b), ZPS_OK);
+    s_cmp_models(a, b, 8, 1e-3, NULL);
+    const char *trunk[4] = {"conv1", "pool1", "conv2", "pool2"};
+    for (int i = 0; i < 4; i++) {
+        cr_assert(nn_model_tensor_blocked(a, trunk[i]), "%s is not blocked", trunk[i]);
+        cr_assert(!nn_model_tensor_blocked(b, trunk[i]));
+    }
+    nn_model_destroy(&a), nn_model_destroy(&b);
+}
+
+/* The demo's thin Inception-v3 (width 0.25, 75x75): channel counts of 8, 12, 20, 24, ... so
+ * the cpu back-end keeps each concat group in the 8- or 16-channel blocks all its members
+ * allow, leaves 12 and 20 NCHW (convolutions reorder at their edges), and still gives ref's
+ * classifier gradients. */
+Test(nn_models, thin_inception_runs_blocked_and_equals_ref, .init = s_init, .timeout = 120)
+{
+    nn_model_opts o;
+    nn_model_opts_default(&o, "inception_v3");
+    o.in_size = 75, o.width = 0.25f, o.in_channels = 1, o.classes = 10, o.dropout = 0;
+    o.seed = zt_rand();
+    nn_model *a, *b;
+    cr_assert_eq(nn_model_create(k_backend_cpu(), &o, &a), ZPS_OK);
+    cr_assert_eq(nn_model_create(k_backend_ref(), &o, &b), ZPS_OK);
+    s_cmp_models(a, b, 4, 1e-3, "fc.");
+    cr_assert_eq(nn_model_tensor_blocked(a, "Conv2d_2b_3x3"), K_BLOCK16);
+    cr_assert_eq(nn_model_tensor_blocked(a, "Mixed_5b"), K_BLOCK8); /* 16 + 16 + 24 + 8 */
+    cr_assert_eq(nn_model_tensor_blocked(a, "Mixed_6e"), K_BLOCK16); /* 4 x 48 */
+    cr_assert_eq(nn_model_tensor_blocked(a, "Conv2d_3b_1x1"), K_NCHW); /* 20 */
+    nn_model_destroy(&a), nn_model_destroy(&b);
+}
+
+/* A loss head is read as NCHW, so a head (and whatever shares its layout through pooling)
+ * stays NCHW even where the back-end would block it; the loss then equals ref's. */
+Test(nn_models, loss_heads_stay_nchw, .init = s_init, .timeout = 30)
+{
+    nn_model *m[2];
+    const k_backend *be[2] = {k_backend_cpu(), k_backend_ref()};
+    float loss[2];
+    float x[2 * 36];
+    int32_t labels[2] = {3, 11};
+    for (int i = 0; i < 72; i++)
+        x[i] = zt_unif(-1, 1);
+    for (int k = 0; k < 2; k++) {
+        m[k] = nn_model_new(be[k], 1, 6, 6);
+        int c = nn_conv_bn_relu(m[k], "c", 0, 16, 3, 3, 1, 1, 1, 1, 0.5f);
+        nn_model_head(m[k], nn_gap(m[k], "gap", c), 1.0f);
+        cr_assert_eq(nn_model_finish(m[k], 5), ZPS_OK);
+        cr_assert_eq(nn_model_forward(m[k], x, labels, 2, 1, &loss[k], NULL), ZPS_OK);
+    }
+    cr_assert_eq(nn_model_tensor_blocked(m[0], "gap"), K_NCHW);
+    cr_assert_eq(nn_model_tensor_blocked(m[0], "c"), K_NCHW);
+    cr_assert(fabsf(loss[0] - loss[1]) <= 1e-4f * (1 + fabsf(loss[1])), "loss %g vs ref %g",
+              loss[0], loss[1]);
+    nn_model_destroy(&m[0]), nn_model_destroy(&m[1]);
+}
+
 Test(nn_models, weights_file_round_trip_and_rejections, .init = s_init, .timeout = 30)
 {
     nn_model_opts o;

@@ -5,8 +5,11 @@
  * says why; docs/kernels.md "Batch statistics (cpu)"). The backward is created without that
  * flag, so it still differentiates through the statistics. Running averages follow PyTorch
  * (unbiased variance). With the fused ReLU the forward's workspace (the mask) stays in impl
- * for the backward, so backward runs on the descriptor of its forward.
+ * for the backward, so backward runs on the descriptor of its forward. That is the blocked
+ * path; NCHW data trains in bn_plain.c's loops (the same statistics and shift), and only its
+ * inference goes through oneDNN.
  */
+#include <assert.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +37,30 @@ static unsigned s_bn_flags(const k_bn *d)
     return dnnl_use_scale | dnnl_use_shift | (d->relu ? dnnl_fuse_norm_relu : 0);
 }
 
+/* Sums of x - shift and of its square per channel of a blocked x: B channels side by side,
+ * one vector lane each (inlined with B constant). */
+static inline void s_bn_sums_blocked(const k_bn *d, const float *x, const double *shift,
+                                     double *sum, double *sq, const int B)
+{
+    const int c = d->c;
+    const size_t hw = (size_t)d->h * d->w;
+    for (int cb = 0; cb < c / B; cb++) {
+        double s[16] = {0}, q[16] = {0};
+        const double *sh = shift + cb * B;
+        for (int n = 0; n < d->n; n++) {
+            const float *p = x + ((size_t)n * (c / B) + cb) * hw * B;
+            for (size_t i = 0; i < hw; i++)
+                for (int l = 0; l < B; l++) {
+                    double t = (double)p[i * B + l] - sh[l];
+                    s[l] += t;
+                    q[l] += t * t;
+                }
+        }
+        for (int l = 0; l < B; l++)
+            sum[cb * B + l] = s[l], sq[cb * B + l] = q[l];
+    }
+}
+
 /* Batch mean and biased variance of every channel, summed in double; resid (c) receives
  * mean - (float)mean, the part of the mean that float cannot hold.
  *
@@ -56,27 +83,16 @@ ZPS_SIMD_CLONES
 static void s_bn_stats(const k_bn *d, const float *x, double *acc, float *mean, float *var,
                        double *resid)
 {
-    const int c = d->c;
+    const int c = d->c, B = k_block_size(d->blocked);
     const size_t hw = (size_t)d->h * d->w;
     double *sum = acc, *sq = acc + c, *shift = acc + 2 * c;
     for (int k = 0; k < c; k++)
-        shift[k] = d->blocked ? x[(size_t)(k / 16) * hw * 16 + k % 16] : x[(size_t)k * hw];
-    if (d->blocked) { /* nChw16c: 16 channels side by side, one vector lane each */
-        for (int cb = 0; cb < c / 16; cb++) {
-            double s[16] = {0}, q[16] = {0}, *sh = shift + cb * 16;
-            for (int n = 0; n < d->n; n++) {
-                const float *p = x + ((size_t)n * (c / 16) + cb) * hw * 16;
-                for (size_t i = 0; i < hw; i++)
-                    for (int l = 0; l < 16; l++) {
-                        double t = (double)p[i * 16 + l] - sh[l];
-                        s[l] += t;
-                        q[l] += t * t;
-                    }
-            }
-            for (int l = 0; l < 16; l++)
-                sum[cb * 16 + l] = s[l], sq[cb * 16 + l] = q[l];
-        }
-    } else { /* NCHW: four interleaved sums per channel */
+        shift[k] = x[(size_t)(k / B) * hw * B + k % B];
+    if (B == 16)
+        s_bn_sums_blocked(d, x, shift, sum, sq, 16);
+    else if (B == 8)
+        s_bn_sums_blocked(d, x, shift, sum, sq, 8);
+    else { /* NCHW: four interleaved sums per channel */
         for (int k = 0; k < c; k++) {
             double s[4] = {0}, q[4] = {0}, sh = shift[k];
             for (int n = 0; n < d->n; n++) {
@@ -170,8 +186,10 @@ static zps_status s_bn_get(k_bn *d, s_bn_impl **out)
     ZPS_TRY(k_cpu_md4(&data, d->n, d->c, d->h, d->w, k_cpu_act_tag(d->blocked)));
     im->acc = zps_xmalloc(sizeof(double) * 4 * (size_t)d->c);
     im->beta = zps_xmalloc(sizeof(float) * (size_t)d->c);
-    ZPS_TRY(s_bn_fwd_create(d, im, &data));
-    ZPS_TRY(s_bn_bwd_create(d, im, &data));
+    if (d->blocked) {
+        ZPS_TRY(s_bn_fwd_create(d, im, &data));
+        ZPS_TRY(s_bn_bwd_create(d, im, &data));
+    }
     *out = im;
     return ZPS_OK;
 }
@@ -190,8 +208,12 @@ zps_status k_cpu_bn_fwd_train(k_bn *d, const float *x, const float *gamma, const
     s_bn_stats(d, x, im->acc, mean, var, resid);
     for (int c = 0; c < d->c; c++)
         im->beta[c] = (float)(beta[c] - gamma[c] * resid[c] / sqrt((double)var[c] + d->eps));
-    const void *ptrs[6] = {x, mean, var, gamma, im->beta, y};
-    ZPS_TRY(k_cpu_prim_run(&im->fwd, ptrs, 6));
+    if (d->blocked) {
+        const void *ptrs[6] = {x, mean, var, gamma, im->beta, y};
+        ZPS_TRY(k_cpu_prim_run(&im->fwd, ptrs, 6));
+    } else {
+        k_cpu_bn_plain_fwd(d, x, mean, var, gamma, im->beta, y);
+    }
     float cnt = (float)d->n * d->h * d->w, m = d->momentum;
     float unbias = cnt > 1 ? cnt / (cnt - 1) : 1.0f;
     for (int c = 0; c < d->c; c++) {
@@ -231,9 +253,19 @@ zps_status k_cpu_bn_bwd(k_bn *d, const float *x, const float *y, const float *dy
                         const float *gamma, const float *mean, const float *var, float *dx,
                         float *dgamma, float *dbeta)
 {
-    (void)y; /* the fused ReLU mask is in the workspace */
     s_bn_impl *im;
     ZPS_TRY(s_bn_get(d, &im));
+    if (!d->blocked) {
+        assert(y || !d->relu);
+        float *sc = k_cpu_scratch((size_t)2 * d->c);
+        k_cpu_bn_plain_bwd(d, x, y, dy, gamma, mean, var, dx, sc, sc + d->c);
+        if (dgamma)
+            k_cpu_acc((size_t)d->c, sc, dgamma);
+        if (dbeta)
+            k_cpu_acc((size_t)d->c, sc + d->c, dbeta);
+        return ZPS_OK;
+    }
+    /* blocked: the fused ReLU mask is in the forward's workspace, y is not read */
     /* oneDNN always writes diff_src: without dx it goes to scratch, in the descriptor's own
      * layout (ref's loops would misread a blocked x, y and dy) */
     size_t total = dx ? 0 : (size_t)d->n * d->c * d->h * d->w;

@@ -7,6 +7,11 @@
  * and its backward). The weight gradient comes back to KCRS through a reorder with a sum
  * post-op, which adds it into dw as the API requires; without a reorder it goes through
  * scratch and is added.
+ *
+ * Activations: the descriptor's layouts where oneDNN has a direct kernel for the pair and no
+ * primitive comes out as its reference implementation; otherwise the primitives take the
+ * layouts oneDNN picks and x, y, dy, dx are reordered at the convolution's edges, through the
+ * thread's scratch (s_conv_create, s_edge).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -20,37 +25,61 @@ typedef struct s_reorder {
     k_cpu_prim p; // args: src, dst
 } s_reorder;
 
-/* accumulate: the reorder adds into its destination (a sum post-op). */
 static zps_status s_reorder_create(s_reorder *r, const dnnl_memory_desc_t *from,
                                    const dnnl_memory_desc_t *to, int accumulate)
 {
-    memset(r, 0, sizeof *r);
-    if (dnnl_memory_desc_equal(from, to))
-        return ZPS_OK;
-    dnnl_primitive_attr_t attr = NULL;
-    dnnl_post_ops_t po = NULL;
-    if (accumulate) {
-        K_CPU_DNNL(dnnl_primitive_attr_create(&attr));
-        K_CPU_DNNL(dnnl_post_ops_create(&po));
-        K_CPU_DNNL(dnnl_post_ops_append_sum(po, 1.0f));
-        K_CPU_DNNL(dnnl_primitive_attr_set_post_ops(attr, po));
-    }
-    dnnl_status_t st =
-        dnnl_reorder_primitive_desc_create(&r->p.pd, from, k_cpu_engine(), to, k_cpu_engine(), attr);
-    if (po)
-        dnnl_post_ops_destroy(po);
-    if (attr)
-        dnnl_primitive_attr_destroy(attr);
-    K_CPU_DNNL(st);
-    K_CPU_DNNL(dnnl_primitive_create(&r->p.p, r->p.pd));
-    dnnl_memory_t a, b;
-    K_CPU_DNNL(dnnl_memory_create(&a, from, k_cpu_engine(), DNNL_MEMORY_NONE));
-    K_CPU_DNNL(dnnl_memory_create(&b, to, k_cpu_engine(), DNNL_MEMORY_NONE));
-    r->p.args[0].arg = DNNL_ARG_FROM, r->p.args[0].memory = a;
-    r->p.args[1].arg = DNNL_ARG_TO, r->p.args[1].memory = b;
-    r->p.nargs = 2;
+    return k_cpu_reorder_create(&r->p, from, to, accumulate);
+}
+
+/* An activation's reorder at the convolution's edge: used where the tensor's layout is not
+ * one the primitives run on directly (s_conv_shape_init); r.p.p NULL otherwise. The
+ * primitive's side lives in this thread's scratch for the length of one call (s_edge_scratch),
+ * so a convolution holds no activation-sized buffers between calls. */
+typedef struct s_edge {
+    s_reorder r;
+    size_t len; // floats of the primitive's side, rounded to 16 (64 bytes); 0 without reorder
+} s_edge;
+
+static zps_status s_edge_create(s_edge *e, const dnnl_memory_desc_t *from,
+                                const dnnl_memory_desc_t *to, const dnnl_memory_desc_t *prim)
+{
+    ZPS_TRY(s_reorder_create(&e->r, from, to, 0));
+    e->len = e->r.p.p ? (dnnl_memory_desc_get_size(prim) / sizeof(float) + 15) & ~(size_t)15 : 0;
     return ZPS_OK;
 }
+
+/* Scratch for two edges and `extra` floats after them: a's slice, b's slice, then extra. */
+static float *s_edge_scratch(const s_edge *a, const s_edge *b, size_t extra, float **pa,
+                             float **pb)
+{
+    float *sc = k_cpu_scratch(a->len + b->len + extra);
+    *pa = sc, *pb = sc + a->len;
+    return sc + a->len + b->len;
+}
+
+/* An input as the primitive wants it: t itself, or t reordered into buf. */
+static zps_status s_edge_in(s_edge *e, float *buf, const float *t, const float **out)
+{
+    *out = t;
+    if (!e->r.p.p)
+        return ZPS_OK;
+    const void *ptrs[2] = {t, buf};
+    ZPS_TRY(k_cpu_prim_run(&e->r.p, ptrs, 2));
+    *out = buf;
+    return ZPS_OK;
+}
+
+/* Where the primitive writes an output: t itself, or buf (then s_edge_out). */
+static float *s_edge_dst(s_edge *e, float *buf, float *t) { return e->r.p.p ? buf : t; }
+static zps_status s_edge_out(s_edge *e, float *buf, float *t)
+{
+    if (!e->r.p.p)
+        return ZPS_OK;
+    const void *ptrs[2] = {buf, t};
+    return k_cpu_prim_run(&e->r.p, ptrs, 2);
+}
+
+static void s_edge_free(s_edge *e) { k_cpu_prim_free(&e->r.p); }
 
 typedef struct s_conv {
     int has_bias;           // bias given at the first forward (fixed afterwards)
@@ -61,6 +90,10 @@ typedef struct s_conv {
     s_reorder w_bwd;        // plain weights -> backward-data layout
     s_reorder dw_back;      // backward-weights layout -> plain
     float *wf, *wb, *dwb;   // reordered weights (forward, backward data), diff weights (owned)
+    s_edge x_in, x_in_w;    // x -> forward src, -> backward-weights src
+    s_edge y_out;           // forward dst -> y
+    s_edge dy_in, dy_in_w;  // dy -> backward-data diff_dst, -> backward-weights diff_dst
+    s_edge dx_out;          // backward-data diff_src -> dx
     const float *wf_src;    // plain weights wf was made from by the last forward
     int same_w;             // backward data wants the forward's weight layout
 } s_conv;
@@ -76,16 +109,32 @@ static float *s_layout_buf(const s_reorder *r, const k_cpu_prim *p, dnnl_query_t
 /* The memory descriptors and geometry the three convolution primitives share. */
 typedef struct s_conv_shape {
     dnnl_memory_desc_t src, wei, wplain, bia, dst; // wei: any layout; wplain: KCRS
+    dnnl_memory_desc_t xt, yt; // x and y in the tensors' layouts (src, dst: the primitives')
     dnnl_dims_t strides, pl, pr;                    // strides, padding left/top, right/bottom
 } s_conv_shape;
 
-static zps_status s_conv_shape_init(const k_conv2d *d, s_conv_shape *g)
+/* Layout pairs oneDNN's direct (jit) convolutions take as they are: the same layout on both
+ * sides, or a first layer's few plain input channels into a blocked output. Any other pair
+ * (a thin model's 16-blocks into 8-blocks, 12 plain channels into blocks) would get its
+ * reference implementation, hundreds of times slower: such a convolution runs in the layouts
+ * oneDNN picks and reorders x, y, dy and dx at its edges. */
+static int s_native(const k_conv2d *d)
 {
-    ZPS_TRY(k_cpu_md4(&g->src, d->n, d->c, d->h, d->w, k_cpu_act_tag(d->x_blocked)));
+    return d->x_blocked == d->y_blocked || (!d->x_blocked && d->c < 8);
+}
+
+static zps_status s_conv_shape_init(const k_conv2d *d, int any, s_conv_shape *g)
+{
+    ZPS_TRY(k_cpu_md4(&g->xt, d->n, d->c, d->h, d->w, k_cpu_act_tag(d->x_blocked)));
     ZPS_TRY(k_cpu_md4(&g->wei, d->k, d->c, d->r, d->s, dnnl_format_tag_any));
     ZPS_TRY(k_cpu_md4(&g->wplain, d->k, d->c, d->r, d->s, dnnl_oihw));
     ZPS_TRY(k_cpu_md1(&g->bia, d->k));
-    ZPS_TRY(k_cpu_md4(&g->dst, d->n, d->k, d->oh, d->ow, k_cpu_act_tag(d->y_blocked)));
+    ZPS_TRY(k_cpu_md4(&g->yt, d->n, d->k, d->oh, d->ow, k_cpu_act_tag(d->y_blocked)));
+    g->src = g->xt, g->dst = g->yt;
+    if (any) { /* oneDNN picks; the edges reorder */
+        ZPS_TRY(k_cpu_md4(&g->src, d->n, d->c, d->h, d->w, dnnl_format_tag_any));
+        ZPS_TRY(k_cpu_md4(&g->dst, d->n, d->k, d->oh, d->ow, dnnl_format_tag_any));
+    }
     g->strides[0] = d->stride_h, g->strides[1] = d->stride_w;
     g->pl[0] = d->pad_h, g->pl[1] = d->pad_w;
     g->pr[0] = (d->oh - 1) * d->stride_h + d->r - d->h - d->pad_h;
@@ -112,7 +161,10 @@ static zps_status s_conv_fwd_create(s_conv *s, s_conv_shape *g)
     ZPS_TRY(k_cpu_prim_arg(&s->fwd, DNNL_ARG_DST, dnnl_query_dst_md));
     ZPS_TRY(s_reorder_create(&s->w_fwd, &g->wplain, s_md(&s->fwd, dnnl_query_weights_md), 0));
     s->wf = s_layout_buf(&s->w_fwd, &s->fwd, dnnl_query_weights_md);
-    return ZPS_OK;
+    const dnnl_memory_desc_t *src = s_md(&s->fwd, dnnl_query_src_md);
+    const dnnl_memory_desc_t *dst = s_md(&s->fwd, dnnl_query_dst_md);
+    ZPS_TRY(s_edge_create(&s->x_in, &g->xt, src, src));
+    return s_edge_create(&s->y_out, dst, &g->yt, dst);
 }
 
 static zps_status s_conv_bwd_data_create(s_conv *s, s_conv_shape *g)
@@ -129,7 +181,10 @@ static zps_status s_conv_bwd_data_create(s_conv *s, s_conv_shape *g)
     s->same_w = dnnl_memory_desc_equal(wbmd, s_md(&s->fwd, dnnl_query_weights_md));
     ZPS_TRY(s_reorder_create(&s->w_bwd, &g->wplain, wbmd, 0));
     s->wb = s_layout_buf(&s->w_bwd, &s->bwd_data, dnnl_query_weights_md);
-    return ZPS_OK;
+    const dnnl_memory_desc_t *ddst = s_md(&s->bwd_data, dnnl_query_diff_dst_md);
+    const dnnl_memory_desc_t *dsrc = s_md(&s->bwd_data, dnnl_query_diff_src_md);
+    ZPS_TRY(s_edge_create(&s->dy_in, &g->yt, ddst, ddst));
+    return s_edge_create(&s->dx_out, dsrc, &g->xt, dsrc);
 }
 
 static zps_status s_conv_bwd_weights_create(s_conv *s, s_conv_shape *g)
@@ -147,20 +202,49 @@ static zps_status s_conv_bwd_weights_create(s_conv *s, s_conv_shape *g)
         ZPS_TRY(k_cpu_prim_arg_at(p, DNNL_ARG_DIFF_BIAS, dnnl_query_diff_weights_md, 1));
     ZPS_TRY(s_reorder_create(&s->dw_back, s_md(p, dnnl_query_diff_weights_md), &g->wplain, 1));
     s->dwb = s_layout_buf(&s->dw_back, p, dnnl_query_diff_weights_md);
-    return ZPS_OK;
+    const dnnl_memory_desc_t *src = s_md(p, dnnl_query_src_md);
+    const dnnl_memory_desc_t *ddst = s_md(p, dnnl_query_diff_dst_md);
+    ZPS_TRY(s_edge_create(&s->x_in_w, &g->xt, src, src));
+    return s_edge_create(&s->dy_in_w, &g->yt, ddst, ddst);
 }
 
-static zps_status s_conv_create(k_conv2d *d, int has_bias, s_conv **out)
+/* 1 when oneDNN gave primitive p its reference implementation. */
+static int s_is_ref(const k_cpu_prim *p)
 {
-    ZPS_TRY(k_cpu_ready());
+    const char *impl = NULL;
+    dnnl_primitive_desc_query(p->pd, dnnl_query_impl_info_str, 0, &impl);
+    return impl && strncmp(impl, "ref", 3) == 0;
+}
+
+static void s_conv_free(s_conv *c);
+
+static zps_status s_conv_try(k_conv2d *d, int has_bias, int any, s_conv **out)
+{
     s_conv *s = zps_xcalloc(1, sizeof *s);
     s->has_bias = has_bias;
     *out = s;
     s_conv_shape g;
-    ZPS_TRY(s_conv_shape_init(d, &g));
+    ZPS_TRY(s_conv_shape_init(d, any, &g));
     ZPS_TRY(s_conv_fwd_create(s, &g));
     ZPS_TRY(s_conv_bwd_data_create(s, &g));
     return s_conv_bwd_weights_create(s, &g);
+}
+
+/* The tensors' own layouts where oneDNN runs them directly (s_native) with no reference
+ * implementation among the three primitives (some shapes have no direct backward-weights
+ * kernel for 8-channel blocks or a plain first layer); otherwise the layouts oneDNN picks. */
+static zps_status s_conv_create(k_conv2d *d, int has_bias, s_conv **out)
+{
+    ZPS_TRY(k_cpu_ready());
+    if (s_native(d)) {
+        zps_status st = s_conv_try(d, has_bias, 0, out);
+        if (st == ZPS_OK && !s_is_ref(&(*out)->fwd) && !s_is_ref(&(*out)->bwd_data) &&
+            !s_is_ref(&(*out)->bwd_weights))
+            return ZPS_OK;
+        s_conv_free(*out);
+        *out = NULL;
+    }
+    return s_conv_try(d, has_bias, 1, out);
 }
 
 typedef struct s_conv_impl {
@@ -208,10 +292,15 @@ zps_status k_cpu_conv2d_fwd(k_conv2d *d, const float *x, const float *w, const f
     const float *wl;
     ZPS_TRY(s_weights(&s->w_fwd, w, s->wf, &wl));
     s->wf_src = w;
-    const void *ptrs[4] = {x, wl, b, y};
+    float *xb, *yb;
+    s_edge_scratch(&s->x_in, &s->y_out, 0, &xb, &yb);
+    ZPS_TRY(s_edge_in(&s->x_in, xb, x, &x));
+    float *yp = s_edge_dst(&s->y_out, yb, y);
+    const void *ptrs[4] = {x, wl, b, yp};
     if (!b)
-        ptrs[2] = y;
-    return k_cpu_prim_run(&s->fwd, ptrs, b ? 4 : 3);
+        ptrs[2] = yp;
+    ZPS_TRY(k_cpu_prim_run(&s->fwd, ptrs, b ? 4 : 3));
+    return s_edge_out(&s->y_out, yb, y);
 }
 
 /* db of a convolution created without bias (its primitive has no diff_bias): summed here,
@@ -243,13 +332,22 @@ zps_status k_cpu_conv2d_bwd(k_conv2d *d, const float *x, const float *w, const f
             wl = s->wf;
         else
             ZPS_TRY(s_weights(&s->w_bwd, w, s->wb, &wl));
-        const void *ptrs[3] = {dy, wl, dx};
+        const float *dyp;
+        float *dyb, *dxb;
+        s_edge_scratch(&s->dy_in, &s->dx_out, 0, &dyb, &dxb);
+        ZPS_TRY(s_edge_in(&s->dy_in, dyb, dy, &dyp));
+        const void *ptrs[3] = {dyp, wl, s_edge_dst(&s->dx_out, dxb, dx)};
         ZPS_TRY(k_cpu_prim_run(&s->bwd_data, ptrs, 3));
+        ZPS_TRY(s_edge_out(&s->dx_out, dxb, dx));
     }
     if (dw || db) {
         size_t nw = (size_t)d->k * d->c * d->r * d->s;
-        float *sw = k_cpu_scratch(nw + (size_t)d->k);
-        const void *ptrs[4] = {x, dy, s->dwb ? s->dwb : sw, sw + nw};
+        const float *xp, *dyp;
+        float *xb, *dyb;
+        float *sw = s_edge_scratch(&s->x_in_w, &s->dy_in_w, nw + (size_t)d->k, &xb, &dyb);
+        ZPS_TRY(s_edge_in(&s->x_in_w, xb, x, &xp));
+        ZPS_TRY(s_edge_in(&s->dy_in_w, dyb, dy, &dyp));
+        const void *ptrs[4] = {xp, dyp, s->dwb ? s->dwb : sw, sw + nw};
         ZPS_TRY(k_cpu_prim_run(&s->bwd_weights, ptrs, s->has_bias ? 4 : 3));
         if (s->dwb && dw) { /* back to KCRS, added into dw by the reorder itself */
             const void *rp[2] = {s->dwb, dw};
@@ -268,9 +366,10 @@ zps_status k_cpu_conv2d_bwd(k_conv2d *d, const float *x, const float *w, const f
     return ZPS_OK;
 }
 
-void k_cpu_conv_release(k_cpu_head *impl)
+void k_cpu_conv_release(k_cpu_head *impl) { s_conv_free(((s_conv_impl *)impl)->conv); }
+
+static void s_conv_free(s_conv *c)
 {
-    s_conv *c = ((s_conv_impl *)impl)->conv;
     if (!c)
         return;
     k_cpu_prim_free(&c->fwd);
@@ -279,6 +378,8 @@ void k_cpu_conv_release(k_cpu_head *impl)
     k_cpu_prim_free(&c->w_fwd.p);
     k_cpu_prim_free(&c->w_bwd.p);
     k_cpu_prim_free(&c->dw_back.p);
+    s_edge_free(&c->x_in), s_edge_free(&c->x_in_w), s_edge_free(&c->y_out);
+    s_edge_free(&c->dy_in), s_edge_free(&c->dy_in_w), s_edge_free(&c->dx_out);
     zps_aligned_free(c->wf);
     zps_aligned_free(c->wb);
     zps_aligned_free(c->dwb);

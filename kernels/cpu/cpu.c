@@ -176,7 +176,41 @@ zps_status k_cpu_md1(dnnl_memory_desc_t *md, int a)
     return ZPS_OK;
 }
 
-dnnl_format_tag_t k_cpu_act_tag(int blocked) { return blocked ? dnnl_nChw16c : dnnl_nchw; }
+zps_status k_cpu_reorder_create(k_cpu_prim *p, const dnnl_memory_desc_t *from,
+                                const dnnl_memory_desc_t *to, int accumulate)
+{
+    memset(p, 0, sizeof *p);
+    if (dnnl_memory_desc_equal(from, to))
+        return ZPS_OK;
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t po = NULL;
+    if (accumulate) {
+        K_CPU_DNNL(dnnl_primitive_attr_create(&attr));
+        K_CPU_DNNL(dnnl_post_ops_create(&po));
+        K_CPU_DNNL(dnnl_post_ops_append_sum(po, 1.0f));
+        K_CPU_DNNL(dnnl_primitive_attr_set_post_ops(attr, po));
+    }
+    dnnl_status_t st =
+        dnnl_reorder_primitive_desc_create(&p->pd, from, k_cpu_engine(), to, k_cpu_engine(), attr);
+    if (po)
+        dnnl_post_ops_destroy(po);
+    if (attr)
+        dnnl_primitive_attr_destroy(attr);
+    K_CPU_DNNL(st);
+    K_CPU_DNNL(dnnl_primitive_create(&p->p, p->pd));
+    dnnl_memory_t a, b;
+    K_CPU_DNNL(dnnl_memory_create(&a, from, k_cpu_engine(), DNNL_MEMORY_NONE));
+    K_CPU_DNNL(dnnl_memory_create(&b, to, k_cpu_engine(), DNNL_MEMORY_NONE));
+    p->args[0].arg = DNNL_ARG_FROM, p->args[0].memory = a;
+    p->args[1].arg = DNNL_ARG_TO, p->args[1].memory = b;
+    p->nargs = 2;
+    return ZPS_OK;
+}
+
+dnnl_format_tag_t k_cpu_act_tag(int blocked)
+{
+    return blocked == K_BLOCK8 ? dnnl_nChw8c : blocked ? dnnl_nChw16c : dnnl_nchw;
+}
 
 void *k_cpu_impl_new(void **impl, k_cpu_kind kind, size_t size)
 {
@@ -209,7 +243,12 @@ static void s_release(void **impl)
     *impl = NULL;
 }
 
-static int s_prefers_blocked(int c) { return c > 0 && c % 16 == 0; }
+/* 16 channels side by side where they divide c (AVX-512 kernels), else 8 (oneDNN's AVX2
+ * kernels: still direct convolutions and its jit batchnorm where NCHW gets gemm and ncsp). */
+static int s_prefers_blocked(int c)
+{
+    return c <= 0 ? 0 : c % 16 == 0 ? K_BLOCK16 : c % 8 == 0 ? K_BLOCK8 : 0;
+}
 
 static const k_backend s_cpu = {
     .name = "cpu",

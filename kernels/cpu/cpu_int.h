@@ -3,8 +3,10 @@
  *
  *   cpu.c         engine, per-thread streams and scratch, primitives with their argument
  *                 lists, release of an op's state, the table
- *   conv.c        convolution (weight reorders into the primitives' layouts)
+ *   conv.c        convolution (weight reorders into the primitives' layouts, activation
+ *                 reorders where a layout pair has no direct kernel)
  *   bn.c          batchnorm (+ fused ReLU) with zps's own batch statistics
+ *   bn_plain.c    its training forward and backward on NCHW data, own loops
  *   pool_dense.c  pooling and inner product
  *
  * Every op's state lives in its descriptor's impl slot and starts with a k_cpu_head, so the
@@ -81,6 +83,11 @@ zps_status k_cpu_prim_run(k_cpu_prim *p, const void *const *ptrs, int n);
 /* Workspace memory sized as the primitive asks, allocated by oneDNN; *out NULL when none. */
 zps_status k_cpu_workspace(k_cpu_prim *p, dnnl_memory_t *out);
 
+/* A reorder between two layouts of the same tensor (args: from, to); p->p stays NULL when they
+ * are equal. accumulate: it adds into its destination (a sum post-op). */
+zps_status k_cpu_reorder_create(k_cpu_prim *p, const dnnl_memory_desc_t *from,
+                                const dnnl_memory_desc_t *to, int accumulate);
+
 /* Plain f32 memory descriptors; the layout of activations (blocked: nChw16c). */
 zps_status k_cpu_md4(dnnl_memory_desc_t *md, int a, int b, int c, int d, dnnl_format_tag_t tag);
 zps_status k_cpu_md2(dnnl_memory_desc_t *md, int a, int b);
@@ -101,6 +108,14 @@ k_bn_fwd_infer_fn k_cpu_bn_fwd_infer;
 /* Without dx, diff_src goes to scratch (oneDNN always writes it). */
 k_bn_bwd_fn k_cpu_bn_bwd;
 void k_cpu_bn_release(k_cpu_head *impl);
+/* bn_plain.c: the NCHW training forward with given statistics and shift, and the backward
+ * (dgamma and dbeta overwritten, dx overwritten unless NULL; y: the forward's output, read for
+ * the ReLU mask). */
+void k_cpu_bn_plain_fwd(const k_bn *d, const float *x, const float *mean, const float *var,
+                        const float *gamma, const float *shift, float *y);
+void k_cpu_bn_plain_bwd(const k_bn *d, const float *x, const float *y, const float *dy,
+                        const float *gamma, const float *mean, const float *var, float *dx,
+                        float *dgamma, float *dbeta);
 
 /* pool_dense.c: max pooling keeps its argmax workspace from forward to backward. */
 k_pool_fwd_fn k_cpu_pool_fwd;

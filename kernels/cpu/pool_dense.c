@@ -3,8 +3,13 @@
  * Pooling: max, or average with the padding counted in the divisor (oneDNN's
  * pooling_avg_include_padding, PyTorch's count_include_pad=True); max pooling keeps its argmax
  * workspace in impl from forward to backward. Inner product: y = x w^T + b; its
- * backward-weights primitive overwrites, so dw and db are added from scratch.
+ * backward-weights primitive overwrites, so dw and db are added from scratch. A blocked x
+ * (a convolutional trunk's last map) is reordered into NCHW in impl's buffer, and dx back
+ * out of it: the primitives themselves stay on plain 2-D layouts, where oneDNN's gemm inner
+ * product runs (a blocked source would need the weights reordered twice per step, 4x the
+ * floats of x for the convnet's fc1).
  */
+#include <assert.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -93,7 +98,35 @@ typedef struct s_dense_impl {
     k_cpu_prim fwd;          // src, weights, bias, dst
     k_cpu_prim bwd_data;     // diff_dst, weights, diff_src
     k_cpu_prim bwd_weights;  // src, diff_dst, diff_weights, diff_bias
+    k_cpu_prim to_plain;     // x_blocked: x (blocked) -> xp (NCHW)
+    k_cpu_prim to_blocked;   // x_blocked: dx (NCHW, in xp) -> dx (blocked)
+    float *xp;               // x_blocked: (n, in) plain x, then plain dx (owned)
 } s_dense_impl;
+
+/* The reorders between the blocked map x and its NCHW copy in xp. */
+static zps_status s_dense_blocked_init(k_dense *d, s_dense_impl *im)
+{
+    assert(d->x_c > 0 && d->in % d->x_c == 0);
+    int hw = d->in / d->x_c; /* (h, w) folded into one axis: the same offsets in both layouts */
+    dnnl_memory_desc_t blk, pln;
+    ZPS_TRY(k_cpu_md4(&blk, d->n, d->x_c, hw, 1, k_cpu_act_tag(d->x_blocked)));
+    ZPS_TRY(k_cpu_md4(&pln, d->n, d->x_c, hw, 1, k_cpu_act_tag(0)));
+    ZPS_TRY(k_cpu_reorder_create(&im->to_plain, &blk, &pln, 0));
+    ZPS_TRY(k_cpu_reorder_create(&im->to_blocked, &pln, &blk, 0));
+    im->xp = zps_xaligned(64, sizeof(float) * (size_t)d->n * d->in);
+    return ZPS_OK;
+}
+
+/* x itself, or its NCHW copy in xp when x is blocked. */
+static zps_status s_dense_plain_x(const k_dense *d, s_dense_impl *im, const float **x)
+{
+    if (!d->x_blocked)
+        return ZPS_OK;
+    const void *ptrs[2] = {*x, im->xp};
+    ZPS_TRY(k_cpu_prim_run(&im->to_plain, ptrs, 2));
+    *x = im->xp;
+    return ZPS_OK;
+}
 
 static zps_status s_dense_get(k_dense *d, s_dense_impl **out)
 {
@@ -129,6 +162,8 @@ static zps_status s_dense_get(k_dense *d, s_dense_impl **out)
     ZPS_TRY(k_cpu_prim_arg(&im->bwd_weights, DNNL_ARG_DIFF_WEIGHTS, dnnl_query_diff_weights_md));
     ZPS_TRY(k_cpu_prim_arg_at(&im->bwd_weights, DNNL_ARG_DIFF_BIAS, dnnl_query_diff_weights_md,
                               1));
+    if (d->x_blocked)
+        ZPS_TRY(s_dense_blocked_init(d, im));
     *out = im;
     return ZPS_OK;
 }
@@ -144,6 +179,7 @@ zps_status k_cpu_dense_fwd(k_dense *d, const float *x, const float *w, const flo
         memset(zero, 0, sizeof(float) * (size_t)d->out);
         b = zero;
     }
+    ZPS_TRY(s_dense_plain_x(d, im, &x));
     const void *ptrs[4] = {x, w, b, y};
     return k_cpu_prim_run(&im->fwd, ptrs, 4);
 }
@@ -153,11 +189,9 @@ zps_status k_cpu_dense_bwd(k_dense *d, const float *x, const float *w, const flo
 {
     s_dense_impl *im;
     ZPS_TRY(s_dense_get(d, &im));
-    if (dx) {
-        const void *ptrs[3] = {dy, w, dx};
-        ZPS_TRY(k_cpu_prim_run(&im->bwd_data, ptrs, 3));
-    }
+    /* weights first: with a blocked x, xp holds the plain x until backward-data reuses it */
     if (dw || db) {
+        ZPS_TRY(s_dense_plain_x(d, im, &x));
         size_t nw = (size_t)d->out * d->in;
         float *sw = k_cpu_scratch(nw + (size_t)d->out);
         const void *ptrs[4] = {x, dy, sw, sw + nw};
@@ -166,6 +200,14 @@ zps_status k_cpu_dense_bwd(k_dense *d, const float *x, const float *w, const flo
             k_cpu_acc(nw, sw, dw);
         if (db)
             k_cpu_acc((size_t)d->out, sw + nw, db);
+    }
+    if (dx) {
+        const void *ptrs[3] = {dy, w, d->x_blocked ? im->xp : dx};
+        ZPS_TRY(k_cpu_prim_run(&im->bwd_data, ptrs, 3));
+        if (d->x_blocked) {
+            const void *back[2] = {im->xp, dx};
+            ZPS_TRY(k_cpu_prim_run(&im->to_blocked, back, 2));
+        }
     }
     return ZPS_OK;
 }
@@ -176,4 +218,7 @@ void k_cpu_dense_release(k_cpu_head *impl)
     k_cpu_prim_free(&im->fwd);
     k_cpu_prim_free(&im->bwd_data);
     k_cpu_prim_free(&im->bwd_weights);
+    k_cpu_prim_free(&im->to_plain);
+    k_cpu_prim_free(&im->to_blocked);
+    zps_aligned_free(im->xp);
 }

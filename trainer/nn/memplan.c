@@ -89,37 +89,38 @@ static void s_pa_free(s_pool_alloc *pa, size_t off, size_t len)
 
 /* ---- layouts and descriptors ---- */
 
-/* Chooses the blocked layout for every tensor the back-end prefers it for, when the whole
- * graph can stay blocked between its edges: concat inputs agree, and dense layers read either
- * plain tensors or 1x1 maps (where blocked equals NCHW). Otherwise everything stays NCHW. */
+/* The layout two tensors that must share one can both take: NCHW when either is NCHW, the
+ * 8-channel blocks when they prefer different blocks (8 divides every multiple of 16). */
+static int s_meet(int a, int b) { return !a || !b ? 0 : a == b ? a : K_BLOCK8; }
+
+/* Chooses each tensor's layout: the blocked layout the back-end prefers for its channel
+ * count, except where an op ties tensors to one layout: pooling and dropout (input and
+ * output), concat (every input and the output). Such a group takes the meet of its members'
+ * preferences, repeated until nothing changes (each pass only lowers layouts). Convolutions
+ * convert between any two layouts, and a dense layer reads a blocked map as it is (k_dense's
+ * x_blocked: the back-end converts at that edge). The input and the loss heads stay NCHW. */
 static void s_layouts(nn_model *m)
 {
-    int ok = m->be->prefers_blocked != NULL;
     for (int t = 0; t < m->nt; t++)
-        m->t[t].blocked = 0;
-    for (int i = 0; ok && i < m->nn; i++) {
-        nn_node *nd = &m->nodes[i];
-        nn_tensor *x = &m->t[nd->in[0]], *y = &m->t[nd->out];
-        switch (nd->kind) {
-        case NN_CONV_BN:
-            y->blocked = m->be->prefers_blocked(y->c);
-            break;
-        case NN_CONCAT:
-            for (int j = 1; j < nd->nin; j++)
-                ok &= m->t[nd->in[j]].blocked == x->blocked;
-            y->blocked = x->blocked;
-            break;
-        case NN_DENSE:
-            ok &= !x->blocked || (x->h == 1 && x->w == 1);
-            break;
-        default:
-            y->blocked = x->blocked;
-            break;
+        m->t[t].blocked = t > 0 && m->be->prefers_blocked ? m->be->prefers_blocked(m->t[t].c) : 0;
+    for (int h = 0; h < m->nheads; h++) /* the losses read NCHW */
+        m->t[m->heads[h].t].blocked = 0;
+    for (int changed = 1; changed;) {
+        changed = 0;
+        for (int i = 0; i < m->nn; i++) {
+            nn_node *nd = &m->nodes[i];
+            if (nd->kind == NN_CONV_BN || nd->kind == NN_DENSE)
+                continue;
+            int l = m->t[nd->out].blocked;
+            for (int j = 0; j < nd->nin; j++)
+                l = s_meet(l, m->t[nd->in[j]].blocked);
+            for (int j = 0; j <= nd->nin; j++) {
+                nn_tensor *t = &m->t[j < nd->nin ? nd->in[j] : nd->out];
+                changed |= t->blocked != l;
+                t->blocked = l;
+            }
         }
     }
-    if (!ok)
-        for (int t = 0; t < m->nt; t++)
-            m->t[t].blocked = 0;
 }
 
 /* The op descriptors of node nd for n samples, in the layouts s_layouts chose. */
@@ -148,7 +149,9 @@ static zps_status s_describe(nn_model *m, nn_node *nd, int n)
         nd->pool.blocked = x->blocked;
         return ZPS_OK;
     case NN_DENSE:
-        nd->dense = (k_dense){.n = n, .in = x->c * x->h * x->w, .out = nd->k};
+        /* at 1x1 the blocked layout is NCHW's */
+        nd->dense = (k_dense){.n = n, .in = x->c * x->h * x->w, .out = nd->k, .x_c = x->c,
+                              .x_blocked = x->blocked && x->h * x->w > 1};
         return ZPS_OK;
     default:
         return ZPS_OK;

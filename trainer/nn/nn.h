@@ -102,9 +102,9 @@ int nn_model_classes(const nn_model *m);
  * heads): data in back-end memory, shape (n, c, h, w). ZPS_ERR_NOT_FOUND for unknown names. */
 zps_status nn_model_tensor(nn_model *m, const char *name, float **data, int *n, int *c, int *h,
                            int *w);
-/* 1 when that tensor is kept in the back-end's blocked layout (kernels.h: nChw16c on the cpu
- * back-end, chosen for Inception-v3 at width 1 so activations are never reordered between
- * layers); convert with k_from_blocked. 0 for plain NCHW or unknown names. */
+/* The layout that tensor is kept in (kernels.h: K_BLOCK16 or K_BLOCK8 on the cpu back-end,
+ * chosen wherever the graph allows, so activations are not reordered between layers);
+ * convert with k_from_layout. 0 (K_NCHW) for plain NCHW or unknown names. */
 int nn_model_tensor_blocked(const nn_model *m, const char *name);
 /* Bytes of the activation block planned for the current batch size (0 before a forward). */
 size_t nn_model_activation_bytes(const nn_model *m);
