@@ -309,3 +309,15 @@ void zps_uris_free(char ***uris, int *n)
     *uris = NULL;
     *n = 0;
 }
+
+char *zps_cluster_error(const char *path, const zps_parse_error *err, char *buf, size_t len)
+{
+    const char *why = err->msg[0] ? err->msg : "cannot read it";
+    if (err->line > 0)
+        snprintf(buf, len, "cluster file %s:%d: %s", path, err->line, why);
+    else if (strstr(why, path))
+        snprintf(buf, len, "cluster file: %s", why);
+    else
+        snprintf(buf, len, "cluster file %s: %s", path, why);
+    return buf;
+}

@@ -12,6 +12,8 @@
 #ifndef ZPS_COMMON_CLUSTER_H
 #define ZPS_COMMON_CLUSTER_H
 
+#include <stddef.h>
+
 #include "common/status.h"
 
 #define ZPS_HOST_MAX 256
@@ -53,5 +55,9 @@ char *zps_endpoint_uri(const zps_endpoint *e, char *buf, unsigned len);
 zps_status zps_cluster_server_uris(const char *path, const char *list, char ***uris, int *n,
                                    int *n_trainers, zps_parse_error *err);
 void zps_uris_free(char ***uris, int *n);
+/* The error of loading path for a person, into buf: "cluster file PATH:LINE: why", or for
+ * the file as a whole (line 0) "cluster file PATH: why", or "cluster file: why" when why
+ * names the path already ("cannot open PATH: ..."). */
+char *zps_cluster_error(const char *path, const zps_parse_error *err, char *buf, size_t len);
 
 #endif

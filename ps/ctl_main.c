@@ -162,9 +162,10 @@ static int s_uris(const args *a, fleet *f)
     int n_trainers;
     if (zps_cluster_server_uris(a->cluster, a->servers, &f->uris, &f->n, &n_trainers, &err) !=
         ZPS_OK) {
+        char why[sizeof err.msg + 600];
         if (a->cluster[0])
-            fprintf(stderr, S_PROG ": cluster file %s: line %d: %s\n", a->cluster, err.line,
-                    err.msg);
+            fprintf(stderr, S_PROG ": %s\n",
+                    zps_cluster_error(a->cluster, &err, why, sizeof why));
         else
             fprintf(stderr, S_PROG ": --servers %s\n", err.msg);
         return 1;

@@ -119,9 +119,10 @@ static zps_status s_from_cluster(s_flags *f, int *exit_code)
     zps_cluster *cl = NULL;
     zps_parse_error err = {0};
     zps_status st = zps_cluster_load(f->cluster, &cl, &err);
+    char why[sizeof err.msg + 600];
     if (st != ZPS_OK)
-        return zps_opts_fail(&s_spec, exit_code, "%s:%d: %s", f->cluster, err.line,
-                             err.msg[0] ? err.msg : zps_strerror(st));
+        return zps_opts_fail(&s_spec, exit_code, "%s",
+                             zps_cluster_error(f->cluster, &err, why, sizeof why));
     if (f->index >= cl->n_servers) {
         st = zps_opts_fail(&s_spec, exit_code, "--index %d but %s lists %d servers", f->index,
                            f->cluster, cl->n_servers);

@@ -159,3 +159,20 @@ Test(cluster, server_uris_from_a_file_or_a_list)
                  ZPS_ERR_NOT_FOUND);
     cr_assert_null(uris);
 }
+
+/* A load error for a person: the path once, the line when there is one. */
+Test(cluster, error_text_names_the_path_once)
+{
+    char buf[512];
+    zps_parse_error e = {.line = 3, .msg = "server 'a' has no port (want HOST:PORT)"};
+    cr_assert_str_eq(zps_cluster_error("c.txt", &e, buf, sizeof buf),
+                     "cluster file c.txt:3: server 'a' has no port (want HOST:PORT)");
+    e = (zps_parse_error){.line = 0, .msg = "no 'trainer = HOST' line"};
+    cr_assert_str_eq(zps_cluster_error("c.txt", &e, buf, sizeof buf),
+                     "cluster file c.txt: no 'trainer = HOST' line");
+    zps_cluster *c = NULL;
+    cr_assert_eq(zps_cluster_load("/nonexistent/c.txt", &c, &e), ZPS_ERR_NOT_FOUND);
+    zps_cluster_error("/nonexistent/c.txt", &e, buf, sizeof buf);
+    cr_assert(strstr(buf, "cluster file: cannot open /nonexistent/c.txt"), "%s", buf);
+    cr_assert_null(strstr(strstr(buf, "/nonexistent") + 1, "/nonexistent"), "path twice: %s", buf);
+}

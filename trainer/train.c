@@ -109,9 +109,10 @@ static zps_status s_servers(s_job *j)
     zps_status st = zps_cluster_server_uris(c->cluster, c->servers, &j->uris, &j->n_uris,
                                             &n_trainers, &err);
     if (st != ZPS_OK) {
+        char why[sizeof err.msg + 600];
         if (c->cluster[0])
-            zps_log(ZPS_ERROR, "trainer", "cluster file %s: line %d: %s", c->cluster, err.line,
-                    err.msg);
+            zps_log(ZPS_ERROR, "trainer", "%s",
+                    zps_cluster_error(c->cluster, &err, why, sizeof why));
         else
             zps_log(ZPS_ERROR, "trainer", "--servers %s", err.msg);
         return st;
