@@ -293,6 +293,8 @@ Test(it_launch_ssh, missing_program_refused_before_anything_starts, .init = s_in
     cr_assert_eq(g_r.n_pids, 0, "started something:\n%s", g_r.out);
     snprintf(path, sizeof path, "%s/run/server-0.log", g_r.dir);
     cr_assert_neq(access(path, F_OK), 0, "server-0.log exists: something started");
+    snprintf(path, sizeof path, "%s/run", g_r.dir);
+    cr_assert_neq(access(path, F_OK), 0, "the run folder this launch made is still there");
     cr_assert_eq(s_logins() - before, 2, "one ssh per distinct host (2 hosts, 4 processes)");
 
     /* every host is checked: a missing server program on localhost, the same trainer

@@ -71,6 +71,7 @@ import argparse
 import datetime
 import os
 import shlex
+import shutil
 import signal
 import sys
 import threading
@@ -204,8 +205,9 @@ def make_run_dir(args, job):
         while os.path.exists(run_dir):
             k += 1
             run_dir = f"{base}.{k}"
+    made = not os.path.exists(run_dir)
     os.makedirs(run_dir, exist_ok=True)
-    return run_dir
+    return run_dir, made
 
 
 def server_metrics(args, values):
@@ -276,7 +278,7 @@ def start_fleet(args):
     job = args.job or fleet.job or "zps"
     if not all(c.isalnum() or c in "_.-" for c in job) or len(job) > 63:
         return fail(EXIT_USAGE, f"bad job name '{job}' ([A-Za-z0-9_.-], up to 63 characters)")
-    run_dir = make_run_dir(args, job)
+    run_dir, args.run_dir_made = make_run_dir(args, job)
     curve = ([], lambda i: [])
     if args.curve:
         try:
@@ -307,6 +309,8 @@ def main(argv=None):
     if args.launcher == "ssh":
         problems = check_hosts(procs, args)
         if problems:
+            if args.run_dir_made:  # made by this call, holding only what it wrote
+                shutil.rmtree(run_dir, ignore_errors=True)
             print("zps-launch: nothing started: the hosts cannot run the fleet:\n  "
                   + "\n  ".join(problems), file=sys.stderr)
             return EXIT_FAILED
