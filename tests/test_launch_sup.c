@@ -233,6 +233,7 @@ Test(it_launch, graceful_stop_then_sigkill, .timeout = 30)
     cr_assert(strstr(r.out, "before-stop failed: exit 3"), "%s", r.out);
 
     const char *deaf_env[] = {"ZPS_TEST_RUN=0.3", "ZPS_TEST_DEAF=1", NULL};
+    lt_cleanup(&r); // a fresh directory for the second fleet: the first one's goes
     s_sup_setup(&r, deaf_env);
     const char *deaf[] = {"--servers", "1", "--trainers", "1", "--run-dir", "run", "--grace",
                           "1", NULL};
