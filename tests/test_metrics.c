@@ -619,3 +619,21 @@ Test(metrics, server_records_do_not_grow_the_heap, .timeout = 30)
     cr_assert(strstr(text, "\"type\":\"end\",\"end\":\"closed\""), "no end record");
     zt_rmtmp(dir);
 }
+
+/* A metrics file the server cannot create, or cannot write its start record to, stops it
+ * at start (exit 1) with one line naming the file, before it serves anything. */
+Test(it_metrics, server_refuses_a_metrics_file_it_cannot_write, .timeout = 60)
+{
+    static const struct {
+        const char *path, *why;
+    } cases[] = {{"/nonexistent/dir/m.jsonl", "--metrics: cannot create /nonexistent/dir/m.jsonl"},
+                 {"/dev/full", "cannot write /dev/full: No space left on device"}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *args[] = {"--bind", "tcp://127.0.0.1:0", "--metrics", cases[i].path, NULL};
+        char *out;
+        cr_assert_eq(zt_run_tmp("zps-server", args, NULL, 30, &out), 1, "%s", out);
+        cr_assert_eq(zt_count(out, cases[i].why), 1, "want '%s' once:\n%s", cases[i].why, out);
+        cr_assert_null(strstr(out, "listening"), "it served:\n%s", out);
+        free(out);
+    }
+}
