@@ -157,11 +157,13 @@ $(TEST_BIN): $(TEST_OBJ) $(LIB)
 # ZPS_BIN tells multi-process tests where the binaries are.
 test: all $(TEST_BIN)
 	@echo "running $(TEST_BIN) ($(TEST_JOBS) jobs)"
-	ZPS_BIN=$(abspath $(B)/bin) ZPS_ROOT=$(CURDIR) $(TEST_BIN) -j$(TEST_JOBS) $(TEST_ARGS)
+	ZPS_BIN=$(abspath $(B)/bin) ZPS_ROOT=$(CURDIR) bash scripts/run-tests.sh $(B)/test.log \
+	  $(TEST_BIN) -j$(TEST_JOBS) $(TEST_ARGS)
 
 # unit tests: suites whose name does not start with it_ (integration, multi-process)
 test-unit: all $(TEST_BIN)
-	ZPS_BIN=$(abspath $(B)/bin) ZPS_ROOT=$(CURDIR) $(TEST_BIN) -j$(TEST_JOBS) --filter='!(it_*)/*' $(TEST_ARGS)
+	ZPS_BIN=$(abspath $(B)/bin) ZPS_ROOT=$(CURDIR) bash scripts/run-tests.sh $(B)/test-unit.log \
+	  $(TEST_BIN) -j$(TEST_JOBS) --filter='!(it_*)/*' $(TEST_ARGS)
 
 # the fault suite (tests/test_soak.c): make test runs it short; this runs longer fleets,
 # several rounds each, every mode in the partition case (as root: it makes namespaces)
