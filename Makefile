@@ -76,7 +76,7 @@ TEST_BIN := $(B)/tests/zps-tests
 TEST_JOBS ?= 2
 TEST_ARGS ?=
 
-.PHONY: all deps test test-unit soak bench bench-peers demo fuzz clean parts gpu-bundle test-gpu
+.PHONY: all deps test test-unit soak bench bench-peers demo fuzz clean parts gpu-bundle test-gpu py-venv
 .DEFAULT_GOAL := all
 .DELETE_ON_ERROR:
 
@@ -155,10 +155,17 @@ $(TEST_BIN): $(TEST_OBJ) $(LIB)
 
 # ---- running ----
 # ZPS_BIN tells multi-process tests where the binaries are.
+# ZPS_PYTHON: the Python with the packages of scripts/py-venv (tests that read safetensors
+# and TensorBoard files skip, saying why, when it could not be made).
+PY_VENV := $(B)/py-venv
 test: all $(TEST_BIN)
+	@bash scripts/py-venv $(PY_VENV) || true
 	@echo "running $(TEST_BIN) ($(TEST_JOBS) jobs)"
-	ZPS_BIN=$(abspath $(B)/bin) ZPS_ROOT=$(CURDIR) bash scripts/run-tests.sh $(B)/test.log \
-	  $(TEST_BIN) -j$(TEST_JOBS) $(TEST_ARGS)
+	ZPS_BIN=$(abspath $(B)/bin) ZPS_ROOT=$(CURDIR) ZPS_PYTHON=$(abspath $(PY_VENV))/bin/python \
+	  bash scripts/run-tests.sh $(B)/test.log $(TEST_BIN) -j$(TEST_JOBS) $(TEST_ARGS)
+
+py-venv:
+	bash scripts/py-venv $(PY_VENV)
 
 # unit tests: suites whose name does not start with it_ (integration, multi-process)
 test-unit: all $(TEST_BIN)

@@ -107,7 +107,10 @@ void zt_bin_argv(const char *prog, const char *const *args, char *path, size_t l
                  const char **argv)
 {
     const char *bin = getenv("ZPS_BIN");
-    snprintf(path, len, "%s/%s", bin ? bin : "build/bin", prog);
+    if (prog[0] == '/')
+        snprintf(path, len, "%s", prog);
+    else
+        snprintf(path, len, "%s/%s", bin ? bin : "build/bin", prog);
     argv[0] = path;
     int n = 1;
     for (; args[n - 1] && n < 63; n++)
@@ -225,4 +228,36 @@ void zt_make_fashion(const char *out_dir, int limit, int shards, const char *log
     cr_assert_eq(zt_run("zps-data", args, NULL, log_path, 120, &out), 0,
                  "zps-data convert failed (see %s)", log_path);
     free(out);
+}
+
+const char *zt_python(const char *modules, char *why, size_t n)
+{
+    static char py[4096];
+    const char *env = getenv("ZPS_PYTHON"), *root = getenv("ZPS_ROOT");
+    if (env && env[0])
+        snprintf(py, sizeof py, "%s", env);
+    else
+        snprintf(py, sizeof py, "%s/build/py-venv/bin/python", root ? root : ".");
+    if (access(py, X_OK) != 0) {
+        snprintf(why, n, "no Python environment at %s (make py-venv makes it: "
+                 "scripts/py-venv)", py);
+        return NULL;
+    }
+    char code[512];
+    snprintf(code, sizeof code, "import %s", modules);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open("/dev/null", O_WRONLY);
+        if (fd >= 0)
+            dup2(fd, 1), dup2(fd, 2);
+        execl(py, py, "-c", code, (char *)NULL);
+        _exit(127);
+    }
+    int st = -1;
+    if (pid < 0 || waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+        snprintf(why, n, "%s cannot import %s (make py-venv installs them: scripts/py-venv)",
+                 py, modules);
+        return NULL;
+    }
+    return py;
 }

@@ -91,4 +91,10 @@ int zt_argv(const char *prog, const char *const *args, char **argv, int cap);
  * _stderr()) since the last call, NUL-terminated, at most n - 1 bytes. */
 void zt_read_redirected(FILE *f, char *buf, size_t n);
 
+/* Test programs run by absolute path: zt_run and zt_bin_argv take prog as it is when it
+ * starts with '/'. The Python of scripts/py-venv ($ZPS_PYTHON, which make test sets; else
+ * $ZPS_ROOT/build/py-venv/bin/python) when it imports modules ("safetensors, torch"),
+ * else NULL with the reason in why (for cr_skip_test). */
+const char *zt_python(const char *modules, char *why, size_t n);
+
 #endif

@@ -10,6 +10,7 @@
 #include "common/opts.h"
 #include "ps/plan.h"
 #include "ps/server_config.h"
+#include "trainer/nn/nn.h"
 
 /* The PS modes are ps_mode_names (one list for zps-server and zps-trainer), with the same
  * values; local and allreduce are the trainer's own. */
@@ -249,6 +250,9 @@ static const zps_opt s_opt[] = {
      .help = "JSON Lines, one record per step and evaluation"},
     {"export", ZPS_OPT_STRING, F(export_path), .meta = "FILE",
      .help = "trainer 0 writes the final weights (pulled from the servers)"},
+    {"export-format", ZPS_OPT_ENUM, F(export_format), .names = nn_weights_format_names,
+     .help = "--export FILE's format: zps (zps-trainer/zps-bench read it) or\n"
+             "safetensors (torchvision's names: PyTorch's load_state_dict takes it)"},
     {"resume", ZPS_OPT_SET, F(resume), .help = "local/allreduce: start from --export FILE when it exists"},
     {"shutdown-servers", ZPS_OPT_SET, F(shutdown_servers),
      .help = "trainer 0 shuts the servers down at the end"},
@@ -288,6 +292,10 @@ static zps_status s_check(tr_config *c, int *exit_code)
     if (!c->curve_server_key[0] != !c->curve_key[0])
         return zps_opts_fail(&s_spec, exit_code, "--curve-server-key and --curve-key go together "
                              "(the servers' public key and this trainer's key pair)");
+    if (c->resume && c->export_format != NN_WEIGHTS_ZPS)
+        return zps_opts_fail(&s_spec, exit_code, "--resume reads --export FILE back, which "
+                             "only works in the zps format (not with --export-format %s)",
+                             zps_opt_name_of(nn_weights_format_names, c->export_format));
     char why[256];
     if (ps_optim_validate(&c->opt, why, sizeof why) != ZPS_OK)
         return zps_opts_fail(&s_spec, exit_code, "optimizer settings: %s", why);

@@ -560,7 +560,7 @@ static zps_status s_wrap_up(s_job *j, tr_result *res)
     res->test_loss = j->last_loss;
     res->eval_images = j->last_acc >= 0 ? j->eval_n : 0;
     if (c->export_path[0] && j->id == 0) {
-        ZPS_TRY(nn_model_save(j->model, c->export_path));
+        ZPS_TRY(nn_model_save_as(j->model, (nn_weights_format)c->export_format, c->export_path));
         zps_log(ZPS_INFO, "trainer", "wrote %s", c->export_path);
     }
     ZPS_TRY(j->sync->leave(j->sync));
