@@ -1,5 +1,6 @@
-/* test_export_formats.c — weights other tools read (suite it_export): the safetensors export
- * (trainer/nn/safetensors.c), checked by the safetensors package itself and by torchvision.
+/* test_export_formats.c — outputs other tools read (suite it_export): the safetensors export
+ * (trainer/nn/safetensors.c), checked by the safetensors package itself and by torchvision,
+ * and the TensorBoard converter.
  *
  *  - Inception-v3 (width 1, 3 channels, 10 classes, 75x75, no aux head), its weights moved
  *    off their initial values by SGD steps and its batchnorm statistics by training
@@ -9,6 +10,8 @@
  *  - `zps-trainer --export F --export-format safetensors` writes every variable and
  *    statistic of the model under its name, dtype and shape (read back by the safetensors
  *    package); --resume with that format is refused as a usage error.
+ *  - scripts/zps-tensorboard's event files hold what the metrics file says (read back
+ *    with TensorBoard's own reader).
  * The Python side (tests/ref/safetensors_check.py) runs in scripts/py-venv's environment;
  * without it the tests skip and say why.
  */
@@ -16,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ps/optim.h"
 #include "tests/testutil.h"
@@ -47,18 +51,24 @@ static void s_write_floats(const char *path, const float *v, size_t n)
     cr_assert_eq(fclose(f), 0);
 }
 
-/* Runs tests/ref/safetensors_check.py under py with args (NULL-terminated); its exit code. */
-static int s_check(const char *py, const char *const *args, char **out)
+/* Runs the script at ZPS_ROOT/rel under py with args (NULL-terminated); its exit code, and
+ * its output in *out (caller frees). */
+static int s_py(const char *py, const char *rel, const char *const *args, char **out)
 {
     const char *root = getenv("ZPS_ROOT");
     char script[4096];
-    snprintf(script, sizeof script, "%s/tests/ref/safetensors_check.py", root ? root : ".");
+    snprintf(script, sizeof script, "%s/%s", root ? root : ".", rel);
     const char *argv[16] = {script};
     int n = 1;
     for (; args[n - 1] && n < 15; n++)
         argv[n] = args[n - 1];
     argv[n] = NULL;
     return zt_run_tmp(py, argv, NULL, 300, out);
+}
+
+static int s_check(const char *py, const char *const *args, char **out)
+{
+    return s_py(py, "tests/ref/safetensors_check.py", args, out);
 }
 
 /* m's weights off their initial values (two SGD steps) and its statistics off 0 and 1
@@ -195,5 +205,48 @@ Test(it_export, trainer_exports_safetensors_with_every_variable_and_statistic, .
     int rc = zt_run_tmp("zps-trainer", bad, NULL, 60, &out);
     cr_assert_eq(rc, 2, "--resume with a safetensors export: exit %d\n%s", rc, out);
     cr_assert(strstr(out, "only works in the zps format"), "%s", out);
+    free(out);
+}
+
+/* scripts/zps-tensorboard turns a trainer's metrics file into event files that TensorBoard's
+ * own reader (tests/ref/tensorboard_check.py) finds every step's loss, img/s and lr and
+ * every evaluation's accuracy and loss in, at their steps; a malformed file is refused with
+ * its line named and nothing written. */
+Test(it_export, metrics_convert_to_tensorboard_events, .timeout = 300, .fini = s_fini)
+{
+    const char *py = s_python_or_skip("tensorboardX, tensorboard");
+    zt_mktmp(s_tmp, sizeof s_tmp, "zps-export");
+    char data[600], log[600], metrics[600], logdir[600], run[700], bad[600];
+    snprintf(data, sizeof data, "%s/fm", s_tmp);
+    snprintf(log, sizeof log, "%s/data.log", s_tmp);
+    snprintf(metrics, sizeof metrics, "%s/metrics-0.jsonl", s_tmp);
+    snprintf(logdir, sizeof logdir, "%s/tb", s_tmp);
+    snprintf(run, sizeof run, "%s/trainer-0", logdir);
+    snprintf(bad, sizeof bad, "%s/bad.jsonl", s_tmp);
+    zt_make_fashion(data, 512, 1, log);
+    const char *targs[] = {"--data", data, "--model", "mlp", "--steps", "30", "--eval-every", "10",
+                           "--eval-batches", "2", "--no-progress", "--metrics", metrics, NULL};
+    char *out;
+    cr_assert_eq(zt_run_tmp("zps-trainer", targs, NULL, 120, &out), 0, "%s", out);
+    free(out);
+    const char *conv[] = {metrics, "--logdir", logdir, NULL};
+    cr_assert_eq(s_py(py, "scripts/zps-tensorboard", conv, &out), 0, "%s", out);
+    cr_assert(strstr(out, "scalars into"), "%s", out);
+    free(out);
+    const char *chk[] = {"--metrics", metrics, "--run", run, NULL};
+    int rc = s_py(py, "tests/ref/tensorboard_check.py", chk, &out);
+    cr_assert_eq(rc, 0, "TensorBoard's reader disagrees with the metrics file:\n%s", out);
+    cr_assert(strstr(out, "3 evaluations"), "%s", out);
+    free(out);
+    FILE *f = fopen(bad, "w");
+    cr_assert_not_null(f);
+    fputs("{\"type\":\"start\",\"trainer\":5}\n{\"type\":\"step\",\"step\":1,\n", f);
+    cr_assert_eq(fclose(f), 0);
+    const char *badargs[] = {bad, "--logdir", logdir, NULL};
+    rc = s_py(py, "scripts/zps-tensorboard", badargs, &out);
+    cr_assert_eq(rc, 1, "a malformed file: exit %d\n%s", rc, out);
+    cr_assert(strstr(out, "bad.jsonl:2: not JSON"), "%s", out);
+    snprintf(run, sizeof run, "%s/trainer-5", logdir);
+    cr_assert(access(run, F_OK) != 0, "a refused file still made %s", run);
     free(out);
 }
