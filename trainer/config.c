@@ -51,6 +51,8 @@ void tr_config_default(tr_config *c)
     c->chunk_bytes = PS_DEFAULT_CHUNK_BYTES;
     c->timeout_ms = 30000;
     c->register_wait_s = 45;
+    c->trace_from = 5;
+    c->trace_steps = 3;
     c->batch = 64;
     c->epochs = 1.0;
     c->accumulate = 1;
@@ -254,6 +256,14 @@ static const zps_opt s_opt[] = {
      .help = "--export FILE's format: zps (zps-trainer/zps-bench read it) or\n"
              "safetensors (torchvision's names: PyTorch's load_state_dict takes it)"},
     {"resume", ZPS_OPT_SET, F(resume), .help = "local/allreduce: start from --export FILE when it exists"},
+    {"trace", ZPS_OPT_STRING, F(trace), .meta = "FILE",
+     .help = "a timeline of --trace-steps steps (Chrome trace JSON: Perfetto,\n"
+             "chrome://tracing); {trainer} in FILE becomes the trainer id,\n"
+             "without it only trainer 0 writes"},
+    {"trace-from", ZPS_OPT_INT, F(trace_from), 1, S_STEPS, .meta = "STEP", .dflt = "5",
+     .help = "--trace: the window's first step (1-based)"},
+    {"trace-steps", ZPS_OPT_INT, F(trace_steps), 1, 10000, .meta = "N", .dflt = "3",
+     .help = "--trace: steps in the window"},
     {"shutdown-servers", ZPS_OPT_SET, F(shutdown_servers),
      .help = "trainer 0 shuts the servers down at the end"},
     {"no-progress", ZPS_OPT_CLEAR, F(progress), .help = "no progress line"},

@@ -71,6 +71,7 @@ typedef struct tr_sync_env {
     int n_uris;
     const volatile sig_atomic_t *stop; // raised by SIGTERM/SIGINT: network waits end at once
     size_t bucket_floats;     // all-reduce: gradients reduced together (0: the default)
+    struct tr_trace *trace;   // --trace (trace.h; NULL: none): transfers and waits go in it
 } tr_sync_env;
 
 typedef struct tr_sync tr_sync;

@@ -43,6 +43,7 @@
 #include "common/mem.h"
 #include "ps/optim.h"
 #include "trainer/allreduce.h"
+#include "trainer/trace.h"
 
 /* About S_BUCKETS buckets a step, none under S_BUCKET_MIN floats (256 KiB, two slices of
  * the segment): the first leaves early in backward, and each round costs the two
@@ -59,6 +60,7 @@ typedef struct s_bucket {
 typedef struct s_ar {
     tr_sync_local local;      // first: the local back-end this one extends
     tr_allreduce *ar;
+    struct tr_trace *trace;   // --trace (NULL: none): each bucket's reduction is a span
     const nn_var *vars;       // (nvars) the model's, to find a variable's floats
     size_t nvars;
     size_t bucket_floats;
@@ -97,8 +99,11 @@ static void *s_thread(void *p)
         s_bucket b = a->q[a->done];
         zps_status err = a->err;
         pthread_mutex_unlock(&a->mu);
+        uint64_t t0 = tr_trace_now(a->trace);
         if (err == ZPS_OK) // after a failure the rest is skipped: the job is broken anyway
             err = tr_allreduce_sum_apply(a->ar, a->local.grads + b.lo, b.hi - b.lo, 1, s_apply, a);
+        tr_trace_async(a->trace, "allreduce", "bucket: reduce + apply", t0, zps_now_ns(),
+                       (int64_t)(b.hi - b.lo));
         pthread_mutex_lock(&a->mu);
         if (a->err == ZPS_OK)
             a->err = err;
@@ -162,13 +167,14 @@ static zps_status s_grads_ready(tr_sync *s, size_t first, size_t n)
 static zps_status s_end_step(tr_sync *s, tr_step_record *rec)
 {
     s_ar *a = (s_ar *)s;
-    uint64_t t0 = zps_now_ns();
+    uint64_t t0 = zps_now_ns(), tt = tr_trace_now(a->trace);
     s_post(a, 0);
     pthread_mutex_lock(&a->mu);
     while (a->done < a->posted)
         pthread_cond_wait(&a->done_cv, &a->mu);
     zps_status err = a->err;
     pthread_mutex_unlock(&a->mu);
+    tr_trace_span(a->trace, TR_TRACE_MAIN, "wait: all-reduce", tt, -1);
     s->net_wait += (double)(zps_now_ns() - t0) * 1e-9;
     rec->bytes_pushed = rec->bytes_pulled = a->local.n * sizeof(float);
     rec->net_wait_s = s->net_wait;
@@ -205,6 +211,7 @@ static s_ar *s_alloc(const tr_sync_env *env)
     a->local.base.end_step = s_end_step;
     a->local.base.destroy = s_destroy;
     a->vars = env->vars, a->nvars = env->nvars;
+    a->trace = env->trace;
     a->bucket_floats = env->nparams / S_BUCKETS > S_BUCKET_MIN ? env->nparams / S_BUCKETS
                                                                : S_BUCKET_MIN;
     if (env->bucket_floats)
