@@ -127,6 +127,7 @@ $(B)/obj/%.o: %.c $(GEN_H) $(B)/.flags | $(B)/.deps-ok
 # ps/: the server's per-element loops (NaN/Inf check, optimizers, sync sums) are memory-bound
 # streams that -O2 leaves scalar; -O3 vectorises them (elementwise, so results are unchanged).
 $(B)/obj/ps/%.o: CFLAGS_BASE += -O3
+$(B)/obj/common/optim_apply.o: CFLAGS_BASE += -O3
 # The cpu back-end's NCHW batchnorm loops: the same (-O2's cheap cost model leaves them scalar).
 $(B)/obj/kernels/cpu/bn_plain.o: CFLAGS_BASE += -O3
 

@@ -83,8 +83,9 @@ static void s_apply(void *ctx, float *part, size_t len)
     s_ar *a = ctx;
     tr_sync_local *l = &a->local;
     size_t at = (size_t)(part - l->grads);
-    float *slots[2] = {l->slots[0] ? l->slots[0] + at : NULL, l->slots[1] ? l->slots[1] + at : NULL};
-    ps_optim_apply(l->opt, (uint64_t)l->step, l->params + at, slots, part, len);
+    /* the shared-memory all-reduce works on host memory: the host loop of k_optim_apply */
+    zps_optim_apply_host(&l->st, len, l->params + at, l->slots[0] ? l->slots[0] + at : NULL,
+                         l->slots[1] ? l->slots[1] + at : NULL, part);
 }
 
 static void *s_thread(void *p)
@@ -133,7 +134,7 @@ static zps_status s_begin_step(tr_sync *s, int64_t step, int *stop)
     ZPS_TRY(a->err);
     ZPS_TRY(tr_allreduce_broadcast(a->ar, &flag, sizeof flag, 0));
     *stop = flag;
-    a->local.step = step;
+    tr_sync_local_begin(&a->local, step);
     a->pend_lo = a->pend_hi = a->local.n;
     a->posted = a->done = 0; // the thread is idle: end_step waited for it
     s->net_wait = 0;
@@ -201,11 +202,15 @@ static void s_destroy(tr_sync *s)
     free(a);
 }
 
-/* The back-end's own fields; the thread is started by the caller. */
+/* The back-end's own fields; the thread is started by the caller. NULL when the local
+ * back-end it extends cannot be made (logged). */
 static s_ar *s_alloc(const tr_sync_env *env)
 {
     s_ar *a = zps_xcalloc(1, sizeof *a);
-    tr_sync_local_init(&a->local, env);
+    if (tr_sync_local_init(&a->local, env) != ZPS_OK) {
+        free(a);
+        return NULL;
+    }
     a->local.base.begin_step = s_begin_step;
     a->local.base.grads_ready = s_grads_ready;
     a->local.base.end_step = s_end_step;
@@ -229,6 +234,14 @@ zps_status tr_sync_allreduce_new(const tr_sync_env *env, tr_sync **out)
 {
     *out = NULL;
     s_ar *a = s_alloc(env);
+    if (!a)
+        return ZPS_ERR_NOMEM;
+    if (!a->local.be->host_memory) {
+        zps_log(ZPS_ERROR, "allreduce", "the shared-memory all-reduce reduces host memory; "
+                "gradients on the %s back-end need the NCCL back-end", a->local.be->name);
+        s_destroy(&a->local.base);
+        return ZPS_ERR_UNSUPPORTED;
+    }
     zps_status st = tr_allreduce_new(env->cfg->job, env->id, env->n_trainers, env->nparams,
                                      NULL, &a->ar);
     /* Everyone starts from rank 0's values (they are equal when seeded alike). */
