@@ -255,12 +255,12 @@ static void s_compare(int size, int n, int aux, int classes)
     cr_assert(ty.bad == 0, "%d of %d tensors outside the bound (seed %llu)", ty.bad, ty.checked,
               (unsigned long long)s_seed);
 }
-Test(it_nn_inception, matches_pytorch_at_299_with_aux, .init = s_init, .fini = s_fini, .timeout = 120)
+Test(it_nn_inception, matches_pytorch_at_299_with_aux, .init = s_init, .fini = s_fini, .timeout = 300)
 {
     s_compare(299, 2, 1, 1000);
 }
 
-Test(it_nn_inception, matches_pytorch_at_75_without_aux, .init = s_init, .fini = s_fini, .timeout = 120)
+Test(it_nn_inception, matches_pytorch_at_75_without_aux, .init = s_init, .fini = s_fini, .timeout = 300)
 {
     s_compare(75, S_BATCH75, 0, 10);
 }
