@@ -177,8 +177,11 @@ all: $(B)/lib/libzps.so
 $(TEST_BIN): $(B)/lib/libzps.so
 $(B)/pic/%.o: %.c $(GEN_H) $(B)/.flags | $(B)/.deps-ok
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS_BASE) -fPIC -fvisibility=hidden -Iinclude -DZPS_HAVE_CUDA=$(HAVE_CUDA) -MMD -MP -c $< -o $@
+	$(CC) $(CFLAGS_BASE) -fPIC $(PIC_VIS) -Iinclude -DZPS_HAVE_CUDA=$(HAVE_CUDA) -MMD -MP -c $< -o $@
 $(B)/pic/ps/%.o: CFLAGS_BASE += -O3
+# zps/status.h (= common/status.h) is public: its two functions are exported too
+PIC_VIS := -fvisibility=hidden
+$(B)/pic/common/status.o: PIC_VIS :=
 $(B)/pic/common/version.o: $(B)/gen/zps_git.h
 $(SO): $(SO_OBJ) api/libzps.map
 	@mkdir -p $(@D)

@@ -8,7 +8,7 @@
 
 static int fail(zps_client *c, const char *what, zps_status st)
 {
-    fprintf(stderr, "%s: %s: %s\n", what, zps_status_message(st), zps_last_error(c));
+    fprintf(stderr, "%s: %s: %s\n", what, zps_strerror(st), zps_last_error(c));
     return 1;
 }
 

@@ -34,7 +34,6 @@ struct zps_client {
 static _Thread_local char s_connect_err[512];
 
 const char *zps_library_version(void) { return ZPS_VERSION; }
-const char *zps_status_message(int status) { return zps_strerror(status); }
 void zps_free(void *p) { free(p); }
 
 void zps_options_default(zps_options *o)

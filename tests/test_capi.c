@@ -66,10 +66,10 @@ Test(it_capi, only_the_api_leaves_the_library)
     cr_assert_not_null(h, "dlopen %s: %s", path, dlerror());
     const char *api[] = {"zps_connect", "zps_register", "zps_init", "zps_push", "zps_pull",
                          "zps_pushpull", "zps_wait", "zps_barrier", "zps_stats", "zps_leave",
-                         "zps_close", "zps_last_error"};
+                         "zps_close", "zps_last_error", "zps_strerror", "zps_status_name"};
     for (size_t i = 0; i < sizeof api / sizeof *api; i++)
         cr_assert_not_null(dlsym(h, api[i]), "%s not exported", api[i]);
-    const char *internal[] = {"ps_client_new", "ps_plan_new", "zps_log", "zps_strerror",
+    const char *internal[] = {"ps_client_new", "ps_plan_new", "zps_log", "zps_xmalloc_at",
                               "zps__job_config__pack"};
     for (size_t i = 0; i < sizeof internal / sizeof *internal; i++)
         cr_assert_null(dlsym(h, internal[i]), "%s is exported", internal[i]);

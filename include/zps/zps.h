@@ -1,6 +1,7 @@
 /* zps/zps.h — the stable C API of libzps.so: a trainer's side of the zps parameter servers.
  *
- * This is the only header an application includes (with zps/status.h, the status codes).
+ * This is the only header an application includes; it includes zps/status.h, the status
+ * codes with zps_strerror() (a readable message) and zps_status_name() ("ZPS_ERR_PLAN").
  * It is a thin layer over the client the zps trainers use (ps/client.h in the source tree):
  * opaque handles and plain types only, so the library's internal structs can change without
  * breaking a program built against it. Build with
@@ -117,8 +118,6 @@ typedef struct zps_optimizer {
 
 /* "0.3.0": the library's release. */
 ZPS_API const char *zps_library_version(void);
-/* Readable message for a status code (never NULL). */
-ZPS_API const char *zps_status_message(int status);
 
 ZPS_API void zps_options_default(zps_options *o);
 /* sgd, lr 0.01, constant schedule, and the usual defaults of the other fields. */
