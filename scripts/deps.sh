@@ -13,7 +13,7 @@ PKGS=(
   libcriterion-dev
   gnuplot-nox
   dataset-fashion-mnist
-  python3 python3-numpy python3-torch python3-torchvision python3-pytest python3-pip
+  python3 python3-numpy python3-torch python3-torchvision python3-pytest python3-pip python3-lmdb
   libjemalloc2
   libclang-rt-14-dev
   slurm-wlm munge openssh-server openssh-client
