@@ -71,3 +71,21 @@ def test_connect_failure_says_why():
         zps.Client(["tcp://127.0.0.1:1"], 0, curve_server_key="/nonexistent.pub",
                    curve_key="/nonexistent.key")
     assert "/nonexistent" in e.value.message
+
+
+def test_the_c_api_refuses_a_bad_range_with_a_message(servers):
+    """The layer under zps.Client answers misuse with ZPS_ERR_INVALID, not an abort."""
+    import ctypes
+    from zps import _lib
+    uri, = servers(1)
+    c = zps.Client([uri], 0)
+    buf = np.zeros(4, np.float32)
+    t = ctypes.c_uint64()
+    st = _lib.lib.zps_push(c._h, 0, 1, buf.ctypes.data, 0, ctypes.byref(t))
+    assert _lib.lib.zps_status_name(st) == b"ZPS_ERR_INVALID"
+    assert b"before zps_register" in _lib.lib.zps_last_error(c._h)
+    c.register([("w", 100), ("b", 4)], mode="sync", num_trainers=1)
+    st = _lib.lib.zps_pull(c._h, 1, 5, buf.ctypes.data, 0, ctypes.byref(t))
+    assert _lib.lib.zps_status_name(st) == b"ZPS_ERR_INVALID"
+    assert b"variables [1, 6) outside the model's 2" in _lib.lib.zps_last_error(c._h)
+    c.close()
