@@ -49,6 +49,7 @@ Test(it_python, roundtrip_bit_exact_f32_and_bf16) { s_pytest("test_roundtrip.py"
 Test(it_python, no_copy_of_a_256_mib_tensor) { s_pytest("test_nocopy.py", 240); }
 Test(it_python, server_errors_as_exceptions) { s_pytest("test_errors.py", 240); }
 Test(it_python, sync_fleet_of_two_equals_one_process) { s_pytest("test_fleet.py", 280); }
+Test(it_python, torch_hooks_push_during_backward) { s_pytest("test_torch.py", 240); }
 Test(it_python, example_reads_the_shards_and_trains) { s_pytest("test_example.py", 280); }
 
 Test(it_python, pip_installs_the_package)
