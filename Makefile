@@ -172,7 +172,7 @@ SO_SRC := api/zps.c $(wildcard ps/client*.c) ps/plan.c ps/optim.c ps/dtype.c ps/
 	common/status.c common/log.c common/mem.c common/clock.c common/net.c \
 	common/version.c common/fileio.c
 SO_OBJ := $(patsubst %.c,$(B)/pic/%.o,$(SO_SRC)) $(patsubst $(B)/gen/%.c,$(B)/obj/gen/%.o,$(GEN_C))
-SO_LIBS := -lzmq -lprotobuf-c -lsodium -lm -pthread
+SO_LIBS := -lzmq -lprotobuf-c -lm -pthread
 all: $(B)/lib/libzps.so
 $(TEST_BIN): $(B)/lib/libzps.so
 $(B)/pic/%.o: %.c $(GEN_H) $(B)/.flags | $(B)/.deps-ok
