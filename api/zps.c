@@ -5,6 +5,9 @@
  * (built at register from the caller's names and counts, as the C trainers build theirs) and
  * the translation of plain option structs into the internal ones.
  *
+ * Logging: the client's lines go to stderr as zps's do (info by default; $ZPS_LOG=warn|error|off
+ * read at each zps_connect).
+ *
  * Invariants:
  * - A handle's plan is NULL until zps_register succeeded; range operations check the range
  *   against it and answer ZPS_ERR_INVALID (with a message) instead of the internal asserts,
@@ -19,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/log.h"
 #include "common/version.h"
 #include "zps/zps.h"
 #include "ps/client.h"
@@ -121,6 +125,8 @@ zps_status zps_connect(const char *const *servers, int n_servers, uint32_t train
 {
     *out = NULL;
     s_connect_err[0] = '\0';
+    /* the library's log lines (stderr) name the trainer; ZPS_LOG sets their level */
+    zps_log_init("trainer", (int)trainer_id);
     if (!servers || n_servers < 1) {
         snprintf(s_connect_err, sizeof s_connect_err, "no servers given");
         return ZPS_ERR_INVALID;

@@ -40,6 +40,9 @@
  * status and its message, read with zps_last_error(). A request without a reply is resent
  * (timeout_ms, max_retries), then fails with ZPS_ERR_TIMEOUT.
  *
+ * Logging: the library writes zps's log lines to stderr (level info; the environment variable
+ * ZPS_LOG=warn|error|off, read by zps_connect, quiets it).
+ *
  * Threads: one client per thread (a client is not thread-safe); clients are independent.
  */
 #ifndef ZPS_ZPS_H
