@@ -99,7 +99,9 @@ typedef struct zps_job {
     uint32_t staleness;             // ssp: the bound
 } zps_job;
 
-/* The servers' optimizer, sent once by zps_init (formulas: docs/ps.md "Optimizers"). */
+/* The servers' optimizer, sent once by zps_init (formulas: docs/ps.md "Optimizers"). The
+ * fields are those of the library's internal config, copied into a struct of its own so that
+ * the internal one can change without changing this ABI. */
 typedef struct zps_optimizer {
     int kind;               // ZPS_OPTIM_*
     double lr;
