@@ -1,7 +1,9 @@
 /* test_capi.c — libzps.so as a user gets it (docs/ps.md "C API"): `make install` into a
  * DESTDIR stage, api/example.c built against the staged library with pkg-config alone, run
  * against a zps-server on 127.0.0.1 (started and reaped by PID); and the library's
- * interface: the soname, and no symbol but the zps_* API of include/zps/zps.h exported. */
+ * interface: the soname, and no symbol but the zps_* API of include/zps/zps.h exported.
+ * The install is of the default build (build/, `make install` without SAN=): the suite is an
+ * it_* one, which sanitizer runs (make test-unit) leave out. */
 #include <criterion/criterion.h>
 #include <dlfcn.h>
 #include <limits.h>
