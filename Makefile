@@ -12,6 +12,7 @@
 #   make test-gpu   on a GPU machine: the GPU suite from that bundle (docs/gpu.md)
 #   make SAN=address|undefined ...   sanitizer build in build-SAN/
 #   make CUDA=0     never build the CUDA library (default CUDA=auto)
+#   make install    libzps.so, include/zps, zps.pc, zps-server, zps-ctl into PREFIX (DESTDIR)
 #   make clean
 
 SHELL := /bin/bash
@@ -153,6 +154,53 @@ $(CUDA_SO): $(CU_SRC) $(wildcard kernels/cuda/*.h kernels/*.h)
 $(TEST_BIN): $(TEST_OBJ) $(LIB)
 	@mkdir -p $(@D)
 	$(CC) $(LDSAN) -o $@ $(TEST_OBJ) $(LIB) $(LDLIBS) -lcriterion
+
+# ---- the shared library and `make install` (docs/ps.md "C API") ----
+# libzps.so is the client side only (api/zps.c over ps/client.h), built from its own -fPIC
+# objects under $(B)/pic with hidden visibility; api/libzps.map exports the zps_* API of
+# include/zps/zps.h and nothing else. Soname policy: libzps.so.MAJOR -> libzps.so.VERSION
+# (common/version.h); MAJOR changes when a signature or a struct layout of zps.h changes.
+PREFIX ?= /usr/local
+DESTDIR ?=
+LIBDIR ?= $(PREFIX)/lib
+INCLUDEDIR ?= $(PREFIX)/include
+ZPS_VER := $(shell sed -n 's/^\#define ZPS_VERSION "\(.*\)"/\1/p' common/version.h)
+SO_MAJOR := $(firstword $(subst ., ,$(ZPS_VER)))
+SO_FILE := libzps.so.$(ZPS_VER)
+SO_NAME := libzps.so.$(SO_MAJOR)
+SO := $(B)/lib/$(SO_FILE)
+SO_SRC := api/zps.c $(wildcard ps/client*.c) ps/plan.c ps/optim.c ps/dtype.c ps/curve.c \
+	common/status.c common/log.c common/mem.c common/clock.c common/net.c \
+	common/version.c common/fileio.c
+SO_OBJ := $(patsubst %.c,$(B)/pic/%.o,$(SO_SRC)) $(patsubst $(B)/gen/%.c,$(B)/obj/gen/%.o,$(GEN_C))
+SO_LIBS := -lzmq -lprotobuf-c -lm -pthread
+all: $(B)/lib/libzps.so
+$(TEST_BIN): $(B)/lib/libzps.so
+$(B)/pic/%.o: %.c $(GEN_H) $(B)/.flags | $(B)/.deps-ok
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_BASE) -fPIC $(PIC_VIS) -Iinclude -DZPS_HAVE_CUDA=$(HAVE_CUDA) -MMD -MP -c $< -o $@
+$(B)/pic/ps/%.o: CFLAGS_BASE += -O3
+# zps/status.h (= common/status.h) is public: its two functions are exported too
+PIC_VIS := -fvisibility=hidden
+$(B)/pic/common/status.o: PIC_VIS :=
+$(B)/pic/common/version.o: $(B)/gen/zps_git.h
+$(SO): $(SO_OBJ) api/libzps.map
+	@mkdir -p $(@D)
+	$(CC) $(LDSAN) -shared -Wl,-soname,$(SO_NAME) -Wl,--version-script=api/libzps.map \
+	  -Wl,--no-undefined -o $@ $(SO_OBJ) $(SO_LIBS)
+$(B)/lib/libzps.so: $(SO)
+	ln -sf $(SO_FILE) $(B)/lib/$(SO_NAME) && ln -sf $(SO_NAME) $@
+install: all
+	install -d $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(INCLUDEDIR)/zps $(DESTDIR)$(PREFIX)/bin
+	install -m 755 $(SO) $(DESTDIR)$(LIBDIR)/$(SO_FILE)
+	ln -sf $(SO_FILE) $(DESTDIR)$(LIBDIR)/$(SO_NAME)
+	ln -sf $(SO_NAME) $(DESTDIR)$(LIBDIR)/libzps.so
+	install -m 644 include/zps/zps.h include/zps/status.h $(DESTDIR)$(INCLUDEDIR)/zps/
+	sed -e 's|@PREFIX@|$(PREFIX)|; s|@LIBDIR@|$(LIBDIR)|; s|@INCLUDEDIR@|$(INCLUDEDIR)|' \
+	  -e 's|@VERSION@|$(ZPS_VER)|' api/zps.pc.in > $(DESTDIR)$(LIBDIR)/pkgconfig/zps.pc
+	install -m 755 $(B)/bin/zps-server $(B)/bin/zps-ctl $(DESTDIR)$(PREFIX)/bin/
+.PHONY: install
+-include $(shell find $(B)/pic -name '*.d' 2>/dev/null)
 
 # ---- running ----
 # ZPS_BIN tells multi-process tests where the binaries are.

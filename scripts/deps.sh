@@ -17,6 +17,7 @@ PKGS=(
   libjemalloc2
   libclang-rt-14-dev
   slurm-wlm munge openssh-server openssh-client
+  python3-pytest python3-pip python3-lmdb
 )
 [ -n "${ZPS_EXTRA_PKGS:-}" ] && PKGS+=(${ZPS_EXTRA_PKGS})
 
