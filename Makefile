@@ -171,7 +171,7 @@ SO_NAME := libzps.so.$(SO_MAJOR)
 SO := $(B)/lib/$(SO_FILE)
 SO_SRC := api/zps.c $(wildcard ps/client*.c) ps/plan.c ps/optim.c ps/dtype.c ps/curve.c \
 	common/status.c common/log.c common/mem.c common/clock.c common/net.c \
-	common/version.c common/fileio.c
+	common/version.c common/fileio.c common/optim_apply.c
 SO_OBJ := $(patsubst %.c,$(B)/pic/%.o,$(SO_SRC)) $(patsubst $(B)/gen/%.c,$(B)/obj/gen/%.o,$(GEN_C))
 SO_LIBS := -lzmq -lprotobuf-c -lm -pthread
 all: $(B)/lib/libzps.so
@@ -180,6 +180,7 @@ $(B)/pic/%.o: %.c $(GEN_H) $(B)/.flags | $(B)/.deps-ok
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS_BASE) -fPIC $(PIC_VIS) -Iinclude -DZPS_HAVE_CUDA=$(HAVE_CUDA) -MMD -MP -c $< -o $@
 $(B)/pic/ps/%.o: CFLAGS_BASE += -O3
+$(B)/pic/common/optim_apply.o: CFLAGS_BASE += -O3
 # zps/status.h (= common/status.h) is public: its two functions are exported too
 PIC_VIS := -fvisibility=hidden
 $(B)/pic/common/status.o: PIC_VIS :=
