@@ -32,12 +32,12 @@ def wr(d, name, arr):
     np.asarray(arr, dtype=np.float64).ravel().tofile(os.path.join(d, name))
 
 
-# ---- priors: the SSD paper's rule, default set of the issue --------------------------------
+# ---- priors: the SSD paper's rule, zps's default set --------------------------------------
 def priors_default():
     maps = [16, 8, 4, 2, 1]
     ratios = {16: [2, 0.5], 8: [2, 3, 0.5, 1 / 3], 4: [2, 3, 0.5, 1 / 3], 2: [2, 0.5], 1: [2, 0.5]}
     m = len(maps)
-    s = [0.1 + (0.9 - 0.1) * k / (m - 1) for k in range(m)] + [1.0]
+    s = [0.2 + (0.9 - 0.2) * k / (m - 1) for k in range(m)] + [1.0]
     out = []
     for k, f in enumerate(maps):
         for y in range(f):

@@ -11,7 +11,7 @@
 void det_prior_cfg_default(det_prior_cfg *c)
 {
     static const int sizes[5] = {16, 8, 4, 2, 1};
-    *c = (det_prior_cfg){.canvas = 128, .n_maps = 5, .s_min = 0.1f, .s_max = 0.9f};
+    *c = (det_prior_cfg){.canvas = 128, .n_maps = 5, .s_min = 0.2f, .s_max = 0.9f};
     for (int k = 0; k < 5; k++) {
         c->map_size[k] = sizes[k];
         int wide = sizes[k] == 8 || sizes[k] == 4;
