@@ -324,7 +324,9 @@ Test(detect, matching_matches_reference)
  * pool of `pool` rows (see the file comment) when pool > 0, else random. */
 typedef struct {
     int n, classes, ngt;
+    size_t ncls, nloc; // n x P x classes, n x P x 4
     float *cls, *loc, gtb[64 * 4];
+    float *dc, *dl; // gradients (ncls, nloc)
     int32_t gtl[64];
     int gts[9];
 } s_batch;
@@ -349,8 +351,11 @@ static double s_pool_gap(const float *rows, int pool, int classes, double *bg)
 static void s_batch_fill(s_batch *bt, const float *p, size_t P, int n, int classes, int pool)
 {
     bt->n = n, bt->classes = classes, bt->ngt = 0;
-    bt->cls = malloc((size_t)n * P * classes * sizeof(float));
-    bt->loc = malloc((size_t)n * P * 4 * sizeof(float));
+    bt->ncls = (size_t)n * P * classes, bt->nloc = (size_t)n * P * 4;
+    bt->cls = malloc(bt->ncls * sizeof(float));
+    bt->loc = malloc(bt->nloc * sizeof(float));
+    bt->dc = malloc(bt->ncls * sizeof(float));
+    bt->dl = malloc(bt->nloc * sizeof(float));
     float rows[64 * 16];
     double bg[64];
     do
@@ -379,6 +384,16 @@ static void s_batch_free(s_batch *bt)
 {
     free(bt->cls);
     free(bt->loc);
+    free(bt->dc);
+    free(bt->dl);
+}
+
+/* det_loss on bt, gradients into bt->dc, bt->dl unless grads is 0. */
+static zps_status s_batch_loss(const det_loss_cfg *c, const float *p, size_t P, s_batch *bt,
+                               int grads, float *loss, det_loss_parts *parts)
+{
+    return det_loss(c, p, P, bt->classes, bt->cls, bt->loc, bt->n, bt->gtb, bt->gtl, bt->gts,
+                    loss, grads ? bt->dc : NULL, grads ? bt->dl : NULL, parts);
 }
 
 Test(detect, loss_and_gradient_match_float64_reference)
@@ -388,13 +403,12 @@ Test(detect, loss_and_gradient_match_float64_reference)
     s_need_torch();
     s_batch bt;
     s_batch_fill(&bt, p, P, 4, 11, 48);
-    size_t ncls = (size_t)bt.n * P * bt.classes, nloc = (size_t)bt.n * P * 4;
-    float *dc = malloc(ncls * sizeof *dc), *dl = malloc(nloc * sizeof *dl), loss;
+    size_t ncls = bt.ncls, nloc = bt.nloc;
+    float loss, *dc = bt.dc, *dl = bt.dl;
     det_loss_cfg c;
     det_loss_cfg_default(&c);
     det_loss_parts parts;
-    cr_assert_eq(det_loss(&c, p, P, bt.classes, bt.cls, bt.loc, bt.n, bt.gtb, bt.gtl, bt.gts,
-                          &loss, dc, dl, &parts), ZPS_OK);
+    cr_assert_eq(s_batch_loss(&c, p, P, &bt, 1, &loss, &parts), ZPS_OK);
     s_put("priors.f32", p, P * 4 * sizeof *p);
     s_put("cls.f32", bt.cls, ncls * sizeof *bt.cls);
     s_put("loc.f32", bt.loc, nloc * sizeof *bt.loc);
@@ -416,17 +430,14 @@ Test(detect, loss_and_gradient_match_float64_reference)
     for (size_t i = 0; i < nloc; i++)
         s_close(dl[i], ref[4 + ncls + i], 1e-7, 1e-4, "d_loc", i);
     free(ref);
-    free(dc);
-    free(dl);
     s_batch_free(&bt);
     free(p);
 }
 
-static float s_loss_at(const det_loss_cfg *c, const float *p, size_t P, const s_batch *bt)
+static float s_loss_at(const det_loss_cfg *c, const float *p, size_t P, s_batch *bt)
 {
     float loss;
-    cr_assert_eq(det_loss(c, p, P, bt->classes, bt->cls, bt->loc, bt->n, bt->gtb, bt->gtl,
-                          bt->gts, &loss, NULL, NULL, NULL), ZPS_OK);
+    cr_assert_eq(s_batch_loss(c, p, P, bt, 0, &loss, NULL), ZPS_OK);
     return loss;
 }
 
@@ -438,13 +449,12 @@ Test(detect, loss_gradient_matches_finite_differences)
     float *p = s_small_priors(&P);
     s_batch bt;
     s_batch_fill(&bt, p, P, 3, 4, 0);
-    size_t ncls = (size_t)bt.n * P * bt.classes, nloc = (size_t)bt.n * P * 4;
-    float *dc = malloc(ncls * sizeof *dc), *dl = malloc(nloc * sizeof *dl), loss;
+    size_t ncls = bt.ncls, nloc = bt.nloc;
+    float loss, *dc = bt.dc, *dl = bt.dl;
     det_loss_cfg c;
     det_loss_cfg_default(&c);
     c.ws = det_ws_new();
-    cr_assert_eq(det_loss(&c, p, P, bt.classes, bt.cls, bt.loc, bt.n, bt.gtb, bt.gtl, bt.gts,
-                          &loss, dc, dl, NULL), ZPS_OK);
+    cr_assert_eq(s_batch_loss(&c, p, P, &bt, 1, &loss, NULL), ZPS_OK);
     const float h = 1e-2f;
     int checked = 0;
     for (int t = 0; t < 4000 && checked < 120; t++) {
@@ -466,8 +476,6 @@ Test(detect, loss_gradient_matches_finite_differences)
     }
     cr_assert_eq(checked, 120);
     det_ws_destroy(&c.ws);
-    free(dc);
-    free(dl);
     s_batch_free(&bt);
     free(p);
 }
@@ -481,28 +489,22 @@ Test(detect, no_match_gives_zero_loss_and_gradient)
     /* image 0: one zero-area box (matches nothing); image 1: none */
     bt.gtb[0] = bt.gtb[2] = 0.5f, bt.gtb[1] = 0.1f, bt.gtb[3] = 0.9f;
     bt.gts[1] = bt.gts[2] = 1, bt.ngt = 1;
-    size_t ncls = (size_t)2 * P * 4, nloc = (size_t)2 * P * 4;
-    float *dc = malloc(ncls * sizeof *dc), *dl = malloc(nloc * sizeof *dl), loss = 7;
-    for (size_t i = 0; i < ncls; i++)
-        dc[i] = dl[i] = 7;
+    float loss = 7;
+    for (size_t i = 0; i < bt.ncls; i++)
+        bt.dc[i] = bt.dl[i] = 7; /* classes 4: ncls == nloc */
     det_loss_cfg c;
     det_loss_cfg_default(&c);
     det_loss_parts parts;
-    cr_assert_eq(det_loss(&c, p, P, 4, bt.cls, bt.loc, 2, bt.gtb, bt.gtl, bt.gts, &loss, dc, dl,
-                          &parts), ZPS_OK);
+    cr_assert_eq(s_batch_loss(&c, p, P, &bt, 1, &loss, &parts), ZPS_OK);
     cr_assert_eq(loss, 0.0f);
     cr_assert(parts.matched == 0 && parts.conf == 0 && parts.loc == 0);
-    for (size_t i = 0; i < ncls; i++)
-        cr_assert(dc[i] == 0 && dl[i] == 0, "gradient %zu not zero", i);
+    for (size_t i = 0; i < bt.ncls; i++)
+        cr_assert(bt.dc[i] == 0 && bt.dl[i] == 0, "gradient %zu not zero", i);
     /* a label outside 0..C-1 is the caller's data error, not a crash */
     bt.gtl[0] = 3;
-    cr_assert_eq(det_loss(&c, p, P, 4, bt.cls, bt.loc, 2, bt.gtb, bt.gtl, bt.gts, &loss, dc, dl,
-                          NULL), ZPS_ERR_INVALID);
+    cr_assert_eq(s_batch_loss(&c, p, P, &bt, 1, &loss, NULL), ZPS_ERR_INVALID);
     bt.gtl[0] = -1;
-    cr_assert_eq(det_loss(&c, p, P, 4, bt.cls, bt.loc, 2, bt.gtb, bt.gtl, bt.gts, &loss, dc, dl,
-                          NULL), ZPS_ERR_INVALID);
-    free(dc);
-    free(dl);
+    cr_assert_eq(s_batch_loss(&c, p, P, &bt, 1, &loss, NULL), ZPS_ERR_INVALID);
     s_batch_free(&bt);
     free(p);
 }
@@ -514,8 +516,7 @@ Test(detect, workspace_stops_growing_after_the_first_call)
     float *p = s_default_priors(&P);
     s_batch bt;
     s_batch_fill(&bt, p, P, 8, 11, 0);
-    size_t ncls = (size_t)bt.n * P * bt.classes, nloc = (size_t)bt.n * P * 4;
-    float *dc = malloc(ncls * sizeof *dc), *dl = malloc(nloc * sizeof *dl), loss;
+    float loss;
     det_loss_cfg c;
     det_loss_cfg_default(&c);
     c.ws = det_ws_new();
@@ -524,8 +525,7 @@ Test(detect, workspace_stops_growing_after_the_first_call)
     det_det *out = malloc((size_t)nc.top_k * sizeof *out);
     size_t grown = 0;
     for (int it = 0; it < 4; it++) {
-        cr_assert_eq(det_loss(&c, p, P, bt.classes, bt.cls, bt.loc, bt.n, bt.gtb, bt.gtl, bt.gts,
-                              &loss, dc, dl, NULL), ZPS_OK);
+        cr_assert_eq(s_batch_loss(&c, p, P, &bt, 1, &loss, NULL), ZPS_OK);
         det_detect(&nc, c.ws, p, P, bt.classes, bt.cls, bt.loc, out);
         if (it == 0)
             grown = det_ws_grow_count(c.ws);
@@ -534,8 +534,6 @@ Test(detect, workspace_stops_growing_after_the_first_call)
     det_ws_destroy(&c.ws);
     cr_assert_null(c.ws);
     free(out);
-    free(dc);
-    free(dl);
     s_batch_free(&bt);
     free(p);
 }
