@@ -7,6 +7,7 @@
  * the loss on the chosen priors, which finite differences see away from ties. Sums are
  * accumulated in double. All scratch comes from the workspace (none on the hot path once it
  * has grown). */
+#include <assert.h>
 #include <math.h>
 #include <string.h>
 
@@ -115,6 +116,7 @@ zps_status det_loss(const det_loss_cfg *c, const float *priors, size_t P, int cl
                     const int32_t *gt_labels, const int *gt_start, float *loss, float *d_cls,
                     float *d_loc, det_loss_parts *parts)
 {
+    assert(classes >= 2 && n >= 0 && c->neg_pos >= 0);
     zps_status st = s_check_labels(gt_labels, gt_start, n, classes);
     if (st != ZPS_OK)
         return st;

@@ -6,6 +6,7 @@
  * list by score with a stable sort (ties keep image order, then detection order, as MATLAB's
  * sort in the VOC devkit) and integrates precision over recall (all-point interpolation).
  * Not on the training path: it allocates freely. */
+#include <assert.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -27,6 +28,7 @@ struct det_map {
 
 det_map *det_map_new(int n_classes)
 {
+    assert(n_classes > 0);
     det_map *m = zps_xcalloc(1, sizeof *m);
     m->n_classes = n_classes;
     m->cls = zps_xcalloc((size_t)n_classes, sizeof *m->cls);

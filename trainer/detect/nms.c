@@ -3,6 +3,7 @@
  *
  * Ordering: score descending, the lower index first on equal scores, in every list here;
  * torchvision's CPU sort gives the same order on ties, which the tests check. */
+#include <assert.h>
 #include <math.h>
 
 #include "trainer/detect/detect_int.h"
@@ -120,6 +121,7 @@ static size_t s_class(const det_nms_cfg *c, const s_det_scratch *s, size_t P, in
 size_t det_detect(const det_nms_cfg *c, det_ws *ws, const float *priors, size_t P, int classes,
                   const float *cls, const float *loc, det_det *out)
 {
+    assert(classes >= 2 && c->top_k_class > 0 && c->top_k >= 0);
     zps_arena *a = ws->arena;
     s_det_scratch s;
     s_det_scratch_init(&s, a, P, classes, c->top_k_class);
