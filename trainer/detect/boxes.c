@@ -17,8 +17,10 @@ float det_iou(const float *a, const float *b)
     float aa = s_area(a), ab = s_area(b);
     if (aa <= 0 || ab <= 0)
         return 0.0f;
-    float iw = fminf(a[2], b[2]) - fmaxf(a[0], b[0]);
-    float ih = fminf(a[3], b[3]) - fmaxf(a[1], b[1]);
+    /* plain comparisons: fminf/fmaxf are libm calls at -O2 (NaN rules), and this is the
+     * inner loop of matching and NMS; the corners of a box with area > 0 are not NaN */
+    float iw = (a[2] < b[2] ? a[2] : b[2]) - (a[0] > b[0] ? a[0] : b[0]);
+    float ih = (a[3] < b[3] ? a[3] : b[3]) - (a[1] > b[1] ? a[1] : b[1]);
     if (iw <= 0 || ih <= 0)
         return 0.0f;
     float inter = iw * ih;

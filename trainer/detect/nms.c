@@ -62,7 +62,8 @@ void det_nms_cfg_default(det_nms_cfg *c)
 typedef struct {
     float *boxes;  // (P, 4) decoded, clipped
     float *lse;    // (P) logsumexp per prior
-    float *prob;   // (P) this class's probability; -inf at or below the threshold
+    float *prob;   // (P) probabilities of this class's candidates (above the threshold)
+    int32_t *cand; // (P) their priors, ascending
     int32_t *idx, *tmp; // (P) sort scratch
     float *cbox;   // (top_k_class, 4) this class's candidates
     float *cscore; // (top_k_class)
@@ -77,6 +78,7 @@ static void s_det_scratch_init(s_det_scratch *s, zps_arena *a, size_t P, int cla
     s->boxes = zps_arena_alloc(a, 4 * P * sizeof(float));
     s->lse = zps_arena_alloc(a, P * sizeof(float));
     s->prob = zps_arena_alloc(a, P * sizeof(float));
+    s->cand = zps_arena_alloc(a, P * sizeof(int32_t));
     s->idx = zps_arena_alloc(a, P * sizeof(int32_t));
     s->tmp = zps_arena_alloc(a, (P > all ? P : all) * sizeof(int32_t));
     s->cbox = zps_arena_alloc(a, 4 * kk * sizeof(float));
@@ -93,19 +95,21 @@ static size_t s_class(const det_nms_cfg *c, const s_det_scratch *s, size_t P, in
     size_t nc = 0;
     for (size_t p = 0; p < P; p++) {
         float pr = expf(cls[p * (size_t)classes + k] - s->lse[p]);
-        s->prob[p] = pr > c->score_thresh ? pr : -INFINITY;
-        nc += pr > c->score_thresh;
+        if (pr > c->score_thresh) { /* candidates in prior order: the stable sort keeps it on ties */
+            s->prob[nc] = pr;
+            s->cand[nc++] = (int32_t)p;
+        }
     }
     if (nc == 0)
         return na;
+    det_argsort_desc(s->prob, nc, s->idx, s->tmp);
     if (nc > (size_t)c->top_k_class)
         nc = (size_t)c->top_k_class;
-    det_argsort_desc(s->prob, P, s->idx, s->tmp);
     for (size_t r = 0; r < nc; r++) {
-        size_t p = (size_t)s->idx[r];
+        size_t p = (size_t)s->cand[s->idx[r]];
         for (int q = 0; q < 4; q++)
             s->cbox[4 * r + q] = s->boxes[4 * p + q];
-        s->cscore[r] = s->prob[p];
+        s->cscore[r] = s->prob[s->idx[r]];
     }
     size_t m = det_nms(s->cbox, s->cscore, nc, c->nms_iou, s->keep);
     for (size_t r = 0; r < m; r++, na++) {
