@@ -217,9 +217,11 @@ Test(detect, encode_decode_match_the_formulas)
     char n[32];
     s_ref("encode", (const char *const[]){s_num(n, N), NULL});
     double *re = s_get("enc.f64", N * 4), *rd = s_get("dec.f64", N * 4);
+    det_decode_all(p, N, loc, back);
     for (size_t i = 0; i < N * 4; i++) {
         s_close(enc[i], re[i], 1e-4, 1e-5, "encode", i);
         s_close(dec[i], rd[i], 1e-6, 1e-5, "decode", i);
+        s_close(back[i], fmin(fmax(rd[i], 0), 1), 1e-6, 1e-5, "decode_all", i);
     }
     free(re);
     free(rd);
@@ -545,7 +547,10 @@ static void s_detect_case(const float *p, size_t P, int classes, int pool, const
     det_ws *ws = det_ws_new();
     det_det *out = malloc((size_t)nc->top_k * sizeof *out);
     size_t m = det_detect(nc, ws, p, P, classes, bt.cls, bt.loc, out);
-    s_put("priors.f32", p, P * 4 * sizeof *p);
+    float *boxes = malloc(P * 4 * sizeof *boxes);
+    det_decode_all(p, P, bt.loc, boxes);
+    s_put("boxes.f32", boxes, P * 4 * sizeof *boxes);
+    free(boxes);
     s_put("cls.f32", bt.cls, P * classes * sizeof(float));
     s_put("loc.f32", bt.loc, P * 4 * sizeof(float));
     char a[32], b[32], d[32], e[32], f[32], g[32];

@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """detect_ref.py — the oracle of tests/test_detect.c: SSD priors, IoU, encoding, matching, the
 MultiBox loss and its gradient, NMS, per-image detection and VOC mAP@0.5, written from the
-papers and torchvision.ops, independently of trainer/detect.
+papers and torchvision.ops, independently of trainer/detect (detection takes zps's decoded
+boxes, checked on their own by the encode command).
 
     detect_ref.py CMD DIR [ARGS...]
 
@@ -206,17 +207,17 @@ def cmd_loss(d, P, classes, n, ngt, thr, negpos, w):
 # ---- detection -----------------------------------------------------------------------------
 def cmd_detect(d, P, classes, thr, nms_iou, topkc, topk):
     P, classes, topkc, topk = int(P), int(classes), int(topkc), int(topk)
-    pc = rd(d, "priors.f32", np.float32, (P, 4)).astype(np.float64)
     cls = torch.from_numpy(rd(d, "cls.f32", np.float32, (P, classes)).astype(np.float64))
-    loc = rd(d, "loc.f32", np.float32, (P, 4)).astype(np.float64)
+    # zps's float32 decoded boxes (the encode test checks them against decode() to 1e-6), so
+    # an IoU at the NMS threshold compares the same on both sides
+    boxes = torch.from_numpy(rd(d, "boxes.f32", np.float32, (P, 4)).copy())
     prob = torch.softmax(cls, 1)
-    boxes = torch.from_numpy(np.clip(decode(loc, pc), 0, 1))
     found = []  # (score, class, prior, box)
     for c in range(1, classes):
         sc = prob[:, c]
         cand = torch.nonzero(sc > float(thr)).flatten()
         order = cand[torch.sort(-sc[cand], stable=True)[1]][:topkc]
-        keep = torchvision.ops.nms(boxes[order], sc[order], float(nms_iou))
+        keep = torchvision.ops.nms(boxes[order], sc[order].float(), float(nms_iou))
         for k in order[keep].tolist():
             found.append((-sc[k].item(), c, k, boxes[k].tolist()))
     found.sort(key=lambda t: (t[0], t[1], t[2]))
