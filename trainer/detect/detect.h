@@ -32,7 +32,9 @@
 #define DET_MAX_RATIOS 8
 
 /* The prior set. Map k (0..n_maps-1) has scale s_k = s_min + (s_max - s_min) k / (n_maps - 1)
- * (the SSD paper's linear rule; s_min when n_maps == 1) and s_{n_maps} = min(1, s_max + step).
+ * (the SSD paper's linear rule; s_min when n_maps == 1) and, for the last map's extra prior,
+ * s_{n_maps} = min(1, s_max + (s_max - s_min) / (n_maps - 1)). Default: 0.2, 0.375, 0.55,
+ * 0.725, 0.9, then 1.
  *
  * ORDER of the priors (the model's heads emit in this order; keep it):
  *   maps in cfg order; within a map, cells row-major (y, then x); within a cell:
