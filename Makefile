@@ -58,7 +58,7 @@ CUDA_SO := $(B)/lib/libzps_cuda.so
 PROTOS := $(wildcard proto/*.proto)
 GEN_C := $(patsubst proto/%.proto,$(B)/gen/%.pb-c.c,$(PROTOS))
 GEN_H := $(GEN_C:.c=.h)
-LIB_DIRS := common kernels kernels/ref kernels/cpu ps trainer trainer/nn trainer/models datasets
+LIB_DIRS := common kernels kernels/ref kernels/cpu ps trainer trainer/nn trainer/models trainer/detect datasets
 LIB_SRC := $(filter-out %_main.c,$(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c)))
 LIB_OBJ := $(patsubst %.c,$(B)/obj/%.o,$(LIB_SRC)) $(patsubst $(B)/gen/%.c,$(B)/obj/gen/%.o,$(GEN_C))
 LIB := $(B)/lib/libzps.a

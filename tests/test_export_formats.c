@@ -37,7 +37,7 @@ static void s_fini(void)
 static const char *s_python_or_skip(const char *modules)
 {
     static char why[600];
-    const char *py = zt_python(modules, why, sizeof why);
+    const char *py = zt_py_venv(modules, why, sizeof why);
     if (!py)
         cr_skip_test("%s", why);
     return py;

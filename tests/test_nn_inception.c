@@ -27,9 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "tests/testutil.h"
 #include "common/log.h"
@@ -48,27 +46,6 @@ static void s_init(void)
     zps_log_set_level(ZPS_LOG_WARN);
 }
 
-static void s_write(const char *path, const void *p, size_t n)
-{
-    FILE *f = fopen(path, "wb");
-    cr_assert_not_null(f, "cannot write %s", path);
-    cr_assert_eq(fwrite(p, 1, n, f), n);
-    cr_assert_eq(fclose(f), 0);
-}
-
-static double *s_read(const char *path, size_t n)
-{
-    FILE *f = fopen(path, "rb");
-    cr_assert_not_null(f, "reference output %s missing", path);
-    double *v = malloc(n * sizeof *v);
-    size_t got = fread(v, sizeof *v, n, f);
-    char extra;
-    cr_assert_eq(got, n, "%s: %zu values, want %zu", path, got, n);
-    cr_assert_eq(fread(&extra, 1, 1, f), 0u, "%s longer than expected", path);
-    fclose(f);
-    return v;
-}
-
 /* Relative L2 error of a (float) or b (double) against ref (double). */
 static double s_rel(const float *a, const double *b, const double *ref, size_t n)
 {
@@ -83,9 +60,7 @@ static double s_rel(const float *a, const double *b, const double *ref, size_t n
 
 static void s_run_python(const char *dir, int n, int size, int classes, int aux, const char *perturb)
 {
-    const char *root = getenv("ZPS_ROOT");
-    char script[4096], args[9][4200];
-    snprintf(script, sizeof script, "%s/tests/ref/inception_ref.py", root ? root : ".");
+    char args[9][4200];
     snprintf(args[0], sizeof args[0], "--weights=%s/w.bin", dir);
     snprintf(args[1], sizeof args[1], "--input=%s/x.bin", dir);
     snprintf(args[2], sizeof args[2], "--labels=%s/y.bin", dir);
@@ -95,18 +70,11 @@ static void s_run_python(const char *dir, int n, int size, int classes, int aux,
     snprintf(args[6], sizeof args[6], "--aux=%d", aux);
     snprintf(args[7], sizeof args[7], "--out=%s/ref", dir);
     snprintf(args[8], sizeof args[8], "--perturb=%s", perturb);
-    pid_t pid = fork();
-    cr_assert(pid >= 0, "fork failed");
-    if (pid == 0) {
-        execl("/usr/bin/python3", "python3", script, args[0], args[1], args[2], args[3], args[4],
-              args[5], args[6], args[7], args[8], (char *)NULL);
-        _exit(127);
-    }
-    int status;
-    cr_assert_eq(waitpid(pid, &status, 0), pid);
-    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0,
-              "%s failed (status %d); needs Debian's python3-torch and python3-torchvision",
-              script, status);
+    const char *argv[10];
+    for (int i = 0; i < 9; i++)
+        argv[i] = args[i];
+    argv[9] = NULL;
+    zt_python("tests/ref/inception_ref.py", argv, "Debian's python3-torch and python3-torchvision");
 }
 
 /* The run's folder (~600 MB of reference output at 299x299): removed by s_fini, which
@@ -136,9 +104,9 @@ static void s_write_inputs(const char *dir, nn_model *m, int size, int n, int cl
     for (int i = 0; i < n; i++)
         (*y)[i] = (int32_t)(zt_rand() % (uint32_t)classes);
     snprintf(path, sizeof path, "%s/x.bin", dir);
-    s_write(path, *x, nx * sizeof **x);
+    zt_write_file(path, *x, nx * sizeof **x);
     snprintf(path, sizeof path, "%s/y.bin", dir);
-    s_write(path, *y, (size_t)n * sizeof **y);
+    zt_write_file(path, *y, (size_t)n * sizeof **y);
 }
 
 /* ref[0]: float64 (the truth); ref[1]: float32; ref[2..]: float32 on perturbed inputs; each
@@ -151,7 +119,7 @@ static void s_read_refs(const char *dir, size_t total, double **ref)
             snprintf(path, sizeof path, "%s/ref.%s", dir, i == 0 ? "f64" : "f32");
         else
             snprintf(path, sizeof path, "%s/ref.pert%d", dir, i - 2);
-        ref[i] = s_read(path, total);
+        ref[i] = zt_read_f64(path, total);
     }
 }
 

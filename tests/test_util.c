@@ -230,7 +230,7 @@ void zt_make_fashion(const char *out_dir, int limit, int shards, const char *log
     free(out);
 }
 
-const char *zt_python(const char *modules, char *why, size_t n)
+const char *zt_py_venv(const char *modules, char *why, size_t n)
 {
     static char py[4096];
     const char *env = getenv("ZPS_PYTHON"), *root = getenv("ZPS_ROOT");
@@ -260,4 +260,54 @@ const char *zt_python(const char *modules, char *why, size_t n)
         return NULL;
     }
     return py;
+}
+
+void zt_write_file(const char *path, const void *p, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    cr_assert_not_null(f, "cannot write %s", path);
+    cr_assert_eq(fwrite(p, 1, n, f), n);
+    cr_assert_eq(fclose(f), 0);
+}
+
+double *zt_read_f64(const char *path, size_t n)
+{
+    FILE *f = fopen(path, "rb");
+    cr_assert_not_null(f, "reference output %s missing", path);
+    double *v = malloc((n ? n : 1) * sizeof *v);
+    size_t got = fread(v, sizeof *v, n, f);
+    char extra;
+    cr_assert_eq(got, n, "%s: %zu values, want %zu", path, got, n);
+    cr_assert_eq(fread(&extra, 1, 1, f), 0u, "%s longer than expected", path);
+    fclose(f);
+    return v;
+}
+
+void zt_python(const char *script, const char *const *args, const char *needs)
+{
+    const char *root = getenv("ZPS_ROOT");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", root ? root : ".", script);
+    const char *argv[33] = {"python3", path};
+    int n = 2;
+    for (; args[n - 2]; n++) {
+        cr_assert(n < 32, "too many arguments for %s", script);
+        argv[n] = args[n - 2];
+    }
+    argv[n] = NULL;
+    pid_t pid = fork();
+    cr_assert(pid >= 0, "fork failed");
+    if (pid == 0) {
+        execv("/usr/bin/python3", (char *const *)argv);
+        _exit(127);
+    }
+    int status;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "%s failed (status %d); needs %s",
+              path, status, needs);
+}
+
+int zt_have_torch(void)
+{
+    return system("/usr/bin/python3 -c 'import torch, torchvision' >/dev/null 2>&1") == 0;
 }
