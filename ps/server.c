@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "common/check.h"
@@ -423,6 +424,15 @@ static zps_status s_check_config(const ps_server_config *cfg)
         !cfg->checkpoint_dir[0]) {
         zps_log(ZPS_ERROR, "ps", "--restore and --checkpoint-every-* need --checkpoint-dir");
         return ZPS_ERR_INVALID;
+    }
+    /* a checkpoint directory that cannot be written would fail only at the first
+     * checkpoint, minutes or hours into the job: find out now */
+    if (cfg->checkpoint_dir[0] &&
+        ((mkdir(cfg->checkpoint_dir, 0755) == -1 && errno != EEXIST) ||
+         access(cfg->checkpoint_dir, W_OK | X_OK) == -1)) {
+        zps_log(ZPS_ERROR, "ps", "--checkpoint-dir %s: cannot create or write it: %s",
+                cfg->checkpoint_dir, strerror(errno));
+        return ZPS_ERR_IO;
     }
     int allow_flags = (cfg->curve_allow[0] != 0) + (cfg->curve_allow_any != 0);
     if (cfg->curve_key[0] && allow_flags != 1) {

@@ -637,3 +637,27 @@ Test(it_metrics, server_refuses_a_metrics_file_it_cannot_write, .timeout = 60)
         free(out);
     }
 }
+
+/* A checkpoint directory the server cannot create or write stops it at start (exit 1), with
+ * one line naming it, instead of at its first checkpoint (these two fail for root too). */
+Test(it_metrics, server_refuses_a_checkpoint_dir_it_cannot_write, .timeout = 60)
+{
+    char dir[256], file[300], under[320];
+    zt_mktmp(dir, sizeof dir, "zps-ckdir");
+    snprintf(file, sizeof file, "%s/plain-file", dir);
+    snprintf(under, sizeof under, "%s/sub", file);
+    FILE *f = fopen(file, "w");
+    cr_assert_not_null(f);
+    fclose(f);
+    const char *paths[] = {"/proc/zps-no-such-dir", under};
+    for (int i = 0; i < 2; i++) {
+        const char *args[] = {"--bind", "tcp://127.0.0.1:0", "--checkpoint-dir", paths[i], NULL};
+        char *out, want[400];
+        cr_assert_eq(zt_run_tmp("zps-server", args, NULL, 30, &out), 1, "%s", out);
+        snprintf(want, sizeof want, "--checkpoint-dir %s: cannot create or write it", paths[i]);
+        cr_assert_eq(zt_count(out, want), 1, "want '%s' once:\n%s", want, out);
+        cr_assert_null(strstr(out, "listening"), "it served:\n%s", out);
+        free(out);
+    }
+    zt_rmtmp(dir);
+}
