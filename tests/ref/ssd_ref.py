@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torchvision.models.inception import BasicConv2d
 
-from inception_ref import read_weights
+from inception_ref import load_state, make_runs, read_weights
 
 
 class Net(torch.nn.Module):
@@ -121,20 +121,9 @@ def main():
     n, s = a.batch, a.size
     x = np.fromfile(a.input, dtype="<f4").reshape(n, -1, s, s)
     gflat = np.fromfile(a.grads, dtype="<f4")
-    rng = np.random.default_rng(12345)
-    runs = [(x, "f64", torch.float64), (x, "f32", torch.float32)]
-    for k, p in enumerate(float(q) for q in a.perturb.split(",")):
-        x_pert = (x * (1 + p * rng.uniform(-1, 1, size=x.shape))).astype(np.float32)
-        runs.append((x_pert, f"pert{k}", torch.float32))
-    for xin, suffix, dtype in runs:
+    for xin, suffix, dtype in make_runs(x, a.perturb):
         model = Net(shapes)
-        sd = model.state_dict()
-        off = 0
-        for name, shape, cnt in params + stats:
-            if tuple(sd[name].shape) != shape:
-                raise SystemExit(f"{name}: reference {tuple(sd[name].shape)}, file {shape}")
-            sd[name].copy_(torch.from_numpy(values[off:off + cnt].reshape(shape).copy()))
-            off += cnt
+        load_state(model, params, stats, values)
         model = model.to(dtype)
         model.train()
         xt = torch.from_numpy(xin).to(dtype).requires_grad_(True)
