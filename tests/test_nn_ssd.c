@@ -2,8 +2,9 @@
  * ssd detector model.
  *
  *   nn_ssd      a small graph with nn_conv heads and an intermediate output (read by another
- *               layer too): backward from injected gradients against finite differences
- *               (ref back-end), cpu (blocked layouts) against ref, hooks, a NULL gradient;
+ *               layer too): backward from injected gradients, and the input's gradient,
+ *               against finite differences (ref back-end), cpu (blocked layouts) against
+ *               ref, hooks, a NULL gradient;
  *               the ssd model's table, prior count and prior order; misuse is refused.
  *   it_nn_ssd   the ssd model against a PyTorch float64 reference built from the same
  *               weights (tests/ref/ssd_ref.py): the class and offset outputs in prior order,
@@ -113,39 +114,55 @@ static void s_hook(void *ctx, size_t first, size_t n)
     h->next_end = first;
 }
 
+/* Whether the central difference of L in *slot (a parameter or an input value) misses the
+ * analytic derivative: ReLU kinks move a few numeric derivatives (as in test_nn_models.c),
+ * so the bound is loose and the caller tolerates a few misses. */
+static int s_fd_miss(nn_model *m, const float *x, int n, const float *g, float *slot,
+                     double analytic, char *why, size_t why_len)
+{
+    const double h = 1e-4; /* small against the kinks; float noise ~1e-2 */
+    float keep = *slot;
+    *slot = (float)(keep + h);
+    double lp = s_loss(m, x, n, g);
+    *slot = (float)(keep - h);
+    double lm = s_loss(m, x, n, g);
+    *slot = keep;
+    double num = (lp - lm) / (2 * h);
+    if (fabs(num - analytic) <= 2e-2 + 5e-2 * fabs(num))
+        return 0;
+    snprintf(why, why_len, "analytic %.6g numeric %.6g", analytic, num);
+    return 1;
+}
+
 Test(nn_ssd, injected_gradients_match_finite_differences, .init = s_init, .timeout = 30)
 {
     nn_model *m = s_graph(k_backend_ref(), zt_rand());
     int n = 3;
-    float *x = s_rand((size_t)n * 2 * 64, -1, 1), *g = s_rand(s_out_total(m, n), -1, 1);
+    size_t nx = (size_t)n * 2 * 64;
+    float *x = s_rand(nx, -1, 1), *g = s_rand(s_out_total(m, n), -1, 1);
+    float *dx = malloc(nx * sizeof *dx);
+    nn_model_set_input_grad(m, 1);
     s_loss(m, x, n, g);
     size_t nv, np = nn_model_param_count(m);
     nn_model_vars(m, &nv);
     s_hooks hk = {.next_end = nv};
     cr_assert_eq(s_backward(m, n, g, s_hook, &hk), ZPS_OK);
     cr_assert_eq(hk.next_end, 0u, "hooks did not cover every variable");
+    cr_assert_eq(nn_model_input_grad(m, dx), ZPS_OK);
     float *grad = malloc(np * sizeof *grad), *p = nn_model_params(m);
     memcpy(grad, nn_model_grads(m), np * sizeof *grad);
-    /* 8 entries of every variable; ReLU kinks move a few numeric derivatives (as in
-     * test_nn_models.c): a loose bound, and two misses tolerated */
+    /* 8 entries of every variable and 16 of the input; two misses tolerated */
     const nn_var *v = nn_model_vars(m, &nv);
     int bad = 0;
-    char last[160] = "";
-    for (size_t k = 0; k < nv; k++)
-        for (int t = 0; t < 8; t++) {
-            size_t i = v[k].offset + zt_rand() % v[k].count;
-            const double h = 1e-4; /* small against the kinks; float noise ~1e-2 */
-            float keep = p[i];
-            p[i] = (float)(keep + h);
-            double lp = s_loss(m, x, n, g);
-            p[i] = (float)(keep - h);
-            double lm = s_loss(m, x, n, g);
-            p[i] = keep;
-            double num = (lp - lm) / (2 * h);
-            if (fabs(num - grad[i]) > 2e-2 + 5e-2 * fabs(num)) {
+    char last[160] = "", why[96];
+    for (size_t k = 0; k <= nv; k++)
+        for (int t = 0; t < (k < nv ? 8 : 16); t++) {
+            size_t i = k < nv ? v[k].offset + zt_rand() % v[k].count : zt_rand() % nx;
+            float *slot = k < nv ? p + i : x + i;
+            if (s_fd_miss(m, x, n, g, slot, k < nv ? grad[i] : dx[i], why, sizeof why)) {
                 bad++;
-                snprintf(last, sizeof last, "%s[%zu]: analytic %.6g numeric %.6g", v[k].name,
-                         i - v[k].offset, grad[i], num);
+                snprintf(last, sizeof last, "%s[%zu]: %s", k < nv ? v[k].name : "input",
+                         k < nv ? i - v[k].offset : i, why);
             }
         }
     cr_assert(bad <= 2, "%d gradients off, last %s (seed %llu)", bad, last,
@@ -161,7 +178,7 @@ Test(nn_ssd, injected_gradients_match_finite_differences, .init = s_init, .timeo
         cr_assert(strncmp(v[k].name, "h2.", 3) == 0 ? s == 0 : s > 0, "%s: |grad| %g",
                   v[k].name, s);
     }
-    free(x), free(g), free(grad);
+    free(x), free(g), free(grad), free(dx);
     nn_model_destroy(&m);
 }
 

@@ -148,7 +148,8 @@ void nn_model_set_forward_hook(nn_model *m, nn_grad_hook hook, void *ctx);
  * so they end as the exact mean of the batches' statistics. */
 void nn_model_set_bn_momentum(nn_model *m, float momentum);
 
-/* x: (n, c, h, w) floats in host memory; labels: n int32 in host memory, each in
+/* A model with loss heads (ZPS_ERR_INVALID without; see nn_model_forward_outputs).
+ * x: (n, c, h, w) floats in host memory; labels: n int32 in host memory, each in
  * [0, classes). train=1: batch statistics, dropout, every head, state kept for backward;
  * train=0: running statistics, no dropout, first head only. loss: weighted sum of the heads'
  * mean losses; correct (may be NULL): rows where the first head's argmax is the label. */
