@@ -12,6 +12,7 @@
 #   make test-gpu   on a GPU machine: the GPU suite from that bundle (docs/gpu.md)
 #   make SAN=address|undefined ...   sanitizer build in build-SAN/
 #   make CUDA=0     never build the CUDA library (default CUDA=auto)
+#   make install    libzps.so, include/zps, zps.pc, zps-server, zps-ctl into PREFIX (DESTDIR)
 #   make clean
 
 SHELL := /bin/bash
@@ -57,7 +58,7 @@ CUDA_SO := $(B)/lib/libzps_cuda.so
 PROTOS := $(wildcard proto/*.proto)
 GEN_C := $(patsubst proto/%.proto,$(B)/gen/%.pb-c.c,$(PROTOS))
 GEN_H := $(GEN_C:.c=.h)
-LIB_DIRS := common kernels kernels/ref kernels/cpu ps trainer trainer/nn trainer/models datasets
+LIB_DIRS := common kernels kernels/ref kernels/cpu ps trainer trainer/nn trainer/models trainer/detect datasets
 LIB_SRC := $(filter-out %_main.c,$(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c)))
 LIB_OBJ := $(patsubst %.c,$(B)/obj/%.o,$(LIB_SRC)) $(patsubst $(B)/gen/%.c,$(B)/obj/gen/%.o,$(GEN_C))
 LIB := $(B)/lib/libzps.a
@@ -76,7 +77,7 @@ TEST_BIN := $(B)/tests/zps-tests
 TEST_JOBS ?= 2
 TEST_ARGS ?=
 
-.PHONY: all deps test test-unit soak bench bench-peers demo fuzz clean parts gpu-bundle test-gpu
+.PHONY: all deps test test-unit soak bench bench-peers demo fuzz clean parts gpu-bundle test-gpu py-venv
 .DEFAULT_GOAL := all
 .DELETE_ON_ERROR:
 
@@ -127,6 +128,7 @@ $(B)/obj/%.o: %.c $(GEN_H) $(B)/.flags | $(B)/.deps-ok
 # ps/: the server's per-element loops (NaN/Inf check, optimizers, sync sums) are memory-bound
 # streams that -O2 leaves scalar; -O3 vectorises them (elementwise, so results are unchanged).
 $(B)/obj/ps/%.o: CFLAGS_BASE += -O3
+$(B)/obj/common/optim_apply.o: CFLAGS_BASE += -O3
 # The cpu back-end's NCHW batchnorm loops: the same (-O2's cheap cost model leaves them scalar).
 $(B)/obj/kernels/cpu/bn_plain.o: CFLAGS_BASE += -O3
 
@@ -153,15 +155,72 @@ $(TEST_BIN): $(TEST_OBJ) $(LIB)
 	@mkdir -p $(@D)
 	$(CC) $(LDSAN) -o $@ $(TEST_OBJ) $(LIB) $(LDLIBS) -lcriterion
 
+# ---- the shared library and `make install` (docs/ps.md "C API") ----
+# libzps.so is the client side only (api/zps.c over ps/client.h), built from its own -fPIC
+# objects under $(B)/pic with hidden visibility; api/libzps.map exports the zps_* API of
+# include/zps/zps.h and nothing else. Soname policy: libzps.so.MAJOR -> libzps.so.VERSION
+# (common/version.h); MAJOR changes when a signature or a struct layout of zps.h changes.
+PREFIX ?= /usr/local
+DESTDIR ?=
+LIBDIR ?= $(PREFIX)/lib
+INCLUDEDIR ?= $(PREFIX)/include
+ZPS_VER := $(shell sed -n 's/^\#define ZPS_VERSION "\(.*\)"/\1/p' common/version.h)
+SO_MAJOR := $(firstword $(subst ., ,$(ZPS_VER)))
+SO_FILE := libzps.so.$(ZPS_VER)
+SO_NAME := libzps.so.$(SO_MAJOR)
+SO := $(B)/lib/$(SO_FILE)
+SO_SRC := api/zps.c $(wildcard ps/client*.c) ps/plan.c ps/optim.c ps/dtype.c ps/curve.c \
+	common/status.c common/log.c common/mem.c common/clock.c common/net.c \
+	common/version.c common/fileio.c common/optim_apply.c
+SO_OBJ := $(patsubst %.c,$(B)/pic/%.o,$(SO_SRC)) $(patsubst $(B)/gen/%.c,$(B)/obj/gen/%.o,$(GEN_C))
+SO_LIBS := -lzmq -lprotobuf-c -lm -pthread
+all: $(B)/lib/libzps.so
+$(TEST_BIN): $(B)/lib/libzps.so
+$(B)/pic/%.o: %.c $(GEN_H) $(B)/.flags | $(B)/.deps-ok
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_BASE) -fPIC $(PIC_VIS) -Iinclude -DZPS_HAVE_CUDA=$(HAVE_CUDA) -MMD -MP -c $< -o $@
+$(B)/pic/ps/%.o: CFLAGS_BASE += -O3
+$(B)/pic/common/optim_apply.o: CFLAGS_BASE += -O3
+# zps/status.h (= common/status.h) is public: its two functions are exported too
+PIC_VIS := -fvisibility=hidden
+$(B)/pic/common/status.o: PIC_VIS :=
+$(B)/pic/common/version.o: $(B)/gen/zps_git.h
+$(SO): $(SO_OBJ) api/libzps.map
+	@mkdir -p $(@D)
+	$(CC) $(LDSAN) -shared -Wl,-soname,$(SO_NAME) -Wl,--version-script=api/libzps.map \
+	  -Wl,--no-undefined -o $@ $(SO_OBJ) $(SO_LIBS)
+$(B)/lib/libzps.so: $(SO)
+	ln -sf $(SO_FILE) $(B)/lib/$(SO_NAME) && ln -sf $(SO_NAME) $@
+install: all
+	install -d $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(INCLUDEDIR)/zps $(DESTDIR)$(PREFIX)/bin
+	install -m 755 $(SO) $(DESTDIR)$(LIBDIR)/$(SO_FILE)
+	ln -sf $(SO_FILE) $(DESTDIR)$(LIBDIR)/$(SO_NAME)
+	ln -sf $(SO_NAME) $(DESTDIR)$(LIBDIR)/libzps.so
+	install -m 644 include/zps/zps.h include/zps/status.h $(DESTDIR)$(INCLUDEDIR)/zps/
+	sed -e 's|@PREFIX@|$(PREFIX)|; s|@LIBDIR@|$(LIBDIR)|; s|@INCLUDEDIR@|$(INCLUDEDIR)|' \
+	  -e 's|@VERSION@|$(ZPS_VER)|' api/zps.pc.in > $(DESTDIR)$(LIBDIR)/pkgconfig/zps.pc
+	install -m 755 $(B)/bin/zps-server $(B)/bin/zps-ctl $(DESTDIR)$(PREFIX)/bin/
+.PHONY: install
+-include $(shell find $(B)/pic -name '*.d' 2>/dev/null)
+
 # ---- running ----
 # ZPS_BIN tells multi-process tests where the binaries are.
+# ZPS_PYTHON: the Python with the packages of scripts/py-venv (tests that read safetensors
+# and TensorBoard files skip, saying why, when it could not be made).
+PY_VENV := $(B)/py-venv
 test: all $(TEST_BIN)
+	@bash scripts/py-venv $(PY_VENV) || true
 	@echo "running $(TEST_BIN) ($(TEST_JOBS) jobs)"
-	ZPS_BIN=$(abspath $(B)/bin) ZPS_ROOT=$(CURDIR) $(TEST_BIN) -j$(TEST_JOBS) $(TEST_ARGS)
+	ZPS_BIN=$(abspath $(B)/bin) ZPS_ROOT=$(CURDIR) ZPS_PYTHON=$(abspath $(PY_VENV))/bin/python \
+	  bash scripts/run-tests.sh $(B)/test.log $(TEST_BIN) -j$(TEST_JOBS) $(TEST_ARGS)
+
+py-venv:
+	bash scripts/py-venv $(PY_VENV)
 
 # unit tests: suites whose name does not start with it_ (integration, multi-process)
 test-unit: all $(TEST_BIN)
-	ZPS_BIN=$(abspath $(B)/bin) ZPS_ROOT=$(CURDIR) $(TEST_BIN) -j$(TEST_JOBS) --filter='!(it_*)/*' $(TEST_ARGS)
+	ZPS_BIN=$(abspath $(B)/bin) ZPS_ROOT=$(CURDIR) bash scripts/run-tests.sh $(B)/test-unit.log \
+	  $(TEST_BIN) -j$(TEST_JOBS) --filter='!(it_*)/*' $(TEST_ARGS)
 
 # the fault suite (tests/test_soak.c): make test runs it short; this runs longer fleets,
 # several rounds each, every mode in the partition case (as root: it makes namespaces)

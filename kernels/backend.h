@@ -32,6 +32,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/optim_math.h"
 #include "common/status.h"
 
 #ifdef __cplusplus
@@ -94,6 +95,8 @@ typedef zps_status k_scale_fn(size_t n, float alpha, float *x);
 typedef zps_status k_axpy_fn(size_t n, float alpha, const float *x, float *y);
 typedef zps_status k_sum_fn(size_t n, const float *x, double *out);
 typedef zps_status k_sumsq_fn(size_t n, const float *x, double *out);
+typedef zps_status k_optim_apply_fn(const zps_optim_step *s, size_t n, float *w, float *s0,
+                                    float *s1, const float *g);
 
 struct k_backend {
     const char *name;  // "ref", "cpu", "cuda"
@@ -130,6 +133,7 @@ struct k_backend {
     k_axpy_fn *axpy;
     k_sum_fn *sum;
     k_sumsq_fn *sumsq;
+    k_optim_apply_fn *optim_apply;
 };
 
 #ifdef __cplusplus

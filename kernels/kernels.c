@@ -292,6 +292,11 @@ zps_status k_axpy(const k_backend *be, size_t n, float alpha, const float *x, fl
 {
     S_CALL(be, axpy, n, alpha, x, y);
 }
+zps_status k_optim_apply(const k_backend *be, const zps_optim_step *s, size_t n, float *w,
+                         float *s0, float *s1, const float *g)
+{
+    S_CALL(be, optim_apply, s, n, w, s0, s1, g);
+}
 zps_status k_sum(const k_backend *be, size_t n, const float *x, double *out)
 {
     S_CALL(be, sum, n, x, out);

@@ -177,6 +177,12 @@ zps_status k_add(const k_backend *be, size_t n, const float *a, const float *b, 
 zps_status k_scale(const k_backend *be, size_t n, float alpha, float *x);
 zps_status k_axpy(const k_backend *be, size_t n, float alpha, const float *x, float *y);
 /* Reductions into a host double. */
+/* One optimizer step over n elements in the back-end's memory: w, the slots s0, s1 (NULL
+ * beyond ps_optim_slots of the kind) and g. The update is common/optim_math.h's, the one
+ * ps_optim_apply runs, so every back-end gives ps_optim_apply's bits; s comes from
+ * ps_optim_prepare (the step's scheduled learning rate and constants). */
+zps_status k_optim_apply(const k_backend *be, const zps_optim_step *s, size_t n, float *w,
+                         float *s0, float *s1, const float *g);
 zps_status k_sum(const k_backend *be, size_t n, const float *x, double *out);
 zps_status k_sumsq(const k_backend *be, size_t n, const float *x, double *out);
 

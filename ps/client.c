@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <signal.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -429,6 +430,45 @@ static void s_register_undo(ps_client *c)
     memcpy(c->err, err, sizeof err);
 }
 
+void ps_client_note_holder(ps_client *c, const Zps__Header *h)
+{
+    const Zps__Incarnation *in = h->holder;
+    if (!in || !in->nonce || !in->host)
+        return;
+    c->holder.nonce = in->nonce;
+    c->holder.pid = in->pid;
+    snprintf(c->holder.host, sizeof c->holder.host, "%s", in->host);
+}
+
+/* The holder a refusal named runs on this host and its pid is gone (a supervisor restarting
+ * a killed trainer): nothing can still push under it. A pid that exists counts as alive,
+ * whoever it belongs to now, so the worst case is the old wait for the timeout. */
+static int s_holder_dead(const ps_client *c)
+{
+    if (!c->holder.nonce || !c->holder.pid || strcmp(c->holder.host, c->inc_host) ||
+        c->holder.pid == (uint32_t)getpid())
+        return 0;
+    return kill((pid_t)c->holder.pid, 0) == -1 && errno == ESRCH;
+}
+
+/* One REGISTER round; refused because a holder that is dead on this host still counts as
+ * live on a server, a second one saying so. */
+static zps_status s_register_once(ps_client *c)
+{
+    c->holder.nonce = 0;
+    c->dead_holder = 0;
+    zps_status st = s_simple(c, ZPS__OP__OP_REGISTER, -1, NULL, NULL);
+    if (st == ZPS_ERR_EXISTS && s_holder_dead(c)) {
+        zps_log(ZPS_INFO, "client", "trainer %u: its holder, pid %u on this host (incarnation "
+                "%016" PRIx64 "), is gone: taking the id over", c->trainer, c->holder.pid,
+                c->holder.nonce);
+        c->dead_holder = c->holder.nonce;
+        st = s_simple(c, ZPS__OP__OP_REGISTER, -1, NULL, NULL);
+        c->dead_holder = 0;
+    }
+    return st;
+}
+
 zps_status ps_client_register(ps_client *c, const ps_plan *plan, const ps_job *job,
                               ps_job *effective)
 {
@@ -444,7 +484,7 @@ zps_status ps_client_register(ps_client *c, const ps_plan *plan, const ps_job *j
         zps__job_config__free_unpacked(c->reg_job_reply, NULL);
     c->reg_job_reply = NULL;
     c->reg_opt_seen = c->reg_opt_conflict = 0;
-    zps_status st = s_simple(c, ZPS__OP__OP_REGISTER, -1, NULL, NULL);
+    zps_status st = s_register_once(c);
     if (st == ZPS_ERR_EXISTS && c->n > 1)
         s_register_undo(c);
     if (st != ZPS_OK)

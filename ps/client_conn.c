@@ -206,6 +206,8 @@ void ps_client_header_ident(ps_client *c, Zps__Header *h, int op)
     h->op = (Zps__Op)op;
     h->trainer_id = c->trainer;
     h->incarnation = op == ZPS__OP__OP_REGISTER ? &c->inc : &c->inc_nonce;
+    if (op == ZPS__OP__OP_REGISTER)
+        h->dead_holder = c->dead_holder;
 }
 
 static void s_fill_job(const ps_client *c, Zps__JobConfig *j)

@@ -109,6 +109,14 @@ struct ps_client {
                            // "Trainer identity"); host points into inc_host
     Zps__Incarnation inc_nonce; // inc's nonce alone, sent with every other request
     char inc_host[64];
+    /* The live holder a server named when it refused our REGISTER (ZPS_ERR_EXISTS), and the
+     * nonce of a holder found dead on this host, sent with the next REGISTER (0: none). */
+    struct {
+        uint64_t nonce;
+        uint32_t pid;
+        char host[64];
+    } holder;
+    uint64_t dead_holder;
     uint64_t deadline_ns;  // ps_client_set_deadline: waits give up then (0: no deadline)
     int *down;             // (n) server i's connection dropped; a handshake brings it back
     uint64_t *incarnation; // (n) the server process last heard from (0: none yet)
@@ -125,6 +133,8 @@ struct ps_client {
 /* The header fields every request of c carries: protocol version, trainer id, incarnation
  * (whole on REGISTER, the nonce on the rest). */
 void ps_client_header_ident(ps_client *c, Zps__Header *h, int op);
+/* A REGISTER refused with ZPS_ERR_EXISTS: keeps the holder the reply names. */
+void ps_client_note_holder(ps_client *c, const Zps__Header *h);
 
 /* Opens server i's DEALER (opts.streams connections) and its handshake monitor. */
 zps_status ps_client_open_socket(ps_client *c, int i);

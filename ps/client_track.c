@@ -283,6 +283,8 @@ void ps_client_handle_reply(ps_client *c, int server, int nframes)
         ps_client_slot_release(c, sl);
         s_reregistered(c, server, status, msg);
     } else {
+        if (status == ZPS_ERR_EXISTS && sl->op == ZPS__OP__OP_REGISTER)
+            ps_client_note_holder(c, h);
         if (status == ZPS_OK)
             status = ps_client_take_reply(c, sl, h, nframes, &msg);
         ps_client_slot_finish(c, sl, status, msg, h->model_version);

@@ -64,6 +64,7 @@ typedef struct args {
     char ckpt_dir[4096];   // export: --ckpt-dir
     int64_t ckpt_version;  // export: --ckpt-version; -1: the latest files
     char out[4096];        // export: --out FILE
+    int format;            // export: --format, an nn_weights_format
     char model[32];        // export: --model and the flags that shape its variables
     int classes, in_channels, input_size, aux;
     double width;
@@ -104,6 +105,9 @@ static const zps_opt s_table[] = {
     {"ckpt-version", ZPS_OPT_INT, F(ckpt_version), 0, 9.2e18, .meta = "V",
      .dflt = "the latest server-I.ckpt", .help = "use the versioned files server-I.vV.ckpt"},
     {"out", ZPS_OPT_STRING, F(out), .meta = "FILE", .help = "the weights file to write"},
+    {"format", ZPS_OPT_ENUM, F(format), .names = nn_weights_format_names,
+     .help = "--out's format: zps (zps-trainer/zps-bench read it) or safetensors\n"
+             "(torchvision's names: PyTorch's load_state_dict takes it)"},
     {"model", ZPS_OPT_STRING, F(model), .meta = "NAME",
      .help = "mlp | convnet | inception_v3: what the fleet trained, with the\n"
              "same flags as zps-trainer's below (they shape the variables)"},
@@ -421,7 +425,8 @@ static int s_export(const args *a)
     else if (!rc && a->bn_data[0])
         zps_log(ZPS_WARN, "ctl", "model %s has no batchnorm: --bn-data %s not read", a->model,
                 a->bn_data);
-    if (!rc && nn_weights_write(a->out, vars, nv, flat, stats, ns, nn_model_statbuf(m)) != ZPS_OK) {
+    if (!rc && nn_weights_write_as((nn_weights_format)a->format, a->out, vars, nv, flat, stats,
+                                   ns, nn_model_statbuf(m)) != ZPS_OK) {
         fprintf(stderr, S_PROG ": cannot write %s (see the log)\n", a->out);
         rc = 1;
     }

@@ -127,75 +127,30 @@ double ps_optim_lr(const ps_optim_config *c, uint64_t step)
     }
 }
 
-ZPS_SIMD_CLONES
-void ps_optim_apply(const ps_optim_config *c, uint64_t step, float *restrict w,
-                    float *const *slots, const float *restrict g, size_t n)
+void ps_optim_prepare(const ps_optim_config *c, uint64_t step, zps_optim_step *s)
 {
-    const float lr = (float)ps_optim_lr(c, step);
-    const float wd = (float)c->weight_decay;
-    switch (c->kind) {
-    case PS_OPT_SGD:
-        for (size_t i = 0; i < n; i++) {
-            float gi = g[i] + wd * w[i];
-            w[i] = w[i] - lr * gi;
-        }
-        break;
-    case PS_OPT_MOMENTUM: {
-        float *restrict m = slots[0];
-        const float mu = (float)c->momentum;
-        if (c->nesterov)
-            for (size_t i = 0; i < n; i++) {
-                float gi = g[i] + wd * w[i];
-                m[i] = mu * m[i] + gi;
-                w[i] = w[i] - lr * (gi + mu * m[i]);
-            }
-        else
-            for (size_t i = 0; i < n; i++) {
-                float gi = g[i] + wd * w[i];
-                m[i] = mu * m[i] + gi;
-                w[i] = w[i] - lr * m[i];
-            }
-        break;
-    }
-    case PS_OPT_RMSPROP: {
-        float *restrict ms = slots[0], *restrict mom = slots[1];
-        const float rho = (float)c->decay, one_m = (float)(1.0 - c->decay);
-        const float mu = (float)c->momentum, eps = (float)c->epsilon;
-        for (size_t i = 0; i < n; i++) {
-            float gi = g[i] + wd * w[i];
-            ms[i] = rho * ms[i] + one_m * (gi * gi);
-            mom[i] = mu * mom[i] + lr * gi / sqrtf(ms[i] + eps);
-            w[i] = w[i] - mom[i];
-        }
-        break;
-    }
-    case PS_OPT_ADAM: {
-        float *restrict m = slots[0], *restrict v = slots[1];
+    *s = (zps_optim_step){.kind = (int)c->kind, .nesterov = c->nesterov};
+    s->lr = (float)ps_optim_lr(c, step);
+    s->wd = (float)c->weight_decay;
+    s->mu = (float)c->momentum;
+    s->rho = (float)c->decay, s->one_m_rho = (float)(1.0 - c->decay);
+    s->eps = (float)c->epsilon;
+    s->b1 = (float)c->beta1, s->b2 = (float)c->beta2;
+    s->ob1 = (float)(1.0 - c->beta1), s->ob2 = (float)(1.0 - c->beta2);
+    if (c->kind == PS_OPT_ADAM) {
         const double t = (double)step + 1.0;
-        const float lr_t = (float)(ps_optim_lr(c, step) * sqrt(1.0 - pow(c->beta2, t)) /
-                                   (1.0 - pow(c->beta1, t)));
-        const float b1 = (float)c->beta1, b2 = (float)c->beta2;
-        const float ob1 = (float)(1.0 - c->beta1), ob2 = (float)(1.0 - c->beta2);
-        const float eps = (float)c->epsilon;
-        for (size_t i = 0; i < n; i++) {
-            float gi = g[i] + wd * w[i];
-            m[i] = b1 * m[i] + ob1 * gi;
-            v[i] = b2 * v[i] + ob2 * (gi * gi);
-            w[i] = w[i] - lr_t * m[i] / (sqrtf(v[i]) + eps);
-        }
-        break;
+        s->lr_t = (float)(ps_optim_lr(c, step) * sqrt(1.0 - pow(c->beta2, t)) /
+                          (1.0 - pow(c->beta1, t)));
     }
-    case PS_OPT_ADAGRAD: {
-        float *restrict acc = slots[0];
-        const float eps = (float)c->epsilon;
-        for (size_t i = 0; i < n; i++) {
-            float gi = g[i] + wd * w[i];
-            acc[i] = acc[i] + gi * gi;
-            w[i] = w[i] - lr * gi / (sqrtf(acc[i]) + eps);
-        }
-        break;
-    }
-    }
+}
+
+void ps_optim_apply(const ps_optim_config *c, uint64_t step, float *w, float *const *slots,
+                    const float *g, size_t n)
+{
+    zps_optim_step s;
+    ps_optim_prepare(c, step, &s);
+    int k = ps_optim_slots(c->kind);
+    zps_optim_apply_host(&s, n, w, k > 0 ? slots[0] : NULL, k > 1 ? slots[1] : NULL, g);
 }
 
 zps_status ps_optim_from_proto(const Zps__OptimizerConfig *m, ps_optim_config *c, char *why,

@@ -28,15 +28,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/optim_math.h"
 #include "common/proto.h"
 #include "common/status.h"
 
-typedef enum ps_optim_kind {
-    PS_OPT_SGD = 0,
-    PS_OPT_MOMENTUM,
-    PS_OPT_RMSPROP,
-    PS_OPT_ADAM,
-    PS_OPT_ADAGRAD,
+typedef enum ps_optim_kind { /* numbered as common/optim_math.h's kernels know them */
+    PS_OPT_SGD = ZPS_OPTK_SGD,
+    PS_OPT_MOMENTUM = ZPS_OPTK_MOMENTUM,
+    PS_OPT_RMSPROP = ZPS_OPTK_RMSPROP,
+    PS_OPT_ADAM = ZPS_OPTK_ADAM,
+    PS_OPT_ADAGRAD = ZPS_OPTK_ADAGRAD,
 } ps_optim_kind;
 
 typedef enum ps_sched_kind {
@@ -83,9 +84,12 @@ float ps_optim_slot_init(const ps_optim_config *c, int slot);
 /* Learning rate after `step` applied updates. */
 double ps_optim_lr(const ps_optim_config *c, uint64_t step);
 
-/* Updates n values w from gradient g. slots[i] points at slot i of the same n elements. */
+/* Updates n values w from gradient g. slots[i] points at slot i of the same n elements.
+ * The update itself is common/optim_math.h's, shared with k_optim_apply (kernels.h). */
 void ps_optim_apply(const ps_optim_config *c, uint64_t step, float *w, float *const *slots,
                     const float *g, size_t n);
+/* The constants of step `step` for zps_optim_apply_host / k_optim_apply. */
+void ps_optim_prepare(const ps_optim_config *c, uint64_t step, zps_optim_step *s);
 
 /* Proto conversion; from_proto validates (ZPS_ERR_INVALID with why). to_proto fills the
  * caller's messages (sched is linked from opt) and borrows string constants. */

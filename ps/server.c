@@ -68,8 +68,10 @@ static zps_status s_send_header(ps_server *s, const Zps__Header *h, int more)
     return ZPS_OK;
 }
 
-/* The reply's identity and header frames (more: payload frames follow). */
-static zps_status s_send_head(ps_server *s, zmq_msg_t *ident, const ps_srv_reply *r, int more)
+/* The reply's identity and header frames (more: payload frames follow; holder: the live
+ * holder a refused REGISTER names, or NULL). */
+static zps_status s_send_head(ps_server *s, zmq_msg_t *ident, const ps_srv_reply *r, int more,
+                              const ps_srv_incarnation *holder)
 {
     Zps__Header h = ZPS__HEADER__INIT;
     Zps__JobConfig job = ZPS__JOB_CONFIG__INIT;
@@ -102,6 +104,14 @@ static zps_status s_send_head(ps_server *s, zmq_msg_t *ident, const ps_srv_reply
     if (r->with_opt && s->initialised) {
         ps_optim_to_proto(&s->opt, &opt, &sch);
         h.optimizer = &opt;
+    }
+    Zps__Incarnation inc = ZPS__INCARNATION__INIT;
+    if (holder) {
+        inc.nonce = holder->nonce;
+        inc.start_unix_ms = holder->start_unix_ms;
+        inc.host = (char *)holder->host;
+        inc.pid = holder->pid;
+        h.holder = &inc;
     }
     zmq_msg_t id;
     ZPS_CHECK_ZMQ(zmq_msg_init(&id));
@@ -149,14 +159,14 @@ static zps_status s_send_values(ps_server *s, const ps_srv_range *ranges, uint32
 zps_status ps_srv_send(ps_server *s, zmq_msg_t *ident, const ps_srv_reply *r,
                        const ps_srv_range *ranges, uint32_t n_ranges)
 {
-    ZPS_TRY(s_send_head(s, ident, r, n_ranges > 0));
+    ZPS_TRY(s_send_head(s, ident, r, n_ranges > 0, NULL));
     if (!n_ranges)
         return ZPS_OK;
     return s_send_values(s, ranges, n_ranges);
 }
 
-void ps_srv_reject(ps_server *s, zmq_msg_t *ident, int op, uint64_t rid, zps_status st,
-                   const char *why)
+static void s_reject(ps_server *s, zmq_msg_t *ident, int op, uint64_t rid, zps_status st,
+                     const char *why, const ps_srv_incarnation *holder)
 {
     int idx = -(int)st;
     if (idx > 0 && idx < ZPS_STATUS_COUNT)
@@ -165,8 +175,19 @@ void ps_srv_reject(ps_server *s, zmq_msg_t *ident, int op, uint64_t rid, zps_sta
     zps_log(ZPS_DEBUG, "ps", "rejected %s request %" PRIu64 ": %s: %s",
             (op >= 0 && op < PS_SRV_N_OPS) ? ps_srv_op_names[op] : "?", rid, zps_status_name(st), why);
     ps_srv_reply r = {op, rid, st, why, ps_srv_min_version(s), 0, 0};
-    if (ps_srv_send(s, ident, &r, NULL, 0) != ZPS_OK)
+    if (s_send_head(s, ident, &r, 0, holder) != ZPS_OK)
         zps_log(ZPS_WARN, "ps", "could not send an error reply");
+}
+
+void ps_srv_reject(ps_server *s, zmq_msg_t *ident, int op, uint64_t rid, zps_status st,
+                   const char *why)
+{
+    s_reject(s, ident, op, rid, st, why, NULL);
+}
+
+void ps_srv_reject_held(ps_server *s, zmq_msg_t *ident, const Zps__Header *h, const char *why)
+{
+    s_reject(s, ident, h->op, h->request_id, ZPS_ERR_EXISTS, why, &s->trainers[h->trainer_id].inc);
 }
 
 /* ------------------------------------------------------------------------- dispatch */

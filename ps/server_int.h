@@ -252,6 +252,10 @@ zps_status ps_srv_send(ps_server *s, zmq_msg_t *ident, const ps_srv_reply *r,
 /* Error reply: counts the rejection, logs at debug (a flood must not fill the log). */
 void ps_srv_reject(ps_server *s, zmq_msg_t *ident, int op, uint64_t rid, zps_status st,
                    const char *why);
+/* ps_srv_reject of a REGISTER whose trainer id a live incarnation holds: the reply names the
+ * holder (Header.holder), so a successor on its host can check whether it is really alive. */
+void ps_srv_reject_held(ps_server *s, zmq_msg_t *ident, const Zps__Header *h,
+                        const char *why);
 
 /* ---- server_validate.c: every check; none changes the state except ps_srv_check_ranges,
  * which fills s->ranges (scratch). On rejection why says what is wrong. */

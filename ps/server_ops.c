@@ -74,10 +74,13 @@ static void s_adopt_incarnation(ps_server *s, const Zps__Header *h)
         double silent;
         ps_srv_incarnation_live(s, t, &silent);
         /* taking over from one that LEFT is the normal restart; from a silent one, news */
-        zps_log(tr->left ? ZPS_INFO : ZPS_WARN, "ps", "trainer %u: host %s pid %u (incarnation %016" PRIx64 ") replaces "
+        int reported = h->dead_holder && h->dead_holder == tr->inc.nonce;
+        zps_log(tr->left || reported ? ZPS_INFO : ZPS_WARN, "ps", "trainer %u: host %s pid %u (incarnation %016" PRIx64 ") replaces "
                 "host %s pid %u (incarnation %016" PRIx64 "), which %s %.1f s ago",
                 t, in->host, in->pid, in->nonce, tr->inc.host, tr->inc.pid, tr->inc.nonce,
-                tr->left ? "left; last heard from" : "was last heard from", silent);
+                tr->left ? "left; last heard from"
+                : reported ? "its successor found dead on that host; last heard from"
+                           : "was last heard from", silent);
         ps_srv_trainer_reset(s, t);
     }
     tr->registered = 1;
@@ -92,6 +95,10 @@ void ps_srv_op_register(ps_server *s, zmq_msg_t *ident, const Zps__Header *h)
     char why[512];
     uint32_t nt = 0;
     zps_status st = ps_srv_check_register(s, h, &nt, why, sizeof why);
+    if (st == ZPS_ERR_EXISTS) {
+        ps_srv_reject_held(s, ident, h, why);
+        return;
+    }
     if (st != ZPS_OK) {
         ps_srv_reject(s, ident, h->op, h->request_id, st, why);
         return;

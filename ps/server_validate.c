@@ -371,6 +371,10 @@ static zps_status s_check_holder(const ps_server *s, const Zps__Header *h, char 
         return ZPS_OK;
     const ps_srv_incarnation *old = &s->trainers[t].inc;
     const Zps__Incarnation *in = h->incarnation;
+    /* A successor on the holder's own host that found the holder's pid gone (a supervisor
+     * restarting a killed trainer) takes the id now rather than after the timeout. */
+    if (h->dead_holder && h->dead_holder == old->nonce && !strcmp(old->host, in->host))
+        return ZPS_OK;
     S_WHY("trainer %u is held by a live process, host %s pid %u (incarnation %016" PRIx64
           ", heard from %.1f s ago); this REGISTER comes from host %s pid %u (incarnation %016"
           PRIx64 "). Two processes with one id would mix their updates: stop one or give it "

@@ -13,10 +13,11 @@ PKGS=(
   libcriterion-dev
   gnuplot-nox
   dataset-fashion-mnist
-  python3 python3-numpy python3-torch python3-torchvision
+  python3 python3-numpy python3-torch python3-torchvision python3-venv
   libjemalloc2
   libclang-rt-14-dev
   slurm-wlm munge openssh-server openssh-client
+  python3-pytest python3-pip python3-lmdb
 )
 [ -n "${ZPS_EXTRA_PKGS:-}" ] && PKGS+=(${ZPS_EXTRA_PKGS})
 

@@ -1,6 +1,6 @@
 /* nn_ref_util.h — helpers for the tests that compare a zps model with a PyTorch float64
- * reference (tests/ref/inception_ref.py, ssd_ref.py): raw files in and out of the script,
- * running it, and the per-tensor bound of tests/test_nn_inception.c:
+ * reference (tests/ref/inception_ref.py, ssd_ref.py; testutil.h writes their inputs and runs
+ * them): reading the runs' outputs and the per-tensor bound of tests/test_nn_inception.c:
  *     err_zps <= 1e-3 + 4 * max(err_f32, err_pert...)
  * each err_* a relative L2 error against the float64 truth (ref[0]); ref[1] is PyTorch's
  * float32 run and ref[2..nref) its float32 runs on perturbed inputs. */
@@ -9,15 +9,8 @@
 
 #include <stddef.h>
 
-/* Writes n bytes to path (asserts). */
-void nrt_write(const char *path, const void *p, size_t n);
-/* Reads exactly n float64 values from path (asserts); the caller frees. */
-double *nrt_read(const char *path, size_t n);
 /* Relative L2 error of a (float) or b (double) against ref (double). */
 double nrt_rel(const float *a, const double *b, const double *ref, size_t n);
-/* Runs /usr/bin/python3 $ZPS_ROOT/tests/ref/<script> with args (NULL-terminated, at most
- * 14) and asserts it exited 0. */
-void nrt_run_python(const char *script, const char *const *args);
 /* ref[0] = dir/ref.f64, ref[1] = dir/ref.f32, ref[2 + k] = dir/ref.pert<k>, each of total
  * values; nref entries in all. */
 void nrt_read_refs(const char *dir, size_t total, double **ref, int nref);

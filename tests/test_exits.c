@@ -234,9 +234,11 @@ Test(it_exits, sigterm_stops_a_trainer_blocked_on_a_dead_server)
     free(sum);
 }
 
-/* A trainer restarted after a kill -9 finds its id held by the dead process until the
- * server's --trainer-timeout passes: it waits (--register-wait) instead of failing. */
-Test(it_exits, a_restarted_trainer_waits_for_its_killed_predecessor)
+/* A trainer restarted while its predecessor still holds its id: stopped (SIGSTOP: silent,
+ * its pid alive, as a predecessor on another host looks) it holds the id until the server's
+ * --trainer-timeout passes, and the new one waits (--register-wait) instead of failing;
+ * killed (kill -9 on this host) the new one finds the pid gone and takes the id at once. */
+static void s_restart_after(int sig)
 {
     s_make_data(0);
     pst_server srv;
@@ -250,19 +252,43 @@ Test(it_exits, a_restarted_trainer_waits_for_its_killed_predecessor)
     while (!zt_file_has(t.metrics, "\"step\":3,") && zps_now_s() < end)
         zps_sleep_ns(20000000);
     cr_assert(zt_file_has(t.metrics, "\"step\":3,"), "the trainer did not reach step 3");
-    pst_kill(&t.p, SIGKILL);
+    pid_t old = t.p.pid;
+    if (sig == SIGKILL)
+        pst_kill(&t.p, SIGKILL);
+    else
+        cr_assert_eq(kill(old, SIGSTOP), 0);
     const char *five[] = {"--mode", "async", "--steps", "5", "--register-wait", "30", NULL};
     s_start_trainer(&t, srv.uri, 0, 1, five);
     int st = s_wait(&t.p, t.log, 90);
+    if (sig != SIGKILL) {
+        kill(old, SIGKILL);
+        cr_assert_eq(waitpid(old, NULL, 0), old);
+    }
     if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
         pst_dump(t.log);
     cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the restarted trainer: status %d", st);
-    cr_assert(zt_file_has(t.log, "--register-wait"), "it never had to wait: the test proves nothing");
+    if (sig == SIGKILL) {
+        cr_assert(!zt_file_has(t.log, "--register-wait"), "it waited for a dead predecessor");
+        cr_assert(zt_file_has(t.log, "is gone: taking the id over"), "no takeover logged");
+    } else {
+        cr_assert(zt_file_has(t.log, "--register-wait"), "it never had to wait: the test "
+                  "proves nothing");
+    }
     char *sum = s_summary_line(t.metrics);
     cr_assert_not_null(sum, "no summary record");
     cr_assert(s_num(sum, "steps") == 5, "%s", sum);
     free(sum);
     pst_kill(&srv, SIGTERM);
+}
+
+Test(it_exits, a_restarted_trainer_waits_for_its_silent_predecessor)
+{
+    s_restart_after(SIGSTOP);
+}
+
+Test(it_exits, a_restarted_trainer_takes_over_from_its_killed_predecessor_at_once)
+{
+    s_restart_after(SIGKILL);
 }
 
 /* ---- the client's interruptible waits ---- */

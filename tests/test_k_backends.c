@@ -23,6 +23,7 @@
 
 #include "common/log.h"
 #include "kernels/kernels.h"
+#include "ps/optim.h"
 #include "tests/test_k.h"
 #include "tests/testutil.h"
 
@@ -373,6 +374,49 @@ S_CASE(elementwise_matches_ref)
     s_check("fill", gy, y, n, 0, 0);
     s_dev_free_all();
     free(a), free(b), free(y);
+}
+
+/* Bit for bit the update of ps_optim_apply (the servers' own), for every optimizer: the
+ * step's constants from ps_optim_prepare, the values and slots in the back-end's memory. */
+static void s_optim_case(const ps_optim_config *c, uint64_t step)
+{
+    size_t n = (size_t)zt_irand(1, 20000);
+    int k = ps_optim_slots(c->kind);
+    float *w = zt_k_randv(n, -1, 1), *g = zt_k_randv(n, -1, 1);
+    float *s0 = zt_k_randv(n, 0.01f, 1), *s1 = zt_k_randv(n, 0.01f, 1); /* ms, acc, v > 0 */
+    float *dw = s_up(w, n), *dg = s_up(g, n), *d0 = s_up(s0, n), *d1 = s_up(s1, n);
+    float *slots[2] = {s0, s1};
+    ps_optim_apply(c, step, w, slots, g, n);
+    zps_optim_step st;
+    ps_optim_prepare(c, step, &st);
+    cr_assert_eq(k_optim_apply(s_be, &st, n, dw, k > 0 ? d0 : NULL, k > 1 ? d1 : NULL, dg),
+                 ZPS_OK);
+    float *h = malloc(n * sizeof *h);
+    const float *want[3] = {w, s0, s1}, *got[3] = {dw, d0, d1};
+    for (int i = 0; i <= k; i++) {
+        cr_assert_eq(s_be->copy_out(h, got[i], n * sizeof *h), ZPS_OK);
+        cr_assert(!memcmp(h, want[i], n * sizeof *h), "%s %s (nesterov %d) step %llu: %s "
+                  "differs from ps_optim_apply's (n %zu, seed %llu)", s_be->name,
+                  ps_optim_kind_name(c->kind), c->nesterov, (unsigned long long)step,
+                  i ? "a slot" : "the values", n, (unsigned long long)s_seed);
+    }
+    free(h);
+    s_dev_free_all();
+    free(w), free(g), free(s0), free(s1);
+}
+
+S_CASE(optim_apply_equals_ps_optim_bit_for_bit)
+{
+    (void)ref;
+    for (int kind = PS_OPT_SGD; kind <= PS_OPT_ADAGRAD; kind++)
+        for (int nesterov = 0; nesterov <= (kind == PS_OPT_MOMENTUM); nesterov++) {
+            ps_optim_config c;
+            ps_optim_default(&c);
+            c.kind = (ps_optim_kind)kind, c.nesterov = nesterov;
+            c.lr = zt_unif(0.001f, 0.5f), c.momentum = 0.9, c.weight_decay = 1e-4;
+            c.sched = PS_SCHED_EXPONENTIAL, c.decay_rate = 0.94, c.decay_steps = 3;
+            s_optim_case(&c, (uint64_t)zt_irand(0, 50));
+        }
 }
 
 /* sum and sum of squares into a host double. */

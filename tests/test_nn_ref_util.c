@@ -3,31 +3,9 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "tests/nn_ref_util.h"
-
-void nrt_write(const char *path, const void *p, size_t n)
-{
-    FILE *f = fopen(path, "wb");
-    cr_assert_not_null(f, "cannot write %s", path);
-    cr_assert_eq(fwrite(p, 1, n, f), n);
-    cr_assert_eq(fclose(f), 0);
-}
-
-double *nrt_read(const char *path, size_t n)
-{
-    FILE *f = fopen(path, "rb");
-    cr_assert_not_null(f, "reference output %s missing", path);
-    double *v = malloc(n * sizeof *v);
-    size_t got = fread(v, sizeof *v, n, f);
-    char extra;
-    cr_assert_eq(got, n, "%s: %zu values, want %zu", path, got, n);
-    cr_assert_eq(fread(&extra, 1, 1, f), 0u, "%s longer than expected", path);
-    fclose(f);
-    return v;
-}
+#include "tests/testutil.h"
 
 double nrt_rel(const float *a, const double *b, const double *ref, size_t n)
 {
@@ -40,31 +18,6 @@ double nrt_rel(const float *a, const double *b, const double *ref, size_t n)
     return sqrt(d) / (sqrt(r) + 1e-30);
 }
 
-void nrt_run_python(const char *script, const char *const *args)
-{
-    const char *root = getenv("ZPS_ROOT");
-    char path[4096];
-    const char *argv[18] = {"python3", path};
-    snprintf(path, sizeof path, "%s/tests/ref/%s", root ? root : ".", script);
-    int k = 2;
-    for (; args[k - 2]; k++) {
-        cr_assert(k < 16, "too many arguments for %s", script);
-        argv[k] = args[k - 2];
-    }
-    argv[k] = NULL;
-    pid_t pid = fork();
-    cr_assert(pid >= 0, "fork failed");
-    if (pid == 0) {
-        execv("/usr/bin/python3", (char *const *)argv);
-        _exit(127);
-    }
-    int status;
-    cr_assert_eq(waitpid(pid, &status, 0), pid);
-    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0,
-              "%s failed (status %d); needs Debian's python3-torch and python3-torchvision",
-              path, status);
-}
-
 void nrt_read_refs(const char *dir, size_t total, double **ref, int nref)
 {
     char path[4200];
@@ -73,7 +26,7 @@ void nrt_read_refs(const char *dir, size_t total, double **ref, int nref)
             snprintf(path, sizeof path, "%s/ref.%s", dir, i == 0 ? "f64" : "f32");
         else
             snprintf(path, sizeof path, "%s/ref.pert%d", dir, i - 2);
-        ref[i] = nrt_read(path, total);
+        ref[i] = zt_read_f64(path, total);
     }
 }
 

@@ -340,7 +340,7 @@ static void s_reference(nn_model *m, int n, float **x, float **g)
     char args[7][4300];
     for (int i = 0; i < 2; i++) {
         snprintf(path[i + 1], sizeof path[i + 1], "%s/%s.bin", s_dir, names[i]);
-        nrt_write(path[i + 1], data[i], len[i] * sizeof(float));
+        zt_write_file(path[i + 1], data[i], len[i] * sizeof(float));
         snprintf(args[i], sizeof args[i], "--%s=%s", names[i], path[i + 1]);
     }
     snprintf(args[2], sizeof args[2], "--weights=%s", path[0]);
@@ -348,11 +348,13 @@ static void s_reference(nn_model *m, int n, float **x, float **g)
     snprintf(args[4], sizeof args[4], "--size=128");
     snprintf(args[5], sizeof args[5], "--out=%s/ref", s_dir);
     snprintf(args[6], sizeof args[6], "--perturb=%s", S_PERTURB);
-    nrt_run_python("ssd_ref.py", (const char *const[]){args[0], args[1], args[2], args[3],
-                                                       args[4], args[5], args[6], NULL});
+    zt_python("tests/ref/ssd_ref.py",
+              (const char *const[]){args[0], args[1], args[2], args[3], args[4], args[5], args[6],
+                                    NULL},
+              "Debian's python3-torch and python3-torchvision");
 }
 
-Test(it_nn_ssd, matches_pytorch, .init = s_init, .fini = s_fini, .timeout = 180)
+Test(it_nn_ssd, matches_pytorch, .init = s_init, .fini = s_fini, .timeout = 300)
 {
     nn_model_opts o;
     nn_model_opts_default(&o, "ssd");
@@ -381,7 +383,8 @@ Test(it_nn_ssd, matches_pytorch, .init = s_init, .fini = s_fini, .timeout = 180)
     cr_assert(fabs(l - ref[0][0]) <= 1e-4 * fabs(ref[0][0]) + 4 * dl,
               "L %.9g, torch float64 %.9g, float32 %.9g (seed %llu)", l, ref[0][0], ref[1][0],
               (unsigned long long)s_seed);
-    nrt_tally ty = {.worst_name = "", .nref = S_NREF, .verbose = getenv("ZPS_SSD_VERBOSE") != NULL};
+    nrt_tally ty = {.worst_name = "", .nref = S_NREF,
+                    .verbose = getenv("ZPS_SSD_VERBOSE") != NULL};
     nrt_check_tensor("cls", cls, ref, 1, nc, &ty);
     nrt_check_tensor("loc", loc, ref, 1 + nc, nl, &ty);
     size_t nv, ns;

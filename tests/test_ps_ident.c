@@ -1,8 +1,9 @@
 /* test_ps_ident.c — trainer identity (docs/ps.md "Trainer identity"): two live processes
  * with one trainer id. The second is refused at REGISTER with a message naming both (host,
  * pid); nothing it sends is applied; the id is free again once its holder LEAVEs, or dies
- * (kill -9) and is silent past --trainer-timeout, and the new incarnation's updates count
- * exactly once. The values are compared bit for bit with the same updates applied here. */
+ * or stops and is silent past --trainer-timeout, and the new incarnation's updates count
+ * exactly once; a successor on the holder's host that finds the holder's pid gone takes
+ * the id at once. The values are compared bit for bit with the same updates applied here. */
 #include <criterion/criterion.h>
 #include <signal.h>
 #include <stdint.h>
@@ -143,14 +144,14 @@ typedef struct fx {
     ps_optim_config o;
 } fx;
 
-static void s_fx_new(fx *f, const char *mode, const char *trainers)
+static void s_fx_new_timeout(fx *f, const char *mode, const char *trainers, const char *timeout)
 {
     f->seed = pst_seed();
     uint64_t r = f->seed;
     cr_assert_eq(ps_plan_new(s_vars, NV, 1, 0, &f->plan), ZPS_OK);
     f->n = f->plan->total;
-    const char *args[] = {"--mode", mode, "--num-trainers", trainers, "--trainer-timeout", "1",
-                          NULL};
+    const char *args[] = {"--mode", mode, "--num-trainers", trainers, "--trainer-timeout",
+                          timeout, NULL};
     cr_assert_eq(pst_spawn(&f->srv, NULL, args), 0);
     f->ref = zps_xmalloc(f->n * 4);
     for (uint64_t i = 0; i < f->n; i++)
@@ -162,6 +163,11 @@ static void s_fx_new(fx *f, const char *mode, const char *trainers)
     }
     ps_optim_default(&f->o);
     f->o.lr = 0.25;
+}
+
+static void s_fx_new(fx *f, const char *mode, const char *trainers)
+{
+    s_fx_new_timeout(f, mode, trainers, "1");
 }
 
 static void s_fx_free(fx *f)
@@ -231,8 +237,9 @@ static pid_t s_phase_after_leave(fx *f, ps_client *a, int *hold)
     return cpid;
 }
 
-/* D is refused while C lives; C dies (kill -9); D gets the id once C timed out and
- * pushes. Returns D. */
+/* D is refused while C lives; C stops (SIGSTOP: silent, and its pid still exists, as a
+ * holder on another host looks to D); D gets the id once C timed out and pushes; C is then
+ * killed. Returns D. */
 static ps_client *s_phase_after_kill(fx *f, pid_t cpid, int hold)
 {
     ps_client *d = s_client(f->srv.uri, 0);
@@ -240,15 +247,19 @@ static ps_client *s_phase_after_kill(fx *f, pid_t cpid, int hold)
     cr_assert_eq(st, ZPS_ERR_EXISTS, "while C lives: got %s: %s", zps_status_name(st),
                  ps_client_last_error(d));
     s_expect_names(ps_client_last_error(d), cpid, getpid());
-    double t_kill = zps_now_s();
+    double t_stop = zps_now_s();
+    kill(cpid, SIGSTOP);
+    while ((st = ps_client_register(d, f->plan, NULL, NULL)) == ZPS_ERR_EXISTS &&
+           zps_now_s() < t_stop + 10)
+        zps_sleep_ns(100000000);
+    double took = zps_now_s() - t_stop;
     kill(cpid, SIGKILL);
     cr_assert_eq(waitpid(cpid, NULL, 0), cpid);
     close(hold);
-    while ((st = ps_client_register(d, f->plan, NULL, NULL)) == ZPS_ERR_EXISTS &&
-           zps_now_s() < t_kill + 10)
-        zps_sleep_ns(100000000);
-    cr_assert_eq(st, ZPS_OK, "after C died: %s", ps_client_last_error(d));
-    cr_log_info("the id was free %.2f s after kill -9 (--trainer-timeout 1)", zps_now_s() - t_kill);
+    cr_assert_eq(st, ZPS_OK, "after C fell silent: %s", ps_client_last_error(d));
+    cr_assert_geq(took, 0.5, "a live (stopped) holder lost its id after %.2f s, before "
+                  "--trainer-timeout 1", took);
+    cr_log_info("the id was free %.2f s after SIGSTOP (--trainer-timeout 1)", took);
     cr_assert_eq(s_push_steps(d, f->g, STEPS_A + STEPS_C, STEPS_D), ZPS_OK, "%s",
                  ps_client_last_error(d));
     return d;
@@ -256,7 +267,7 @@ static ps_client *s_phase_after_kill(fx *f, pid_t cpid, int hold)
 
 /* async, --trainer-timeout 1: holder A (this process), B refused while A lives, C after A's
  * LEAVE (and A refused once C holds the id), D refused while C lives, then accepted once C
- * was killed and timed out. Every accepted push counts once, no refused one at all. */
+ * was stopped and timed out. Every accepted push counts once, no refused one at all. */
 Test(it_ps_ident, a_second_live_process_with_one_trainer_id_is_refused, .timeout = 60)
 {
     fx f;
@@ -269,6 +280,35 @@ Test(it_ps_ident, a_second_live_process_with_one_trainer_id_is_refused, .timeout
     /* B, A's re-REGISTER, D (and D's tries until C timed out) */
     cr_expect_geq(s_stat(d, "ZPS_ERR_EXISTS"), 3);
     cr_expect_geq(s_stat(d, "ZPS_ERR_TRAINER"), 2, "B's push and A's pull");
+    ps_client_destroy(&a);
+    ps_client_destroy(&d);
+    s_fx_free(&f);
+}
+
+/* async, --trainer-timeout 100: C holds the id and is killed (kill -9, no LEAVE); D, a new
+ * process on the same host, is first told who holds the id, finds that pid gone and takes
+ * the id over with its next REGISTER, long before the timeout. Its pushes count once. */
+Test(it_ps_ident, a_successor_finds_its_dead_holder_and_takes_the_id_at_once, .timeout = 60)
+{
+    fx f;
+    s_fx_new_timeout(&f, "async", "2", "100");
+    ps_client *a = s_phase_second_refused(&f);
+    int hold;
+    pid_t cpid = s_phase_after_leave(&f, a, &hold);
+    kill(cpid, SIGKILL);
+    cr_assert_eq(waitpid(cpid, NULL, 0), cpid);
+    close(hold);
+    double t0 = zps_now_s();
+    ps_client *d = s_client(f.srv.uri, 0);
+    zps_status st = ps_client_register(d, f.plan, NULL, NULL);
+    cr_assert_eq(st, ZPS_OK, "the successor of a killed holder (--trainer-timeout 100): %s: %s",
+                 zps_status_name(st), ps_client_last_error(d));
+    cr_log_info("the id was taken over %.2f s after kill -9", zps_now_s() - t0);
+    cr_assert_eq(s_push_steps(d, f.g, STEPS_A + STEPS_C, STEPS_D), ZPS_OK, "%s",
+                 ps_client_last_error(d));
+    s_expect_steps(&f, d, STEPS);
+    /* B, A's re-REGISTER, D's first REGISTER (which named the dead holder) */
+    cr_expect_eq(s_stat(d, "ZPS_ERR_EXISTS"), 3);
     ps_client_destroy(&a);
     ps_client_destroy(&d);
     s_fx_free(&f);

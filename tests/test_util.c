@@ -107,7 +107,10 @@ void zt_bin_argv(const char *prog, const char *const *args, char *path, size_t l
                  const char **argv)
 {
     const char *bin = getenv("ZPS_BIN");
-    snprintf(path, len, "%s/%s", bin ? bin : "build/bin", prog);
+    if (prog[0] == '/')
+        snprintf(path, len, "%s", prog);
+    else
+        snprintf(path, len, "%s/%s", bin ? bin : "build/bin", prog);
     argv[0] = path;
     int n = 1;
     for (; args[n - 1] && n < 63; n++)
@@ -225,4 +228,86 @@ void zt_make_fashion(const char *out_dir, int limit, int shards, const char *log
     cr_assert_eq(zt_run("zps-data", args, NULL, log_path, 120, &out), 0,
                  "zps-data convert failed (see %s)", log_path);
     free(out);
+}
+
+const char *zt_py_venv(const char *modules, char *why, size_t n)
+{
+    static char py[4096];
+    const char *env = getenv("ZPS_PYTHON"), *root = getenv("ZPS_ROOT");
+    if (env && env[0])
+        snprintf(py, sizeof py, "%s", env);
+    else
+        snprintf(py, sizeof py, "%s/build/py-venv/bin/python", root ? root : ".");
+    if (access(py, X_OK) != 0) {
+        snprintf(why, n, "no Python environment at %s (make py-venv makes it: "
+                 "scripts/py-venv)", py);
+        return NULL;
+    }
+    char code[512];
+    snprintf(code, sizeof code, "import %s", modules);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open("/dev/null", O_WRONLY);
+        if (fd >= 0)
+            dup2(fd, 1), dup2(fd, 2);
+        execl(py, py, "-c", code, (char *)NULL);
+        _exit(127);
+    }
+    int st = -1;
+    if (pid < 0 || waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+        snprintf(why, n, "%s cannot import %s (make py-venv installs them: scripts/py-venv)",
+                 py, modules);
+        return NULL;
+    }
+    return py;
+}
+
+void zt_write_file(const char *path, const void *p, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    cr_assert_not_null(f, "cannot write %s", path);
+    cr_assert_eq(fwrite(p, 1, n, f), n);
+    cr_assert_eq(fclose(f), 0);
+}
+
+double *zt_read_f64(const char *path, size_t n)
+{
+    FILE *f = fopen(path, "rb");
+    cr_assert_not_null(f, "reference output %s missing", path);
+    double *v = malloc((n ? n : 1) * sizeof *v);
+    size_t got = fread(v, sizeof *v, n, f);
+    char extra;
+    cr_assert_eq(got, n, "%s: %zu values, want %zu", path, got, n);
+    cr_assert_eq(fread(&extra, 1, 1, f), 0u, "%s longer than expected", path);
+    fclose(f);
+    return v;
+}
+
+void zt_python(const char *script, const char *const *args, const char *needs)
+{
+    const char *root = getenv("ZPS_ROOT");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", root ? root : ".", script);
+    const char *argv[33] = {"python3", path};
+    int n = 2;
+    for (; args[n - 2]; n++) {
+        cr_assert(n < 32, "too many arguments for %s", script);
+        argv[n] = args[n - 2];
+    }
+    argv[n] = NULL;
+    pid_t pid = fork();
+    cr_assert(pid >= 0, "fork failed");
+    if (pid == 0) {
+        execv("/usr/bin/python3", (char *const *)argv);
+        _exit(127);
+    }
+    int status;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "%s failed (status %d); needs %s",
+              path, status, needs);
+}
+
+int zt_have_torch(void)
+{
+    return system("/usr/bin/python3 -c 'import torch, torchvision' >/dev/null 2>&1") == 0;
 }

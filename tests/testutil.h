@@ -78,6 +78,16 @@ int zt_run(const char *prog, const char *const *args, const char *const *env,
  * out_dir, by zps-data convert; its log in log_path; asserts it succeeded. */
 void zt_make_fashion(const char *out_dir, int limit, int shards, const char *log_path);
 
+/* Python references (tests/ref/) exchange raw little-endian arrays through files:
+ * zt_write_file writes n bytes; zt_read_f64 reads exactly n doubles (asserts the length;
+ * caller frees). zt_python runs /usr/bin/python3 $ZPS_ROOT/<script> with args
+ * (NULL-terminated, at most 30) and asserts it exited 0, naming `needs` on failure;
+ * zt_have_torch is 1 when that python imports torch and torchvision. */
+void zt_write_file(const char *path, const void *p, size_t n);
+double *zt_read_f64(const char *path, size_t n);
+void zt_python(const char *script, const char *const *args, const char *needs);
+int zt_have_torch(void);
+
 /* zt_run with its output in a temporary file, removed afterwards. */
 int zt_run_tmp(const char *prog, const char *const *args, const char *const *env,
                double timeout_s, char **out);
@@ -90,5 +100,11 @@ int zt_argv(const char *prog, const char *const *args, char **argv, int cap);
 /* What the program wrote to Criterion's redirected stream f (cr_get_redirected_stdout() or
  * _stderr()) since the last call, NUL-terminated, at most n - 1 bytes. */
 void zt_read_redirected(FILE *f, char *buf, size_t n);
+
+/* Test programs run by absolute path: zt_run and zt_bin_argv take prog as it is when it
+ * starts with '/'. The Python of scripts/py-venv ($ZPS_PYTHON, which make test sets; else
+ * $ZPS_ROOT/build/py-venv/bin/python) when it imports modules ("safetensors, torch"),
+ * else NULL with the reason in why (for cr_skip_test). */
+const char *zt_py_venv(const char *modules, char *why, size_t n);
 
 #endif

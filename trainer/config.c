@@ -10,6 +10,7 @@
 #include "common/opts.h"
 #include "ps/plan.h"
 #include "ps/server_config.h"
+#include "trainer/nn/nn.h"
 
 /* The PS modes are ps_mode_names (one list for zps-server and zps-trainer), with the same
  * values; local and allreduce are the trainer's own. */
@@ -50,6 +51,8 @@ void tr_config_default(tr_config *c)
     c->chunk_bytes = PS_DEFAULT_CHUNK_BYTES;
     c->timeout_ms = 30000;
     c->register_wait_s = 45;
+    c->trace_from = 5;
+    c->trace_steps = 3;
     c->batch = 64;
     c->epochs = 1.0;
     c->accumulate = 1;
@@ -249,7 +252,18 @@ static const zps_opt s_opt[] = {
      .help = "JSON Lines, one record per step and evaluation"},
     {"export", ZPS_OPT_STRING, F(export_path), .meta = "FILE",
      .help = "trainer 0 writes the final weights (pulled from the servers)"},
+    {"export-format", ZPS_OPT_ENUM, F(export_format), .names = nn_weights_format_names,
+     .help = "--export FILE's format: zps (zps-trainer/zps-bench read it) or\n"
+             "safetensors (torchvision's names: PyTorch's load_state_dict takes it)"},
     {"resume", ZPS_OPT_SET, F(resume), .help = "local/allreduce: start from --export FILE when it exists"},
+    {"trace", ZPS_OPT_STRING, F(trace), .meta = "FILE",
+     .help = "a timeline of --trace-steps steps (Chrome trace JSON: Perfetto,\n"
+             "chrome://tracing); {trainer} in FILE becomes the trainer id,\n"
+             "without it only trainer 0 writes"},
+    {"trace-from", ZPS_OPT_INT, F(trace_from), 1, S_STEPS, .meta = "STEP", .dflt = "5",
+     .help = "--trace: the window's first step (1-based)"},
+    {"trace-steps", ZPS_OPT_INT, F(trace_steps), 1, 10000, .meta = "N", .dflt = "3",
+     .help = "--trace: steps in the window"},
     {"shutdown-servers", ZPS_OPT_SET, F(shutdown_servers),
      .help = "trainer 0 shuts the servers down at the end"},
     {"no-progress", ZPS_OPT_CLEAR, F(progress), .help = "no progress line"},
@@ -288,6 +302,10 @@ static zps_status s_check(tr_config *c, int *exit_code)
     if (!c->curve_server_key[0] != !c->curve_key[0])
         return zps_opts_fail(&s_spec, exit_code, "--curve-server-key and --curve-key go together "
                              "(the servers' public key and this trainer's key pair)");
+    if (c->resume && c->export_format != NN_WEIGHTS_ZPS)
+        return zps_opts_fail(&s_spec, exit_code, "--resume reads --export FILE back, which "
+                             "only works in the zps format (not with --export-format %s)",
+                             zps_opt_name_of(nn_weights_format_names, c->export_format));
     char why[256];
     if (ps_optim_validate(&c->opt, why, sizeof why) != ZPS_OK)
         return zps_opts_fail(&s_spec, exit_code, "optimizer settings: %s", why);

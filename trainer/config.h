@@ -78,6 +78,10 @@ typedef struct tr_config {
     int eval_all;             // every trainer evaluates (default: trainer 0 only)
     char metrics[512];        // JSON Lines file ("" = none)
     char export_path[512];    // weights file written at the end by trainer 0 ("" = none)
+    int export_format;        // nn_weights_format of export_path (--export-format)
+    char trace[512];          // --trace FILE: timeline of a window of steps ("" = none)
+    int64_t trace_from;       // --trace-from STEP: the window's first step (1-based)
+    int64_t trace_steps;      // --trace-steps N: its length
     int resume;               // local/allreduce: start from export_path when it exists
     int progress;             // 1 progress line on stderr, 0 off
     uint64_t seed;

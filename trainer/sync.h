@@ -71,6 +71,7 @@ typedef struct tr_sync_env {
     int n_uris;
     const volatile sig_atomic_t *stop; // raised by SIGTERM/SIGINT: network waits end at once
     size_t bucket_floats;     // all-reduce: gradients reduced together (0: the default)
+    struct tr_trace *trace;   // --trace (trace.h; NULL: none): transfers and waits go in it
 } tr_sync_env;
 
 typedef struct tr_sync tr_sync;
@@ -127,22 +128,27 @@ static inline void tr_sync_destroy(tr_sync **ps)
 }
 
 /* The local back-end, which the all-reduce back-end embeds (first) and extends: the optimizer
- * applied in the trainer, ps_optim_apply (the servers' own update), on slots it owns. Set up
- * once; a step allocates nothing. */
+ * applied in the trainer through k_optim_apply on the model's back-end (the servers' own
+ * update, common/optim_math.h, so the bits are ps_optim_apply's), on slots it owns in that
+ * back-end's memory. Set up once; a step allocates nothing. */
 typedef struct tr_sync_local {
     tr_sync base;             // first: the tr_sync the loop holds
     const ps_optim_config *opt;
+    const k_backend *be;      // where params, grads and the slots live (the model's)
     float *params, *grads;    // (n) borrowed from the env
     size_t n;
     float *slots[2];          // (n) each, as many as the optimizer needs
     int64_t step;             // the step begun last (0-based)
+    zps_optim_step st;        // its constants (tr_sync_local_begin)
 } tr_sync_local;
 
-/* Makes *l a local back-end (its calls in l->base); a back-end that extends it then replaces
- * some of them. */
-void tr_sync_local_init(tr_sync_local *l, const tr_sync_env *env);
+/* Makes *l a local back-end (its calls in l->base), its optimizer slots allocated; a
+ * back-end that extends it then replaces some of them. On failure nothing is left to free. */
+zps_status tr_sync_local_init(tr_sync_local *l, const tr_sync_env *env);
+/* Step `step` begins: its optimizer constants into l->st. */
+void tr_sync_local_begin(tr_sync_local *l, int64_t step);
 /* Applies step l->step of the mean gradient in grads; rec->lr = its learning rate. */
-void tr_sync_local_apply(tr_sync_local *l, tr_step_record *rec);
+zps_status tr_sync_local_apply(tr_sync_local *l, tr_step_record *rec);
 /* Frees what init allocated, not l itself. */
 void tr_sync_local_free(tr_sync_local *l);
 

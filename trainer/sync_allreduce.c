@@ -43,6 +43,7 @@
 #include "common/mem.h"
 #include "ps/optim.h"
 #include "trainer/allreduce.h"
+#include "trainer/trace.h"
 
 /* About S_BUCKETS buckets a step, none under S_BUCKET_MIN floats (256 KiB, two slices of
  * the segment): the first leaves early in backward, and each round costs the two
@@ -59,6 +60,7 @@ typedef struct s_bucket {
 typedef struct s_ar {
     tr_sync_local local;      // first: the local back-end this one extends
     tr_allreduce *ar;
+    struct tr_trace *trace;   // --trace (NULL: none): each bucket's reduction is a span
     const nn_var *vars;       // (nvars) the model's, to find a variable's floats
     size_t nvars;
     size_t bucket_floats;
@@ -81,8 +83,9 @@ static void s_apply(void *ctx, float *part, size_t len)
     s_ar *a = ctx;
     tr_sync_local *l = &a->local;
     size_t at = (size_t)(part - l->grads);
-    float *slots[2] = {l->slots[0] ? l->slots[0] + at : NULL, l->slots[1] ? l->slots[1] + at : NULL};
-    ps_optim_apply(l->opt, (uint64_t)l->step, l->params + at, slots, part, len);
+    /* the shared-memory all-reduce works on host memory: the host loop of k_optim_apply */
+    zps_optim_apply_host(&l->st, len, l->params + at, l->slots[0] ? l->slots[0] + at : NULL,
+                         l->slots[1] ? l->slots[1] + at : NULL, part);
 }
 
 static void *s_thread(void *p)
@@ -97,8 +100,11 @@ static void *s_thread(void *p)
         s_bucket b = a->q[a->done];
         zps_status err = a->err;
         pthread_mutex_unlock(&a->mu);
+        uint64_t t0 = tr_trace_now(a->trace);
         if (err == ZPS_OK) // after a failure the rest is skipped: the job is broken anyway
             err = tr_allreduce_sum_apply(a->ar, a->local.grads + b.lo, b.hi - b.lo, 1, s_apply, a);
+        tr_trace_async(a->trace, "allreduce", "bucket: reduce + apply", t0, zps_now_ns(),
+                       (int64_t)(b.hi - b.lo));
         pthread_mutex_lock(&a->mu);
         if (a->err == ZPS_OK)
             a->err = err;
@@ -128,7 +134,7 @@ static zps_status s_begin_step(tr_sync *s, int64_t step, int *stop)
     ZPS_TRY(a->err);
     ZPS_TRY(tr_allreduce_broadcast(a->ar, &flag, sizeof flag, 0));
     *stop = flag;
-    a->local.step = step;
+    tr_sync_local_begin(&a->local, step);
     a->pend_lo = a->pend_hi = a->local.n;
     a->posted = a->done = 0; // the thread is idle: end_step waited for it
     s->net_wait = 0;
@@ -162,13 +168,14 @@ static zps_status s_grads_ready(tr_sync *s, size_t first, size_t n)
 static zps_status s_end_step(tr_sync *s, tr_step_record *rec)
 {
     s_ar *a = (s_ar *)s;
-    uint64_t t0 = zps_now_ns();
+    uint64_t t0 = zps_now_ns(), tt = tr_trace_now(a->trace);
     s_post(a, 0);
     pthread_mutex_lock(&a->mu);
     while (a->done < a->posted)
         pthread_cond_wait(&a->done_cv, &a->mu);
     zps_status err = a->err;
     pthread_mutex_unlock(&a->mu);
+    tr_trace_span(a->trace, TR_TRACE_MAIN, "wait: all-reduce", tt, -1);
     s->net_wait += (double)(zps_now_ns() - t0) * 1e-9;
     rec->bytes_pushed = rec->bytes_pulled = a->local.n * sizeof(float);
     rec->net_wait_s = s->net_wait;
@@ -195,16 +202,21 @@ static void s_destroy(tr_sync *s)
     free(a);
 }
 
-/* The back-end's own fields; the thread is started by the caller. */
+/* The back-end's own fields; the thread is started by the caller. NULL when the local
+ * back-end it extends cannot be made (logged). */
 static s_ar *s_alloc(const tr_sync_env *env)
 {
     s_ar *a = zps_xcalloc(1, sizeof *a);
-    tr_sync_local_init(&a->local, env);
+    if (tr_sync_local_init(&a->local, env) != ZPS_OK) {
+        free(a);
+        return NULL;
+    }
     a->local.base.begin_step = s_begin_step;
     a->local.base.grads_ready = s_grads_ready;
     a->local.base.end_step = s_end_step;
     a->local.base.destroy = s_destroy;
     a->vars = env->vars, a->nvars = env->nvars;
+    a->trace = env->trace;
     a->bucket_floats = env->nparams / S_BUCKETS > S_BUCKET_MIN ? env->nparams / S_BUCKETS
                                                                : S_BUCKET_MIN;
     if (env->bucket_floats)
@@ -222,6 +234,14 @@ zps_status tr_sync_allreduce_new(const tr_sync_env *env, tr_sync **out)
 {
     *out = NULL;
     s_ar *a = s_alloc(env);
+    if (!a)
+        return ZPS_ERR_NOMEM;
+    if (!a->local.be->host_memory) {
+        zps_log(ZPS_ERROR, "allreduce", "the shared-memory all-reduce reduces host memory; "
+                "gradients on the %s back-end need the NCCL back-end", a->local.be->name);
+        s_destroy(&a->local.base);
+        return ZPS_ERR_UNSUPPORTED;
+    }
     zps_status st = tr_allreduce_new(env->cfg->job, env->id, env->n_trainers, env->nparams,
                                      NULL, &a->ar);
     /* Everyone starts from rank 0's values (they are equal when seeded alike). */

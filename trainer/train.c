@@ -39,6 +39,7 @@
 #include "trainer/metrics.h"
 #include "trainer/models/models.h"
 #include "trainer/sync.h"
+#include "trainer/trace.h"
 
 /* The signal that asked to stop (0: none). The loop checks it before each step and the PS
  * client before each poll slice of a wait, so a trainer blocked on the network stops within
@@ -72,6 +73,7 @@ typedef struct s_job {
     int n_uris;
     tr_sync *sync;               // the mode's back-end (sync.h)
     tr_metrics *metrics;
+    tr_trace *trace;             // --trace (NULL: none, or not this trainer's)
     int64_t total;               // steps to run
     /* the run so far */
     int64_t step;                // steps done
@@ -86,6 +88,7 @@ static void s_job_free(s_job *j)
     tr_sync_destroy(&j->sync);
     zps_uris_free(&j->uris, &j->n_uris);
     tr_metrics_destroy(&j->metrics);
+    (void)tr_trace_finish(&j->trace); /* a failed run's partial window is still worth a look */
     ds_pipeline_destroy(&j->train);
     nn_model_destroy(&j->model);
     zps_aligned_free(j->acc);
@@ -296,7 +299,7 @@ static zps_status s_sync_new(s_job *j)
                        .nparams = j->nparams, .params = j->params,
                        .grads = j->acc ? j->acc : j->grads,
                        .uris = (const char *const *)j->uris, .n_uris = j->n_uris,
-                       .stop = &s_stop};
+                       .stop = &s_stop, .trace = j->trace};
     switch (j->cfg->mode) {
     case TR_MODE_LOCAL:
         return tr_sync_local_new(&env, &j->sync);
@@ -324,6 +327,22 @@ static zps_status s_join_under_way(s_job *j)
     ds_pipeline_seek(j->train, at * j->cfg->accumulate);
     j->step = at;
     return ZPS_OK;
+}
+
+/* --trace FILE: "{trainer}" in it becomes the id; without it only trainer 0 traces. */
+static zps_status s_trace_new(s_job *j)
+{
+    const tr_config *c = j->cfg;
+    const char *mark = strstr(c->trace, "{trainer}");
+    if (!c->trace[0] || (!mark && j->id != 0))
+        return ZPS_OK;
+    char path[600];
+    if (mark)
+        snprintf(path, sizeof path, "%.*s%d%s", (int)(mark - c->trace), c->trace, j->id,
+                 mark + strlen("{trainer}"));
+    else
+        snprintf(path, sizeof path, "%s", c->trace);
+    return tr_trace_new(path, c->trace_from - 1, c->trace_steps, j->id, 0, &j->trace);
 }
 
 /* The number of steps, the metrics file and the progress line. */
@@ -393,6 +412,7 @@ static zps_status s_setup(s_job *j, tr_result *res, int *done)
         *done = 1;
         return ZPS_OK;
     }
+    ZPS_TRY(s_trace_new(j)); /* the back-end records its transfers in it */
     ZPS_TRY(s_sync_new(j));
     ZPS_TRY(s_metrics_new(j));
     return s_join_under_way(j);
@@ -467,20 +487,29 @@ static zps_status s_forward_backward(s_job *j, tr_step_record *rec)
     for (int m = 0; m < K; m++) {
         const float *x;
         const int32_t *y;
+        uint64_t t0 = tr_trace_now(j->trace);
         ZPS_TRY(s_next_batch(j, &x, &y));
+        tr_trace_span(j->trace, TR_TRACE_MAIN, "input", t0, -1);
         float loss;
         int cor;
+        t0 = tr_trace_now(j->trace);
         ZPS_TRY(nn_model_forward(j->model, x, y, c->batch, 1, &loss, &cor));
+        tr_trace_span(j->trace, TR_TRACE_MAIN, "forward", t0, -1);
         if (!isfinite(loss)) {
             zps_log(ZPS_ERROR, "trainer", "loss is %f at step %lld: lower --lr?", (double)loss,
                     (long long)j->step + 1);
             return ZPS_ERR_NONFINITE;
         }
-        if (m == 0)
+        if (m == 0) {
+            t0 = tr_trace_now(j->trace);
             ZPS_TRY(j->sync->params_ready(j->sync));
+            tr_trace_span(j->trace, TR_TRACE_MAIN, "wait: values", t0, -1);
+        }
         loss_sum += loss;
         correct += cor;
+        t0 = tr_trace_now(j->trace);
         ZPS_TRY(nn_model_backward(j->model, K == 1 ? s_grads_hook : NULL, j->sync));
+        tr_trace_span(j->trace, TR_TRACE_MAIN, "backward", t0, -1);
         if (K > 1 && m == 0)
             memcpy(j->acc, j->grads, j->nparams * sizeof(float));
         else if (K > 1)
@@ -504,8 +533,10 @@ static zps_status s_maybe_evaluate(s_job *j, tr_step_record *rec)
     int64_t every = j->cfg->eval_every;
     if (!s_is_evaluator(j) || (done != j->total && !(every && done % every == 0)))
         return ZPS_OK;
+    uint64_t t0 = tr_trace_now(j->trace);
     ZPS_TRY(j->sync->params_ready(j->sync)); /* evaluate the newest values */
     ZPS_TRY(s_evaluate(j, &j->last_acc, &j->last_loss));
+    tr_trace_span(j->trace, TR_TRACE_MAIN, "evaluate", t0, -1);
     rec->test_accuracy = j->last_acc;
     rec->test_loss = j->last_loss;
     j->last_eval_step = done;
@@ -519,13 +550,17 @@ static zps_status s_train(s_job *j)
     uint64_t t_start = zps_now_ns();
     for (; j->step < j->total; j->step++) {
         int stop = s_want_stop(j, t_start);
+        ZPS_TRY(tr_trace_step(j->trace, j->step));
+        uint64_t t_step = tr_trace_now(j->trace);
         ZPS_TRY(j->sync->begin_step(j->sync, j->step, &stop));
         if (stop)
             break;
         tr_step_record rec = tr_step_record_empty(j->step + 1);
         zps_status st = s_forward_backward(j, &rec);
+        uint64_t t_end = tr_trace_now(j->trace);
         if (st == ZPS_OK)
             st = j->sync->end_step(j->sync, &rec);
+        tr_trace_span(j->trace, TR_TRACE_MAIN, "end of step", t_end, -1);
         if (st != ZPS_OK && j->sync->redo_from >= 0) { /* sync rollback: redo, same input */
             ds_pipeline_seek(j->train, j->sync->redo_from * c->accumulate);
             j->step = j->sync->redo_from - 1;
@@ -533,6 +568,7 @@ static zps_status s_train(s_job *j)
         }
         ZPS_TRY(st);
         ZPS_TRY(s_maybe_evaluate(j, &rec));
+        tr_trace_span(j->trace, TR_TRACE_MAIN, "step", t_step, j->step + 1);
         ZPS_TRY(tr_metrics_step(j->metrics, &rec));
         if (c->stop_accuracy > 0 && j->last_acc >= c->stop_accuracy && !j->reached) {
             zps_log(ZPS_INFO, "trainer", "test accuracy %.4f reached the target %.4f at step %lld",
@@ -560,9 +596,10 @@ static zps_status s_wrap_up(s_job *j, tr_result *res)
     res->test_loss = j->last_loss;
     res->eval_images = j->last_acc >= 0 ? j->eval_n : 0;
     if (c->export_path[0] && j->id == 0) {
-        ZPS_TRY(nn_model_save(j->model, c->export_path));
+        ZPS_TRY(nn_model_save_as(j->model, (nn_weights_format)c->export_format, c->export_path));
         zps_log(ZPS_INFO, "trainer", "wrote %s", c->export_path);
     }
+    ZPS_TRY(tr_trace_finish(&j->trace));
     ZPS_TRY(j->sync->leave(j->sync));
     tr_metrics_set_end(j->metrics, s_stop ? TR_END_SIGNAL : TR_END_DONE, j->skipped);
     ZPS_TRY(tr_metrics_finish(j->metrics));

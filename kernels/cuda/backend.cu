@@ -134,6 +134,30 @@ static zps_status s_axpy(size_t n, float a, const float *x, float *y)
 {
     S_ELEMWISE(g_axpy, n, a, x, y);
 }
+/* The optimizers' update (common/optim_math.h: the host's formulas with explicitly rounded
+ * operations, so the bits equal ps_optim_apply's). The kind is uniform across the grid. */
+__global__ void g_optim(size_t n, zps_optim_step s, float *w, float *s0, float *s1, const float *g)
+{
+    switch (s.kind) {
+    case ZPS_OPTK_SGD: S_LOOP(i, n) zps_opt_sgd(&s, &w[i], g[i]); break;
+    case ZPS_OPTK_MOMENTUM:
+        if (s.nesterov)
+            S_LOOP(i, n) zps_opt_nesterov(&s, &w[i], &s0[i], g[i]);
+        else
+            S_LOOP(i, n) zps_opt_momentum(&s, &w[i], &s0[i], g[i]);
+        break;
+    case ZPS_OPTK_RMSPROP: S_LOOP(i, n) zps_opt_rmsprop(&s, &w[i], &s0[i], &s1[i], g[i]); break;
+    case ZPS_OPTK_ADAM: S_LOOP(i, n) zps_opt_adam(&s, &w[i], &s0[i], &s1[i], g[i]); break;
+    case ZPS_OPTK_ADAGRAD: S_LOOP(i, n) zps_opt_adagrad(&s, &w[i], &s0[i], g[i]); break;
+    }
+}
+static zps_status s_optim_apply(const zps_optim_step *s, size_t n, float *w, float *s0, float *s1,
+                                const float *g)
+{
+    if (!n)
+        return ZPS_OK;
+    S_ELEMWISE(g_optim, n, *s, w, s0, s1, g);
+}
 static zps_status s_relu_fwd(size_t n, const float *x, float *y) { S_ELEMWISE(g_relu, n, x, y); }
 static zps_status s_relu_bwd(size_t n, const float *y, const float *dy, float *dx)
 {
@@ -753,6 +777,7 @@ extern "C" const struct k_backend *k_cuda_backend(void)
     s_cuda.axpy = s_axpy;
     s_cuda.sum = s_sum;
     s_cuda.sumsq = s_sumsq;
+    s_cuda.optim_apply = s_optim_apply;
     ok = 1;
     return &s_cuda;
 }

@@ -451,6 +451,14 @@ zps_status k_ref_scale(size_t n, float alpha, float *x)
     return ZPS_OK;
 }
 
+/* The host loop every host back-end shares with ps_optim_apply (common/optim_math.h). */
+zps_status k_ref_optim_apply(const zps_optim_step *s, size_t n, float *w, float *s0, float *s1,
+                             const float *g)
+{
+    zps_optim_apply_host(s, n, w, s0, s1, g);
+    return ZPS_OK;
+}
+
 zps_status k_ref_axpy(size_t n, float alpha, const float *x, float *y)
 {
     for (size_t i = 0; i < n; i++)

@@ -40,6 +40,7 @@ k_fill_fn k_ref_fill;
 k_add_fn k_ref_add;
 k_scale_fn k_ref_scale;
 k_axpy_fn k_ref_axpy;
+k_optim_apply_fn k_ref_optim_apply;
 k_sum_fn k_ref_sum;
 k_sumsq_fn k_ref_sumsq;
 
@@ -54,6 +55,7 @@ k_sumsq_fn k_ref_sumsq;
     .concat_bwd = k_ref_concat_bwd, .dropout_fwd = k_ref_dropout_fwd,                  \
     .dropout_bwd = k_ref_dropout_bwd, .softmax_xent = k_ref_softmax_xent,              \
     .smooth_l1 = k_ref_smooth_l1, .fill = k_ref_fill, .add = k_ref_add,                \
-    .scale = k_ref_scale, .axpy = k_ref_axpy, .sum = k_ref_sum, .sumsq = k_ref_sumsq
+    .scale = k_ref_scale, .axpy = k_ref_axpy, .sum = k_ref_sum, .sumsq = k_ref_sumsq,                    \
+    .optim_apply = k_ref_optim_apply
 
 #endif

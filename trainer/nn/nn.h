@@ -48,6 +48,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/opts.h"
 #include "common/status.h"
 #include "kernels/kernels.h"
 
@@ -195,6 +196,15 @@ zps_status nn_model_input_grad(nn_model *m, float *dst);
 zps_status nn_model_save(nn_model *m, const char *path);
 zps_status nn_model_load(nn_model *m, const char *path);
 
+/* The formats a weights file can be written in (--export-format): the zps file above, or
+ * safetensors (trainer/nn/safetensors.c: the variables and statistics under their
+ * torchvision names, plus one num_batches_tracked per batchnorm, so torchvision's
+ * state_dict loads it with strict=True). Only the zps format is read back. */
+typedef enum nn_weights_format { NN_WEIGHTS_ZPS, NN_WEIGHTS_SAFETENSORS } nn_weights_format;
+/* The names for flags (common/opts.h ENUM): "zps", "safetensors". */
+extern const zps_opt_name nn_weights_format_names[];
+zps_status nn_model_save_as(nn_model *m, nn_weights_format f, const char *path);
+
 /* A weights file read without a model (e.g. PS INIT): tables and data owned by the struct. */
 typedef struct nn_weights {
     size_t nvars, nstats;   // table sizes
@@ -212,5 +222,12 @@ void nn_weights_destroy(nn_weights **pw);
 zps_status nn_weights_write(const char *path, const nn_var *vars, size_t nvars,
                             const float *params, const nn_var *stats, size_t nstats,
                             const float *statdata);
+zps_status nn_safetensors_write(const char *path, const nn_var *vars, size_t nvars,
+                                const float *params, const nn_var *stats, size_t nstats,
+                                const float *statdata);
+/* nn_weights_write or nn_safetensors_write, by f. */
+zps_status nn_weights_write_as(nn_weights_format f, const char *path, const nn_var *vars,
+                               size_t nvars, const float *params, const nn_var *stats,
+                               size_t nstats, const float *statdata);
 
 #endif

@@ -168,6 +168,11 @@ done:
 
 zps_status nn_model_save(nn_model *m, const char *path)
 {
+    return nn_model_save_as(m, NN_WEIGHTS_ZPS, path);
+}
+
+zps_status nn_model_save_as(nn_model *m, nn_weights_format fmt, const char *path)
+{
     float *hp = m->params, *hs = m->statbuf;
     if (!m->be->host_memory) {
         hp = zps_xmalloc(m->nparams * sizeof(float) + 4);
@@ -180,7 +185,7 @@ zps_status nn_model_save(nn_model *m, const char *path)
             return st;
         }
     }
-    zps_status st = nn_weights_write(path, m->vars, m->nvars, hp, m->stats, m->nstats, hs);
+    zps_status st = nn_weights_write_as(fmt, path, m->vars, m->nvars, hp, m->stats, m->nstats, hs);
     if (!m->be->host_memory)
         free(hp), free(hs);
     return st;

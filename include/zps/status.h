@@ -1,0 +1,1 @@
+../../common/status.h

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# run-tests.sh LOG TEST_BIN ARGS... — runs the Criterion test binary, keeping its whole output
+# in LOG as well as on the terminal, and when anything failed repeats each failure (the
+# [----] assertion lines and the [FAIL]/[CRASH] verdicts) after the run, then the runner's
+# closing Synthesis line again last. Parallel jobs interleave a failure's lines with
+# hundreds of others; a reader (or a CI page that keeps only the tail) sees them here.
+# Exit status: the test binary's.
+set -uo pipefail
+LOG=${1:?usage: run-tests.sh LOG TEST_BIN [ARGS...]}
+shift
+mkdir -p "$(dirname "$LOG")"
+"$@" 2>&1 | tee "$LOG"
+rc=${PIPESTATUS[0]}
+if [ "$rc" -ne 0 ]; then
+  echo "---- failures (the whole output is in $LOG) ----"
+  grep -E '^\[(----|FAIL|CRASH|ERR |WARN)\]' "$LOG" || echo "(no failure line found; exit status $rc)"
+  grep -E '^\[====\] Synthesis' "$LOG" | tail -1
+fi
+exit "$rc"
