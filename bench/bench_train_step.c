@@ -22,9 +22,13 @@
  * Writes BENCH_DIR/train_step.json (with --append: adds to the records there): a list of
  * {"shape", "batch", "aux", "zps_ips", "torch_ips", "ratio", "zps_peak_rss_mb",
  * "omp_wait_policy", "cores", "load_before", "load_after", "busy", "model", "width",
- * "classes", "threads", "omp_num_threads", "params", "tf_ips", "tf_ratio", "pairs"}: the
- * img/s are the medians over the rounds, ratio (zps / PyTorch) and tf_ratio (zps / TF) the
- * medians of the rounds' paired ratios (null where that side did not run), load_before and
+ * "classes", "threads", "omp_num_threads", "params", "tf_ips", "tf_ratio", "pairs",
+ * "zps_cpu_ips", "torch_cpu_ips", "tf_cpu_ips", "cpu_ratio", "tf_cpu_ratio"}: the img/s are
+ * the medians over the rounds, ratio (zps / PyTorch) and tf_ratio (zps / TF) the medians of
+ * the rounds' paired ratios (null where that side did not run); the *_cpu_* figures are the
+ * same over each side's CPU time of a step (all its process's threads: a measure that a busy
+ * machine disturbs less than the wall clock, and that counts the helper threads a peer
+ * starts beside its compute thread); load_before and
  * load_after the 1-minute load average before the first round and after the last, busy
  * either above the cores (discard that figure).
  *
@@ -57,12 +61,13 @@ typedef struct s_case {
 /* What one side measured in one round. */
 typedef struct s_side {
     double ips, params; // params: the trainable parameter count it printed
+    double cpu_ips;     // batch / median CPU time of a step (all the process's threads)
 } s_side;
 
-static double s_now(void)
+static double s_clock(clockid_t id)
 {
     struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
+    clock_gettime(id, &t);
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
@@ -76,7 +81,7 @@ static nn_model *s_model(const s_case *c)
     return nn_model_create(k_backend_cpu(), &o, &m) == ZPS_OK ? m : NULL;
 }
 
-/* Child: times the zps steps and writes {median ips, parameter count} to fd. Returns the
+/* Child: times the zps steps and writes its s_side to fd. Returns the
  * exit code. */
 static int s_zps_child(const s_case *c, int warmup, int steps, int fd)
 {
@@ -99,18 +104,21 @@ static int s_zps_child(const s_case *c, int warmup, int steps, int fd)
     opt.kind = PS_OPT_MOMENTUM, opt.lr = 0.001, opt.momentum = 0.9;
     size_t np = nn_model_param_count(m);
     float *mom = calloc(np, sizeof *mom);
-    double *t = calloc((size_t)steps, sizeof *t);
+    double *t = calloc(2 * (size_t)steps, sizeof *t), *cpu = t + steps;
     for (int s = 0; s < warmup + steps; s++) {
-        double t0 = s_now();
+        double t0 = s_clock(CLOCK_MONOTONIC), c0 = s_clock(CLOCK_PROCESS_CPUTIME_ID);
         float loss;
         if (nn_model_forward(m, x, y, c->batch, 1, &loss, NULL) != ZPS_OK ||
             nn_model_backward(m, NULL, NULL) != ZPS_OK)
             return 1;
         ps_optim_apply(&opt, (uint64_t)s, nn_model_params(m), &mom, nn_model_grads(m), np);
-        if (s >= warmup)
-            t[s - warmup] = s_now() - t0;
+        if (s >= warmup) {
+            t[s - warmup] = s_clock(CLOCK_MONOTONIC) - t0;
+            cpu[s - warmup] = s_clock(CLOCK_PROCESS_CPUTIME_ID) - c0;
+        }
     }
-    s_side out = {c->batch / bench_median(t, (size_t)steps), (double)np};
+    s_side out = {c->batch / bench_median(t, (size_t)steps), (double)np,
+                  c->batch / bench_median(cpu, (size_t)steps)};
     if (write(fd, &out, sizeof out) != (ssize_t)sizeof out)
         return 1;
     free(t), free(x), free(y), free(mom);
@@ -143,7 +151,8 @@ static int s_run_zps(const s_case *c, int warmup, int steps, s_side *z, double *
     return 0;
 }
 
-/* Runs a peer's command line and reads KEY's number and "params" from its output. */
+/* Runs a peer's command line and reads KEY's number, "params" and "cpu_ips" from its
+ * output. */
 static int s_run_peer(const char *cmd, const char *key, s_side *out)
 {
     fflush(NULL);
@@ -155,8 +164,9 @@ static int s_run_peer(const char *cmd, const char *key, s_side *out)
     size_t kn = strlen(key);
     while (fgets(line, sizeof line, f)) {
         char *p = strstr(line, key), *q = strstr(line, "\"params\": ");
-        if (p && q && sscanf(p + kn, "%lf", &out->ips) == 1 &&
-            sscanf(q + 10, "%lf", &out->params) == 1)
+        char *c = strstr(line, "\"cpu_ips\": ");
+        if (p && q && c && sscanf(p + kn, "%lf", &out->ips) == 1 &&
+            sscanf(q + 10, "%lf", &out->params) == 1 && sscanf(c + 11, "%lf", &out->cpu_ips) == 1)
             ok = 0;
     }
     if (pclose(f) != 0)
@@ -265,11 +275,12 @@ static const zps_opts s_spec = BENCH_OPTS("train-step", s_cfg, s_opt, s_defaults
 /* The medians of one shape's rounds; NAN where a side did not run. */
 typedef struct s_result {
     double zps, torch, tf, ratio, tf_ratio, rss, params;
+    double zps_cpu, torch_cpu, tf_cpu, cpu_ratio, tf_cpu_ratio; // per CPU-second
 } s_result;
 
 /* One side's paired figures: its img/s and zps's over it in each round where it ran. */
 typedef struct s_pairs {
-    double ips[1000], ratio[1000];
+    double ips[1000], ratio[1000], cpu[1000], cpu_ratio[1000];
     int n;
 } s_pairs;
 
@@ -290,7 +301,8 @@ static int s_peer_round(const char *name, int rc, const s_side *z, const s_side 
                 name, p->params, z->params);
         return 1;
     }
-    acc->ips[acc->n] = p->ips, acc->ratio[acc->n++] = z->ips / p->ips;
+    acc->ips[acc->n] = p->ips, acc->ratio[acc->n] = z->ips / p->ips;
+    acc->cpu[acc->n] = p->cpu_ips, acc->cpu_ratio[acc->n++] = z->cpu_ips / p->cpu_ips;
     return 0;
 }
 
@@ -298,9 +310,9 @@ static int s_peer_round(const char *name, int rc, const s_side *z, const s_side 
  * failed or a peer's parameter count differs. */
 static int s_rounds(const s_cfg *cfg, const s_case *c, const char *tf_py, s_result *res)
 {
-    int th = cfg->threads > 0 ? cfg->threads : 2, bad = 0, fails = 0;
+    int th = cfg->threads > 0 ? cfg->threads : 2, bad = 0, fails = 0, nz = 0;
     static s_pairs pt, pf;
-    double zi[1000];
+    double zi[1000], zc[1000];
     pt.n = pf.n = 0;
     for (int r = 0; r < cfg->pairs && !bad; r++) {
         s_side z = {0}, t = {0}, f = {0};
@@ -317,13 +329,15 @@ static int s_rounds(const s_cfg *cfg, const s_case *c, const char *tf_py, s_resu
         if (zrc != 0)
             return 1;
         fails += (tf_py && frc != 0) + (cfg->torch && trc != 0);
-        zi[r] = z.ips, res->params = z.params;
+        zi[nz] = z.ips, zc[nz++] = z.cpu_ips, res->params = z.params;
         bad = s_peer_round("PyTorch", trc, &z, &t, &pt) | s_peer_round("TF", frc, &z, &f, &pf);
     }
     if (fails)
         fprintf(stderr, "zps-bench train-step: a peer failed %d time(s) at %s %dx%d (python3-torch "
                         "or the TF venv missing?)\n", fails, c->model, c->size, c->batch);
-    res->zps = s_med(zi, cfg->pairs);
+    res->zps = s_med(zi, nz), res->zps_cpu = s_med(zc, nz);
+    res->torch_cpu = s_med(pt.cpu, pt.n), res->cpu_ratio = s_med(pt.cpu_ratio, pt.n);
+    res->tf_cpu = s_med(pf.cpu, pf.n), res->tf_cpu_ratio = s_med(pf.cpu_ratio, pf.n);
     res->torch = s_med(pt.ips, pt.n), res->ratio = s_med(pt.ratio, pt.n);
     res->tf = s_med(pf.ips, pf.n), res->tf_ratio = s_med(pf.ratio, pf.n);
     return bad;
@@ -362,10 +376,11 @@ static int s_one_shape(const s_cfg *cfg, const char *tf_py, const char *tok, FIL
     }
     bench_loadavg(&after);
     int busy = bench_busy(before) || bench_busy(after);
-    char tb[32], rb[32], fb[32], qb[32];
-    printf("%-12s %-9s %8.0f %10.2f %10s %7s %10s %7s %8.0f %5.2f/%-5.2f%s\n", c.model, tok,
-           r.params, r.zps, s_num(tb, 32, r.torch), s_num(rb, 32, r.ratio), s_num(fb, 32, r.tf),
-           s_num(qb, 32, r.tf_ratio), r.rss, before, after,
+    char tb[32], rb[32], fb[32], qb[32], tc[32], rc[32], fc[32], qc[32];
+    printf("%-12s %-9s %8.0f %10.2f %10s %7s %10s %7s %7s %7s %8.0f %5.2f/%-5.2f%s\n", c.model,
+           tok, r.params, r.zps, s_num(tb, 32, r.torch), s_num(rb, 32, r.ratio),
+           s_num(fb, 32, r.tf), s_num(qb, 32, r.tf_ratio), s_num(rc, 32, r.cpu_ratio),
+           s_num(qc, 32, r.tf_cpu_ratio), r.rss, before, after,
            busy ? "  BUSY: discard this line" : "");
     fflush(stdout);
     fprintf(out,
@@ -374,11 +389,13 @@ static int s_one_shape(const s_cfg *cfg, const char *tf_py, const char *tok, FIL
             "\"omp_wait_policy\": \"%s\", \"cores\": %ld, \"load_before\": %.2f, "
             "\"load_after\": %.2f, \"busy\": %s, \"model\": \"%s\", \"width\": %g, "
             "\"classes\": %d, \"threads\": %d, \"omp_num_threads\": \"%s\", \"params\": %.0f, "
-            "\"tf_ips\": %s, \"tf_ratio\": %s, \"pairs\": %d}",
+            "\"tf_ips\": %s, \"tf_ratio\": %s, \"pairs\": %d, \"zps_cpu_ips\": %.3f, "
+            "\"torch_cpu_ips\": %s, \"tf_cpu_ips\": %s, \"cpu_ratio\": %s, \"tf_cpu_ratio\": %s}",
             first ? "" : ",", c.channels, c.size, c.size, c.batch, c.aux, r.zps, tb, rb, r.rss,
             policy ? policy : "", sysconf(_SC_NPROCESSORS_ONLN), before, after,
             busy ? "true" : "false", c.model, (double)c.width, c.classes, cfg->threads,
-            nth ? nth : "", r.params, fb, qb, cfg->pairs);
+            nth ? nth : "", r.params, fb, qb, cfg->pairs, r.zps_cpu, s_num(tc, 32, r.torch_cpu),
+            s_num(fc, 32, r.tf_cpu), rc, qc);
     return 0;
 }
 
@@ -440,8 +457,9 @@ static int s_train_step(int argc, char **argv)
     char *save = NULL;
     const char *nth = getenv("OMP_NUM_THREADS");
     printf("train-step: zps threads %s, TF %s\n", nth ? nth : "all", tf_py ? tf_py : "not run");
-    printf("%-12s %-9s %8s %10s %10s %7s %10s %7s %8s %s\n", "model", "shape", "params",
-           "zps img/s", "torch", "z/torch", "TF", "z/TF", "RSS MiB", "load before/after");
+    printf("%-12s %-9s %8s %10s %10s %7s %10s %7s %7s %7s %8s %s\n", "model", "shape", "params",
+           "zps img/s", "torch", "z/torch", "TF", "z/TF", "z/t cpu", "z/TF cpu", "RSS MiB",
+           "load before/after");
     for (char *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         int r = s_one_shape(&cfg, tf_py, tok, out, first);
         if (r == 2) {

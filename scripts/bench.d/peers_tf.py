@@ -336,7 +336,8 @@ def mwms_worker(a):
 def train_step(a):
     """`zps-bench train-step`'s TF side: forward + backward + momentum SGD on random input,
     one tf.function step per call, THREADS intra-op threads (inter-op 1 when THREADS is 1).
-    Reports img_s = batch / the median step time over the timed steps, and step_s."""
+    Reports img_s = batch / the median step time over the timed steps, cpu_ips the same over
+    the process's CPU time of a step (all its threads), and step_s."""
     th = a.get("threads", 1)
     tf.config.threading.set_intra_op_parallelism_threads(th)
     tf.config.threading.set_inter_op_parallelism_threads(1 if th == 1 else 0)
@@ -359,13 +360,15 @@ def train_step(a):
             v.assign_sub(lr * m)
         return loss
 
-    times = []
+    times, cpu = [], []
     for s in range(a["warmup"] + a["steps"]):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         step().numpy()
         if s >= a["warmup"]:
             times.append(time.perf_counter() - t0)
-    report(b / float(np.median(times)), params, nvars, {"step_s": times})
+            cpu.append(time.process_time() - c0)
+    report(b / float(np.median(times)), params, nvars,
+           {"cpu_ips": b / float(np.median(cpu)), "step_s": times})
 
 
 def main():

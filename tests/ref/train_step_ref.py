@@ -10,8 +10,9 @@ training mode, random input. Models:
       head), convolutions without bias, batchnorm eps 0.001, ReLU;
   convnet: zps's convnet (conv3x3 + BN + ReLU + 2x2 max pool twice, dense 128 ReLU, dropout
       0.25, dense CLASSES), as scripts/bench.d/peers_ddp.py builds it.
-Prints one JSON line: {"model", "size", "batch", "aux", "params", "ips", "step_s": [...]} with
-ips = batch / median step time over --steps timed steps after --warmup steps; params is the
+Prints one JSON line: {"model", "size", "batch", "aux", "params", "ips", "cpu_ips",
+"step_s": [...]} with ips = batch / median step time over --steps timed steps after --warmup
+steps, cpu_ips the same over the process's CPU time of a step (all threads); params is the
 trainable parameter count (the benchmark checks it against zps's).
 Run it with jemalloc preloaded (the benchmark does) as PyTorch is run at its best.
 """
@@ -194,9 +195,9 @@ def main():
     opt = torch.optim.SGD(model.parameters(), lr=0.001, momentum=0.9)
     x = torch.randn(a.batch, a.channels, a.size, a.size)
     y = torch.randint(0, a.classes, (a.batch,))
-    times = []
+    times, cpu = [], []
     for step in range(a.warmup + a.steps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         opt.zero_grad(set_to_none=False)
         out = model(x)
         if a.aux and hasattr(out, "aux_logits"):
@@ -206,13 +207,18 @@ def main():
             loss = F.cross_entropy(logits, y)
         loss.backward()
         opt.step()
-        dt = time.perf_counter() - t0
+        dt, dc = time.perf_counter() - t0, time.process_time() - c0
         if step >= a.warmup:
             times.append(dt)
-    s = sorted(times)
-    med = s[len(s) // 2] if len(s) % 2 else 0.5 * (s[len(s) // 2 - 1] + s[len(s) // 2])
+            cpu.append(dc)
     print(json.dumps({"model": a.model, "size": a.size, "batch": a.batch, "aux": a.aux,
-                      "params": params, "ips": a.batch / med, "step_s": times}))
+                      "params": params, "ips": a.batch / median(times),
+                      "cpu_ips": a.batch / median(cpu), "step_s": times}))
+
+
+def median(v):
+    s = sorted(v)
+    return s[len(s) // 2] if len(s) % 2 else 0.5 * (s[len(s) // 2 - 1] + s[len(s) // 2])
 
 
 if __name__ == "__main__":
