@@ -1,19 +1,39 @@
 /* bench_train_step.c — `zps-bench train-step`: images per second of one CPU training step
- * (forward + backward + SGD momentum) of inception_v3, against PyTorch in the same run.
+ * (forward + backward + SGD momentum 0.9) of a model, against TensorFlow 2.21 and PyTorch 1.13
+ * on the same model, shape and batch in the same run.
  *
- * Shapes (default): 299 batch 8 (aux on), 299 batch 32 (aux on), 139 batch 32 and 75 batch
- * 32 (aux off). Each zps shape runs in a forked child so its peak RSS is its own; the child
- * reports the median step time over --steps timed steps after --warmup steps. PyTorch runs
- * tests/ref/train_step_ref.py under Debian's /usr/bin/python3 with torch.set_num_threads(2),
- * jemalloc preloaded (MALLOC_CONF=dirty_decay_ms:-1,muzzy_decay_ms:-1), the same
- * warm-up/steps and median. Writes BENCH_DIR/train_step.json: a list of {"shape", "batch",
- * "zps_ips", "torch_ips", "ratio", "zps_peak_rss_mb"} (torch_ips and ratio null when PyTorch
- * is unavailable or --no-torch), with the machine's state: "omp_wait_policy" (what the zps side
- * ran with), "cores", "load_before" and "load_after" (1-minute load average before the zps
- * side and after both) and "busy" (either load above the cores: discard that figure).
+ * Models: --model inception_v3 (default; --width, --channels, --classes: default 1, 3, 1000;
+ * shapes 299x8, 299x32 with the aux head, 139x32 and 75x32 without) or convnet (1 channel, 10
+ * classes, 28x32). The demo's Inception-v3 is `--model inception_v3 --width 0.25 --channels 1
+ * --classes 10 --shapes 75x32`. --threads N runs every side on N threads: zps through
+ * common/omp_env (OMP_NUM_THREADS), PyTorch with torch.set_num_threads(N), TF with intra-op
+ * N (inter-op 1 where N is 1); 0 (default) gives zps all cores and the peers 2.
+ *
+ * Each shape runs --pairs rounds; a round runs the three sides one after the other, the
+ * order reversed every other round so neither side always runs first. zps runs in a forked
+ * child (its peak RSS is its own) and reports the median step time over --steps timed steps
+ * after --warmup steps; PyTorch runs tests/ref/train_step_ref.py under Debian's
+ * /usr/bin/python3 with jemalloc preloaded (MALLOC_CONF=dirty_decay_ms:-1,muzzy_decay_ms:-1);
+ * TF runs scripts/bench.d/peers_tf.py train-step with the python of --tf-python (default:
+ * peers-venv/bin/python next to the JSON directory, made by `make bench-peers`), skipped
+ * when it is not there, for the aux head (TF's model has none) or with --no-tf. Every side
+ * prints its trainable parameter count; a peer whose count differs from zps's is an error.
+ *
+ * Writes BENCH_DIR/train_step.json (with --append: adds to the records there): a list of
+ * {"shape", "batch", "aux", "zps_ips", "torch_ips", "ratio", "zps_peak_rss_mb",
+ * "omp_wait_policy", "cores", "load_before", "load_after", "busy", "model", "width",
+ * "classes", "threads", "omp_num_threads", "params", "tf_ips", "tf_ratio", "pairs",
+ * "zps_cpu_ips", "torch_cpu_ips", "tf_cpu_ips", "cpu_ratio", "tf_cpu_ratio"}: the img/s are
+ * the medians over the rounds, ratio (zps / PyTorch) and tf_ratio (zps / TF) the medians of
+ * the rounds' paired ratios (null where that side did not run); the *_cpu_* figures are the
+ * same over each side's CPU time of a step (all its process's threads: a measure that a busy
+ * machine disturbs less than the wall clock, and that counts the helper threads a peer
+ * starts beside its compute thread); load_before and
+ * load_after the 1-minute load average before the first round and after the last, busy
+ * either above the cores (discard that figure).
  *
  * The zps side runs with zps-trainer's OpenMP policy (common/omp_env.h: the command
- * re-executes itself once to set it); PyTorch keeps the environment the user gave.
+ * re-executes itself once to set it); the peers run without what it set for zps.
  */
 #include <math.h>
 #include <stdio.h>
@@ -31,62 +51,82 @@
 #include "ps/optim.h"
 #include "trainer/models/models.h"
 
-typedef struct s_shape {
-    int size, batch, aux;
-} s_shape;
+/* One model at one input shape. */
+typedef struct s_case {
+    const char *model;
+    float width;
+    int channels, classes, size, batch, aux;
+} s_case;
 
-static double s_now(void)
+/* What one side measured in one round. */
+typedef struct s_side {
+    double ips, params; // params: the trainable parameter count it printed
+    double cpu_ips;     // batch / median CPU time of a step (all the process's threads)
+} s_side;
+
+static double s_clock(clockid_t id)
 {
     struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
+    clock_gettime(id, &t);
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
-/* Child: times the zps steps and writes the median ips to fd. Returns the exit code. */
-static int s_zps_child(const s_shape *sh, int warmup, int steps, int fd)
+static nn_model *s_model(const s_case *c)
 {
     nn_model_opts o;
-    nn_model_opts_default(&o, "inception_v3");
-    o.in_size = sh->size, o.aux = sh->aux;
+    nn_model_opts_default(&o, c->model);
+    o.in_size = c->size, o.aux = c->aux, o.in_channels = c->channels, o.classes = c->classes;
+    o.width = c->width;
     nn_model *m;
-    if (nn_model_create(k_backend_cpu(), &o, &m) != ZPS_OK)
+    return nn_model_create(k_backend_cpu(), &o, &m) == ZPS_OK ? m : NULL;
+}
+
+/* Child: times the zps steps and writes its s_side to fd. Returns the
+ * exit code. */
+static int s_zps_child(const s_case *c, int warmup, int steps, int fd)
+{
+    nn_model *m = s_model(c);
+    if (!m)
         return 1;
-    size_t nx = (size_t)sh->batch * 3 * sh->size * sh->size;
+    size_t nx = (size_t)c->batch * (size_t)c->channels * (size_t)c->size * (size_t)c->size;
     float *x = malloc(nx * sizeof *x);
-    int32_t *y = malloc(sizeof(int32_t) * (size_t)sh->batch);
+    int32_t *y = malloc(sizeof(int32_t) * (size_t)c->batch);
     uint64_t r = 88172645463325252ull;
     for (size_t i = 0; i < nx; i++) {
         r ^= r << 13, r ^= r >> 7, r ^= r << 17;
         x[i] = (float)(r % 20001) / 10000.0f - 1.0f;
     }
-    for (int i = 0; i < sh->batch; i++)
-        y[i] = i % 1000;
+    for (int i = 0; i < c->batch; i++)
+        y[i] = i % c->classes;
     /* SGD momentum through the one optimizer (ps/optim.c), as the trainer applies it */
     ps_optim_config opt;
     ps_optim_default(&opt);
     opt.kind = PS_OPT_MOMENTUM, opt.lr = 0.001, opt.momentum = 0.9;
     size_t np = nn_model_param_count(m);
     float *mom = calloc(np, sizeof *mom);
-    double *t = calloc((size_t)steps, sizeof *t);
+    double *t = calloc(2 * (size_t)steps, sizeof *t), *cpu = t + steps;
     for (int s = 0; s < warmup + steps; s++) {
-        double t0 = s_now();
+        double t0 = s_clock(CLOCK_MONOTONIC), c0 = s_clock(CLOCK_PROCESS_CPUTIME_ID);
         float loss;
-        if (nn_model_forward(m, x, y, sh->batch, 1, &loss, NULL) != ZPS_OK ||
+        if (nn_model_forward(m, x, y, c->batch, 1, &loss, NULL) != ZPS_OK ||
             nn_model_backward(m, NULL, NULL) != ZPS_OK)
             return 1;
         ps_optim_apply(&opt, (uint64_t)s, nn_model_params(m), &mom, nn_model_grads(m), np);
-        if (s >= warmup)
-            t[s - warmup] = s_now() - t0;
+        if (s >= warmup) {
+            t[s - warmup] = s_clock(CLOCK_MONOTONIC) - t0;
+            cpu[s - warmup] = s_clock(CLOCK_PROCESS_CPUTIME_ID) - c0;
+        }
     }
-    double ips = sh->batch / bench_median(t, (size_t)steps);
-    if (write(fd, &ips, sizeof ips) != (ssize_t)sizeof ips)
+    s_side out = {c->batch / bench_median(t, (size_t)steps), (double)np,
+                  c->batch / bench_median(cpu, (size_t)steps)};
+    if (write(fd, &out, sizeof out) != (ssize_t)sizeof out)
         return 1;
     free(t), free(x), free(y), free(mom);
     nn_model_destroy(&m);
     return 0;
 }
 
-static int s_run_zps(const s_shape *sh, int warmup, int steps, double *ips, double *rss_mb)
+static int s_run_zps(const s_case *c, int warmup, int steps, s_side *z, double *rss_mb)
 {
     int p[2];
     if (pipe(p) != 0)
@@ -97,46 +137,81 @@ static int s_run_zps(const s_shape *sh, int warmup, int steps, double *ips, doub
         return -1;
     if (pid == 0) {
         close(p[0]);
-        _exit(s_zps_child(sh, warmup, steps, p[1]));
+        _exit(s_zps_child(c, warmup, steps, p[1]));
     }
     close(p[1]);
-    ssize_t got = read(p[0], ips, sizeof *ips);
+    ssize_t got = read(p[0], z, sizeof *z);
     close(p[0]);
     int status;
     struct rusage ru;
     if (wait4(pid, &status, 0, &ru) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0 ||
-        got != (ssize_t)sizeof *ips)
+        got != (ssize_t)sizeof *z)
         return -1;
     *rss_mb = (double)ru.ru_maxrss / 1024.0;
     return 0;
 }
 
-static int s_run_torch(const s_shape *sh, int warmup, int steps, double *ips)
+/* Runs a peer's command line and reads KEY's number, "params" and "cpu_ips" from its
+ * output. */
+static int s_run_peer(const char *cmd, const char *key, s_side *out)
 {
-    const char *root = getenv("ZPS_ROOT");
-    /* undo what zps_omp_env set for zps, so PyTorch runs as its users run it */
-    const char *unset = zps_omp_env_set("OMP_WAIT_POLICY") ? "-u OMP_WAIT_POLICY " : "";
-    char cmd[8192];
-    snprintf(cmd, sizeof cmd,
-             "env %s-u ZPS_OMP_CONFIGURED LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2 "
-             "MALLOC_CONF=dirty_decay_ms:-1,muzzy_decay_ms:-1 /usr/bin/python3 "
-             "%s/tests/ref/train_step_ref.py --size %d --batch %d --aux %d --warmup %d "
-             "--steps %d --threads 2",
-             unset, root ? root : ".", sh->size, sh->batch, sh->aux, warmup, steps);
     fflush(NULL);
     FILE *f = popen(cmd, "r");
     if (!f)
         return -1;
-    char line[4096];
+    char line[8192];
     int ok = -1;
+    size_t kn = strlen(key);
     while (fgets(line, sizeof line, f)) {
-        char *p = strstr(line, "\"ips\": ");
-        if (p && sscanf(p + 7, "%lf", ips) == 1)
+        char *p = strstr(line, key), *q = strstr(line, "\"params\": ");
+        char *c = strstr(line, "\"cpu_ips\": ");
+        if (p && q && c && sscanf(p + kn, "%lf", &out->ips) == 1 &&
+            sscanf(q + 10, "%lf", &out->params) == 1 && sscanf(c + 11, "%lf", &out->cpu_ips) == 1)
             ok = 0;
     }
     if (pclose(f) != 0)
         ok = -1;
     return ok;
+}
+
+/* The environment prefix of a peer: without what zps_omp_env set for zps's policy (its
+ * thread count stays: it is the one the peers are asked for too). */
+static const char *s_peer_env(void)
+{
+    return zps_omp_env_set("OMP_WAIT_POLICY") ? "env -u OMP_WAIT_POLICY -u ZPS_OMP_CONFIGURED"
+                                              : "env -u ZPS_OMP_CONFIGURED";
+}
+
+static const char *s_root(void)
+{
+    const char *root = getenv("ZPS_ROOT");
+    return root ? root : ".";
+}
+
+static int s_run_torch(const s_case *c, int threads, int warmup, int steps, s_side *out)
+{
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd,
+             "%s LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2 "
+             "MALLOC_CONF=dirty_decay_ms:-1,muzzy_decay_ms:-1 /usr/bin/python3 "
+             "%s/tests/ref/train_step_ref.py --model %s --width %g --channels %d --classes %d "
+             "--size %d --batch %d --aux %d --warmup %d --steps %d --threads %d",
+             s_peer_env(), s_root(), c->model, (double)c->width, c->channels, c->classes,
+             c->size, c->batch, c->aux, warmup, steps, threads);
+    return s_run_peer(cmd, "\"ips\": ", out);
+}
+
+static int s_run_tf(const char *python, const s_case *c, int threads, int warmup, int steps,
+                    s_side *out)
+{
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd,
+             "%s %s %s/scripts/bench.d/peers_tf.py train-step '{\"model\": \"%s\", \"width\": "
+             "%g, \"channels\": %d, \"classes\": %d, \"size\": %d, \"batch\": %d, \"warmup\": "
+             "%d, \"steps\": %d, \"threads\": %d}' 2>/dev/null",
+             s_peer_env(), python, s_root(), c->model, (double)c->width, c->channels, c->classes,
+             c->size, c->batch, warmup, steps, threads);
+    return s_run_peer(cmd, "\"img_s\": ", out);
 }
 
 static int s_train_step(int argc, char **argv);
@@ -145,76 +220,211 @@ static int s_train_step(int argc, char **argv);
 __attribute__((constructor)) static void s_register(void)
 {
     bench_register("train-step", s_train_step,
-                   "inception_v3 CPU training step img/s vs PyTorch 1.13 (train_step.json)");
+                   "CPU training step img/s vs TensorFlow and PyTorch (train_step.json)");
 }
 
 /* The command line. */
 typedef struct s_cfg {
-    const char *shapes; // SIZExBATCH,...
-    int steps, warmup;
-    int torch; // run the PyTorch side
+    int convnet;                      // --model: 0 inception_v3, 1 convnet
+    const char *shapes, *tf_python; // shapes: SIZExBATCH,...
+    double width;
+    int channels, classes, threads; // 0: the model's default; threads 0: zps all cores
+    int steps, warmup, pairs;
+    int torch, tf, append; // run PyTorch, run TF, add to train_step.json
 } s_cfg;
 
 static void s_defaults(void *p)
 {
-    *(s_cfg *)p = (s_cfg){.shapes = "299x8,299x32,139x32,75x32", .steps = 5, .warmup = 2,
-                          .torch = 1};
+    *(s_cfg *)p = (s_cfg){.width = 1, .steps = 5, .warmup = 2,
+                          .pairs = 1, .torch = 1, .tf = 1};
 }
 
+static const zps_opt_name s_models[] = {{"inception_v3", 0}, {"convnet", 1}, {NULL, 0}};
+
 static const zps_opt s_opt[] = {
+    {"model", ZPS_OPT_ENUM, ZPS_OPT_FIELD(s_cfg, convnet), .names = s_models,
+     .dflt = "inception_v3", .help = "the model"},
     {"shapes", ZPS_OPT_ARG, ZPS_OPT_FIELD(s_cfg, shapes), .meta = "SIZExBATCH,...",
-     .help = "input shapes; aux head on where SIZE >= 299"},
+     .dflt = "299x8,299x32,139x32,75x32 (convnet 28x32)",
+     .help = "input shapes; inception_v3's aux head on where SIZE >= 299"},
+    {"width", ZPS_OPT_DOUBLE, ZPS_OPT_FIELD(s_cfg, width), 0.01, 4, .meta = "W",
+     .help = "inception_v3 channel multiplier"},
+    {"channels", ZPS_OPT_INT, ZPS_OPT_FIELD(s_cfg, channels), 0, 64, .meta = "N",
+     .dflt = "inception_v3 3, convnet 1", .help = "input channels"},
+    {"classes", ZPS_OPT_INT, ZPS_OPT_FIELD(s_cfg, classes), 0, 100000, .meta = "N",
+     .dflt = "inception_v3 1000, convnet 10", .help = "classes"},
+    {"threads", ZPS_OPT_INT, ZPS_OPT_FIELD(s_cfg, threads), 0, 1024, .meta = "N",
+     .dflt = "0", .help = "threads of every side (0: zps all cores, the peers 2)"},
     {"steps", ZPS_OPT_INT, ZPS_OPT_FIELD(s_cfg, steps), 1, 1000000, .meta = "N",
      .help = "timed steps"},
     {"warmup", ZPS_OPT_INT, ZPS_OPT_FIELD(s_cfg, warmup), 0, 1000000, .meta = "N",
      .help = "steps before timing"},
+    {"pairs", ZPS_OPT_INT, ZPS_OPT_FIELD(s_cfg, pairs), 1, 1000, .meta = "N",
+     .help = "alternating rounds of all sides per shape (medians over them)"},
     {"no-torch", ZPS_OPT_CLEAR, ZPS_OPT_FIELD(s_cfg, torch), .help = "skip the PyTorch side"},
+    {"no-tf", ZPS_OPT_CLEAR, ZPS_OPT_FIELD(s_cfg, tf), .help = "skip the TensorFlow side"},
+    {"tf-python", ZPS_OPT_ARG, ZPS_OPT_FIELD(s_cfg, tf_python), .meta = "PATH",
+     .dflt = "BENCH_DIR/../peers-venv/bin/python", .help = "python with tensorflow-cpu"},
+    {"append", ZPS_OPT_SET, ZPS_OPT_FIELD(s_cfg, append),
+     .help = "add the records to train_step.json instead of replacing it"},
     {.type = ZPS_OPT_END},
 };
 
 static const zps_opts s_spec = BENCH_OPTS("train-step", s_cfg, s_opt, s_defaults, NULL);
 
-/* One shape, both sides: its table line and JSON object (first: no leading comma). 0 when
- * the zps side ran, 1 when it failed, 2 for a malformed shape. */
-static int s_one_shape(const s_cfg *cfg, const char *tok, FILE *out, int first)
+/* The medians of one shape's rounds; NAN where a side did not run. */
+typedef struct s_result {
+    double zps, torch, tf, ratio, tf_ratio, rss, params;
+    double zps_cpu, torch_cpu, tf_cpu, cpu_ratio, tf_cpu_ratio; // per CPU-second
+} s_result;
+
+/* One side's paired figures: its img/s and zps's over it in each round where it ran. */
+typedef struct s_pairs {
+    double ips[1000], ratio[1000], cpu[1000], cpu_ratio[1000];
+    int n;
+} s_pairs;
+
+static double s_med(double *v, int n)
 {
-    s_shape sh;
-    if (sscanf(tok, "%dx%d", &sh.size, &sh.batch) != 2 || sh.size < 75 || sh.batch < 1) {
+    return n > 0 ? bench_median(v, (size_t)n) : NAN;
+}
+
+/* A peer's round: its figures, checked against zps's parameter count. 0 ok (or not run),
+ * 1 for a count that differs. */
+static int s_peer_round(const char *name, int rc, const s_side *z, const s_side *p,
+                        s_pairs *acc)
+{
+    if (rc != 0)
+        return 0;
+    if (p->params != z->params) {
+        fprintf(stderr, "zps-bench train-step: %s's model has %.0f parameters, zps's %.0f\n",
+                name, p->params, z->params);
+        return 1;
+    }
+    acc->ips[acc->n] = p->ips, acc->ratio[acc->n] = z->ips / p->ips;
+    acc->cpu[acc->n] = p->cpu_ips, acc->cpu_ratio[acc->n++] = z->cpu_ips / p->cpu_ips;
+    return 0;
+}
+
+/* The rounds of one case: zps, TF, PyTorch, reversed every other round. 0, or 1 when zps
+ * failed or a peer's parameter count differs. */
+static int s_rounds(const s_cfg *cfg, const s_case *c, const char *tf_py, s_result *res)
+{
+    int th = cfg->threads > 0 ? cfg->threads : 2, bad = 0, fails = 0, nz = 0;
+    static s_pairs pt, pf;
+    double zi[1000], zc[1000];
+    pt.n = pf.n = 0;
+    for (int r = 0; r < cfg->pairs && !bad; r++) {
+        s_side z = {0}, t = {0}, f = {0};
+        int zrc = 0, trc = -1, frc = -1;
+        for (int k = 0; k < 3; k++) {
+            int side = r % 2 ? 2 - k : k;
+            if (side == 0)
+                zrc = s_run_zps(c, cfg->warmup, cfg->steps, &z, &res->rss);
+            else if (side == 1 && tf_py)
+                frc = s_run_tf(tf_py, c, th, cfg->warmup, cfg->steps, &f);
+            else if (side == 2 && cfg->torch)
+                trc = s_run_torch(c, th, cfg->warmup, cfg->steps, &t);
+        }
+        if (zrc != 0)
+            return 1;
+        fails += (tf_py && frc != 0) + (cfg->torch && trc != 0);
+        zi[nz] = z.ips, zc[nz++] = z.cpu_ips, res->params = z.params;
+        bad = s_peer_round("PyTorch", trc, &z, &t, &pt) | s_peer_round("TF", frc, &z, &f, &pf);
+    }
+    if (fails)
+        fprintf(stderr, "zps-bench train-step: a peer failed %d time(s) at %s %dx%d (python3-torch "
+                        "or the TF venv missing?)\n", fails, c->model, c->size, c->batch);
+    res->zps = s_med(zi, nz), res->zps_cpu = s_med(zc, nz);
+    res->torch_cpu = s_med(pt.cpu, pt.n), res->cpu_ratio = s_med(pt.cpu_ratio, pt.n);
+    res->tf_cpu = s_med(pf.cpu, pf.n), res->tf_cpu_ratio = s_med(pf.cpu_ratio, pf.n);
+    res->torch = s_med(pt.ips, pt.n), res->ratio = s_med(pt.ratio, pt.n);
+    res->tf = s_med(pf.ips, pf.n), res->tf_ratio = s_med(pf.ratio, pf.n);
+    return bad;
+}
+
+static const char *s_num(char *buf, size_t n, double v)
+{
+    if (isnan(v))
+        snprintf(buf, n, "null");
+    else
+        snprintf(buf, n, "%.3f", v);
+    return buf;
+}
+
+/* One shape, all sides: its table line and JSON object (first: no leading comma). 0 when
+ * it ran, 1 when it failed, 2 for a malformed shape. */
+static int s_one_shape(const s_cfg *cfg, const char *tf_py, const char *tok, FILE *out,
+                       int first)
+{
+    int convnet = cfg->convnet;
+    s_case c = {s_models[convnet].name, (float)cfg->width, cfg->channels ? cfg->channels : convnet ? 1 : 3,
+                cfg->classes ? cfg->classes : convnet ? 10 : 1000, 0, 0, 0};
+    if (sscanf(tok, "%dx%d", &c.size, &c.batch) != 2 || c.size < (convnet ? 1 : 75) ||
+        c.batch < 1) {
         fprintf(stderr, "zps-bench train-step: bad shape '%s' (want SIZExBATCH)\n", tok);
         return 2;
     }
-    sh.aux = sh.size >= 299;
-    double zi = 0, ti = NAN, rss = 0, before = -1, after = -1;
-    const char *policy = getenv("OMP_WAIT_POLICY");
+    c.aux = !convnet && c.size >= 299;
+    const char *policy = getenv("OMP_WAIT_POLICY"), *nth = getenv("OMP_NUM_THREADS");
+    double before = -1, after = -1;
+    s_result r = {0};
     bench_loadavg(&before);
-    if (s_run_zps(&sh, cfg->warmup, cfg->steps, &zi, &rss) != 0) {
-        fprintf(stderr, "zps-bench train-step: zps run failed at %s\n", tok);
+    if (s_rounds(cfg, &c, c.aux ? NULL : tf_py, &r) != 0) {
+        fprintf(stderr, "zps-bench train-step: %s %s failed\n", c.model, tok);
         return 1;
-    }
-    if (cfg->torch && s_run_torch(&sh, cfg->warmup, cfg->steps, &ti) != 0) {
-        fprintf(stderr, "zps-bench train-step: PyTorch run failed at %s (python3-torch missing?)\n",
-                tok);
-        ti = NAN;
     }
     bench_loadavg(&after);
     int busy = bench_busy(before) || bench_busy(after);
-    char tbuf[32] = "null", rbuf[32] = "null";
-    if (!isnan(ti)) {
-        snprintf(tbuf, sizeof tbuf, "%.3f", ti);
-        snprintf(rbuf, sizeof rbuf, "%.3f", zi / ti);
-    }
-    printf("%-9s %6d %10.2f %10s %7s %12.0f %5.2f/%-5.2f%s\n", tok, sh.batch, zi, tbuf, rbuf, rss,
-           before, after, busy ? "  BUSY: discard this line" : "");
+    char tb[32], rb[32], fb[32], qb[32], tc[32], rc[32], fc[32], qc[32];
+    printf("%-12s %-9s %8.0f %10.2f %10s %7s %10s %7s %7s %7s %8.0f %5.2f/%-5.2f%s\n", c.model,
+           tok, r.params, r.zps, s_num(tb, 32, r.torch), s_num(rb, 32, r.ratio),
+           s_num(fb, 32, r.tf), s_num(qb, 32, r.tf_ratio), s_num(rc, 32, r.cpu_ratio),
+           s_num(qc, 32, r.tf_cpu_ratio), r.rss, before, after,
+           busy ? "  BUSY: discard this line" : "");
     fflush(stdout);
     fprintf(out,
             "%s\n  {\"shape\": \"%dx%dx%d\", \"batch\": %d, \"aux\": %d, \"zps_ips\": %.3f, "
             "\"torch_ips\": %s, \"ratio\": %s, \"zps_peak_rss_mb\": %.0f, "
             "\"omp_wait_policy\": \"%s\", \"cores\": %ld, \"load_before\": %.2f, "
-            "\"load_after\": %.2f, \"busy\": %s}",
-            first ? "" : ",", 3, sh.size, sh.size, sh.batch, sh.aux, zi, tbuf, rbuf, rss,
+            "\"load_after\": %.2f, \"busy\": %s, \"model\": \"%s\", \"width\": %g, "
+            "\"classes\": %d, \"threads\": %d, \"omp_num_threads\": \"%s\", \"params\": %.0f, "
+            "\"tf_ips\": %s, \"tf_ratio\": %s, \"pairs\": %d, \"zps_cpu_ips\": %.3f, "
+            "\"torch_cpu_ips\": %s, \"tf_cpu_ips\": %s, \"cpu_ratio\": %s, \"tf_cpu_ratio\": %s}",
+            first ? "" : ",", c.channels, c.size, c.size, c.batch, c.aux, r.zps, tb, rb, r.rss,
             policy ? policy : "", sysconf(_SC_NPROCESSORS_ONLN), before, after,
-            busy ? "true" : "false");
+            busy ? "true" : "false", c.model, (double)c.width, c.classes, cfg->threads,
+            nth ? nth : "", r.params, fb, qb, cfg->pairs, r.zps_cpu, s_num(tc, 32, r.torch_cpu),
+            s_num(fc, 32, r.tf_cpu), rc, qc);
     return 0;
+}
+
+/* Opens train_step.json; with append, rewrites the records it held first (*first 0 when
+ * there were any). */
+static FILE *s_open_json(int append, char *path, size_t len, int *first)
+{
+    char *old = NULL;
+    size_t n = 0;
+    *first = 1;
+    snprintf(path, len, "%s/train_step.json", bench_out_dir());
+    FILE *in = append ? fopen(path, "r") : NULL;
+    if (in) {
+        old = malloc(1 << 20);
+        n = old ? fread(old, 1, (1 << 20) - 1, in) : 0;
+        fclose(in);
+        char *end = n ? memrchr(old, ']', n) : NULL;
+        n = end && memchr(old, '{', (size_t)(end - old)) ? (size_t)(end - old) : 0;
+        while (n && (old[n - 1] == '\n' || old[n - 1] == ' '))
+            n--;
+    }
+    FILE *out = bench_json_open("train-step", "train_step.json", path, len);
+    if (out && n) {
+        fwrite(old, 1, n, out);
+        *first = 0;
+    } else if (out)
+        fprintf(out, "[");
+    free(old);
+    return out;
 }
 
 static int s_train_step(int argc, char **argv)
@@ -223,19 +433,35 @@ static int s_train_step(int argc, char **argv)
     int rc = bench_opts_parse(&s_spec, &cfg, argc, argv);
     if (rc >= 0)
         return rc;
-    zps_omp_env(1, bench_argv());
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    /* OMP_NUM_THREADS = cores / local: local processes of threads threads each */
+    zps_omp_env(cfg.threads > 0 && cores > cfg.threads ? (int)(cores / cfg.threads) : 1,
+                bench_argv());
+    char tf_buf[4096];
+    const char *tf_py = cfg.tf_python;
+    if (!tf_py) {
+        snprintf(tf_buf, sizeof tf_buf, "%s/../peers-venv/bin/python", bench_out_dir());
+        tf_py = tf_buf;
+    }
+    if (!cfg.tf || access(tf_py, X_OK) != 0)
+        tf_py = NULL;
     char path[4096];
-    FILE *out = bench_json_open("train-step", "train_step.json", path, sizeof path);
+    int first;
+    FILE *out = s_open_json(cfg.append, path, sizeof path, &first);
     if (!out)
         return 1;
-    fprintf(out, "[");
-    int first = 1;
     rc = 0;
-    char *list = strdup(cfg.shapes), *save = NULL;
-    printf("%-9s %6s %10s %10s %7s %12s %s\n", "shape", "batch", "zps img/s", "torch img/s",
-           "ratio", "zps RSS MiB", "load before/after");
+    char *list = strdup(cfg.shapes           ? cfg.shapes
+                        : cfg.convnet ? "28x32"
+                                      : "299x8,299x32,139x32,75x32");
+    char *save = NULL;
+    const char *nth = getenv("OMP_NUM_THREADS");
+    printf("train-step: zps threads %s, TF %s\n", nth ? nth : "all", tf_py ? tf_py : "not run");
+    printf("%-12s %-9s %8s %10s %10s %7s %10s %7s %7s %7s %8s %s\n", "model", "shape", "params",
+           "zps img/s", "torch", "z/torch", "TF", "z/TF", "z/t cpu", "z/TF cpu", "RSS MiB",
+           "load before/after");
     for (char *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        int r = s_one_shape(&cfg, tok, out, first);
+        int r = s_one_shape(&cfg, tf_py, tok, out, first);
         if (r == 2) {
             rc = 2;
             break;
@@ -249,6 +475,6 @@ static int s_train_step(int argc, char **argv)
     fclose(out);
     free(list);
     printf("train-step: wrote %s (a line marked BUSY ran with the load above the %ld cores)\n",
-           path, sysconf(_SC_NPROCESSORS_ONLN));
+           path, cores);
     return rc;
 }

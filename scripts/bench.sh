@@ -14,6 +14,16 @@ failed=()
 names=$("$bin" --list | grep -vx pipeline; "$bin" --list | grep -x pipeline)
 for name in $names; do
   echo "=== zps-bench $name"
+  if [ "$name" = train-step ]; then
+    # full-width Inception-v3 against PyTorch on all cores, then the one-thread comparison
+    # against TF and PyTorch (convnet, the demo's Inception-v3) added to the same JSON
+    "$bin" train-step --no-tf || failed+=("train-step")
+    one=(--threads 1 --pairs 5 --steps 20 --warmup 3 --append)
+    "$bin" train-step "${one[@]}" --model convnet || failed+=("train-step convnet")
+    "$bin" train-step "${one[@]}" --steps 10 --model inception_v3 --width 0.25 --channels 1 \
+      --classes 10 --shapes 75x32 || failed+=("train-step inception_v3 w0.25")
+    continue
+  fi
   "$bin" "$name" || failed+=("$name")
 done
 for s in scripts/bench.d/*.sh; do

@@ -141,3 +141,40 @@ Test(it_bench, train_step_keeps_the_users_openmp_policy)
     s_train_step("OMP_WAIT_POLICY=active", js, sizeof js);
     cr_expect_not_null(strstr(js, "\"omp_wait_policy\": \"active\""), "%s", js);
 }
+
+/* The one-thread comparison's two models, zps side only: the convnet, then the demo's
+ * Inception-v3 appended to the same file; each record names its model, parameter count and
+ * thread count, and zps ran on one OpenMP thread (where the machine has more). */
+Test(it_bench, train_step_one_thread_models_append_to_one_file)
+{
+    unsetenv("OMP_WAIT_POLICY");
+    unsetenv("OMP_NUM_THREADS");
+    unsetenv("ZPS_OMP_CONFIGURED");
+    const char *const conv[] = {"train-step", "--no-torch", "--no-tf", "--model", "convnet",
+                                "--threads", "1", "--shapes", "28x2", "--steps", "1",
+                                "--warmup", "0", NULL};
+    const char *const inc[] = {"train-step", "--no-torch", "--no-tf", "--model",
+                               "inception_v3", "--width", "0.25", "--channels", "1",
+                               "--classes", "10", "--threads", "1", "--shapes", "75x2",
+                               "--steps", "1", "--warmup", "0", "--append", NULL};
+    const char *const *runs[] = {conv, inc};
+    for (int i = 0; i < 2; i++) {
+        char *out;
+        int rc = s_bench_env(&out, 120, runs[i], NULL);
+        cr_assert_eq(rc, 0, "zps-bench train-step exited %d:\n%s", rc, out);
+        free(out);
+    }
+    char js[8192];
+    s_json("train_step.json", js, sizeof js);
+    cr_expect_eq(zt_count(js, "\"shape\""), 2, "two records:\n%s", js);
+    cr_expect_not_null(strstr(js, "\"shape\": \"1x28x28\", \"batch\": 2,"), "%s", js);
+    cr_expect_not_null(strstr(js, "\"shape\": \"1x75x75\", \"batch\": 2,"), "%s", js);
+    cr_expect_not_null(strstr(js, "\"model\": \"convnet\""), "%s", js);
+    cr_expect_not_null(strstr(js, "\"model\": \"inception_v3\", \"width\": 0.25"), "%s", js);
+    cr_expect_not_null(strstr(js, "\"params\": 421738"), "%s", js);
+    cr_expect_not_null(strstr(js, "\"params\": 1373202"), "%s", js);
+    cr_expect_eq(zt_count(js, "\"threads\": 1,"), 2, "%s", js);
+    cr_expect_eq(zt_count(js, "\"tf_ips\": null"), 2, "%s", js);
+    if (s_num(js, "cores") > 1)
+        cr_expect_eq(zt_count(js, "\"omp_num_threads\": \"1\""), 2, "%s", js);
+}

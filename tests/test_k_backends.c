@@ -604,17 +604,26 @@ static void s_blocked_dense(int lay, int n, int c, int h, int w, int out)
 }
 
 /* The blocked layouts of the cpu back-end (nChw16c, nChw8c, and every pair of them and NCHW
- * around a convolution) give ref's results after conversion; the dispatcher refuses blocked
+ * around a convolution, and wide 8-block pairs, which it runs in 16-blocks) give ref's
+ * results after conversion; the dispatcher refuses blocked
  * tensors where the back-end has no such layout. */
 Test(k_cpu, blocked_layouts_match_ref, .init = s_init_cpu, .timeout = 60)
 {
     const k_backend *cpu = k_backend_cpu(), *ref = k_backend_ref();
     cr_assert(cpu->prefers_blocked && cpu->prefers_blocked(32) == K_BLOCK16);
     cr_assert(cpu->prefers_blocked(24) == K_BLOCK8 && !cpu->prefers_blocked(12));
-    for (int iter = 0; iter < 8; iter++) {
+    for (int iter = 0; iter < 11; iter++) {
         k_conv2d d, dr;
         int xl = (iter + 1) % 3, yl = (iter + 1) / 3 % 3; /* every pair but NCHW -> NCHW */
-        s_random_blocked_conv(&d, xl, yl);
+        if (iter < 8) {
+            s_random_blocked_conv(&d, xl, yl);
+        } else { /* wide 8-blocks: the cpu back-end runs them in 16-blocks (conv.c) */
+            static const int ck[3][2] = {{40, 40}, {72, 40}, {40, 72}};
+            xl = yl = K_BLOCK8;
+            cr_assert_eq(k_conv2d_init(&d, 2, ck[iter - 8][0], 5, 7, ck[iter - 8][1], 1 + iter % 3,
+                                       3, 1, 1 + iter % 2, iter % 2, 1), ZPS_OK);
+            d.x_blocked = xl, d.y_blocked = yl;
+        }
         dr = d;
         dr.x_blocked = dr.y_blocked = 0;
         size_t nx = (size_t)d.n * d.c * d.h * d.w, nw = (size_t)d.k * d.c * d.r * d.s;

@@ -5,6 +5,7 @@
 #   python peers_tf.py pss-server            # a PS or a worker task: a gRPC server, forever
 #   python peers_tf.py pss-coordinator ARGS  # the chief: builds, schedules, measures, prints
 #   python peers_tf.py mwms-worker ARGS      # one MultiWorkerMirroredStrategy worker
+#   python peers_tf.py train-step ARGS       # one process, `zps-bench train-step`'s TF side
 #
 # The measuring process prints one line "PEERS {json}" with img_s (the whole fleet's images
 # per second over the steady steps), params and variables. The models are written with
@@ -43,8 +44,9 @@ class Model:
     """zps's models on tf.Variable: the first call creates the variables (in the order zps
     declares them), later calls reuse them."""
 
-    def __init__(self, name, width, size, classes=10, seed=1):
+    def __init__(self, name, width, size, classes=10, seed=1, channels=1):
         self.name, self.width, self.size, self.classes = name, width, size, classes
+        self.channels = channels
         self.vars = []
         self._by_name = {}
         self._rng = np.random.default_rng(seed)
@@ -172,7 +174,7 @@ class Model:
 
     def build(self):
         """Creates the variables with one eager forward pass on one image."""
-        self(tf.zeros((1, self.size, self.size, 1)), training=False)
+        self(tf.zeros((1, self.size, self.size, self.channels)), training=False)
         return sum(int(np.prod(v.shape)) for v in self.vars), len(self.vars)
 
 
@@ -329,6 +331,46 @@ def mwms_worker(a):
                {"loss": float(strat.experimental_local_results(loss)[0])})
 
 
+# ---------------------------------------------------------------- one process, one step
+
+def train_step(a):
+    """`zps-bench train-step`'s TF side: forward + backward + momentum SGD on random input,
+    one tf.function step per call, THREADS intra-op threads (inter-op 1 when THREADS is 1).
+    Reports img_s = batch / the median step time over the timed steps, cpu_ips the same over
+    the process's CPU time of a step (all its threads), and step_s."""
+    th = a.get("threads", 1)
+    tf.config.threading.set_intra_op_parallelism_threads(th)
+    tf.config.threading.set_inter_op_parallelism_threads(1 if th == 1 else 0)
+    model = Model(a["model"], a.get("width", 1.0), a["size"], a.get("classes", 10),
+                  channels=a.get("channels", 1))
+    params, nvars = model.build()
+    slots = [tf.Variable(tf.zeros(v.shape), trainable=False) for v in model.vars]
+    lr, mom, b = 0.001, 0.9, a["batch"]
+    rng = np.random.default_rng(0)
+    img = tf.constant(rng.standard_normal((b, a["size"], a["size"], model.channels), np.float32))
+    lab = tf.constant(rng.integers(0, model.classes, b, dtype=np.int32))
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            loss = loss_of(model, img, lab)
+        grads = tape.gradient(loss, model.vars)
+        for v, g, m in zip(model.vars, grads, slots):
+            m.assign(mom * m + g)
+            v.assign_sub(lr * m)
+        return loss
+
+    times, cpu = [], []
+    for s in range(a["warmup"] + a["steps"]):
+        t0, c0 = time.perf_counter(), time.process_time()
+        step().numpy()
+        if s >= a["warmup"]:
+            times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
+    report(b / float(np.median(times)), params, nvars,
+           {"cpu_ips": b / float(np.median(cpu)), "step_s": times})
+
+
 def main():
     role = sys.argv[1]
     if role == "pss-server":
@@ -338,6 +380,8 @@ def main():
         return pss_coordinator(a)
     if role == "mwms-worker":
         return mwms_worker(a)
+    if role == "train-step":
+        return train_step(a)
     if role == "count":
         m = Model(a["model"], a["width"], a["size"])
         params, nvars = m.build()
