@@ -295,8 +295,18 @@ static int s_admin(const args *a, fleet *f, int shutdown)
     ps_client_answer *ans = zps_xcalloc((size_t)f->n, sizeof *ans);
     int cut = !strcmp(mode, "sync") && !a->now, rc;
     uint64_t at = 0;
-    if (cut) {
-        rc = s_cut(f, shutdown, ans, &at);
+    if (cut && shutdown) {
+        /* Two phases, so that no server can end at another version than the rest: a
+         * CHECKPOINT cut (harmless to retry while training overtakes it) fixes a version
+         * every server has written, then SHUTDOWN at it; a server that trained on in
+         * between ends with that cut's file (docs/ps.md "Admin ops"). */
+        rc = s_cut(f, 0, ans, &at);
+        if (!rc) {
+            zps_status st = ps_client_admin(f->c, 1, 1, at, ans);
+            rc = st != ZPS_OK ? s_fail(f, "SHUTDOWN", st) : 0;
+        }
+    } else if (cut) {
+        rc = s_cut(f, 0, ans, &at);
     } else {
         zps_status st = ps_client_admin(f->c, shutdown, 0, 0, ans);
         rc = st != ZPS_OK ? s_fail(f, shutdown ? "SHUTDOWN" : "CHECKPOINT", st) : 0;

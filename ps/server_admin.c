@@ -18,6 +18,7 @@
  *     The loop stops once no registered trainer is live (they LEAVE when told) or after
  *     PS_SRV_DRAIN_S.
  */
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,19 +62,52 @@ static void s_checkpoint_reply(ps_server *s, zmq_msg_t *ident, int op, uint64_t 
     ps_srv_send(s, ident, &r, NULL, 0);
 }
 
-/* SHUTDOWN's work: the final checkpoint (a cut when every chunk is at one version), the
- * reply, everyone waiting told, and the drain (ps_srv_admin_tick ends it). */
-static void s_shutdown_now(ps_server *s, zmq_msg_t *ident, uint64_t rid, uint32_t sender)
+/* The final checkpoint of a SHUTDOWN at cut version `at` that this server has gone past:
+ * the file of the cut it wrote at that version (the versioned copy, or the latest file if no
+ * checkpoint came after it) becomes server-I.ckpt. ZPS_ERR_STALE when it has neither. */
+static zps_status s_final_from_cut(ps_server *s, uint64_t at)
 {
-    zps_status st = ps_srv_write_checkpoint(s, 1); // the job ends: every server at its end
+    char path[1100], vpath[1100], tmp[1200];
+    ps_ckpt_path(s->cfg.checkpoint_dir, s->cfg.index, path, sizeof path);
+    ps_ckpt_version_path(s->cfg.checkpoint_dir, s->cfg.index, at, vpath, sizeof vpath);
+    if (s->cut_written != at + 1)
+        return ZPS_ERR_STALE;
+    if (s->last_ckpt_version == at)
+        return ZPS_OK; /* server-I.ckpt is that cut already */
+    snprintf(tmp, sizeof tmp, "%s.final", vpath);
+    if (access(vpath, F_OK) != 0)
+        return ZPS_ERR_STALE;
+    if (link(vpath, tmp) != 0 || rename(tmp, path) != 0) {
+        zps_log(ZPS_ERROR, "ps", "%s -> %s: %s", vpath, path, strerror(errno));
+        unlink(tmp);
+        return ZPS_ERR_IO;
+    }
+    return ZPS_OK;
+}
+
+/* SHUTDOWN's work: the final checkpoint (a cut when every chunk is at one version; with
+ * from_cut, the cut of that version this server wrote before training went on), the reply,
+ * everyone waiting told, and the drain (ps_srv_admin_tick ends it). */
+static void s_shutdown_now(ps_server *s, zmq_msg_t *ident, uint64_t rid, uint32_t sender,
+                           const uint64_t *from_cut)
+{
+    zps_status st = from_cut ? s_final_from_cut(s, *from_cut)
+                             : ps_srv_write_checkpoint(s, 1); // every server at its end
+    char msg[200];
+    if (from_cut)
+        snprintf(msg, sizeof msg, "shutting down at the cut of version %" PRIu64 " (this server "
+                 "had gone on to %" PRIu64 "; its final checkpoint is the cut's)", *from_cut,
+                 ps_srv_max_version(s));
     ps_srv_reply r = {ZPS__OP__OP_SHUTDOWN, rid, st,
-                      st == ZPS_OK ? "shutting down" : "shutting down; checkpoint failed",
-                      ps_srv_min_version(s), 0, 0};
+                      from_cut ? msg
+                      : st == ZPS_OK ? "shutting down" : "shutting down; checkpoint failed",
+                      from_cut ? *from_cut : ps_srv_min_version(s), 0, 0};
     ps_srv_send(s, ident, &r, NULL, 0);
     if (sender < s->n_trainers)
         zps_log(ZPS_INFO, "ps", "SHUTDOWN from trainer %u", sender);
     else
-        zps_log(ZPS_INFO, "ps", "SHUTDOWN from zps-ctl at version %" PRIu64, ps_srv_min_version(s));
+        zps_log(ZPS_INFO, "ps", "SHUTDOWN from zps-ctl at version %" PRIu64 "%s", r.version,
+                from_cut ? " (the cut it wrote; it had trained on)" : "");
     /* whoever waits hears it now; the rest when they next ask (ps_srv_check_message) */
     while (s->n_pending) {
         ps_srv_pending *p = &s->pending[0];
@@ -109,9 +143,11 @@ static void s_cut_done(ps_server *s, uint32_t i, zps_status st, const char *why)
     if (st != ZPS_OK)
         ps_srv_reject(s, &w.ident, w.op, w.rid, st, why);
     else if (w.op == ZPS__OP__OP_SHUTDOWN)
-        s_shutdown_now(s, &w.ident, w.rid, w.sender);
+        s_shutdown_now(s, &w.ident, w.rid, w.sender, NULL);
     else
         s_checkpoint_reply(s, &w.ident, w.op, w.rid, 1);
+    if (st == ZPS_OK && w.op == ZPS__OP__OP_CHECKPOINT)
+        s->cut_written = w.version + 1;
     zmq_msg_close(&w.ident);
 }
 
@@ -123,6 +159,12 @@ static void s_op_cut(ps_server *s, zmq_msg_t *ident, const Zps__Header *h)
     char why[200];
     zps_status st = ZPS_OK;
     uint64_t v = ps_srv_min_version(s), top = ps_srv_max_version(s), want = h->cut_version;
+    if (top > want && h->op == ZPS__OP__OP_SHUTDOWN && s->cut_written == want + 1) {
+        /* zps-ctl's second phase: the fleet agreed on the cut of `want`, written by every
+         * server, and this one trained on while the others were being told */
+        s_shutdown_now(s, ident, h->request_id, h->trainer_id, &want);
+        return;
+    }
     if (top > want) {
         st = ZPS_ERR_STALE;
         snprintf(why, sizeof why, "server %d is past version %" PRIu64 " (chunks at %" PRIu64
@@ -198,7 +240,7 @@ static void s_op_shutdown(ps_server *s, zmq_msg_t *ident, const Zps__Header *h)
     } else if (h->cut && s->initialised) {
         s_op_cut(s, ident, h);
     } else {
-        s_shutdown_now(s, ident, h->request_id, h->trainer_id);
+        s_shutdown_now(s, ident, h->request_id, h->trainer_id, NULL);
     }
 }
 

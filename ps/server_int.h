@@ -221,6 +221,8 @@ struct ps_server {
                            // refused); 0: none
     double drain_until;    // 0: serving; after SHUTDOWN: stop then, or once no trainer is live
     uint32_t drain_sender; // the trainer that sent SHUTDOWN (not waited for), or none
+    uint64_t cut_written;  // the last CHECKPOINT cut this server wrote, + 1 (0: none): a
+                           // SHUTDOWN at that version may end at it after training went on
 
     /* --metrics file (server_stats.c; the timer in server.c) */
     FILE *metrics;            // NULL: none, or closed after a write failed

@@ -11,6 +11,8 @@
  *    the printed version); shutdown: both servers write their final checkpoint at one
  *    version and exit 0, the trainer ends (exit 0) saying the servers were shut down, and
  *    export takes those final files as they are.
+ *  - a server that trained on past the cut zps-ctl's shutdown agreed on ends with that
+ *    cut's file as its final checkpoint.
  *  - export refuses a missing shard, shards of different versions and another model.
  *  - CURVE: an admin key ('KEY admin') may checkpoint and shut down; a trainer's key may
  *    not, and the server stays up.
@@ -320,6 +322,53 @@ Test(it_ctl, cut_while_training_then_shutdown_ends_the_fleet)
  * errors of an accuracy near 0.8 on 2048 images: the trainer's own statistics are a
  * momentum trace of its last batches, the recomputed ones the mean of 100 batches at the
  * final weights, so a few images may go either way. */
+/* The second phase of zps-ctl's sync shutdown, met by a server that trained on after the
+ * cut: SHUTDOWN at the cut of version 5, which it wrote, when it is at 7 (and wrote a later
+ * checkpoint meanwhile) ends it with that cut as its final checkpoint, not refused; a
+ * SHUTDOWN at a version it never cut (3) is still refused as stale. */
+Test(it_ctl, shutdown_at_a_written_cut_after_training_went_on)
+{
+    static const ps_var vars[] = {{"w", 5000}, {"b", 10}};
+    char dir[256], path[400];
+    pst_tmpdir(dir, sizeof dir);
+    const char *args[] = {"--mode", "sync", "--num-trainers", "1", "--checkpoint-dir", dir,
+                          "--checkpoint-every-versions", "1000000000", NULL};
+    pst_server srv;
+    cr_assert_eq(pst_spawn(&srv, NULL, args), 0);
+    ps_plan *plan;
+    cr_assert_eq(ps_plan_new(vars, 2, 1, 0, &plan), ZPS_OK);
+    uint64_t seed = pst_seed(), r = seed;
+    float *v = zps_xmalloc(plan->total * 4), *g = zps_xmalloc(plan->total * 4);
+    for (uint64_t i = 0; i < plan->total; i++)
+        g[i] = pst_uniform(&r);
+    ps_client *c = pst_client_init(srv.uri, plan, seed, v);
+    ps_client_answer ans;
+    for (int step = 0; step < 7; step++) {
+        ps_ticket t;
+        cr_assert_eq(ps_client_push(c, 0, 2, g, step, &t), ZPS_OK);
+        cr_assert_eq(ps_client_wait(c, t), ZPS_OK, "%s", ps_client_last_error(c));
+        if (step == 4) /* at version 5: the fleet's agreed cut */
+            cr_assert_eq(ps_client_admin(c, 0, 1, 5, &ans), ZPS_OK, "%s", ans.msg);
+    }
+    cr_assert_eq(ps_client_admin(c, 0, 0, 0, &ans), ZPS_OK, "%s", ans.msg); /* a later file */
+    zps_status st = ps_client_admin(c, 1, 1, 3, &ans);
+    cr_assert_eq(st, ZPS_ERR_STALE, "SHUTDOWN at an uncut version: %s: %s",
+                 zps_status_name(st), ans.msg);
+    st = ps_client_admin(c, 1, 1, 5, &ans);
+    cr_assert_eq(st, ZPS_OK, "SHUTDOWN at the written cut: %s: %s", zps_status_name(st), ans.msg);
+    cr_assert_eq(ans.version, 5);
+    cr_assert(strstr(ans.msg, "at the cut of version 5"), "%s", ans.msg);
+    ps_client_destroy(&c);
+    int ws = pst_wait(&srv, 20);
+    cr_assert(WIFEXITED(ws) && WEXITSTATUS(ws) == 0, "the server did not exit 0 (%d)", ws);
+    snprintf(path, sizeof path, "%s/server-0.ckpt", dir);
+    cr_assert(s_shard_at(path, 5), "the final checkpoint is not the cut of version 5");
+    free(v);
+    free(g);
+    ps_plan_destroy(&plan);
+    pst_rmdir(dir);
+}
+
 Test(it_ctl, convnet_export_evaluates_as_trained_only_with_bn_data)
 {
     pst_server srv[2];
