@@ -90,14 +90,16 @@ static zps_status s_wait(s_ps *p, ps_ticket t, uint64_t *version)
 
 /* ---- recovery (sync: docs/ps.md "Recovery") ---- */
 
-/* The first step that computed with version v or later (the steps to redo start there); the
- * step after the current one when none did yet. */
+/* The first step that computed with version v or later (the steps to redo start there);
+ * the current step when none did: a trainer behind the version the fleet went back to (a
+ * straggler of --replicas-to-aggregate) redoes the step that failed with the values of v,
+ * rather than skipping its number (its record was never written: the step count fell short). */
 static int64_t s_redo_step(const s_ps *p, uint64_t v)
 {
     for (int64_t k = 0; k <= p->step && k < p->cap_steps; k++)
         if (p->step_version[k] >= v)
             return k;
-    return p->step + 1;
+    return p->step;
 }
 
 /* After a failed wait: when the fleet rolled back, rolls this trainer back too (the servers,
