@@ -267,10 +267,67 @@ static void s_fill_ranges(ps_client *c, const ps_client_slot *sl, ps_dtype dt, Z
     h->ranges = c->krp;
 }
 
-/* One data frame per piece of sl after its header: dt's bytes from the caller's buffer or
- * the slot's bf16 wire buffer, zero-copy from S_ZC_MIN bytes on. */
+/* Packed f32 push: the slot's gradients copied back to back into its pack buffer, once per
+ * use of the slot (like s_slot_convert). */
+static void s_slot_pack(ps_client_slot *sl)
+{
+    size_t total = 0;
+    for (size_t i = 0; i < sl->n_pieces; i++)
+        total += sl->pieces[i].count;
+    if (total > sl->cap_pack) {
+        sl->cap_pack = total;
+        sl->pack = zps_xrealloc(sl->pack, total * sizeof *sl->pack);
+    }
+    size_t off = 0;
+    for (size_t i = 0; i < sl->n_pieces; i++) {
+        memcpy(sl->pack + off, sl->src + sl->pieces[i].flat_offset, sl->pieces[i].count * 4);
+        off += sl->pieces[i].count;
+    }
+    sl->pack_ready = 1;
+}
+
+/* One frame of nb bytes at p, zero-copy from S_ZC_MIN bytes on (counted in frames_out). */
+static zps_status s_send_frame(ps_client_slot *sl, void *sock, const void *p, size_t nb, int more)
+{
+    zmq_msg_t m;
+    if (nb >= S_ZC_MIN) {
+        atomic_fetch_add(&sl->frames_out, 1);
+        if (zmq_msg_init_data(&m, (void *)p, nb, s_frame_done, sl) == -1) {
+            atomic_fetch_sub(&sl->frames_out, 1);
+            return ZPS_ERR_ZMQ;
+        }
+    } else if (zmq_msg_init_size(&m, nb) == -1) {
+        return ZPS_ERR_ZMQ;
+    } else {
+        memcpy(zmq_msg_data(&m), p, nb);
+    }
+    if (zmq_msg_send(&m, sock, more) == -1) {
+        zmq_msg_close(&m);
+        return ZPS_ERR_ZMQ;
+    }
+    return ZPS_OK;
+}
+
+/* Packed: the whole payload in one frame, from the slot's bf16 wire or f32 pack buffer. */
+static zps_status s_send_packed(ps_client_slot *sl, void *sock, ps_dtype dt)
+{
+    size_t total = 0;
+    for (size_t i = 0; i < sl->n_pieces; i++)
+        total += sl->pieces[i].count;
+    if (dt == PS_DTYPE_BF16 && !sl->wire_ready)
+        s_slot_convert(sl);
+    if (dt != PS_DTYPE_BF16 && !sl->pack_ready)
+        s_slot_pack(sl);
+    const void *p = dt == PS_DTYPE_BF16 ? (const void *)sl->wire : (const void *)sl->pack;
+    return s_send_frame(sl, sock, p, total * ps_dtype_size(dt), 0);
+}
+
+/* One data frame per piece of sl after its header (or one for all, packed): dt's bytes from
+ * the caller's buffer or the slot's bf16 wire buffer, zero-copy from S_ZC_MIN bytes on. */
 static zps_status s_send_data(ps_client_slot *sl, void *sock, ps_dtype dt)
 {
+    if (sl->packed)
+        return s_send_packed(sl, sock, dt);
     if (dt == PS_DTYPE_BF16 && !sl->wire_ready)
         s_slot_convert(sl);
     size_t woff = 0; // into sl->wire
@@ -279,23 +336,7 @@ static zps_status s_send_data(ps_client_slot *sl, void *sock, ps_dtype dt)
         const void *p = dt == PS_DTYPE_BF16 ? (const void *)(sl->wire + woff)
                                             : (const void *)(sl->src + sl->pieces[i].flat_offset);
         woff += cnt;
-        int more = i + 1 < sl->n_pieces ? ZMQ_SNDMORE : 0;
-        zmq_msg_t m;
-        if (nb >= S_ZC_MIN) {
-            atomic_fetch_add(&sl->frames_out, 1);
-            if (zmq_msg_init_data(&m, (void *)p, nb, s_frame_done, sl) == -1) {
-                atomic_fetch_sub(&sl->frames_out, 1);
-                return ZPS_ERR_ZMQ;
-            }
-        } else if (zmq_msg_init_size(&m, nb) == -1) {
-            return ZPS_ERR_ZMQ;
-        } else {
-            memcpy(zmq_msg_data(&m), p, nb);
-        }
-        if (zmq_msg_send(&m, sock, more) == -1) {
-            zmq_msg_close(&m);
-            return ZPS_ERR_ZMQ;
-        }
+        ZPS_TRY(s_send_frame(sl, sock, p, nb, i + 1 < sl->n_pieces ? ZMQ_SNDMORE : 0));
     }
     return ZPS_OK;
 }
@@ -322,6 +363,7 @@ zps_status ps_client_send_slot(ps_client *c, ps_client_slot *sl, const ps_optim_
     h.rollback_token = sl->token;
     h.server_index = (uint32_t)sl->server;
     h.plan_hash = c->plan ? c->plan->hash : 0;
+    h.packed = sl->packed;
     if (sl->op == ZPS__OP__OP_REGISTER || sl->op == ZPS__OP__OP_INIT) {
         s_fill_job(c, &job);
         h.job = &job;

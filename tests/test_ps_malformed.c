@@ -106,6 +106,9 @@ static int s_send_raw(raw *r, const void *hdr, size_t hl, const void *const *pl,
     return st;
 }
 
+/* The headers s_hdr makes say Header.packed (one payload frame for all ranges). */
+static int s_packed;
+
 /* A request header for op with the given ranges and r's incarnation (inc: another one,
  * or I_NONE; REGISTER: with plan's job); returns packed bytes (caller frees). */
 static uint8_t *s_hdr(raw *r, int op, uint32_t version, uint32_t trainer, int64_t step,
@@ -133,6 +136,7 @@ static uint8_t *s_hdr(raw *r, int op, uint32_t version, uint32_t trainer, int64_
     h.n_ranges = (size_t)n;
     h.ranges = rp;
     h.is_reply = is_reply;
+    h.packed = s_packed;
     *len = zps__header__get_packed_size(&h);
     uint8_t *b = zps_xmalloc(*len + 1);
     zps__header__pack(&h, b);
@@ -621,5 +625,58 @@ Test(it_ps_malformed, a_peer_that_stops_reading_does_not_stall_pushes, .timeout 
     free(v);
     free(g);
     free(ref);
+    ps_plan_destroy(&plan);
+}
+
+/* Header.packed: the ranges' bytes in one payload frame. A frame count or a size that
+ * disagrees with the ranges is refused ZPS_ERR_FRAMES and changes nothing; a good one lands
+ * each range where a frame per range would (read back by the client's own packed pulls). */
+Test(it_ps_malformed, packed_payloads, .timeout = 30)
+{
+    uint64_t seed = pst_seed();
+    ps_plan *plan;
+    cr_assert_eq(ps_plan_new(s_vars, 2, 1, 0, &plan), ZPS_OK);
+    uint64_t n = plan->total;
+    pst_server srv;
+    const char *args[] = {"--mode", "async", "--num-trainers", "1", NULL};
+    cr_assert_eq(pst_spawn(&srv, NULL, args), 0);
+    float *init = zps_xmalloc(n * 4), *v = zps_xmalloc(n * 4), *gr = zps_xmalloc(n * 4);
+    float *pk = zps_xmalloc(n * 4);
+    ps_client *c = pst_client_init(srv.uri, plan, seed, init); // sgd, lr 0.01
+    uint64_t r = ~seed;
+    for (uint64_t i = 0; i < n; i++)
+        gr[i] = pst_uniform(&r);
+    const uint64_t q = plan->chunks[0].count / 4;
+    uint32_t key = plan->chunks[0].key;
+    raw rw;
+    s_raw_open(&rw, srv.uri, 0);
+    rw.nonce = ps_client_incarnation(c);
+    char msg[512];
+    Zps__KeyRange kr[2] = {s_kr(key, 0, q * 4), s_kr(key, 2 * q, q * 4)};
+    memcpy(pk, gr, q * 4);
+    memcpy(pk + q, gr + 2 * q, q * 4);
+    s_packed = 1;
+    const void *pl[2] = {pk, pk + q};
+    size_t short_len = 2 * q * 4 - 4, pll[2] = {q * 4, q * 4}, all = 2 * q * 4;
+    int got = s_req(&rw, ZPS__OP__OP_PUSH, kr, 2, pl, &short_len, 1, msg, sizeof msg);
+    cr_assert_eq(got, ZPS_ERR_FRAMES, "a packed payload 4 bytes short: %s", msg);
+    got = s_req(&rw, ZPS__OP__OP_PUSH, kr, 2, pl, pll, 2, msg, sizeof msg);
+    cr_assert_eq(got, ZPS_ERR_FRAMES, "two payload frames, packed: %s", msg);
+    got = s_req(&rw, ZPS__OP__OP_PUSH, kr, 2, pl, &all, 1, msg, sizeof msg);
+    cr_assert_eq(got, ZPS_OK, "%s", msg);
+    s_packed = 0;
+    ps_ticket tk;
+    cr_assert_eq(ps_client_pull(c, 0, 2, v, -1, &tk), ZPS_OK);
+    cr_assert_eq(ps_client_wait(c, tk), ZPS_OK);
+    for (uint64_t i = 0; i < n; i++) {
+        int pushed = i < q || (i >= 2 * q && i < 3 * q);
+        float want = pushed ? init[i] - 0.01f * gr[i] : init[i];
+        cr_assert(v[i] == want, "value %llu: %.9g, want %.9g (seed %llu)", (unsigned long long)i,
+                  v[i], want, (unsigned long long)seed);
+    }
+    s_raw_close(&rw);
+    ps_client_destroy(&c);
+    pst_kill(&srv, SIGTERM);
+    free(init), free(v), free(gr), free(pk);
     ps_plan_destroy(&plan);
 }
