@@ -5,7 +5,7 @@
 # the paired ratios and the load during each run (scripts/bench.d/sync_vs_allreduce.py).
 # Writes BUILD_DIR/bench/sync_vs_allreduce.json and prints the table. Runs alone too:
 #   bash scripts/bench.d/sync-vs-allreduce.sh build
-# SYNC_AR_PAIRS (3), SYNC_AR_SCALE (1: steady steps), SYNC_AR_MODELS (convnet,inception_v3).
+# SYNC_AR_PAIRS (3), SYNC_AR_SCALE (3: times peers.py's steady steps), SYNC_AR_MODELS (convnet,inception_v3).
 set -eu
 B=${1:-build}
 HERE=$(cd "$(dirname "$0")" && pwd)
