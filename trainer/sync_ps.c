@@ -20,7 +20,12 @@
  *  - sync: a PUSHPULL may write a group's new values into params during the rest of the
  *    backward (whenever the client reads replies): nn calls a layer's hook after its whole
  *    backward, so nothing reads those values again before the next forward (sync.h).
- *  - pull_t, pull_done are indexed by group in hook order (last layer first).
+ *  - A bucket is a run of consecutive groups (hook order) over contiguous variables: the
+ *    unit of a pull, and in sync of a PUSHPULL, sent once its last group's gradients are
+ *    final. sync: buckets of about S_BUCKET_FLOATS, fixed with the groups (a model of many
+ *    small layers, Inception-v3's 95, would otherwise send a message per layer and server);
+ *    async, ssp and the first step: one group each. pull_t, pull_done are indexed by bucket
+ *    in hook order (last layer first).
  *  - The version of the values in params is the oldest version among the pulls that brought
  *    them; the pushes of a step carry it (sync, async) or the trainer's clock (ssp), as
  *    client.h "Steps" says.
@@ -50,6 +55,12 @@ typedef struct s_group {
     int first, n;
 } s_group;
 
+/* sync: a bucket closes once it holds this many floats (or at a gap in the variables, or at
+ * the last group). 64 Ki floats (256 KiB) keeps the messages per step few (Inception-v3
+ * w0.25: 95 groups -> about 20 buckets) while the first buckets' values still come back
+ * during backward. */
+#define S_BUCKET_FLOATS 65536
+
 typedef struct s_ps {
     tr_sync base;             // first: the tr_sync the loop holds
     const tr_config *cfg;
@@ -63,9 +74,14 @@ typedef struct s_ps {
     zps_status push_err;      // first push failure (then nothing more is pushed)
     s_group *groups;          // (nvars) groups in hook order (last layer first)
     int n_groups;
+    s_group *buckets;         // (nvars) the buckets' variable ranges, hook order
+    int n_buckets;
+    int n_hook;               // sync: groups reported in this step
+    uint64_t *var_count;      // (nvars) floats of each variable
+    int *group_bucket;        // (nvars) the bucket of each group
     int groups_known;         // the first step recorded the groups
-    ps_ticket *pull_t;        // (nvars) pull (sync: PUSHPULL) ticket of each group
-    int *var_pull;            // (nvars) the group of each variable
+    ps_ticket *pull_t;        // (nvars) pull (sync: PUSHPULL) ticket of each bucket
+    int *var_pull;            // (nvars) the bucket of each variable
     uint8_t *pull_done;       // (nvars) that pull was waited for
     int pulls_pending;
     uint64_t pull_vmin;       // oldest version among the pulls waited for
@@ -168,10 +184,10 @@ static void s_pulls_begin(s_ps *p)
 static zps_status s_issue_pulls(s_ps *p, int64_t step)
 {
     s_pulls_begin(p);
-    for (int g = p->n_groups - 1; g >= 0; g--) {
-        ZPS_TRY(ps_client_pull(p->client, p->groups[g].first, p->groups[g].n, p->params, step,
-                               &p->pull_t[g]));
-        p->pull_done[g] = 0;
+    for (int b = p->n_buckets - 1; b >= 0; b--) {
+        ZPS_TRY(ps_client_pull(p->client, p->buckets[b].first, p->buckets[b].n, p->params, step,
+                               &p->pull_t[b]));
+        p->pull_done[b] = 0;
     }
     return ZPS_OK;
 }
@@ -185,7 +201,7 @@ static zps_status s_pull_after_stale(s_ps *p, int g, uint64_t *v)
         return ZPS_ERR_STALE;
     zps_log(ZPS_DEBUG, "trainer", "step %lld: push of group %d was stale", (long long)p->step, g);
     ps_ticket t;
-    ZPS_TRY(ps_client_pull(p->client, p->groups[g].first, p->groups[g].n, p->params,
+    ZPS_TRY(ps_client_pull(p->client, p->buckets[g].first, p->buckets[g].n, p->params,
                            p->pp_step + 1, &t));
     return s_wait(p, t, v);
 }
@@ -222,8 +238,8 @@ static zps_status s_params_ready(tr_sync *s)
 {
     s_ps *p = (s_ps *)s;
     if (p->pulls_pending) {
-        for (int g = p->n_groups - 1; g >= 0; g--)
-            s_wait_pull(p, g);
+        for (int b = p->n_buckets - 1; b >= 0; b--)
+            s_wait_pull(p, b);
         p->pulls_pending = 0;
         if (p->pull_err != ZPS_OK) {
             zps_status st = s_recover(p, p->pull_err);
@@ -239,12 +255,37 @@ static zps_status s_params_ready(tr_sync *s)
     return ZPS_OK;
 }
 
-/* The groups are known (end of the first step): map each variable to its group's pull. */
+/* Groups g.. into buckets (see the invariants): sync merges runs of contiguous groups up to
+ * S_BUCKET_FLOATS, the other modes keep one group each. */
+static void s_make_buckets(s_ps *p)
+{
+    p->n_buckets = 0;
+    uint64_t floats = 0; // in the open bucket
+    for (int g = 0; g < p->n_groups; g++) {
+        const s_group *gr = &p->groups[g];
+        uint64_t gf = 0;
+        for (int v = gr->first; v < gr->first + gr->n; v++)
+            gf += p->var_count[v];
+        s_group *b = p->n_buckets ? &p->buckets[p->n_buckets - 1] : NULL;
+        if (p->pushpull && b && floats < S_BUCKET_FLOATS && gr->first + gr->n == b->first) {
+            b->first = gr->first; // hook order runs down the variables
+            b->n += gr->n;
+            floats += gf;
+        } else {
+            floats = gf;
+            p->buckets[p->n_buckets++] = *gr;
+        }
+        p->group_bucket[g] = p->n_buckets - 1;
+    }
+}
+
+/* The groups are known (end of the first step): the buckets, and each variable's. */
 static void s_groups_known(s_ps *p)
 {
-    for (int g = 0; g < p->n_groups; g++)
-        for (int v = p->groups[g].first; v < p->groups[g].first + p->groups[g].n; v++)
-            p->var_pull[v] = g;
+    s_make_buckets(p);
+    for (int b = 0; b < p->n_buckets; b++)
+        for (int v = p->buckets[b].first; v < p->buckets[b].first + p->buckets[b].n; v++)
+            p->var_pull[v] = b;
     p->groups_known = 1;
     nn_model_set_forward_hook(p->model, s_pull_hook, p);
 }
@@ -260,10 +301,31 @@ static zps_status s_begin_step(tr_sync *s, int64_t step, int *stop)
     p->used_version = p->version;
     s->net_wait = 0;
     s->redo_from = -1;
+    p->n_hook = 0;
     return ZPS_OK;
 }
 
-/* The gradients of [first, first + n) are final: push them now. */
+/* sync: group [first, first + n) is final; 1 when it completes its bucket (*b), which then
+ * goes out. */
+static int s_bucket_ready(s_ps *p, size_t first, size_t n, int *b)
+{
+    int g = p->n_hook++; // the hook reports the groups in the same order every step
+    assert(p->groups[g].first == (int)first && p->groups[g].n == (int)n);
+    if (g == 0) {
+        s_pulls_begin(p);
+        p->pp_step = p->push_step;
+    }
+    if (!p->groups_known) { /* the first step: every group its own bucket */
+        p->buckets[p->n_buckets] = (s_group){(int)first, (int)n};
+        *b = p->n_buckets++;
+        return 1;
+    }
+    *b = p->group_bucket[g];
+    return g + 1 == p->n_groups || p->group_bucket[g + 1] != *b;
+}
+
+/* The gradients of [first, first + n) are final: push them now (sync: once their bucket is
+ * complete). */
 static zps_status s_grads_ready(tr_sync *s, size_t first, size_t n)
 {
     s_ps *p = (s_ps *)s;
@@ -276,15 +338,12 @@ static zps_status s_grads_ready(tr_sync *s, size_t first, size_t n)
     assert(p->n_push < (int)p->nvars);
     zps_status st;
     if (p->pushpull) {
-        int g = p->n_push; // the hook reports the groups in the same order every step
-        assert(p->groups[g].first == (int)first && p->groups[g].n == (int)n);
-        if (g == 0) {
-            s_pulls_begin(p);
-            p->pp_step = p->push_step;
-        }
-        p->pull_done[g] = 0;
-        st = ps_client_pushpull(p->client, (int)first, (int)n, p->grads, p->params,
-                                p->push_step, &p->pull_t[g]);
+        int b;
+        if (!s_bucket_ready(p, first, n, &b))
+            return ZPS_OK; // the bucket goes out with its last group
+        p->pull_done[b] = 0;
+        st = ps_client_pushpull(p->client, p->buckets[b].first, p->buckets[b].n, p->grads,
+                                p->params, p->push_step, &p->pull_t[b]);
     } else {
         st = ps_client_push(p->client, (int)first, (int)n, p->grads, p->push_step,
                             &p->push_t[p->n_push]);
@@ -337,6 +396,9 @@ static zps_status s_end_step(tr_sync *s, tr_step_record *rec)
     const tr_config *c = p->cfg;
     if (p->push_err != ZPS_OK)
         return s_recover(p, p->push_err);
+    if (!p->groups_known && p->pushpull)
+        for (int k = 0; k < p->n_buckets; k++)
+            s_wait_pull(p, k); // before the buckets change shape; params_ready takes the rest
     if (!p->groups_known)
         s_groups_known(p);
     if (p->pushpull) {
@@ -432,6 +494,9 @@ static void s_destroy(tr_sync *s)
     free(p->groups);
     free(p->var_pull);
     free(p->pull_done);
+    free(p->buckets);
+    free(p->group_bucket);
+    free(p->var_count);
     free(p->step_version);
     free(p);
 }
@@ -572,6 +637,11 @@ zps_status tr_sync_ps_new(const tr_sync_env *env, tr_sync **out)
     p->groups = zps_xcalloc(env->nvars, sizeof *p->groups);
     p->pull_done = zps_xcalloc(env->nvars, sizeof *p->pull_done);
     p->var_pull = zps_xcalloc(env->nvars, sizeof *p->var_pull);
+    p->buckets = zps_xcalloc(env->nvars, sizeof *p->buckets);
+    p->group_bucket = zps_xcalloc(env->nvars, sizeof *p->group_bucket);
+    p->var_count = zps_xcalloc(env->nvars, sizeof *p->var_count);
+    for (size_t v = 0; v < env->nvars; v++)
+        p->var_count[v] = env->vars[v].count;
     zps_status st = s_setup(p, env);
     if (st != ZPS_OK) {
         s_abandon(&p->base); /* registered, then failed: the servers must not wait for us */
