@@ -174,13 +174,13 @@ static void s_note_step_version(s_ps *p)
 /* The pulls of a step are under way: nothing received yet. */
 static void s_pulls_begin(s_ps *p)
 {
-    memset(p->pull_done, 1, p->nvars); // a group is waited for once its pull is issued
+    memset(p->pull_done, 1, p->nvars); // a bucket is waited for once its pull is issued
     p->pulls_pending = 1;
     p->pull_vmin = UINT64_MAX;
     p->pull_err = ZPS_OK;
 }
 
-/* Issues the pulls of every group in forward order (first layers first). */
+/* Issues the pulls of every bucket in forward order (first layers first). */
 static zps_status s_issue_pulls(s_ps *p, int64_t step)
 {
     s_pulls_begin(p);
@@ -192,21 +192,21 @@ static zps_status s_issue_pulls(s_ps *p, int64_t step)
     return ZPS_OK;
 }
 
-/* sync: group g's PUSHPULL came back stale, its values unsent (this trainer's gradients
+/* sync: bucket g's PUSHPULL came back stale, its values unsent (this trainer's gradients
  * were not needed: a backup worker, docs/ps.md "Backup workers"). Unless the fleet rolled
  * back (params_ready's recovery takes that), the values come by a plain pull. */
 static zps_status s_pull_after_stale(s_ps *p, int g, uint64_t *v)
 {
     if (ps_client_rollback_pending(p->client, NULL))
         return ZPS_ERR_STALE;
-    zps_log(ZPS_DEBUG, "trainer", "step %lld: push of group %d was stale", (long long)p->step, g);
+    zps_log(ZPS_DEBUG, "trainer", "step %lld: push of bucket %d was stale", (long long)p->step, g);
     ps_ticket t;
     ZPS_TRY(ps_client_pull(p->client, p->buckets[g].first, p->buckets[g].n, p->params,
                            p->pp_step + 1, &t));
     return s_wait(p, t, v);
 }
 
-/* Waits for group g's pull unless that was done already. */
+/* Waits for bucket g's pull unless that was done already. */
 static void s_wait_pull(s_ps *p, int g)
 {
     if (p->pull_done[g])
@@ -255,7 +255,7 @@ static zps_status s_params_ready(tr_sync *s)
     return ZPS_OK;
 }
 
-/* Groups g.. into buckets (see the invariants): sync merges runs of contiguous groups up to
+/* The groups into buckets (see the invariants): sync merges runs of contiguous groups up to
  * S_BUCKET_FLOATS, the other modes keep one group each. */
 static void s_make_buckets(s_ps *p)
 {
