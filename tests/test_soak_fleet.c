@@ -498,8 +498,9 @@ static void s_check_stats(const sk_fleet *f, const sk_mode *m, uint64_t seed)
                   "applied twice or lost (seed %llu)", m->name, i, up, ch, v0, v,
                   (unsigned long long)seed);
         /* versions need R gradients in sync, but min(R, live): once the others finished, a
-         * restarted trainer's extra steps go alone */
-        int r = sync && !deaths ? (backup ? 2 : m->trainers) : 1;
+         * restarted trainer's extra steps go alone; so do a backup worker's, which is behind
+         * by the steps its stale pushes skipped when the two others leave */
+        int r = sync && !deaths && !backup ? m->trainers : 1;
         long long whole = v - v0 - (v0 ? 2 * m->trainers : 0) - deaths; /* surely complete */
         long long need = 4 * vals * (whole > 0 ? whole : 0) * r;
         cr_assert_geq(in, need, "%s server %d: %lld bytes in, %lld needed for %lld versions "
