@@ -39,6 +39,7 @@ void ps_client_opts_default(ps_client_opts *o)
     o->streams = 1;
     o->heartbeat_thread = 0;
     o->push_dtype = PS_DTYPE_F32;
+    o->packed = 1;
 }
 
 const char *ps_client_last_error(const ps_client *c) { return c->err; }
@@ -206,6 +207,7 @@ void ps_client_destroy(ps_client **pc)
     for (uint32_t i = 0; i < PS_CLIENT_SLOTS; i++) {
         free(c->slots[i].pieces);
         free(c->slots[i].wire);
+        free(c->slots[i].pack);
     }
     for (int i = 0; i < c->n; i++)
         free(c->uris[i]);
@@ -299,6 +301,7 @@ static zps_status s_range_op(ps_client *c, int op, int first_var, int n_vars, co
                 break;
             }
             ps_client_slot_pieces(sl, cnt);
+            sl->packed = c->o.packed;
             size_t k = 0;
             for (size_t q = i; q <= last; q++)
                 if (c->pieces[q].server == (uint32_t)s)
@@ -353,10 +356,30 @@ static void s_take_register(ps_client *c, const Zps__Header *h)
     }
 }
 
-/* Pulled values: one frame per piece of sl, each of the piece's length, or nothing is
- * written. */
+/* Pulled values of a packed reply: one frame, the pieces back to back. */
+static int s_take_packed(ps_client *c, const ps_client_slot *sl, int nframes, const char **msg)
+{
+    size_t total = 0;
+    for (size_t i = 0; i < sl->n_pieces; i++)
+        total += sl->pieces[i].count * 4;
+    if (nframes != 2 || zmq_msg_size(&c->frames[1]) != total) {
+        *msg = "packed reply of the wrong shape";
+        return ZPS_ERR_FRAMES;
+    }
+    const float *src = zmq_msg_data(&c->frames[1]);
+    for (size_t i = 0; i < sl->n_pieces; i++) {
+        memcpy(sl->dst + sl->pieces[i].flat_offset, src, sl->pieces[i].count * 4);
+        src += sl->pieces[i].count;
+    }
+    return ZPS_OK;
+}
+
+/* Pulled values: one frame per piece of sl, each of the piece's length (or one for all,
+ * packed), or nothing is written. */
 static int s_take_values(ps_client *c, const ps_client_slot *sl, int nframes, const char **msg)
 {
+    if (sl->packed)
+        return s_take_packed(c, sl, nframes, msg);
     if ((size_t)nframes != 1 + sl->n_pieces) {
         *msg = "reply has the wrong number of frames";
         return ZPS_ERR_FRAMES;

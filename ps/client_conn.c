@@ -226,24 +226,43 @@ static void s_fill_job(const ps_client *c, Zps__JobConfig *j)
     }
 }
 
-/* push_dtype bf16: the slot's gradients rounded into its wire buffer, once per use of the
- * slot. The buffer is the slot's and only grows, so the per-message path allocates nothing;
- * zero-copy frames point into it, and a slot is recycled only once ZeroMQ let go of them. */
-static void s_slot_convert(ps_client_slot *sl)
+/* The values of the slot's pieces, all together. */
+static size_t s_slot_floats(const ps_client_slot *sl)
 {
     size_t total = 0;
     for (size_t i = 0; i < sl->n_pieces; i++)
         total += sl->pieces[i].count;
-    if (total > sl->cap_wire) {
+    return total;
+}
+
+/* The slot's gradients back to back, once per use of the slot: rounded into its wire buffer
+ * (push_dtype bf16) or copied into its pack buffer (packed f32). The buffers are the slot's
+ * and only grow, so the per-message path allocates nothing; zero-copy frames point into
+ * them, and a slot is recycled only once ZeroMQ let go of them. */
+static void s_slot_gather(ps_client_slot *sl, ps_dtype dt)
+{
+    size_t total = s_slot_floats(sl), off = 0;
+    int bf16 = dt == PS_DTYPE_BF16;
+    if (bf16 && total > sl->cap_wire) {
         sl->cap_wire = total;
         sl->wire = zps_xrealloc(sl->wire, total * sizeof *sl->wire);
     }
-    size_t woff = 0;
-    for (size_t i = 0; i < sl->n_pieces; i++) {
-        ps_f32_to_bf16(sl->wire + woff, sl->src + sl->pieces[i].flat_offset, sl->pieces[i].count);
-        woff += sl->pieces[i].count;
+    if (!bf16 && total > sl->cap_pack) {
+        sl->cap_pack = total;
+        sl->pack = zps_xrealloc(sl->pack, total * sizeof *sl->pack);
     }
-    sl->wire_ready = 1;
+    for (size_t i = 0; i < sl->n_pieces; i++) {
+        const float *src = sl->src + sl->pieces[i].flat_offset;
+        if (bf16)
+            ps_f32_to_bf16(sl->wire + off, src, sl->pieces[i].count);
+        else
+            memcpy(sl->pack + off, src, sl->pieces[i].count * 4);
+        off += sl->pieces[i].count;
+    }
+    if (bf16)
+        sl->wire_ready = 1;
+    else
+        sl->pack_ready = 1;
 }
 
 /* The header's ranges: one per piece of sl, lengths in bytes of dt (c's scratch, reused). */
@@ -269,35 +288,52 @@ static void s_fill_ranges(ps_client *c, const ps_client_slot *sl, ps_dtype dt, Z
     h->ranges = c->krp;
 }
 
-/* One data frame per piece of sl after its header: dt's bytes from the caller's buffer or
- * the slot's bf16 wire buffer, zero-copy from S_ZC_MIN bytes on. */
+/* One frame of nb bytes at p, zero-copy from S_ZC_MIN bytes on (counted in frames_out). */
+static zps_status s_send_frame(ps_client_slot *sl, void *sock, const void *p, size_t nb, int more)
+{
+    zmq_msg_t m;
+    if (nb >= S_ZC_MIN) {
+        atomic_fetch_add(&sl->frames_out, 1);
+        if (zmq_msg_init_data(&m, (void *)p, nb, s_frame_done, sl) == -1) {
+            atomic_fetch_sub(&sl->frames_out, 1);
+            return ZPS_ERR_ZMQ;
+        }
+    } else if (zmq_msg_init_size(&m, nb) == -1) {
+        return ZPS_ERR_ZMQ;
+    } else {
+        memcpy(zmq_msg_data(&m), p, nb);
+    }
+    if (zmq_msg_send(&m, sock, more) == -1) {
+        zmq_msg_close(&m);
+        return ZPS_ERR_ZMQ;
+    }
+    return ZPS_OK;
+}
+
+/* Packed: the whole payload in one frame, from the slot's bf16 wire or f32 pack buffer. */
+static zps_status s_send_packed(ps_client_slot *sl, void *sock, ps_dtype dt)
+{
+    if (dt == PS_DTYPE_BF16 ? !sl->wire_ready : !sl->pack_ready)
+        s_slot_gather(sl, dt);
+    const void *p = dt == PS_DTYPE_BF16 ? (const void *)sl->wire : (const void *)sl->pack;
+    return s_send_frame(sl, sock, p, s_slot_floats(sl) * ps_dtype_size(dt), 0);
+}
+
+/* One data frame per piece of sl after its header (or one for all, packed): dt's bytes from
+ * the caller's buffer or the slot's bf16 wire buffer, zero-copy from S_ZC_MIN bytes on. */
 static zps_status s_send_data(ps_client_slot *sl, void *sock, ps_dtype dt)
 {
+    if (sl->packed)
+        return s_send_packed(sl, sock, dt);
     if (dt == PS_DTYPE_BF16 && !sl->wire_ready)
-        s_slot_convert(sl);
+        s_slot_gather(sl, dt);
     size_t woff = 0; // into sl->wire
     for (size_t i = 0; i < sl->n_pieces; i++) {
         size_t cnt = sl->pieces[i].count, nb = cnt * ps_dtype_size(dt);
         const void *p = dt == PS_DTYPE_BF16 ? (const void *)(sl->wire + woff)
                                             : (const void *)(sl->src + sl->pieces[i].flat_offset);
         woff += cnt;
-        int more = i + 1 < sl->n_pieces ? ZMQ_SNDMORE : 0;
-        zmq_msg_t m;
-        if (nb >= S_ZC_MIN) {
-            atomic_fetch_add(&sl->frames_out, 1);
-            if (zmq_msg_init_data(&m, (void *)p, nb, s_frame_done, sl) == -1) {
-                atomic_fetch_sub(&sl->frames_out, 1);
-                return ZPS_ERR_ZMQ;
-            }
-        } else if (zmq_msg_init_size(&m, nb) == -1) {
-            return ZPS_ERR_ZMQ;
-        } else {
-            memcpy(zmq_msg_data(&m), p, nb);
-        }
-        if (zmq_msg_send(&m, sock, more) == -1) {
-            zmq_msg_close(&m);
-            return ZPS_ERR_ZMQ;
-        }
+        ZPS_TRY(s_send_frame(sl, sock, p, nb, i + 1 < sl->n_pieces ? ZMQ_SNDMORE : 0));
     }
     return ZPS_OK;
 }
@@ -324,6 +360,7 @@ zps_status ps_client_send_slot(ps_client *c, ps_client_slot *sl, const ps_optim_
     h.rollback_token = sl->token;
     h.server_index = (uint32_t)sl->server;
     h.plan_hash = c->plan ? c->plan->hash : 0;
+    h.packed = sl->packed;
     if (sl->op == ZPS__OP__OP_REGISTER || sl->op == ZPS__OP__OP_INIT) {
         s_fill_job(c, &job);
         h.job = &job;

@@ -47,6 +47,10 @@ typedef struct ps_client_slot {
     uint16_t *wire;       // push_dtype bf16: the pieces' gradients converted, back to back
     size_t cap_wire;      // (owned, reused; filled once per slot use, resends send it again)
     int wire_ready;
+    int packed;           // Header.packed: one payload frame each way
+    float *pack;          // packed f32 push: the pieces' gradients back to back
+    size_t cap_pack;      // (owned, reused like wire)
+    int pack_ready;
     float *dst;           // pull: flat value buffer
     int attempts;
     uint64_t deadline_ns; // resend when passed

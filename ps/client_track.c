@@ -49,6 +49,8 @@ ps_client_slot *ps_client_slot_new(ps_client *c, int server, ps_ticket t, int op
     sl->src = NULL;
     sl->dst = NULL;
     sl->wire_ready = 0;
+    sl->pack_ready = 0;
+    sl->packed = 0;
     sl->attempts = 0;
     sl->await_reg = 0;
     sl->done = 0;

@@ -204,7 +204,7 @@ static void s_held_add(ps_server *s, ps_srv_trainer *tr, const ps_srv_range *g, 
     if (ps_srv_range_in_place(g) && g->n * 4 >= S_HOLD_MIN && zmq_msg_init(&e->msg) == 0) {
         if (zmq_msg_copy(&e->msg, f) == 0) { // shares the buffer: no copy
             e->has_msg = 1;
-            e->data = zmq_msg_data(&e->msg);
+            e->data = g->data; // into that buffer (a packed frame holds several ranges)
         } else {
             zmq_msg_close(&e->msg);
         }
@@ -342,7 +342,7 @@ zps_status ps_srv_sync_push(ps_server *s, const Zps__Header *h, uint32_t *stale,
             continue;
         }
         uint32_t *rv = &s->recv_n[(size_t)g->lc * s->n_trainers + t];
-        s_held_add(s, tr, g, &s->frames[2 + i]);
+        s_held_add(s, tr, g, &s->frames[2 + (s->req_packed ? 0 : i)]);
         *rv += (uint32_t)g->n;
         if (*rv == c->count) {
             c->n_complete++;
@@ -434,6 +434,7 @@ void ps_srv_pending_add(ps_server *s, zmq_msg_t *ident, uint64_t rid, uint32_t t
     p->op = op;
     p->need = need;
     p->n_ranges = n;
+    p->packed = s->req_packed;
     p->ranges = NULL;
     if (n) {
         p->ranges = zps_xmalloc(n * sizeof *r);
@@ -460,7 +461,7 @@ void ps_srv_check_barrier(ps_server *s)
             i++;
             continue;
         }
-        ps_srv_reply r = {p->op, p->rid, ZPS_OK, "", ps_srv_min_version(s), 0, 0};
+        ps_srv_reply r = {p->op, p->rid, ZPS_OK, "", ps_srv_min_version(s), 0, 0, 0};
         ps_srv_send(s, &p->ident, &r, NULL, 0);
         ps_srv_latency(s, p->op, p->t0_ns);
         ps_srv_pending_drop(s, i);
@@ -476,7 +477,7 @@ void ps_srv_check_pending(ps_server *s)
             continue;
         }
         ps_srv_reply r = {p->op, p->rid, ZPS_OK, "",
-                          ps_srv_ranges_version(s, p->ranges, p->n_ranges), 0, 0};
+                          ps_srv_ranges_version(s, p->ranges, p->n_ranges), 0, 0, p->packed};
         ps_srv_send(s, &p->ident, &r, p->ranges, p->n_ranges);
         ps_srv_latency(s, p->op, p->t0_ns);
         ps_srv_pending_drop(s, i);
@@ -493,7 +494,7 @@ void ps_srv_pending_reinit(ps_server *s)
             continue;
         }
         ps_srv_reply rr = {p->op, p->rid, ZPS_ERR_BUSY, "values were re-initialised; pull again",
-                           0, 0, 0};
+                           0, 0, 0, 0};
         ps_srv_send(s, &p->ident, &rr, NULL, 0);
         ps_srv_pending_drop(s, i);
     }
@@ -522,7 +523,7 @@ void ps_srv_sync_reset(ps_server *s)
         char msg[160];
         snprintf(msg, sizeof msg, "the fleet rolled back to version %" PRIu64 ": pull again",
                  s->rb_version);
-        ps_srv_reply rr = {p->op, p->rid, ZPS_ERR_STALE, msg, s->rb_version, 0, 0};
+        ps_srv_reply rr = {p->op, p->rid, ZPS_ERR_STALE, msg, s->rb_version, 0, 0, 0};
         ps_srv_send(s, &p->ident, &rr, NULL, 0);
         ps_srv_pending_drop(s, i);
     }

@@ -107,6 +107,7 @@ typedef struct ps_srv_pending {
     int64_t need;          // the condition's threshold (version or clock)
     uint32_t n_ranges;
     ps_srv_range *ranges;  // owned
+    int packed;            // the values go back in one frame (Header.packed)
     uint64_t t0_ns;
 } ps_srv_pending;
 
@@ -168,6 +169,7 @@ struct ps_server {
     volatile sig_atomic_t stop;
     zmq_msg_t *frames;    // (PS_SRV_MAX_FRAMES), reused: [0] identity, [1] header, [2..] payload
     ps_srv_range *ranges; // (PS_MAX_RANGES), reused: the request's ranges once validated
+    int req_packed;       // the request being handled has Header.packed (replies likewise)
     ps_curve_zap *zap;    // CURVE: the ZAP handler thread (NULL: plaintext)
 
     /* job (server_ops.c, from the flags and the first REGISTER) */
@@ -245,6 +247,7 @@ typedef struct ps_srv_reply {
     uint64_t version;
     int with_job;
     int with_opt;
+    int packed;  // the values (ranges) in one frame, back to back (Header.packed)
 } ps_srv_reply;
 
 /* Sends one reply to ident (not consumed); ranges (may be NULL) become the payload frames,

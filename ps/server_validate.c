@@ -205,6 +205,7 @@ static zps_status s_check_range(ps_server *s, const Zps__Header *h, size_t i, in
               i, r->key, r->offset, r->length, c->count);
         return ZPS_ERR_RANGE;
     }
+    uint64_t at = *total; // packed: where the range's bytes start in the payload frame
     *total += r->length;
     if (*total > s->cfg.max_message_bytes) {
         S_WHY("request of more than %" PRIu64 " bytes (limit --max-message-bytes %" PRIu64 ")",
@@ -216,7 +217,14 @@ static zps_status s_check_range(ps_server *s, const Zps__Header *h, size_t i, in
     g->n = r->length / es;
     g->data = NULL;
     g->bf16 = bf16;
-    if (has_data) {
+    if (has_data && h->packed) {
+        zmq_msg_t *f = &s->frames[2];
+        if (zmq_msg_size(f) < *total) {
+            S_WHY("range %zu: the packed payload of %zu bytes ends before it", i, zmq_msg_size(f));
+            return ZPS_ERR_FRAMES;
+        }
+        g->data = (const char *)zmq_msg_data(f) + at;
+    } else if (has_data) {
         zmq_msg_t *f = &s->frames[2 + i];
         if (zmq_msg_size(f) != r->length) {
             S_WHY("range %zu: frame of %zu bytes, header says %" PRIu64, i, zmq_msg_size(f),
@@ -239,7 +247,7 @@ zps_status ps_srv_check_ranges(ps_server *s, const Zps__Header *h, int nframes, 
         S_WHY("%zu ranges (want 1..%d)", h->n_ranges, PS_MAX_RANGES);
         return ZPS_ERR_FRAMES;
     }
-    int want = 2 + (has_data ? (int)h->n_ranges : 0);
+    int want = 2 + (has_data ? (h->packed ? 1 : (int)h->n_ranges) : 0);
     if (nframes != want) {
         S_WHY("%d payload frames for %zu ranges (want %d)", nframes - 2, h->n_ranges, want - 2);
         return ZPS_ERR_FRAMES;
@@ -249,6 +257,11 @@ zps_status ps_srv_check_ranges(ps_server *s, const Zps__Header *h, int nframes, 
         zps_status st = s_check_range(s, h, i, has_data, &total, &s->ranges[i], why, why_len);
         if (st != ZPS_OK)
             return st;
+    }
+    if (has_data && h->packed && zmq_msg_size(&s->frames[2]) != total) {
+        S_WHY("packed payload of %zu bytes, the ranges say %" PRIu64, zmq_msg_size(&s->frames[2]),
+              total);
+        return ZPS_ERR_FRAMES;
     }
     /* Finite values last: the cheap checks of every range come first. */
     for (size_t i = 0; has_data && i < h->n_ranges; i++) {

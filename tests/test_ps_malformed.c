@@ -106,6 +106,9 @@ static int s_send_raw(raw *r, const void *hdr, size_t hl, const void *const *pl,
     return st;
 }
 
+/* The headers s_hdr makes say Header.packed (one payload frame for all ranges). */
+static int s_packed;
+
 /* A request header for op with the given ranges and r's incarnation (inc: another one,
  * or I_NONE; REGISTER: with plan's job); returns packed bytes (caller frees). */
 static uint8_t *s_hdr(raw *r, int op, uint32_t version, uint32_t trainer, int64_t step,
@@ -133,6 +136,7 @@ static uint8_t *s_hdr(raw *r, int op, uint32_t version, uint32_t trainer, int64_
     h.n_ranges = (size_t)n;
     h.ranges = rp;
     h.is_reply = is_reply;
+    h.packed = s_packed;
     *len = zps__header__get_packed_size(&h);
     uint8_t *b = zps_xmalloc(*len + 1);
     zps__header__pack(&h, b);
@@ -457,30 +461,56 @@ Test(it_ps_malformed, every_bad_request_gets_its_error_and_changes_nothing, .tim
     ps_plan_destroy(&plan);
 }
 
+/* One server in mode with one trainer (a client that initialised it: sgd, lr 0.01), the
+ * initial values and random gradients, for the tests below. */
+typedef struct s_one {
+    uint64_t seed, n;
+    ps_plan *plan;
+    pst_server srv;
+    float *init, *v, *gr;
+    ps_client *c;
+} s_one;
+
+static void s_one_start(s_one *o, const char *mode)
+{
+    o->seed = pst_seed();
+    cr_assert_eq(ps_plan_new(s_vars, 2, 1, 0, &o->plan), ZPS_OK);
+    o->n = o->plan->total;
+    const char *args[] = {"--mode", mode, "--num-trainers", "1", NULL};
+    cr_assert_eq(pst_spawn(&o->srv, NULL, args), 0);
+    o->init = zps_xmalloc(o->n * 4), o->v = zps_xmalloc(o->n * 4), o->gr = zps_xmalloc(o->n * 4);
+    o->c = pst_client_init(o->srv.uri, o->plan, o->seed, o->init);
+    uint64_t r = ~o->seed;
+    for (uint64_t i = 0; i < o->n; i++)
+        o->gr[i] = pst_uniform(&r);
+}
+
+static void s_one_stop(s_one *o)
+{
+    ps_client_destroy(&o->c);
+    pst_kill(&o->srv, SIGTERM);
+    free(o->init), free(o->v), free(o->gr);
+    ps_plan_destroy(&o->plan);
+}
+
 /* sync: a range overlapping elements the trainer already pushed for this step (in an
  * earlier request or earlier in the same one) is refused and changes nothing; the trainer's
  * other ranges still complete the chunk, which is then applied exactly once. */
 Test(it_ps_malformed, sync_overlapping_ranges_are_refused, .timeout = 30)
 {
-    uint64_t seed = pst_seed();
-    ps_plan *plan;
-    cr_assert_eq(ps_plan_new(s_vars, 2, 1, 0, &plan), ZPS_OK);
-    uint64_t n = plan->total;
-    pst_server srv;
-    const char *args[] = {"--mode", "sync", "--num-trainers", "1", NULL};
-    cr_assert_eq(pst_spawn(&srv, NULL, args), 0);
-    float *init = zps_xmalloc(n * 4), *v = zps_xmalloc(n * 4), *gr = zps_xmalloc(n * 4);
-    ps_client *c = pst_client_init(srv.uri, plan, seed, init); // sgd, lr 0.01
-    uint64_t r = ~seed;
-    for (uint64_t i = 0; i < n; i++)
-        gr[i] = pst_uniform(&r);
+    s_one o;
+    s_one_start(&o, "sync");
+    ps_plan *plan = o.plan;
+    uint64_t seed = o.seed, n = o.n;
+    float *init = o.init, *v = o.v, *gr = o.gr;
+    ps_client *c = o.c;
     cr_assert_eq(plan->chunks[0].offset, 0u);
     const uint64_t cnt = plan->chunks[0].count;
     cr_assert(cnt >= 1024); // chunks of at least 1024 elements (ps/plan.h)
     const uint64_t q = cnt / 4;
 
     raw rw;
-    s_raw_open(&rw, srv.uri, 0);
+    s_raw_open(&rw, o.srv.uri, 0);
     rw.nonce = ps_client_incarnation(c);
     char msg[512];
     uint32_t key = plan->chunks[0].key;
@@ -525,10 +555,7 @@ Test(it_ps_malformed, sync_overlapping_ranges_are_refused, .timeout = 30)
     cr_expect(strstr(json, want), "%s", json);
     free(json);
     s_raw_close(&rw);
-    ps_client_destroy(&c);
-    pst_kill(&srv, SIGTERM);
-    free(init), free(v), free(gr);
-    ps_plan_destroy(&plan);
+    s_one_stop(&o);
 }
 
 /* Trainer 1 on r registers, then asks for 40 pulls of every chunk and never reads the
@@ -622,4 +649,48 @@ Test(it_ps_malformed, a_peer_that_stops_reading_does_not_stall_pushes, .timeout 
     free(g);
     free(ref);
     ps_plan_destroy(&plan);
+}
+
+/* Header.packed: the ranges' bytes in one payload frame. A frame count or a size that
+ * disagrees with the ranges is refused ZPS_ERR_FRAMES and changes nothing; a good one lands
+ * each range where a frame per range would (read back by the client's own packed pulls). */
+Test(it_ps_malformed, packed_payloads, .timeout = 30)
+{
+    s_one o;
+    s_one_start(&o, "async");
+    ps_plan *plan = o.plan;
+    uint64_t seed = o.seed, n = o.n;
+    float *init = o.init, *v = o.v, *gr = o.gr, *pk = zps_xmalloc(n * 4);
+    ps_client *c = o.c;
+    const uint64_t q = plan->chunks[0].count / 4;
+    uint32_t key = plan->chunks[0].key;
+    raw rw;
+    s_raw_open(&rw, o.srv.uri, 0);
+    rw.nonce = ps_client_incarnation(c);
+    char msg[512];
+    Zps__KeyRange kr[2] = {s_kr(key, 0, q * 4), s_kr(key, 2 * q, q * 4)};
+    memcpy(pk, gr, q * 4);
+    memcpy(pk + q, gr + 2 * q, q * 4);
+    s_packed = 1;
+    const void *pl[2] = {pk, pk + q};
+    size_t short_len = 2 * q * 4 - 4, pll[2] = {q * 4, q * 4}, all = 2 * q * 4;
+    int got = s_req(&rw, ZPS__OP__OP_PUSH, kr, 2, pl, &short_len, 1, msg, sizeof msg);
+    cr_assert_eq(got, ZPS_ERR_FRAMES, "a packed payload 4 bytes short: %s", msg);
+    got = s_req(&rw, ZPS__OP__OP_PUSH, kr, 2, pl, pll, 2, msg, sizeof msg);
+    cr_assert_eq(got, ZPS_ERR_FRAMES, "two payload frames, packed: %s", msg);
+    got = s_req(&rw, ZPS__OP__OP_PUSH, kr, 2, pl, &all, 1, msg, sizeof msg);
+    cr_assert_eq(got, ZPS_OK, "%s", msg);
+    s_packed = 0;
+    ps_ticket tk;
+    cr_assert_eq(ps_client_pull(c, 0, 2, v, -1, &tk), ZPS_OK);
+    cr_assert_eq(ps_client_wait(c, tk), ZPS_OK);
+    for (uint64_t i = 0; i < n; i++) {
+        int pushed = i < q || (i >= 2 * q && i < 3 * q);
+        float want = pushed ? init[i] - 0.01f * gr[i] : init[i];
+        cr_assert(v[i] == want, "value %llu: %.9g, want %.9g (seed %llu)", (unsigned long long)i,
+                  v[i], want, (unsigned long long)seed);
+    }
+    s_raw_close(&rw);
+    free(pk);
+    s_one_stop(&o);
 }

@@ -401,18 +401,24 @@ void sk_run_fleet(sk_fleet *f, const sk_mode *m, sk_fault_plan *pf, int limit_s)
 
 /* ---------------------------------------------------------------- checks */
 
-/* Trainer t's last metrics record of a type, and its start wall time (ms). */
-static long long s_summary_steps(const sk_fleet *f, int t)
+/* Field key of the last record of trainer t's metrics file that contains what (-1: none). */
+static long long s_last_record(const sk_fleet *f, int t, const char *what, const char *key)
 {
     char path[450];
     snprintf(path, sizeof path, "%s/metrics-%d.jsonl", f->run, t);
     char *text = s_slurp(path);
     const char *last = NULL;
-    for (const char *p = text; p && (p = strstr(p, "\"type\":\"summary\"")); p++)
+    for (const char *p = text; p && (p = strstr(p, what)); p++)
         last = p;
-    long long steps = last ? s_num(last, "steps") : -1;
+    long long v = last ? s_num(last, key) : -1;
     free(text);
-    return steps;
+    return v;
+}
+
+/* The steps trainer t's summary counts (-1: no summary). */
+static long long s_summary_steps(const sk_fleet *f, int t)
+{
+    return s_last_record(f, t, "\"type\":\"summary\"", "steps");
 }
 
 /* The version server i started from: the last "restored ..., version V" of its log (a
@@ -492,8 +498,9 @@ static void s_check_stats(const sk_fleet *f, const sk_mode *m, uint64_t seed)
                   "applied twice or lost (seed %llu)", m->name, i, up, ch, v0, v,
                   (unsigned long long)seed);
         /* versions need R gradients in sync, but min(R, live): once the others finished, a
-         * restarted trainer's extra steps go alone */
-        int r = sync && !deaths ? (backup ? 2 : m->trainers) : 1;
+         * restarted trainer's extra steps go alone; so do a backup worker's, which is behind
+         * by the steps its stale pushes skipped when the two others leave */
+        int r = sync && !deaths && !backup ? m->trainers : 1;
         long long whole = v - v0 - (v0 ? 2 * m->trainers : 0) - deaths; /* surely complete */
         long long need = 4 * vals * (whole > 0 ? whole : 0) * r;
         cr_assert_geq(in, need, "%s server %d: %lld bytes in, %lld needed for %lld versions "
@@ -526,6 +533,11 @@ void sk_check_run(const sk_fleet *f, const sk_mode *m, uint64_t seed)
                                                      * steps when the others had finished */
             cr_assert_geq(did, 0, "%s: restarted trainer %d wrote no summary (seed %llu)",
                           m->name, t, (unsigned long long)seed);
+        else if (m->trainers > 2) /* backup workers: the first two trainers up may run ahead,
+                                   * and a later one joins at the servers' step (train.c) */
+            cr_assert_eq(s_last_record(f, t, "\"type\":\"step\"", "step"), f->steps,
+                         "%s: trainer %d did not reach step %d (seed %llu)", m->name, t,
+                         f->steps, (unsigned long long)seed);
         else
             cr_assert_eq(did, f->steps, "%s: trainer %d did %lld of %d steps (seed %llu)",
                          m->name, t, did, f->steps, (unsigned long long)seed);

@@ -366,3 +366,43 @@ Test(it_train, sync_goes_on_after_trainer_timeout)
     s_kill1_trainer0_finishes(&f, 40);
     s_fleet_stop(&f);
 }
+
+/* The requests of type op ("pull", "pushpull", ...) server stats JSON s counts. */
+static long s_requests(const char *s, const char *op)
+{
+    const char *r = strstr(s, "\"requests\":");
+    char pat[32];
+    snprintf(pat, sizeof pat, "\"%s\":", op);
+    const char *p = r ? strstr(r, pat) : NULL;
+    cr_assert_not_null(p, "no requests.%s in %s", op, s);
+    return strtol(p + strlen(pat), NULL, 10);
+}
+
+/* sync: each layer group's pull rides on its push (PUSHPULL), so the values come back while
+ * backward goes on; the only plain pulls are each trainer's first and last. */
+Test(it_train, sync_pulls_ride_on_the_pushes)
+{
+    s_convert("2048", 60);
+    s_fleet f = {0};
+    const char *sargs[] = {"--mode", "sync", "--num-trainers", "2", NULL};
+    s_fleet_servers(&f, sargs);
+    const char *e[] = {"--mode", "sync", "--model", "mlp", "--steps", "20", "--eval-batches",
+                       "1", NULL};
+    for (int r = 0; r < 2; r++)
+        s_fleet_trainer(&f, r, e);
+    for (int r = 0; r < 2; r++)
+        s_expect_ok(&f.tr[r], f.log[r], 120);
+    long pulls = 0, pushpulls = 0;
+    for (int s = 0; s < 2; s++) {
+        const char *args[] = {"stats", "--servers", f.srv[s].uri, NULL};
+        char *out = NULL;
+        cr_assert_eq(zt_run_tmp("zps-ctl", args, NULL, 30, &out), 0);
+        pulls += s_requests(out, "pull");
+        pushpulls += s_requests(out, "pushpull");
+        cr_assert_eq(s_requests(out, "push"), 0, "sync pushed without PUSHPULL: %s", out);
+        free(out);
+    }
+    cr_assert_geq(pushpulls, 2 * 20, "PUSHPULLs: %ld", pushpulls);
+    cr_assert_leq(pulls, 2 * 2 * 2, "plain pulls: %ld (one per group and step?)", pulls);
+    s_fleet_stop(&f);
+}

@@ -6,8 +6,9 @@
  *
  *   sync_local.c      --mode local: the optimizer runs here (ps/optim.c, the servers' code)
  *   sync_ps.c         --mode sync|async|ssp: pushes each layer's gradients from the backward
- *                     hook, pulls the new values in forward order, and the next forward
- *                     waits for each layer's values just before it reads them
+ *                     hook (sync: per bucket of layers, as PUSHPULLs whose replies bring
+ *                     the new values), and the next forward waits for each layer's values
+ *                     just before it reads them
  *   sync_allreduce.c  --mode allreduce: shared-memory mean over the node's trainers
  *                     (trainer/allreduce.h) per bucket of layers on a communication thread
  *                     while backward goes on, the local optimizer fused into each bucket's

@@ -1,17 +1,31 @@
 /* sync_ps.c — --mode sync|async|ssp: the parameter servers hold the values (see sync.h).
  *
  * A step: backward pushes each layer's gradients as soon as they are final (grads_ready,
- * last layer first); end_step issues the pulls of the new values in forward order, one per
- * layer group, and waits for the pushes; the next forward waits for each group's pull just
- * before the layer reads it (nn's forward hook), so the first layers compute while the
- * last ones still arrive. params_ready waits for whatever pulls are left.
+ * last layer first). sync: each push is a PUSHPULL, so the server answers it with the
+ * group's new values as soon as every trainer's gradients of that group arrived and were
+ * applied, while this trainer's backward goes on with the layers before it; end_step waits
+ * for nothing (docs/ps.md "How a sync step overlaps"). async, ssp: end_step issues the
+ * pulls of the new values in forward order, one per layer group, and waits for the pushes.
+ * Either way the next forward waits for each group's values just before the layer reads
+ * them (nn's forward hook), so the first layers compute while the last ones still arrive;
+ * params_ready waits for whatever is left.
  *
  * Invariants:
  *  - A group is the range of variables one backward hook call reported; the groups are
  *    learnt in the first step and fixed from then on (with --accumulate > 1 the loop reports
  *    one variable at a time, so a group is one variable). There are at most nvars of them.
- *  - A pushed range is read by the client until its ticket is waited for, and end_step waits
- *    for every push before the next backward overwrites the gradients.
+ *  - A pushed range is read by the client until its ticket is waited for: end_step (async,
+ *    ssp) or params_ready (sync: every PUSHPULL) waits for every push before the next
+ *    backward overwrites the gradients.
+ *  - sync: a PUSHPULL may write a group's new values into params during the rest of the
+ *    backward (whenever the client reads replies): nn calls a layer's hook after its whole
+ *    backward, so nothing reads those values again before the next forward (sync.h).
+ *  - A bucket is a run of consecutive groups (hook order) over contiguous variables: the
+ *    unit of a pull, and in sync of a PUSHPULL, sent once its last group's gradients are
+ *    final. sync: buckets of about S_BUCKET_FLOATS, fixed with the groups (a model of many
+ *    small layers, Inception-v3's 95, would otherwise send a message per layer and server);
+ *    async, ssp and the first step: one group each. pull_t, pull_done are indexed by bucket
+ *    in hook order (last layer first).
  *  - The version of the values in params is the oldest version among the pulls that brought
  *    them; the pushes of a step carry it (sync, async) or the trainer's clock (ssp), as
  *    client.h "Steps" says.
@@ -41,6 +55,12 @@ typedef struct s_group {
     int first, n;
 } s_group;
 
+/* sync: a bucket closes once it holds this many floats (or at a gap in the variables, or at
+ * the last group). 64 Ki floats (256 KiB) keeps the messages per step few (Inception-v3
+ * w0.25: 95 groups -> about 20 buckets) while the first buckets' values still come back
+ * during backward. */
+#define S_BUCKET_FLOATS 65536
+
 typedef struct s_ps {
     tr_sync base;             // first: the tr_sync the loop holds
     const tr_config *cfg;
@@ -54,9 +74,14 @@ typedef struct s_ps {
     zps_status push_err;      // first push failure (then nothing more is pushed)
     s_group *groups;          // (nvars) groups in hook order (last layer first)
     int n_groups;
+    s_group *buckets;         // (nvars) the buckets' variable ranges, hook order
+    int n_buckets;
+    int n_hook;               // sync: groups reported in this step
+    uint64_t *var_count;      // (nvars) floats of each variable
+    int *group_bucket;        // (nvars) the bucket of each group
     int groups_known;         // the first step recorded the groups
-    ps_ticket *pull_t;        // (nvars) pull ticket of each group, forward order
-    int *var_pull;            // (nvars) forward-order pull index of each variable's group
+    ps_ticket *pull_t;        // (nvars) pull (sync: PUSHPULL) ticket of each bucket
+    int *var_pull;            // (nvars) the bucket of each variable
     uint8_t *pull_done;       // (nvars) that pull was waited for
     int pulls_pending;
     uint64_t pull_vmin;       // oldest version among the pulls waited for
@@ -65,6 +90,8 @@ typedef struct s_ps {
     uint64_t used_version;    // the version this step computes with
     int64_t step;             // the step begun last (0-based)
     int64_t push_step;        // step / clock attached to this step's pushes
+    int pushpull;             // sync: every push is a PUSHPULL (its pull rides along)
+    int64_t pp_step;          // sync: the step the pending PUSHPULLs carried
     const volatile sig_atomic_t *stop; // the trainer's stop flag (env)
     int joined;               // REGISTER succeeded: the servers expect this trainer
     int left;                 // LEAVE answered, or abandon() tried it
@@ -146,28 +173,51 @@ static void s_note_step_version(s_ps *p)
 
 /* ---- pulls ---- */
 
-/* Issues the pulls of every group in forward order (first layers first). */
-static zps_status s_issue_pulls(s_ps *p, int64_t step)
+/* The pulls of a step are under way: nothing received yet. */
+static void s_pulls_begin(s_ps *p)
 {
-    for (int g = p->n_groups - 1, k = 0; g >= 0; g--, k++) {
-        ZPS_TRY(ps_client_pull(p->client, p->groups[g].first, p->groups[g].n, p->params, step,
-                               &p->pull_t[k]));
-        p->pull_done[k] = 0;
-    }
+    memset(p->pull_done, 1, p->nvars); // a bucket is waited for once its pull is issued
     p->pulls_pending = 1;
     p->pull_vmin = UINT64_MAX;
     p->pull_err = ZPS_OK;
+}
+
+/* Issues the pulls of every bucket in forward order (first layers first). */
+static zps_status s_issue_pulls(s_ps *p, int64_t step)
+{
+    s_pulls_begin(p);
+    for (int b = p->n_buckets - 1; b >= 0; b--) {
+        ZPS_TRY(ps_client_pull(p->client, p->buckets[b].first, p->buckets[b].n, p->params, step,
+                               &p->pull_t[b]));
+        p->pull_done[b] = 0;
+    }
     return ZPS_OK;
 }
 
-/* Waits for pull k (forward order) unless that was done already. */
-static void s_wait_pull(s_ps *p, int k)
+/* sync: bucket g's PUSHPULL came back stale, its values unsent (this trainer's gradients
+ * were not needed: a backup worker, docs/ps.md "Backup workers"). Unless the fleet rolled
+ * back (params_ready's recovery takes that), the values come by a plain pull. */
+static zps_status s_pull_after_stale(s_ps *p, int g, uint64_t *v)
 {
-    if (p->pull_done[k])
+    if (ps_client_rollback_pending(p->client, NULL))
+        return ZPS_ERR_STALE;
+    zps_log(ZPS_DEBUG, "trainer", "step %lld: push of bucket %d was stale", (long long)p->step, g);
+    ps_ticket t;
+    ZPS_TRY(ps_client_pull(p->client, p->buckets[g].first, p->buckets[g].n, p->params,
+                           p->pp_step + 1, &t));
+    return s_wait(p, t, v);
+}
+
+/* Waits for bucket g's pull unless that was done already. */
+static void s_wait_pull(s_ps *p, int g)
+{
+    if (p->pull_done[g])
         return;
-    p->pull_done[k] = 1;
+    p->pull_done[g] = 1;
     uint64_t v = 0;
-    zps_status st = s_wait(p, p->pull_t[k], &v);
+    zps_status st = s_wait(p, p->pull_t[g], &v);
+    if (st == ZPS_ERR_STALE && p->pushpull)
+        st = s_pull_after_stale(p, g, &v);
     if (st != ZPS_OK && p->pull_err == ZPS_OK)
         p->pull_err = st;
     if (st == ZPS_OK && v < p->pull_vmin)
@@ -190,8 +240,8 @@ static zps_status s_params_ready(tr_sync *s)
 {
     s_ps *p = (s_ps *)s;
     if (p->pulls_pending) {
-        for (int k = 0; k < p->n_groups; k++)
-            s_wait_pull(p, k);
+        for (int b = p->n_buckets - 1; b >= 0; b--)
+            s_wait_pull(p, b);
         p->pulls_pending = 0;
         if (p->pull_err != ZPS_OK) {
             zps_status st = s_recover(p, p->pull_err);
@@ -207,14 +257,37 @@ static zps_status s_params_ready(tr_sync *s)
     return ZPS_OK;
 }
 
-/* The groups are known (end of the first step): map each variable to its group's pull. */
+/* The groups into buckets (see the invariants): sync merges runs of contiguous groups up to
+ * S_BUCKET_FLOATS, the other modes keep one group each. */
+static void s_make_buckets(s_ps *p)
+{
+    p->n_buckets = 0;
+    uint64_t floats = 0; // in the open bucket
+    for (int g = 0; g < p->n_groups; g++) {
+        const s_group *gr = &p->groups[g];
+        uint64_t gf = 0;
+        for (int v = gr->first; v < gr->first + gr->n; v++)
+            gf += p->var_count[v];
+        s_group *b = p->n_buckets ? &p->buckets[p->n_buckets - 1] : NULL;
+        if (p->pushpull && b && floats < S_BUCKET_FLOATS && gr->first + gr->n == b->first) {
+            b->first = gr->first; // hook order runs down the variables
+            b->n += gr->n;
+            floats += gf;
+        } else {
+            floats = gf;
+            p->buckets[p->n_buckets++] = *gr;
+        }
+        p->group_bucket[g] = p->n_buckets - 1;
+    }
+}
+
+/* The groups are known (end of the first step): the buckets, and each variable's. */
 static void s_groups_known(s_ps *p)
 {
-    for (int g = 0; g < p->n_groups; g++) {
-        int k = p->n_groups - 1 - g;
-        for (int v = p->groups[g].first; v < p->groups[g].first + p->groups[g].n; v++)
-            p->var_pull[v] = k;
-    }
+    s_make_buckets(p);
+    for (int b = 0; b < p->n_buckets; b++)
+        for (int v = p->buckets[b].first; v < p->buckets[b].first + p->buckets[b].n; v++)
+            p->var_pull[v] = b;
     p->groups_known = 1;
     nn_model_set_forward_hook(p->model, s_pull_hook, p);
 }
@@ -230,10 +303,31 @@ static zps_status s_begin_step(tr_sync *s, int64_t step, int *stop)
     p->used_version = p->version;
     s->net_wait = 0;
     s->redo_from = -1;
+    p->n_hook = 0;
     return ZPS_OK;
 }
 
-/* The gradients of [first, first + n) are final: push them now. */
+/* sync: group [first, first + n) is final; 1 when it completes its bucket (*b), which then
+ * goes out. */
+static int s_bucket_ready(s_ps *p, size_t first, size_t n, int *b)
+{
+    int g = p->n_hook++; // the hook reports the groups in the same order every step
+    assert(p->groups[g].first == (int)first && p->groups[g].n == (int)n);
+    if (g == 0) {
+        s_pulls_begin(p);
+        p->pp_step = p->push_step;
+    }
+    if (!p->groups_known) { /* the first step: every group its own bucket */
+        p->buckets[p->n_buckets] = (s_group){(int)first, (int)n};
+        *b = p->n_buckets++;
+        return 1;
+    }
+    *b = p->group_bucket[g];
+    return g + 1 == p->n_groups || p->group_bucket[g + 1] != *b;
+}
+
+/* The gradients of [first, first + n) are final: push them now (sync: once their bucket is
+ * complete). */
 static zps_status s_grads_ready(tr_sync *s, size_t first, size_t n)
 {
     s_ps *p = (s_ps *)s;
@@ -244,8 +338,18 @@ static zps_status s_grads_ready(tr_sync *s, size_t first, size_t n)
     if (p->push_err != ZPS_OK)
         return p->push_err;
     assert(p->n_push < (int)p->nvars);
-    zps_status st = ps_client_push(p->client, (int)first, (int)n, p->grads, p->push_step,
-                                   &p->push_t[p->n_push]);
+    zps_status st;
+    if (p->pushpull) {
+        int b;
+        if (!s_bucket_ready(p, first, n, &b))
+            return ZPS_OK; // the bucket goes out with its last group
+        p->pull_done[b] = 0;
+        st = ps_client_pushpull(p->client, p->buckets[b].first, p->buckets[b].n, p->grads,
+                                p->params, p->push_step, &p->pull_t[b]);
+    } else {
+        st = ps_client_push(p->client, (int)first, (int)n, p->grads, p->push_step,
+                            &p->push_t[p->n_push]);
+    }
     if (st != ZPS_OK) {
         p->push_err = st;
         s_log_fail(p, "PUSH", st);
@@ -280,14 +384,34 @@ static zps_status s_wait_pushes(s_ps *p, int *stale, uint64_t *newest)
     return first_err;
 }
 
+/* The step record's transfer figures. */
+static void s_record(s_ps *p, tr_step_record *rec)
+{
+    rec->bytes_pushed = rec->bytes_pulled = p->nparams * sizeof(float);
+    rec->lr = ps_optim_lr(&p->cfg->opt, p->used_version);
+    rec->net_wait_s = p->base.net_wait;
+}
+
 static zps_status s_end_step(tr_sync *s, tr_step_record *rec)
 {
     s_ps *p = (s_ps *)s;
     const tr_config *c = p->cfg;
     if (p->push_err != ZPS_OK)
         return s_recover(p, p->push_err);
+    if (!p->groups_known && p->pushpull)
+        for (int k = 0; k < p->n_buckets; k++)
+            s_wait_pull(p, k); // before the buckets change shape; params_ready takes the rest
     if (!p->groups_known)
         s_groups_known(p);
+    if (p->pushpull) {
+        /* every group's values are on their way: the next forward waits for each */
+        p->n_push = 0;
+        if (ps_client_rollback_pending(p->client, NULL))
+            return s_recover(p, ZPS_ERR_STALE);
+        rec->staleness = 0;
+        s_record(p, rec);
+        return ZPS_OK;
+    }
     /* The values for the next step: sync waits (server side) for version + 1. */
     int64_t pull_step = c->mode == TR_MODE_SYNC  ? (int64_t)p->used_version + 1
                         : c->mode == TR_MODE_SSP ? p->step + 1
@@ -307,9 +431,7 @@ static zps_status s_end_step(tr_sync *s, tr_step_record *rec)
         rec->staleness = (double)(newest - 1 - p->used_version);
     else
         rec->staleness = 0;
-    rec->bytes_pushed = rec->bytes_pulled = p->nparams * sizeof(float);
-    rec->lr = ps_optim_lr(&c->opt, p->used_version);
-    rec->net_wait_s = s->net_wait;
+    s_record(p, rec);
     return ZPS_OK;
 }
 
@@ -374,6 +496,9 @@ static void s_destroy(tr_sync *s)
     free(p->groups);
     free(p->var_pull);
     free(p->pull_done);
+    free(p->buckets);
+    free(p->group_bucket);
+    free(p->var_count);
     free(p->step_version);
     free(p);
 }
@@ -502,6 +627,7 @@ zps_status tr_sync_ps_new(const tr_sync_env *env, tr_sync **out)
                         .finish = s_finish, .leave = s_leave, .abandon = s_abandon,
                         .destroy = s_destroy, .redo_from = -1};
     p->cfg = env->cfg;
+    p->pushpull = env->cfg->mode == TR_MODE_SYNC;
     p->stop = env->stop;
     p->model = env->model;
     p->params = env->params;
@@ -513,6 +639,11 @@ zps_status tr_sync_ps_new(const tr_sync_env *env, tr_sync **out)
     p->groups = zps_xcalloc(env->nvars, sizeof *p->groups);
     p->pull_done = zps_xcalloc(env->nvars, sizeof *p->pull_done);
     p->var_pull = zps_xcalloc(env->nvars, sizeof *p->var_pull);
+    p->buckets = zps_xcalloc(env->nvars, sizeof *p->buckets);
+    p->group_bucket = zps_xcalloc(env->nvars, sizeof *p->group_bucket);
+    p->var_count = zps_xcalloc(env->nvars, sizeof *p->var_count);
+    for (size_t v = 0; v < env->nvars; v++)
+        p->var_count[v] = env->vars[v].count;
     zps_status st = s_setup(p, env);
     if (st != ZPS_OK) {
         s_abandon(&p->base); /* registered, then failed: the servers must not wait for us */
