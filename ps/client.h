@@ -143,6 +143,12 @@ zps_status ps_client_pushpull(ps_client *c, int first_var, int n_vars, const flo
 zps_status ps_client_poll(ps_client *c, ps_ticket t, int timeout_ms, int *done);
 /* Blocks until ticket t completed; returns its first error. */
 zps_status ps_client_wait(ps_client *c, ps_ticket t);
+/* Takes every reply already arrived, without waiting (a timeline wants each request's end
+ * when it happened, not when it was next waited for). */
+zps_status ps_client_progress(ps_client *c);
+/* When ticket t's last reply was taken (zps_now_ns), or 0: not finished, or the ticket is
+ * no longer known. */
+uint64_t ps_client_done_ns(ps_client *c, ps_ticket t);
 /* Same; *version is the smallest model version the servers reported for it. */
 zps_status ps_client_wait_version(ps_client *c, ps_ticket t, uint64_t *version);
 /* Waits for every ticket in flight; returns the first error among tickets not yet waited. */

@@ -66,6 +66,7 @@ typedef struct ps_client_ticket {
     int status;
     int waited;
     uint64_t version;  // min model_version of the replies
+    uint64_t done_ns;  // when its last reply was taken (zps_now_ns), 0 before
     char msg[512];
 } ps_client_ticket;
 

@@ -110,7 +110,8 @@ void ps_client_slot_finish(ps_client *c, ps_client_slot *sl, int status, const c
             }
             if (version < tk->version)
                 tk->version = version;
-            tk->open--;
+            if (--tk->open == 0)
+                tk->done_ns = zps_now_ns();
         }
     }
     s_slot_release_ex(c, sl, status != ZPS_OK);
@@ -429,6 +430,14 @@ zps_status ps_client_poll(ps_client *c, ps_ticket t, int timeout_ms, int *done)
     } while (zps_now_ns() < end);
     *done = tk->open <= 0;
     return ZPS_OK;
+}
+
+zps_status ps_client_progress(ps_client *c) { return ps_client_pump(c, 0); }
+
+uint64_t ps_client_done_ns(ps_client *c, ps_ticket t)
+{
+    ps_client_ticket *tk = ps_client_ticket_get(c, t);
+    return tk && tk->open <= 0 ? tk->done_ns : 0;
 }
 
 zps_status ps_client_wait(ps_client *c, ps_ticket t)

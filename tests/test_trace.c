@@ -74,26 +74,40 @@ Test(it_trace, local_window_has_exactly_its_steps, .init = s_init, .fini = s_fin
     cr_assert(zt_file_has(trace, "\"name\":\"forward\""), "no forward span");
 }
 
-Test(it_trace, allreduce_buckets_overlap_backward, .init = s_init, .fini = s_fini,
-     .timeout = 300)
+/* zps-launch with --trainer-args: 2 trainers, "{trainer}" in the trace path; extra
+ * flags (servers, mode) and the checks after. */
+static void s_fleet_traces(const char *servers, const char *mode, const char *overlap)
 {
     const char *root = getenv("ZPS_ROOT"), *bin = getenv("ZPS_BIN");
     char launch[4096], targs[1600], run[700], t0[700], t1[700];
     snprintf(launch, sizeof launch, "%s/scripts/zps-launch", root ? root : ".");
     snprintf(run, sizeof run, "%s/run", s_tmp);
-    snprintf(targs, sizeof targs, "--mode allreduce --data %s --model convnet --steps 10 "
-             "--no-progress --trace %s/ar-{trainer}.json", s_data, s_tmp);
-    snprintf(t0, sizeof t0, "%s/ar-0.json", s_tmp);
-    snprintf(t1, sizeof t1, "%s/ar-1.json", s_tmp);
+    snprintf(targs, sizeof targs, "--mode %s --data %s --model convnet --steps 10 "
+             "--no-progress --trace %s/t-{trainer}.json", mode, s_data, s_tmp);
+    snprintf(t0, sizeof t0, "%s/t-0.json", s_tmp);
+    snprintf(t1, sizeof t1, "%s/t-1.json", s_tmp);
     const char *args[] = {"--bin-dir", bin ? bin : "build/bin", "--trainers", "2", "--servers",
-                          "0", "--run-dir", run, "--timeout", "200", "--trainer-args", targs,
+                          servers, "--run-dir", run, "--timeout", "200", "--trainer-args", targs,
                           NULL};
     char *out;
     cr_assert_eq(zt_run_tmp(launch, args, NULL, 240, &out), 0, "%s", out);
     free(out);
     const char *files[] = {t0, t1, NULL};
-    const char *extra[] = {"--steps", "5,6,7", "--overlap", "allreduce", NULL};
+    const char *extra[] = {"--steps", "5,6,7", "--overlap", overlap, NULL};
     s_check(files, extra);
+}
+
+Test(it_trace, allreduce_buckets_overlap_backward, .init = s_init, .fini = s_fini,
+     .timeout = 300)
+{
+    s_fleet_traces("0", "allreduce", "allreduce");
+}
+
+/* A sync PS fleet (2 servers, 2 trainers): each bucket's PUSHPULL is a span from the moment
+ * it leaves during backward to its reply, overlapping backward. */
+Test(it_trace, sync_pushes_overlap_backward, .init = s_init, .fini = s_fini, .timeout = 300)
+{
+    s_fleet_traces("2", "sync", "pushpull");
 }
 
 Test(it_trace, unwritable_path_is_refused_and_a_short_run_writes_nothing, .init = s_init,

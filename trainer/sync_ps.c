@@ -35,6 +35,7 @@
  *    early stop (train.c) or a failed set-up; waits end at once when the stop flag rises.
  */
 #include "trainer/sync.h"
+#include "trainer/trace.h"
 
 #include <assert.h>
 #include <stdlib.h>
@@ -97,7 +98,27 @@ typedef struct s_ps {
     int left;                 // LEAVE answered, or abandon() tried it
     uint64_t *step_version;   // (cap_steps) sync: the version step k computed with
     int64_t cap_steps;
+    struct tr_trace *trace;   // --trace (NULL: none): each push and pull is a span
+    const nn_var *vars;       // (nvars) the model's, to name the spans
+    uint64_t *pull_t0;        // (nvars) with trace: when bucket b's pull left
+    uint64_t *push_t0;        // (nvars) with trace: when push k left
+    int *push_first, *push_n; // (nvars) push k's variables (its span's name and size)
 } s_ps;
+
+/* With --trace: ticket t's span, from t0 to its last reply (the reply may have been taken
+ * before now: the trace pumps the client as each bucket leaves). */
+static void s_trace_transfer(s_ps *p, const char *cat, ps_ticket t, uint64_t t0, int first,
+                             int n)
+{
+    if (!p->trace || !t0)
+        return;
+    uint64_t end = ps_client_done_ns(p->client, t);
+    size_t floats = 0;
+    for (int v = first; v < first + n; v++)
+        floats += p->vars[v].count;
+    tr_trace_async(p->trace, cat, p->vars[first].name, t0, end ? end : zps_now_ns(),
+                   (int64_t)floats);
+}
 
 /* Logs a failed request; one interrupted by the trainer's stop flag is not a failure. */
 static void s_log_fail(const s_ps *p, const char *what, zps_status st)
@@ -187,6 +208,8 @@ static zps_status s_issue_pulls(s_ps *p, int64_t step)
 {
     s_pulls_begin(p);
     for (int b = p->n_buckets - 1; b >= 0; b--) {
+        if (p->trace)
+            p->pull_t0[b] = tr_trace_now(p->trace);
         ZPS_TRY(ps_client_pull(p->client, p->buckets[b].first, p->buckets[b].n, p->params, step,
                                &p->pull_t[b]));
         p->pull_done[b] = 0;
@@ -214,8 +237,12 @@ static void s_wait_pull(s_ps *p, int g)
     if (p->pull_done[g])
         return;
     p->pull_done[g] = 1;
-    uint64_t v = 0;
+    uint64_t v = 0, tw = tr_trace_now(p->trace);
     zps_status st = s_wait(p, p->pull_t[g], &v);
+    s_trace_transfer(p, p->pushpull ? "pushpull" : "pull", p->pull_t[g], p->pull_t0[g],
+                     p->buckets[g].first, p->buckets[g].n);
+    if (tw && zps_now_ns() - tw > 20000) /* waits that cost something: over 20 us */
+        tr_trace_span(p->trace, TR_TRACE_MAIN, "wait: values", tw, g);
     if (st == ZPS_ERR_STALE && p->pushpull)
         st = s_pull_after_stale(p, g, &v);
     if (st != ZPS_OK && p->pull_err == ZPS_OK)
@@ -344,11 +371,20 @@ static zps_status s_grads_ready(tr_sync *s, size_t first, size_t n)
         if (!s_bucket_ready(p, first, n, &b))
             return ZPS_OK; // the bucket goes out with its last group
         p->pull_done[b] = 0;
+        if (p->trace) { /* take the replies in so far, so their spans end when they came */
+            (void)ps_client_progress(p->client);
+            p->pull_t0[b] = tr_trace_now(p->trace);
+        }
         st = ps_client_pushpull(p->client, p->buckets[b].first, p->buckets[b].n, p->grads,
                                 p->params, p->push_step, &p->pull_t[b]);
     } else {
+        if (p->trace) {
+            (void)ps_client_progress(p->client);
+            p->push_t0[p->n_push] = tr_trace_now(p->trace);
+        }
         st = ps_client_push(p->client, (int)first, (int)n, p->grads, p->push_step,
                             &p->push_t[p->n_push]);
+        p->push_first[p->n_push] = (int)first, p->push_n[p->n_push] = (int)n;
     }
     if (st != ZPS_OK) {
         p->push_err = st;
@@ -369,6 +405,7 @@ static zps_status s_wait_pushes(s_ps *p, int *stale, uint64_t *newest)
     for (int k = 0; k < p->n_push; k++) {
         uint64_t v = 0;
         zps_status st = s_wait(p, p->push_t[k], &v);
+        s_trace_transfer(p, "push", p->push_t[k], p->push_t0[k], p->push_first[k], p->push_n[k]);
         if (st == ZPS_ERR_STALE) {
             *stale = 1;
             st = ZPS_OK;
@@ -500,6 +537,10 @@ static void s_destroy(tr_sync *s)
     free(p->group_bucket);
     free(p->var_count);
     free(p->step_version);
+    free(p->pull_t0);
+    free(p->push_t0);
+    free(p->push_first);
+    free(p->push_n);
     free(p);
 }
 
@@ -642,6 +683,12 @@ zps_status tr_sync_ps_new(const tr_sync_env *env, tr_sync **out)
     p->buckets = zps_xcalloc(env->nvars, sizeof *p->buckets);
     p->group_bucket = zps_xcalloc(env->nvars, sizeof *p->group_bucket);
     p->var_count = zps_xcalloc(env->nvars, sizeof *p->var_count);
+    p->trace = env->trace;
+    p->vars = env->vars;
+    p->pull_t0 = zps_xcalloc(env->nvars, sizeof *p->pull_t0);
+    p->push_t0 = zps_xcalloc(env->nvars, sizeof *p->push_t0);
+    p->push_first = zps_xcalloc(env->nvars, sizeof *p->push_first);
+    p->push_n = zps_xcalloc(env->nvars, sizeof *p->push_n);
     for (size_t v = 0; v < env->nvars; v++)
         p->var_count[v] = env->vars[v].count;
     zps_status st = s_setup(p, env);
