@@ -25,6 +25,8 @@
 #include <stdint.h>
 
 #include "common/mem.h"
+#include <stdio.h>
+
 #include "trainer/nn/nn.h"
 
 enum { NN_MAX_IN = 8, NN_MAX_HEADS = 4, NN_MAX_OUTS = 16 };
@@ -125,5 +127,11 @@ zps_status nn_plan(nn_model *m, int n);
 zps_status nn_forward_nodes(nn_model *m, int train);
 /* memplan.c: everything the plans took (descriptors, block, label buffer); for destroy. */
 void nn_plan_free(nn_model *m);
+
+/* Weights files are written whole or not at all: to PATH.tmp (tmp, 4096 bytes), renamed
+ * over PATH at the end. nn_file_begin opens it (NULL: logged); nn_file_end closes it and,
+ * unless bad or the close failed, renames it, else removes it (logged: ZPS_ERR_IO). */
+FILE *nn_file_begin(const char *path, char *tmp);
+zps_status nn_file_end(FILE *f, const char *tmp, const char *path, int bad);
 
 #endif

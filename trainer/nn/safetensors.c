@@ -25,7 +25,7 @@
 #include "common/mem.h"
 #include "common/opts.h"
 #include "common/version.h"
-#include "trainer/nn/nn.h"
+#include "trainer/nn/nn_int.h"
 
 /* The header size and the data are written as the host holds them. */
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors is little-endian");
@@ -105,10 +105,8 @@ zps_status nn_safetensors_write(const char *path, const nn_var *vars, size_t nva
     s_header(&j, vars, nvars, stats, nstats);
     memset(hdr + j.len, ' ', hlen - j.len);
     char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "wb");
+    FILE *f = nn_file_begin(path, tmp);
     if (!f) {
-        zps_log(ZPS_ERROR, "nn", "%s: cannot create: %s", tmp, strerror(errno));
         free(hdr);
         return ZPS_ERR_IO;
     }
@@ -116,14 +114,7 @@ zps_status nn_safetensors_write(const char *path, const nn_var *vars, size_t nva
     int bad = s_write_all(f, &n, 8) || s_write_all(f, hdr, hlen) ||
               s_write_data(f, vars, nvars, params, stats, nstats, statdata);
     free(hdr);
-    if (fclose(f) != 0)
-        bad = 1;
-    if (bad || rename(tmp, path) != 0) {
-        zps_log(ZPS_ERROR, "nn", "%s: write failed: %s", path, strerror(errno));
-        unlink(tmp);
-        return ZPS_ERR_IO;
-    }
-    return ZPS_OK;
+    return nn_file_end(f, tmp, path, bad);
 }
 
 const zps_opt_name nn_weights_format_names[] = {

@@ -45,17 +45,35 @@ static int s_write_table(FILE *f, const nn_var *v, size_t n)
     return 0;
 }
 
+FILE *nn_file_begin(const char *path, char *tmp)
+{
+    snprintf(tmp, 4096, "%s.tmp", path);
+    FILE *f = fopen(tmp, "wb");
+    if (!f)
+        zps_log(ZPS_ERROR, "nn", "%s: cannot create: %s", tmp, strerror(errno));
+    return f;
+}
+
+zps_status nn_file_end(FILE *f, const char *tmp, const char *path, int bad)
+{
+    if (fclose(f) != 0)
+        bad = 1;
+    if (bad || rename(tmp, path) != 0) {
+        zps_log(ZPS_ERROR, "nn", "%s: write failed: %s", path, strerror(errno));
+        unlink(tmp);
+        return ZPS_ERR_IO;
+    }
+    return ZPS_OK;
+}
+
 zps_status nn_weights_write(const char *path, const nn_var *vars, size_t nvars,
                             const float *params, const nn_var *stats, size_t nstats,
                             const float *statdata)
 {
     char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "wb");
-    if (!f) {
-        zps_log(ZPS_ERROR, "nn", "%s: cannot create: %s", tmp, strerror(errno));
+    FILE *f = nn_file_begin(path, tmp);
+    if (!f)
         return ZPS_ERR_IO;
-    }
     uint32_t hdr[3] = {S_WEIGHTS_VERSION, (uint32_t)nvars, (uint32_t)nstats};
     size_t np = 0, ns = 0;
     for (size_t i = 0; i < nvars; i++)
@@ -65,14 +83,7 @@ zps_status nn_weights_write(const char *path, const nn_var *vars, size_t nvars,
     int bad = s_wr(f, s_magic, 8) || s_wr(f, hdr, sizeof hdr) || s_write_table(f, vars, nvars) ||
               s_write_table(f, stats, nstats) || s_wr(f, params, np * sizeof(float)) ||
               (ns && s_wr(f, statdata, ns * sizeof(float)));
-    if (fclose(f) != 0)
-        bad = 1;
-    if (bad || rename(tmp, path) != 0) {
-        zps_log(ZPS_ERROR, "nn", "%s: write failed: %s", path, strerror(errno));
-        unlink(tmp);
-        return ZPS_ERR_IO;
-    }
-    return ZPS_OK;
+    return nn_file_end(f, tmp, path, bad);
 }
 
 static int s_read_table(FILE *f, nn_var *v, size_t n, size_t *total)
