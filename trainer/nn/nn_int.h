@@ -23,9 +23,9 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "common/mem.h"
-#include <stdio.h>
 
 #include "trainer/nn/nn.h"
 
