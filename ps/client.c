@@ -28,6 +28,10 @@
 #include "ps/client_int.h"
 #include "ps/curve.h"
 
+/* A message is packed (when the options allow it) only while its pieces average less than
+ * this many bytes. */
+#define S_PACK_MAX_PIECE (256u << 10)
+
 void ps_client_opts_default(ps_client_opts *o)
 {
     memset(o, 0, sizeof *o);
@@ -301,11 +305,16 @@ static zps_status s_range_op(ps_client *c, int op, int first_var, int n_vars, co
                 break;
             }
             ps_client_slot_pieces(sl, cnt);
-            sl->packed = c->o.packed;
-            size_t k = 0;
+            size_t k = 0, floats = 0;
             for (size_t q = i; q <= last; q++)
-                if (c->pieces[q].server == (uint32_t)s)
+                if (c->pieces[q].server == (uint32_t)s) {
                     sl->pieces[k++] = c->pieces[q];
+                    floats += c->pieces[q].count;
+                }
+            /* packing saves a frame per piece and costs a copy of the bytes: it pays for
+             * many small pieces (a layer's variables), not for big ones, which go zero-copy
+             * from the caller's buffer (a 256 MiB tensor is 64 pieces of 4 MiB) */
+            sl->packed = c->o.packed && floats * 4 < (size_t)cnt * S_PACK_MAX_PIECE;
             sl->src = src;
             sl->dst = dst;
             st = ps_client_slot_submit(c, tk, sl, NULL);

@@ -79,8 +79,9 @@ typedef struct ps_client_opts {
                          // pushpull go on the wire as bfloat16, half the bytes (ps/dtype.h);
                          // values (INIT, pull) are always f32
     int packed;          // 1 (default): a push's or pull's ranges travel in ONE payload frame
-                         // each way (Header.packed, docs/ps.md "Packed payloads"); 0: one
-                         // frame per range, zero-copy from the caller's buffers
+                         // each way (Header.packed, docs/ps.md "Packed payloads") when they
+                         // average under 256 KiB a range; larger ones, and all with 0, go as
+                         // one frame per range, zero-copy from the caller's buffers
     /* CURVE (Z85 text, ps/curve.h): all three or none ("" = plaintext, the default). */
     char curve_server_key[41]; // the servers' public key (one key pair for the fleet)
     char curve_public_key[41]; // this trainer's key pair
