@@ -620,6 +620,49 @@ Test(k_cpu, winograd_shapes_match_ref, .init = s_init_cpu, .timeout = 60)
     }
 }
 
+/* 2x2 stride-2 max pooling of blocked maps (the cpu back-end's own loops for 16-blocks of even
+ * height and width, oneDNN's otherwise) equals ref exactly, forward and backward, ties
+ * included: ReLU-like maps, a third zeros, the rest from 5 values, so most windows hold
+ * equal maxima and the gradient must go to the first, as ref's does. */
+Test(k_cpu, blocked_max_pool_2x2_equals_ref, .init = s_init_cpu, .timeout = 60)
+{
+    const k_backend *cpu = k_backend_cpu(), *ref = k_backend_ref();
+    static const int cs[5][5] = {/* layout, n, c, h, w */
+                                 {K_BLOCK16, 3, 32, 28, 28}, {K_BLOCK16, 2, 16, 14, 6},
+                                 {K_BLOCK8, 2, 24, 10, 12},  {K_BLOCK16, 2, 16, 7, 9},
+                                 {K_BLOCK8, 1, 8, 2, 2}};
+    for (int i = 0; i < 5; i++) {
+        const int *q = cs[i];
+        k_pool d, dr;
+        cr_assert_eq(k_pool_init(&d, K_POOL_MAX, q[1], q[2], q[3], q[4], 2, 2, 2, 2, 0, 0),
+                     ZPS_OK);
+        dr = d;
+        d.blocked = q[0];
+        size_t nx = (size_t)d.n * d.c * d.h * d.w, ny = (size_t)d.n * d.c * d.oh * d.ow;
+        float *x = zt_k_randv(nx, -1, 1), *dy = zt_k_randv(ny, -1, 1);
+        for (size_t j = 0; j < nx; j++)
+            x[j] = x[j] < -0.33f ? 0.0f : floorf(x[j] * 3.0f);
+        float *xb = s_maybe_blocked(q[0], d.n, d.c, d.h, d.w, x);
+        float *dyb = s_maybe_blocked(q[0], d.n, d.c, d.oh, d.ow, dy);
+        float *y = zt_k_zeros(ny), *yr = zt_k_zeros(ny), *dx = zt_k_randv(nx, -1, 1);
+        float *dxr = zt_k_zeros(nx);
+        for (int pass = 0; pass < 2; pass++) { /* the second on the cached state */
+            cr_assert_eq(k_pool_fwd(cpu, &d, xb, y), ZPS_OK);
+            cr_assert_eq(k_pool_bwd(cpu, &d, xb, y, dyb, dx), ZPS_OK);
+        }
+        k_pool_fwd(ref, &dr, x, yr);
+        k_pool_bwd(ref, &dr, x, yr, dy, dxr);
+        float *yp = s_maybe_plain(q[0], d.n, d.c, d.oh, d.ow, y);
+        float *dxp = s_maybe_plain(q[0], d.n, d.c, d.h, d.w, dx);
+        zt_k_close("cpu", "max pool 2x2 y", yp, yr, ny, 0, 0);
+        zt_k_close("cpu", "max pool 2x2 dx", dxp, dxr, nx, 0, 0);
+        k_op_release(cpu, &d.impl);
+        cr_assert_null(d.impl);
+        free(x), free(dy), free(xb), free(dyb), free(y), free(yr), free(dx), free(dxr);
+        free(yp), free(dxp);
+    }
+}
+
 /* A dense layer reading a blocked map (n, c, h, w) gives ref's results on the NCHW map, its dx
  * comes back blocked, and dw/db are added into. */
 static void s_blocked_dense(int lay, int n, int c, int h, int w, int out)
