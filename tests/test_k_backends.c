@@ -574,6 +574,95 @@ static void s_random_blocked_conv(k_conv2d *d, int xl, int yl)
     d->x_blocked = xl, d->y_blocked = yl;
 }
 
+/* The shapes whose forward the cpu back-end runs with oneDNN's Winograd kernel (conv.c,
+ * s_wino_pays: 3x3, stride 1, 16+ input channels, 12-32 output rows and columns) stay within
+ * the direct kernels' tolerances of ref: y, and dx and dw from the direct backward that
+ * follows it; partial 4x4 tiles, plain and blocked edges, with and without bias. A plain pair
+ * (16 to 32 NCHW) has no Winograd kernel and falls back to direct. */
+Test(k_cpu, winograd_shapes_match_ref, .init = s_init_cpu, .timeout = 60)
+{
+    const k_backend *cpu = k_backend_cpu(), *ref = k_backend_ref();
+    static const int cs[5][9] = {/* n, c, h, w, k, pad, x and y layouts, bias */
+                                 {2, 32, 14, 14, 64, 1, K_BLOCK16, K_BLOCK16, 0},
+                                 {2, 32, 14, 14, 64, 1, K_BLOCK16, K_BLOCK16, 1},
+                                 {2, 20, 17, 17, 48, 0, K_NCHW, K_BLOCK16, 0},
+                                 {3, 16, 13, 15, 32, 1, K_NCHW, K_NCHW, 1},
+                                 {1, 48, 30, 14, 16, 1, K_BLOCK16, K_BLOCK16, 0}};
+    for (int i = 0; i < 5; i++) {
+        const int *q = cs[i];
+        k_conv2d d, dr;
+        cr_assert_eq(k_conv2d_init(&d, q[0], q[1], q[2], q[3], q[4], 3, 3, 1, 1, q[5], q[5]),
+                     ZPS_OK);
+        dr = d;
+        d.x_blocked = q[6], d.y_blocked = q[7];
+        size_t nx = (size_t)d.n * d.c * d.h * d.w, nw = (size_t)d.k * d.c * 9;
+        size_t ny = (size_t)d.n * d.k * d.oh * d.ow;
+        float *x = zt_k_randv(nx, -1, 1), *w = zt_k_randv(nw, -1, 1), *dy = zt_k_randv(ny, -1, 1);
+        float *b = q[8] ? zt_k_randv((size_t)d.k, -1, 1) : NULL;
+        float *xbl = s_maybe_blocked(d.x_blocked, d.n, d.c, d.h, d.w, x);
+        float *dyb = s_maybe_blocked(d.y_blocked, d.n, d.k, d.oh, d.ow, dy);
+        float *y = zt_k_zeros(ny), *yr = zt_k_zeros(ny), *dx = zt_k_zeros(nx), *dxr = zt_k_zeros(nx);
+        float *dw = zt_k_zeros(nw), *dwr = zt_k_zeros(nw);
+        for (int pass = 0; pass < 2; pass++) /* the second on the cached primitives */
+            cr_assert_eq(k_conv2d_fwd(cpu, &d, xbl, w, b, y), ZPS_OK);
+        k_conv2d_fwd(ref, &dr, x, w, b, yr);
+        float *yp = s_maybe_plain(d.y_blocked, d.n, d.k, d.oh, d.ow, y);
+        zt_k_close("cpu", "winograd conv y", yp, yr, ny, 4e-4 * sqrt((double)d.c * 9), 1e-3);
+        cr_assert_eq(k_conv2d_bwd(cpu, &d, xbl, w, dyb, dx, dw, NULL), ZPS_OK);
+        k_conv2d_bwd(ref, &dr, x, w, dy, dxr, dwr, NULL);
+        float *dxp = s_maybe_plain(d.x_blocked, d.n, d.c, d.h, d.w, dx);
+        zt_k_close("cpu", "winograd conv dx", dxp, dxr, nx, 4e-4 * sqrt((double)d.k * 9), 1e-3);
+        zt_k_close("cpu", "winograd conv dw", dw, dwr, nw,
+                   4e-4 * sqrt((double)d.n * d.oh * d.ow), 1e-3);
+        k_op_release(cpu, &d.impl);
+        free(x), free(w), free(dy), free(b), free(xbl), free(dyb), free(y), free(yr), free(yp);
+        free(dx), free(dxr), free(dxp), free(dw), free(dwr);
+    }
+}
+
+/* 2x2 stride-2 max pooling of blocked maps (the cpu back-end's own loops for 16-blocks of even
+ * height and width, oneDNN's otherwise) equals ref exactly, forward and backward, ties
+ * included: ReLU-like maps, a third zeros, the rest from 5 values, so most windows hold
+ * equal maxima and the gradient must go to the first, as ref's does. */
+Test(k_cpu, blocked_max_pool_2x2_equals_ref, .init = s_init_cpu, .timeout = 60)
+{
+    const k_backend *cpu = k_backend_cpu(), *ref = k_backend_ref();
+    static const int cs[5][5] = {/* layout, n, c, h, w */
+                                 {K_BLOCK16, 3, 32, 28, 28}, {K_BLOCK16, 2, 16, 14, 6},
+                                 {K_BLOCK8, 2, 24, 10, 12},  {K_BLOCK16, 2, 16, 7, 9},
+                                 {K_BLOCK8, 1, 8, 2, 2}};
+    for (int i = 0; i < 5; i++) {
+        const int *q = cs[i];
+        k_pool d, dr;
+        cr_assert_eq(k_pool_init(&d, K_POOL_MAX, q[1], q[2], q[3], q[4], 2, 2, 2, 2, 0, 0),
+                     ZPS_OK);
+        dr = d;
+        d.blocked = q[0];
+        size_t nx = (size_t)d.n * d.c * d.h * d.w, ny = (size_t)d.n * d.c * d.oh * d.ow;
+        float *x = zt_k_randv(nx, -1, 1), *dy = zt_k_randv(ny, -1, 1);
+        for (size_t j = 0; j < nx; j++)
+            x[j] = x[j] < -0.33f ? 0.0f : floorf(x[j] * 3.0f);
+        float *xb = s_maybe_blocked(q[0], d.n, d.c, d.h, d.w, x);
+        float *dyb = s_maybe_blocked(q[0], d.n, d.c, d.oh, d.ow, dy);
+        float *y = zt_k_zeros(ny), *yr = zt_k_zeros(ny), *dx = zt_k_randv(nx, -1, 1);
+        float *dxr = zt_k_zeros(nx);
+        for (int pass = 0; pass < 2; pass++) { /* the second on the cached state */
+            cr_assert_eq(k_pool_fwd(cpu, &d, xb, y), ZPS_OK);
+            cr_assert_eq(k_pool_bwd(cpu, &d, xb, y, dyb, dx), ZPS_OK);
+        }
+        k_pool_fwd(ref, &dr, x, yr);
+        k_pool_bwd(ref, &dr, x, yr, dy, dxr);
+        float *yp = s_maybe_plain(q[0], d.n, d.c, d.oh, d.ow, y);
+        float *dxp = s_maybe_plain(q[0], d.n, d.c, d.h, d.w, dx);
+        zt_k_close("cpu", "max pool 2x2 y", yp, yr, ny, 0, 0);
+        zt_k_close("cpu", "max pool 2x2 dx", dxp, dxr, nx, 0, 0);
+        k_op_release(cpu, &d.impl);
+        cr_assert_null(d.impl);
+        free(x), free(dy), free(xb), free(dyb), free(y), free(yr), free(dx), free(dxr);
+        free(yp), free(dxp);
+    }
+}
+
 /* A dense layer reading a blocked map (n, c, h, w) gives ref's results on the NCHW map, its dx
  * comes back blocked, and dw/db are added into. */
 static void s_blocked_dense(int lay, int n, int c, int h, int w, int out)
