@@ -55,6 +55,7 @@
 
 typedef struct s_bucket {
     size_t lo, hi; // floats [lo, hi) of grads and params
+    uint64_t t0;   // --trace: when backward handed it over (0: not traced)
 } s_bucket;
 
 typedef struct s_ar {
@@ -100,10 +101,9 @@ static void *s_thread(void *p)
         s_bucket b = a->q[a->done];
         zps_status err = a->err;
         pthread_mutex_unlock(&a->mu);
-        uint64_t t0 = tr_trace_now(a->trace);
         if (err == ZPS_OK) // after a failure the rest is skipped: the job is broken anyway
             err = tr_allreduce_sum_apply(a->ar, a->local.grads + b.lo, b.hi - b.lo, 1, s_apply, a);
-        tr_trace_async(a->trace, "allreduce", "bucket: reduce + apply", t0, zps_now_ns(),
+        tr_trace_async(a->trace, "allreduce", "bucket: reduce + apply", b.t0, zps_now_ns(),
                        (int64_t)(b.hi - b.lo));
         pthread_mutex_lock(&a->mu);
         if (a->err == ZPS_OK)
@@ -121,7 +121,7 @@ static void s_post(s_ar *a, size_t lo)
     if (a->pend_hi <= lo)
         return;
     pthread_mutex_lock(&a->mu);
-    a->q[a->posted++] = (s_bucket){lo, a->pend_hi};
+    a->q[a->posted++] = (s_bucket){lo, a->pend_hi, tr_trace_now(a->trace)};
     pthread_cond_signal(&a->work);
     pthread_mutex_unlock(&a->mu);
     a->pend_hi = a->pend_lo = lo;
