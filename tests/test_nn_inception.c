@@ -29,6 +29,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "tests/nn_ref_util.h"
 #include "tests/testutil.h"
 #include "common/log.h"
 #include "trainer/models/models.h"
@@ -46,18 +47,6 @@ static void s_init(void)
     zps_log_set_level(ZPS_LOG_WARN);
 }
 
-/* Relative L2 error of a (float) or b (double) against ref (double). */
-static double s_rel(const float *a, const double *b, const double *ref, size_t n)
-{
-    double d = 0, r = 0;
-    for (size_t i = 0; i < n; i++) {
-        double x = a ? (double)a[i] : b[i];
-        d += (x - ref[i]) * (x - ref[i]);
-        r += ref[i] * ref[i];
-    }
-    return sqrt(d) / (sqrt(r) + 1e-30);
-}
-
 static void s_run_python(const char *dir, int n, int size, int classes, int aux, const char *perturb)
 {
     char args[9][4200];
@@ -70,11 +59,10 @@ static void s_run_python(const char *dir, int n, int size, int classes, int aux,
     snprintf(args[6], sizeof args[6], "--aux=%d", aux);
     snprintf(args[7], sizeof args[7], "--out=%s/ref", dir);
     snprintf(args[8], sizeof args[8], "--perturb=%s", perturb);
-    const char *argv[10];
-    for (int i = 0; i < 9; i++)
-        argv[i] = args[i];
-    argv[9] = NULL;
-    zt_python("tests/ref/inception_ref.py", argv, "Debian's python3-torch and python3-torchvision");
+    zt_python("tests/ref/inception_ref.py",
+                   (const char *const[]){args[0], args[1], args[2], args[3], args[4], args[5],
+                                         args[6], args[7], args[8], NULL},
+              "Debian's python3-torch and python3-torchvision");
 }
 
 /* The run's folder (~600 MB of reference output at 299x299): removed by s_fini, which
@@ -109,69 +97,20 @@ static void s_write_inputs(const char *dir, nn_model *m, int size, int n, int cl
     zt_write_file(path, *y, (size_t)n * sizeof **y);
 }
 
-/* ref[0]: float64 (the truth); ref[1]: float32; ref[2..]: float32 on perturbed inputs; each
- * of total values. */
-static void s_read_refs(const char *dir, size_t total, double **ref)
-{
-    char path[4200];
-    for (int i = 0; i < 2 + S_NPERT; i++) {
-        if (i < 2)
-            snprintf(path, sizeof path, "%s/ref.%s", dir, i == 0 ? "f64" : "f32");
-        else
-            snprintf(path, sizeof path, "%s/ref.pert%d", dir, i - 2);
-        ref[i] = zt_read_f64(path, total);
-    }
-}
-
-/* The comparison's running tally over the tensors. */
-typedef struct tally {
-    int bad, tight, torch_tight, checked;
-    double worst;
-    const char *worst_name;
-    int verbose;
-} tally;
-
-/* One tensor of cnt values, at off in the reference files: zps's error against float64 must
- * be within 1e-3 plus four times torch's own float32 and perturbed-input errors. */
-static void s_check_tensor(const char *name, const float *mine, double *const *ref, size_t off,
-                           size_t cnt, tally *ty)
-{
-    const double *t64 = ref[0];
-    double ez = s_rel(mine, NULL, t64 + off, cnt);
-    double e32 = s_rel(NULL, ref[1] + off, t64 + off, cnt), ep = 0;
-    for (int i = 2; i < 2 + S_NPERT; i++)
-        ep = fmax(ep, s_rel(NULL, ref[i] + off, t64 + off, cnt));
-    double bound = 1e-3 + 4 * fmax(e32, ep);
-    ty->checked++;
-    ty->tight += ez <= 1e-3;
-    ty->torch_tight += e32 <= 1e-3;
-    if (ez / bound > ty->worst)
-        ty->worst = ez / bound, ty->worst_name = name;
-    if (ty->verbose)
-        fprintf(stderr, "%-48s zps %.3g  torch f32 %.3g  perturbed %.3g  bound %.3g\n", name, ez,
-                e32, ep, bound);
-    if (ez > bound) {
-        ty->bad++;
-        /* stderr, not cr_log_warn: that makes Criterion exit 1 (tests/testutil.h) */
-        fprintf(stderr, "[over bound] %s: zps error %.3g, torch float32 %.3g, perturbed %.3g, "
-                "bound %.3g\n", name, ez, e32, ep, bound);
-    }
-}
-
 /* Every tensor of m after forward and backward: the logits, the gradients, the running
  * statistics, each at its place in the reference files. */
 static void s_check_tensors(nn_model *m, const float *logits, int n, int classes,
-                            double *const *ref, tally *ty)
+                            double *const *ref, nrt_tally *ty)
 {
     size_t nv, ns, np = nn_model_param_count(m);
     const nn_var *v = nn_model_vars(m, &nv), *st = nn_model_stats(m, &ns);
     size_t base = 1 + (size_t)n * classes;
-    s_check_tensor("logits", logits, ref, 1, (size_t)n * classes, ty);
+    nrt_check_tensor("logits", logits, ref, 1, (size_t)n * classes, ty);
     for (size_t k = 0; k < nv; k++)
-        s_check_tensor(v[k].name, nn_model_grads(m) + v[k].offset, ref, base + v[k].offset,
+        nrt_check_tensor(v[k].name, nn_model_grads(m) + v[k].offset, ref, base + v[k].offset,
                        v[k].count, ty);
     for (size_t k = 0; k < ns; k++)
-        s_check_tensor(st[k].name, nn_model_statbuf(m) + st[k].offset, ref,
+        nrt_check_tensor(st[k].name, nn_model_statbuf(m) + st[k].offset, ref,
                        base + np + st[k].offset, st[k].count, ty);
 }
 
@@ -202,7 +141,7 @@ static void s_compare(int size, int n, int aux, int classes)
 
     size_t total = 1 + (size_t)n * classes + nn_model_param_count(m) + nn_model_stat_count(m);
     double *ref[2 + S_NPERT];
-    s_read_refs(dir, total, ref);
+    nrt_read_refs(dir, total, ref, 2 + S_NPERT);
     const double *t64 = ref[0];
     double dl = 0;
     for (int i = 1; i < 2 + S_NPERT; i++)
@@ -210,7 +149,7 @@ static void s_compare(int size, int n, int aux, int classes)
     cr_assert(fabs(loss - t64[0]) <= 1e-4 * fabs(t64[0]) + 4 * dl,
               "loss %.9g, torch float64 %.9g, float32 %.9g (seed %llu)", loss, t64[0], ref[1][0],
               (unsigned long long)s_seed);
-    tally ty = {.worst_name = "", .verbose = getenv("ZPS_INCEPTION_VERBOSE") != NULL};
+    nrt_tally ty = {.worst_name = "", .nref = 2 + S_NPERT, .verbose = getenv("ZPS_INCEPTION_VERBOSE") != NULL};
     s_check_tensors(m, logits, n, classes, ref, &ty);
     fprintf(stderr, "inception %dx%d batch %d aux %d: %d tensors; within 1e-3 of float64: zps %d, "
                 "torch float32 %d; worst error/bound %.2f (%s)\n",
@@ -223,12 +162,12 @@ static void s_compare(int size, int n, int aux, int classes)
     cr_assert(ty.bad == 0, "%d of %d tensors outside the bound (seed %llu)", ty.bad, ty.checked,
               (unsigned long long)s_seed);
 }
-Test(it_nn_inception, matches_pytorch_at_299_with_aux, .init = s_init, .fini = s_fini, .timeout = 300)
+Test(it_nn_inception, matches_pytorch_at_299_with_aux, .init = s_init, .fini = s_fini, .timeout = 120)
 {
     s_compare(299, 2, 1, 1000);
 }
 
-Test(it_nn_inception, matches_pytorch_at_75_without_aux, .init = s_init, .fini = s_fini, .timeout = 300)
+Test(it_nn_inception, matches_pytorch_at_75_without_aux, .init = s_init, .fini = s_fini, .timeout = 120)
 {
     s_compare(75, S_BATCH75, 0, 10);
 }

@@ -52,6 +52,30 @@ def read_weights(path):
     return tables[0], tables[1], values
 
 
+def make_runs(x, perturb):
+    """(input, file suffix, dtype) of each run: float64 and float32 on x, then float32 on x
+    perturbed by each relative size in perturb (comma-separated), one noise draw each."""
+    rng = np.random.default_rng(12345)
+    runs = [(x, "f64", torch.float64), (x, "f32", torch.float32)]
+    for k, p in enumerate(float(v) for v in perturb.split(",")):
+        x_pert = (x * (1 + p * rng.uniform(-1, 1, size=x.shape))).astype(np.float32)
+        runs.append((x_pert, f"pert{k}", torch.float32))
+    return runs
+
+
+def load_state(model, params, stats, values):
+    """The file's variables and statistics into model's state_dict, by name and shape."""
+    sd = model.state_dict()
+    off = 0
+    for name, shape, cnt in params + stats:
+        if name not in sd:
+            sys.exit(f"the reference has no variable {name}")
+        if tuple(sd[name].shape) != shape:
+            sys.exit(f"{name}: reference {tuple(sd[name].shape)}, file {shape}")
+        sd[name].copy_(torch.from_numpy(values[off:off + cnt].reshape(shape).copy()))
+        off += cnt
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--weights", required=True)
@@ -71,12 +95,7 @@ def main():
     n, s = a.batch, a.size
     x = np.fromfile(a.input, dtype="<f4").reshape(n, a.channels, s, s)
     y = torch.from_numpy(np.fromfile(a.labels, dtype="<i4").astype(np.int64))
-    rng = np.random.default_rng(12345)
-    runs = [(x, "f64", torch.float64), (x, "f32", torch.float32)]
-    for k, p in enumerate(float(v) for v in a.perturb.split(",")):
-        x_pert = (x * (1 + p * rng.uniform(-1, 1, size=x.shape))).astype(np.float32)
-        runs.append((x_pert, f"pert{k}", torch.float32))
-    for xin, suffix, dtype in runs:
+    for xin, suffix, dtype in make_runs(x, a.perturb):
         model = torchvision.models.inception_v3(weights=None, aux_logits=bool(a.aux),
                                                 init_weights=False, num_classes=a.classes,
                                                 transform_input=False, dropout=0.0)
@@ -84,15 +103,7 @@ def main():
             old = model.Conv2d_1a_3x3.conv
             model.Conv2d_1a_3x3.conv = torch.nn.Conv2d(a.channels, old.out_channels, 3, stride=2,
                                                        bias=False)
-        sd = model.state_dict()
-        off = 0
-        for name, shape, cnt in params + stats:
-            if name not in sd:
-                sys.exit(f"torchvision has no variable {name}")
-            if tuple(sd[name].shape) != shape:
-                sys.exit(f"{name}: torchvision {tuple(sd[name].shape)}, file {shape}")
-            sd[name].copy_(torch.from_numpy(values[off:off + cnt].reshape(shape).copy()))
-            off += cnt
+        load_state(model, params, stats, values)
         model = model.to(dtype)
         model.train()
         xt = torch.from_numpy(xin).to(dtype)

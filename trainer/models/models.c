@@ -2,6 +2,7 @@
  * torchvision's InceptionA..E and InceptionAux layer by layer, adding layers in the order
  * torchvision declares them, so the variable table comes out in state_dict order. */
 #include "trainer/models/models.h"
+#include "trainer/models/ssd.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -29,6 +30,8 @@ void nn_model_opts_default(nn_model_opts *o, const char *name)
         o->in_size = 299;
         o->dropout = 0.5f;
     }
+    if (strcmp(o->name, "ssd") == 0)
+        o->in_size = 128;
 }
 
 /* ---- Inception-v3 ---- */
@@ -248,6 +251,8 @@ zps_status nn_model_create(const k_backend *be, const nn_model_opts *o, nn_model
     }
     if (strcmp(o->name, "inception_v3") == 0)
         return s_inception_v3(be, o, out);
+    if (strcmp(o->name, "ssd") == 0)
+        return nn_ssd_create(be, o, out);
     nn_model *m = nn_model_new(be, o->in_channels, o->in_size, o->in_size);
     if (strcmp(o->name, "mlp") == 0) {
         int in = o->in_channels * o->in_size * o->in_size;
@@ -270,7 +275,7 @@ zps_status nn_model_create(const k_backend *be, const nn_model_opts *o, nn_model
         nn_model_head(m, x, 1.0f);
         return s_finish(m, o, out);
     }
-    zps_log(ZPS_ERROR, "models", "unknown model '%s' (mlp, convnet, inception_v3)", o->name);
+    zps_log(ZPS_ERROR, "models", "unknown model '%s' (mlp, convnet, inception_v3, ssd)", o->name);
     nn_model_destroy(&m);
     return ZPS_ERR_INVALID;
 }

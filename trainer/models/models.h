@@ -11,6 +11,9 @@
  *                   exactly 27,161,264 trainable values (23,834,568 without the aux head).
  *                   The input is not transformed (transform_input=False). Training loss:
  *                   CE(logits) + aux_weight * CE(aux logits); evaluation: CE(logits).
+ *   "ssd"           the detector (ssd.h): an Inception stack on 128x128 canvases, extra
+ *                   feature layers and per-map heads, marked as outputs: no loss head, its
+ *                   loss is trainer/detect's (nn_ssd_forward / nn_ssd_backward).
  */
 #ifndef ZPS_TRAINER_MODELS_MODELS_H
 #define ZPS_TRAINER_MODELS_MODELS_H
@@ -20,11 +23,13 @@
 #include "trainer/nn/nn.h"
 
 typedef struct nn_model_opts {
-    const char *name;   // "mlp", "convnet", "inception_v3"
+    const char *name;   // "mlp", "convnet", "inception_v3", "ssd"
     int classes;        // number of classes (default 10; inception_v3 1000)
     int in_channels;    // input channels (default 1; inception_v3 3)
-    int in_size;        // input height = width (default 28; inception_v3 299, minimum 75)
-    float width;        // inception_v3 channel multiplier (default 1; channels round, min 1)
+    int in_size;        // input height = width (default 28; inception_v3 299, minimum 75;
+                        // ssd 128)
+    float width;        // inception_v3 and ssd channel multiplier (default 1; channels
+                        // round, min 1)
     int aux;            // inception_v3 aux head: 1 on, 0 off, -1 (default) on where it fits
                         // (Mixed_6e at least 17x17, i.e. input >= 299)
     float aux_weight;   // weight of the aux loss (default 0.4)

@@ -154,6 +154,26 @@ int nn_conv_bn_relu(nn_model *m, const char *name, int in, int k, int r, int s, 
     return nd->out;
 }
 
+int nn_conv(nn_model *m, const char *name, int in, int k, int r, int s, int stride, int pad,
+            float init_std)
+{
+    if (s_check_in(m, in, name) < 0)
+        return -1;
+    const nn_tensor *x = &m->t[in];
+    k_conv2d probe;
+    if (k_conv2d_init(&probe, 1, x->c, x->h, x->w, k, r, s, stride, stride, pad, pad) != ZPS_OK)
+        return s_fail(m, ZPS_ERR_INVALID, "conv %s: kernel does not fit its input", name);
+    nn_node *nd = s_add_node(m, NN_CONV, name);
+    nd->in[0] = in, nd->nin = 1;
+    nd->k = k, nd->r = r, nd->s = s, nd->sh = nd->sw = stride, nd->ph = nd->pw = pad;
+    nd->std = init_std;
+    s_var(m, name, ".weight", 4, k, x->c, r, s);
+    s_var(m, name, ".bias", 1, k, 0, 0, 0);
+    nd->nvars = 2;
+    nd->out = s_add_tensor(m, name, k, probe.oh, probe.ow);
+    return nd->out;
+}
+
 static int s_pool(nn_model *m, nn_kind kind, const char *name, int in, int r, int stride, int pad)
 {
     if (s_check_in(m, in, name) < 0)
@@ -283,6 +303,12 @@ static void s_init_params(nn_model *m, float *p, float *st)
             const nn_var *rm = &m->stats[nd->stat0], *rv = rm + 1;
             for (size_t j = 0; j < rm->count; j++)
                 st[rm->offset + j] = 0.0f, st[rv->offset + j] = 1.0f;
+        } else if (nd->kind == NN_CONV) { /* torchvision's SSD heads start with bias 0 */
+            const nn_var *w = &m->vars[nd->var0], *b = w + 1;
+            for (size_t j = 0; j < w->count; j++)
+                p[w->offset + j] = s_trunc_normal(m->seed, &ctr, nd->std);
+            for (size_t j = 0; j < b->count; j++)
+                p[b->offset + j] = 0.0f;
         } else if (nd->kind == NN_DENSE) {
             const nn_var *w = &m->vars[nd->var0], *b = w + 1;
             for (size_t j = 0; j < w->count; j++)
@@ -304,8 +330,8 @@ zps_status nn_model_finish(nn_model *m, uint64_t seed)
 {
     if (m->err != ZPS_OK)
         return m->err;
-    if (m->nheads == 0) {
-        zps_log(ZPS_ERROR, "nn", "model has no loss head");
+    if (m->nheads == 0 && m->nouts == 0) {
+        zps_log(ZPS_ERROR, "nn", "model has neither a loss head nor a marked output");
         return ZPS_ERR_INVALID;
     }
     m->seed = seed;
@@ -383,7 +409,7 @@ double nn_model_flops_per_sample(const nn_model *m)
     for (int i = 0; i < m->nn; i++) {
         const nn_node *nd = &m->nodes[i];
         const nn_tensor *x = &m->t[nd->in[0]], *y = &m->t[nd->out];
-        if (nd->kind == NN_CONV_BN)
+        if (nd->kind == NN_CONV_BN || nd->kind == NN_CONV)
             f += 2.0 * y->c * y->h * y->w * (double)x->c * nd->r * nd->s;
         else if (nd->kind == NN_DENSE)
             f += 2.0 * y->c * (double)x->c * x->h * x->w;

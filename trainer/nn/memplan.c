@@ -11,7 +11,8 @@
  *     a device block is only freed and taken again on a new size);
  *   - a gradient buffer is live from its tensor's first consumer's backward (in backward
  *     order; the loss heads first) to its producer's backward, and buffers whose lives do not
- *     overlap share pool space (first fit); the input (tensor 0) has no gradient;
+ *     overlap share pool space (first fit); the input (tensor 0) has no gradient unless
+ *     nn_model_set_input_grad asked for one;
  *   - the layouts are chosen for the whole graph at once: either every edge agrees on the
  *     back-end's blocked layout where it prefers it, or everything is plain NCHW.
  */
@@ -109,7 +110,7 @@ static void s_layouts(nn_model *m)
         changed = 0;
         for (int i = 0; i < m->nn; i++) {
             nn_node *nd = &m->nodes[i];
-            if (nd->kind == NN_CONV_BN || nd->kind == NN_DENSE)
+            if (nd->kind == NN_CONV_BN || nd->kind == NN_CONV || nd->kind == NN_DENSE)
                 continue;
             int l = m->t[nd->out].blocked;
             for (int j = 0; j < nd->nin; j++)
@@ -136,6 +137,12 @@ static zps_status s_describe(nn_model *m, nn_node *nd, int n)
         nd->bn = (k_bn){.n = n, .c = nd->k, .h = nd->conv.oh, .w = nd->conv.ow,
                         .eps = 0.001f, .momentum = 0.1f, .relu = 1,
                         .blocked = m->t[nd->out].blocked};
+        return ZPS_OK;
+    case NN_CONV:
+        ZPS_TRY(k_conv2d_init(&nd->conv, n, x->c, x->h, x->w, nd->k, nd->r, nd->s, nd->sh,
+                              nd->sw, nd->ph, nd->pw));
+        nd->conv.x_blocked = x->blocked;
+        nd->conv.y_blocked = m->t[nd->out].blocked;
         return ZPS_OK;
     case NN_MAXPOOL:
     case NN_AVGPOOL:
@@ -216,12 +223,15 @@ static zps_status s_place_forward(nn_model *m, int n, s_offsets *o)
 }
 
 /* The gradient pool, walking backward: a buffer is taken at its first consumer (the loss
- * heads are consumed first of all) and given back at its producer. */
+ * heads and the marked outputs, whose gradients come from outside, are consumed first of
+ * all) and given back at its producer. */
 static void s_place_gradients(nn_model *m, int n, s_offsets *o)
 {
     s_pool_alloc pa = {0};
-    for (int h = 0; h < m->nheads; h++) {
-        int t = m->heads[h].t;
+    for (int h = 0; h < m->nheads + m->nouts; h++) {
+        int t = h < m->nheads ? m->heads[h].t : m->outs[h - m->nheads];
+        if (o->has[t])
+            continue;
         o->g[t] = s_pa_alloc(&pa, s_round(nn_tensor_floats(m, t, n)));
         o->has[t] = 1;
     }
@@ -229,7 +239,7 @@ static void s_place_gradients(nn_model *m, int n, s_offsets *o)
         nn_node *nd = &m->nodes[i];
         for (int j = 0; j < nd->nin; j++) {
             int t = nd->in[j];
-            if (t != 0 && !o->has[t]) {
+            if ((t != 0 || m->input_grad) && !o->has[t]) {
                 o->g[t] = s_pa_alloc(&pa, s_round(nn_tensor_floats(m, t, n)));
                 o->has[t] = 1;
             }

@@ -59,6 +59,10 @@ static zps_status s_node_fwd(nn_model *m, nn_node *nd, int train)
             return k_relu_fwd(be, nn_tensor_floats(m, nd->out, m->plan_n), y, y);
         return ZPS_OK;
     }
+    case NN_CONV: {
+        const nn_var *w = &m->vars[nd->var0];
+        return k_conv2d_fwd(be, &nd->conv, x, p + w->offset, p + w[1].offset, y);
+    }
     }
     return ZPS_ERR_INTERNAL;
 }
@@ -126,16 +130,8 @@ static zps_status s_heads(nn_model *m, const int32_t *lab, int n, int train, flo
     return ZPS_OK;
 }
 
-zps_status nn_model_forward(nn_model *m, const float *x, const int32_t *labels, int n, int train,
-                            float *loss, int *correct)
+zps_status nn_forward_nodes(nn_model *m, int train)
 {
-    assert(m->finished);
-    if (n <= 0)
-        return ZPS_ERR_INVALID;
-    ZPS_TRY(s_check_labels(m, labels, n));
-    ZPS_TRY(nn_plan(m, n));
-    const int32_t *lab;
-    ZPS_TRY(s_batch_in(m, x, labels, n, &lab));
     m->step++;
     for (int i = 0; i < m->nn; i++) {
         nn_node *nd = &m->nodes[i];
@@ -149,6 +145,24 @@ zps_status nn_model_forward(nn_model *m, const float *x, const int32_t *labels, 
             return st;
         }
     }
+    return ZPS_OK;
+}
+
+zps_status nn_model_forward(nn_model *m, const float *x, const int32_t *labels, int n, int train,
+                            float *loss, int *correct)
+{
+    assert(m->finished);
+    if (n <= 0)
+        return ZPS_ERR_INVALID;
+    if (m->nheads == 0) {
+        zps_log(ZPS_ERROR, "nn", "model has no loss head (nn_model_forward_outputs runs it)");
+        return ZPS_ERR_INVALID;
+    }
+    ZPS_TRY(s_check_labels(m, labels, n));
+    ZPS_TRY(nn_plan(m, n));
+    const int32_t *lab;
+    ZPS_TRY(s_batch_in(m, x, labels, n, &lab));
+    ZPS_TRY(nn_forward_nodes(m, train));
     ZPS_TRY(s_heads(m, lab, n, train, loss, correct));
     m->have_forward = train;
     return ZPS_OK;
@@ -162,18 +176,19 @@ zps_status nn_model_eval(nn_model *m, const float *x, const int32_t *labels, int
 
 /* ---- backward ---- */
 
-/* Where an op should write the gradient of tensor t: NULL (the input needs none), t's own
- * buffer, or the scratch when another consumer already wrote it. */
+/* Where an op should write the gradient of tensor t: NULL (no buffer: the input, unless
+ * nn_model_set_input_grad asked for one), t's own buffer, or the scratch when another
+ * consumer already wrote it. */
 static float *s_dx_target(nn_model *m, int t)
 {
-    if (t == 0 || !m->t[t].has_dx)
+    if (!m->t[t].has_dx)
         return NULL;
     return m->t[t].dx_set ? m->tmp_acc : m->t[t].dx;
 }
 
 static zps_status s_dx_commit(nn_model *m, int t)
 {
-    if (t == 0 || !m->t[t].has_dx)
+    if (!m->t[t].has_dx)
         return ZPS_OK;
     if (m->t[t].dx_set)
         return k_axpy(m->be, nn_tensor_floats(m, t, m->plan_n), 1.0f, m->tmp_acc, m->t[t].dx);
@@ -192,8 +207,8 @@ static zps_status s_concat_bwd(nn_model *m, nn_node *nd, const float *dy)
     for (int j = 0; j < nd->nin; j++) {
         int t = nd->in[j];
         c[j] = m->t[t].c;
-        dxs[j] = (t == 0 || !m->t[t].has_dx || m->t[t].dx_set) ? NULL : m->t[t].dx;
-        again |= t != 0 && m->t[t].has_dx && m->t[t].dx_set;
+        dxs[j] = (!m->t[t].has_dx || m->t[t].dx_set) ? NULL : m->t[t].dx;
+        again |= m->t[t].has_dx && m->t[t].dx_set;
     }
     ZPS_TRY(k_concat_bwd(be, m->plan_n, hw, nd->nin, c, dy, dxs));
     for (int j = 0; j < nd->nin; j++)
@@ -203,7 +218,7 @@ static zps_status s_concat_bwd(nn_model *m, nn_node *nd, const float *dy)
         return ZPS_OK;
     for (int j = 0; j < nd->nin; j++) {
         int t = nd->in[j];
-        if (dxs[j] || t == 0 || !m->t[t].has_dx)
+        if (dxs[j] || !m->t[t].has_dx)
             continue;
         float *one[NN_MAX_IN] = {0};
         one[j] = m->tmp_acc;
@@ -252,6 +267,12 @@ static zps_status s_node_bwd(nn_model *m, nn_node *nd)
             ZPS_TRY(k_relu_bwd(be, nn_tensor_floats(m, nd->out, m->plan_n), o->x, dy, dy));
         ZPS_TRY(k_dense_bwd(be, &nd->dense, x, p + w->offset, dy, s_dx_target(m, in),
                             g + w->offset, g + w[1].offset));
+        return s_dx_commit(m, in);
+    }
+    case NN_CONV: {
+        const nn_var *w = &m->vars[nd->var0];
+        ZPS_TRY(k_conv2d_bwd(be, &nd->conv, x, p + w->offset, dy, s_dx_target(m, in),
+                             g + w->offset, g + w[1].offset));
         return s_dx_commit(m, in);
     }
     }

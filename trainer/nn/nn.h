@@ -27,6 +27,20 @@
  * [first, first + count) can be pushed while backward continues (hooks arrive in decreasing
  * variable order and together cover every variable exactly once). A model is used by one
  * thread at a time.
+ *
+ * Models whose loss is computed outside nn (the ssd detector: its matching and hard-negative
+ * mining run on the host, trainer/detect) mark output tensors instead of, or beside, loss
+ * heads: nn_model_output(m, t) while building. A step is then
+ *     nn_model_forward_outputs(m, x, n, 1);          // the layers only, no head
+ *     nn_model_output_read(m, i, y_i);               // each output, NCHW, host memory
+ *     ... the caller's loss: dL/dy_i, same shape ...
+ *     nn_model_backward_outputs(m, dy, hook, ctx);   // dy[i] injected into output i
+ * The outputs' activations may be kept in a blocked layout (cpu back-end): reading converts
+ * them to NCHW and the injected gradients are converted into the tensor's layout, so callers
+ * only ever see NCHW. The backward is nn_model_backward's (same order, same hooks) starting
+ * from the injected gradients; an output given no gradient (NULL) contributes none. An
+ * output may be an intermediate tensor other layers read: its injected gradient and theirs
+ * add up. A model with heads keeps nn_model_forward/backward unchanged.
  */
 #ifndef ZPS_TRAINER_NN_NN_H
 #define ZPS_TRAINER_NN_NN_H
@@ -77,13 +91,22 @@ int nn_dropout(nn_model *m, const char *name, int in, float p);
 /* Fully connected on the flattened input: variables name.weight (out, in), name.bias (out).
  * Weights ~ N(0, init_std) truncated to [-2, 2]; bias ~ U(-1/sqrt(in), 1/sqrt(in)). */
 int nn_dense(nn_model *m, const char *name, int in, int out, int relu, float init_std);
+/* Convolution with bias and nothing after it (no batchnorm, no ReLU), for detector heads:
+ * variables name.weight (k, c, r, s) ~ N(0, init_std) truncated to [-2, 2], name.bias (k)
+ * starting at 0 (torchvision's SSD heads). */
+int nn_conv(nn_model *m, const char *name, int in, int k, int r, int s, int stride, int pad,
+            float init_std);
 /* Marks the layers added from now on as training-only (skipped by evaluation), e.g. the
  * auxiliary head; 0 ends the section. */
 void nn_model_train_only(nn_model *m, int on);
 /* A loss head: mean softmax cross-entropy of logits tensor t (c classes, h = w = 1) with the
  * labels, weighted by weight. The first head gives the correct count and the eval loss. */
 void nn_model_head(nn_model *m, int t, float weight);
-/* Allocates params, grads, statistics and initialises them from seed. */
+/* Marks tensor t as an output whose loss is computed outside nn (at most 16, each once);
+ * returns its index among the outputs (marking order), -1 on a bad call (finish fails). */
+int nn_model_output(nn_model *m, int t);
+/* Allocates params, grads, statistics and initialises them from seed. A model needs a loss
+ * head or a marked output. */
 zps_status nn_model_finish(nn_model *m, uint64_t seed);
 
 /* ---- introspection ---- */
@@ -126,7 +149,8 @@ void nn_model_set_forward_hook(nn_model *m, nn_grad_hook hook, void *ctx);
  * so they end as the exact mean of the batches' statistics. */
 void nn_model_set_bn_momentum(nn_model *m, float momentum);
 
-/* x: (n, c, h, w) floats in host memory; labels: n int32 in host memory, each in
+/* A model with loss heads (ZPS_ERR_INVALID without; see nn_model_forward_outputs).
+ * x: (n, c, h, w) floats in host memory; labels: n int32 in host memory, each in
  * [0, classes). train=1: batch statistics, dropout, every head, state kept for backward;
  * train=0: running statistics, no dropout, first head only. loss: weighted sum of the heads'
  * mean losses; correct (may be NULL): rows where the first head's argmax is the label. */
@@ -137,6 +161,30 @@ zps_status nn_model_backward(nn_model *m, nn_grad_hook hook, void *ctx);
 /* Evaluation forward (inference batchnorm): nn_model_forward with train = 0. */
 zps_status nn_model_eval(nn_model *m, const float *x, const int32_t *labels, int n, float *loss,
                          int *correct);
+
+/* ---- outputs whose loss is computed outside nn (see the top of this file) ---- */
+
+/* Number of marked outputs, and output i's shape per sample. */
+int nn_model_outputs(const nn_model *m);
+void nn_model_output_shape(const nn_model *m, int i, int *c, int *h, int *w);
+/* x: (n, c, h, w) floats in host memory. Runs the layers (no loss head); train=1: batch
+ * statistics, dropout, state kept for nn_model_backward_outputs; train=0: running
+ * statistics, training-only layers skipped. */
+zps_status nn_model_forward_outputs(nn_model *m, const float *x, int n, int train);
+/* Output i of the last forward into dst: (n, c, h, w) floats, NCHW, host memory. */
+zps_status nn_model_output_read(nn_model *m, int i, float *dst);
+/* Gradients into grads (overwritten) from dys[i] = dL/d(output i), (n, c, h, w) NCHW host
+ * floats of the last training forward's batch (NULL: no gradient reaches output i). The
+ * hook is nn_model_backward's. */
+zps_status nn_model_backward_outputs(nn_model *m, const float *const *dys, nn_grad_hook hook,
+                                     void *ctx);
+/* On request the backward also computes dL/d(input) (any step: heads or outputs), e.g. to
+ * check a model against a reference; off by default (the first layer then skips its input
+ * gradient). Changing it re-plans at the next forward. */
+void nn_model_set_input_grad(nn_model *m, int on);
+/* dL/d(input) of the last backward into dst: (n, c, h, w) NCHW host floats (zeros when no
+ * gradient reached it). ZPS_ERR_INVALID when not requested or before a forward. */
+zps_status nn_model_input_grad(nn_model *m, float *dst);
 
 /* ---- weights files ----
  * Little-endian binary:

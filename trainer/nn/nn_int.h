@@ -5,13 +5,16 @@
  *   memplan.c  the memory plan: layouts, op descriptors, activation and gradient buffers for
  *              one batch size;
  *   nn.c       the step: forward, loss heads, backward with its gradient hooks;
- *   weights.c  the weights file format and model save/load.
+ *   weights.c  the weights file format and model save/load;
+ *   external.c outputs whose loss is computed outside nn: marking, the forward without
+ *              heads, reading them, and the backward from gradients injected into them.
  *
  * Invariants every file relies on:
  *   - nodes run forward in the order they were added and backward in reverse; a node's
  *     variables are declared when it is added, so backward completes variables in decreasing
  *     table order and each node's range [var0, var0 + nvars) is contiguous;
- *   - every tensor has at most one producer; tensor 0 is the input (no gradient);
+ *   - every tensor has at most one producer; tensor 0 is the input (no gradient buffer
+ *     unless input_grad: has_dx says which tensors have one);
  *   - plan_n != 0 means every tensor's x (and dx where has_dx), every node's descriptors and
  *     scratch, tmp_pre and tmp_acc point into the block planned for plan_n samples.
  */
@@ -24,7 +27,7 @@
 #include "common/mem.h"
 #include "trainer/nn/nn.h"
 
-enum { NN_MAX_IN = 8, NN_MAX_HEADS = 4 };
+enum { NN_MAX_IN = 8, NN_MAX_HEADS = 4, NN_MAX_OUTS = 16 };
 
 typedef enum nn_kind {
     NN_CONV_BN,
@@ -33,7 +36,8 @@ typedef enum nn_kind {
     NN_GAP,
     NN_CONCAT,
     NN_DROPOUT,
-    NN_DENSE
+    NN_DENSE,
+    NN_CONV         // convolution with bias, nothing after it (detector heads)
 } nn_kind;
 
 typedef struct nn_tensor {
@@ -81,6 +85,9 @@ struct nn_model {
     int nn, cap_n;
     nn_head heads[NN_MAX_HEADS];
     int nheads;
+    int outs[NN_MAX_OUTS];  // tensors marked by nn_model_output, in marking order
+    int nouts;
+    int input_grad;         // the plan gives the input a gradient (nn_model_set_input_grad)
     nn_var *vars, *stats;   // tables
     size_t nvars, nstats, cap_v, cap_s;
     size_t nparams, nstatf; // floats
@@ -114,6 +121,8 @@ static inline size_t nn_tensor_floats(const nn_model *m, int t, int n)
 /* memplan.c: makes plan_n == n (nothing to do when it already is). On failure no plan is
  * left (plan_n == 0). */
 zps_status nn_plan(nn_model *m, int n);
+/* nn.c: runs the nodes forward on the batch already in tensor 0 (plan made). */
+zps_status nn_forward_nodes(nn_model *m, int train);
 /* memplan.c: everything the plans took (descriptors, block, label buffer); for destroy. */
 void nn_plan_free(nn_model *m);
 
