@@ -190,13 +190,20 @@ Test(it_detect_train, local_loss_falls_and_eval_writes_a_finite_map_and_a_png)
     free(bytes);
 }
 
-Test(it_detect_train, async_fleet_with_bf16_pushes_and_accumulation_runs)
+/* The fleet's servers checkpoint every 4 versions; zps-ctl export rebuilds the detector from
+ * the checkpoints, its batchnorm statistics from the training data (they live in the
+ * trainers), and zps-trainer --eval-only reads the file. */
+Test(it_detect_train, async_fleet_with_bf16_pushes_and_accumulation_runs_and_exports)
 {
     s_make_data();
     pst_server srv[2], t[2];
-    const char *sargs[] = {"--mode", "async", "--num-trainers", "2", NULL};
-    for (int s = 0; s < 2; s++)
+    char ck[700];
+    snprintf(ck, sizeof ck, "%s/ck", s_tmp);
+    for (int s = 0; s < 2; s++) {
+        const char *sargs[] = {"--mode", "async", "--num-trainers", "2", "--index", s ? "1" : "0",
+                               "--checkpoint-dir", ck, "--checkpoint-every-versions", "4", NULL};
         cr_assert_eq(pst_spawn(&srv[s], NULL, sargs), 0, "server %d did not start", s);
+    }
     char servers[600], logs[2][700], m[700];
     snprintf(servers, sizeof servers, "%s,%s", srv[0].uri, srv[1].uri);
     snprintf(m, sizeof m, "%s/t0.jsonl", s_tmp);
@@ -217,4 +224,18 @@ Test(it_detect_train, async_fleet_with_bf16_pushes_and_accumulation_runs)
     double map = trt_summary(m, "final_map");
     cr_assert(map >= 0 && map <= 1, "final_map %g", map);
     cr_assert(trt_summary(m, "bytes_pushed") > 0);
+
+    char w[700], log[700];
+    snprintf(w, sizeof w, "%s/ctl.w", s_tmp);
+    snprintf(log, sizeof log, "%s/ctl.log", s_tmp);
+    const char *ex[] = {"export", "--ckpt-dir", ck, "--out", w, "--model", "ssd", "--width",
+                        "0.25", "--bn-data", s_data, "--bn-batches", "2", "--batch-size", "8",
+                        NULL};
+    pst_server p;
+    trt_spawn(&p, "zps-ctl", log, ex);
+    trt_expect_ok(&p, log, 60);
+    const char *eval[] = {"--eval-only", "--init-weights", w, NULL};
+    trt_trainer(&p, s_tmp, "eval", log, sizeof log, base, sizeof base / sizeof *base, eval);
+    trt_expect_ok(&p, log, 60);
+    cr_assert(zt_file_has(log, "test mAP@0.5 "), "no mAP line");
 }
