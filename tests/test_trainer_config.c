@@ -161,6 +161,7 @@ static const struct {
     {{"--data", "/d", "--lr", "fast", NULL}, "--lr wants a number"},
     {{"--data", "/d", "--device", "tpu", NULL}, "--device wants"},
     {{"--data", "/d", "--eval-only", NULL}, "--eval-only needs --init-weights"},
+    {{"--data", "/d", "--dump-detections", "3", NULL}, "--dump-detections draws a detector's boxes"},
     {{"--data", "/d", "--optimizer", "lion", NULL}, "--optimizer wants"},
     {{"--data", "/d", "extra", NULL}, "unexpected argument 'extra'"},
     {{"--data", "/d", "--curve-key", "t.key", NULL}, "--curve-server-key and --curve-key go together"},

@@ -303,6 +303,9 @@ static zps_status s_check(tr_config *c, int *exit_code)
         return zps_opts_fail(&s_spec, exit_code, "--eval-only needs --init-weights FILE");
     if (c->eval_only)
         c->mode = TR_MODE_LOCAL;
+    if (c->dump_detections >= 0 && strcmp(c->model, "ssd") != 0)
+        return zps_opts_fail(&s_spec, exit_code, "--dump-detections draws a detector's boxes: "
+                             "it needs --model ssd");
     int ps_mode = c->mode == TR_MODE_SYNC || c->mode == TR_MODE_ASYNC || c->mode == TR_MODE_SSP;
     if (ps_mode && !c->cluster[0] && !c->servers[0])
         return zps_opts_fail(&s_spec, exit_code, "--mode %s needs --cluster FILE or --servers "
