@@ -476,7 +476,7 @@ Test(it_launch, compare_scores_detector_runs_by_map, .timeout = 60)
     snprintf(path, sizeof path, "%s/out/compare-data/compare.gp", r.dir);
     char gp[4096];
     lt_read_file(path, gp, sizeof gp);
-    cr_assert(strstr(gp, "test mAP@0.5 against time"), "%s", gp);
+    cr_assert(strstr(gp, "test mAP at IoU 0.5 against time"), "%s", gp);
     lt_cleanup(&r);
 }
 
