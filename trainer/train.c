@@ -305,11 +305,12 @@ static zps_status s_evaluate(s_job *j, double *score, double *loss)
     return j->task->evaluate(j->task, &set, score, loss);
 }
 
-/* --dump-detections N: test record N with its predicted and true boxes as --dump-out. */
-static zps_status s_dump(s_job *j)
+/* --dump-detections N on the trainer that draws (0): N must be among the evaluated test
+ * images; checked at set-up, so that a bad N does not cost a training run. */
+static zps_status s_dump_check(const s_job *j)
 {
     const tr_config *c = j->cfg;
-    if (c->dump_detections < 0)
+    if (c->dump_detections < 0 || j->id != 0)
         return ZPS_OK;
     if (!j->task->dump) {
         zps_log(ZPS_ERROR, "trainer", "--dump-detections: model %s predicts no boxes", c->model);
@@ -320,6 +321,15 @@ static zps_status s_dump(s_job *j)
                 "images (raise --eval-batches)", (long long)c->dump_detections, j->eval_n);
         return ZPS_ERR_INVALID;
     }
+    return ZPS_OK;
+}
+
+/* --dump-detections N: test record N with its predicted and true boxes as --dump-out. */
+static zps_status s_dump(s_job *j)
+{
+    const tr_config *c = j->cfg;
+    if (c->dump_detections < 0 || j->id != 0)
+        return ZPS_OK;
     tr_task_batch set = s_eval_set(j);
     return j->task->dump(j->task, &set, (int)c->dump_detections, c->data,
                          (uint64_t)c->dump_detections, c->dump_out);
@@ -450,6 +460,7 @@ static zps_status s_setup(s_job *j, tr_result *res, int *done)
     }
     if (s_is_evaluator(j) || c->eval_only)
         ZPS_TRY(s_eval_cache(j));
+    ZPS_TRY(s_dump_check(j));
     res->score_name = j->task->score_name;
     if (c->eval_only) {
         ZPS_TRY(s_evaluate(j, &res->accuracy, &res->test_loss));
@@ -641,12 +652,12 @@ static zps_status s_wrap_up(s_job *j, tr_result *res)
     res->accuracy = j->last_acc;
     res->test_loss = j->last_loss;
     res->eval_images = j->last_acc >= 0 ? j->eval_n : 0;
-    if (j->id == 0 && !s_stop)
-        ZPS_TRY(s_dump(j));
     if (c->export_path[0] && j->id == 0) {
         ZPS_TRY(nn_model_save_as(j->model, (nn_weights_format)c->export_format, c->export_path));
         zps_log(ZPS_INFO, "trainer", "wrote %s", c->export_path);
     }
+    if (!s_stop)
+        ZPS_TRY(s_dump(j));
     ZPS_TRY(tr_trace_finish(&j->trace));
     ZPS_TRY(j->sync->leave(j->sync));
     tr_metrics_set_end(j->metrics, s_stop ? TR_END_SIGNAL : TR_END_DONE, j->skipped);
