@@ -1,7 +1,6 @@
 /* nn_ref_util.h — helpers for the tests that compare a zps model with a PyTorch float64
- * reference (tests/ref/inception_ref.py, ssd_ref.py; files and the script run through
- * testutil.h's zt_write_file, zt_read_f64 and zt_python): the reference files and the
- * per-tensor bound of tests/test_nn_inception.c:
+ * reference (tests/ref/inception_ref.py, ssd_ref.py; testutil.h writes their inputs and runs
+ * them): reading the runs' outputs and the per-tensor bound of tests/test_nn_inception.c:
  *     err_zps <= 1e-3 + 4 * max(err_f32, err_pert...)
  * each err_* a relative L2 error against the float64 truth (ref[0]); ref[1] is PyTorch's
  * float32 run and ref[2..nref) its float32 runs on perturbed inputs. */

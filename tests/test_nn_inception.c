@@ -59,10 +59,11 @@ static void s_run_python(const char *dir, int n, int size, int classes, int aux,
     snprintf(args[6], sizeof args[6], "--aux=%d", aux);
     snprintf(args[7], sizeof args[7], "--out=%s/ref", dir);
     snprintf(args[8], sizeof args[8], "--perturb=%s", perturb);
-    zt_python("tests/ref/inception_ref.py",
-                   (const char *const[]){args[0], args[1], args[2], args[3], args[4], args[5],
-                                         args[6], args[7], args[8], NULL},
-              "Debian's python3-torch and python3-torchvision");
+    const char *argv[10];
+    for (int i = 0; i < 9; i++)
+        argv[i] = args[i];
+    argv[9] = NULL;
+    zt_python("tests/ref/inception_ref.py", argv, "Debian's python3-torch and python3-torchvision");
 }
 
 /* The run's folder (~600 MB of reference output at 299x299): removed by s_fini, which
@@ -149,7 +150,8 @@ static void s_compare(int size, int n, int aux, int classes)
     cr_assert(fabs(loss - t64[0]) <= 1e-4 * fabs(t64[0]) + 4 * dl,
               "loss %.9g, torch float64 %.9g, float32 %.9g (seed %llu)", loss, t64[0], ref[1][0],
               (unsigned long long)s_seed);
-    nrt_tally ty = {.worst_name = "", .nref = 2 + S_NPERT, .verbose = getenv("ZPS_INCEPTION_VERBOSE") != NULL};
+    nrt_tally ty = {.worst_name = "", .nref = 2 + S_NPERT,
+                    .verbose = getenv("ZPS_INCEPTION_VERBOSE") != NULL};
     s_check_tensors(m, logits, n, classes, ref, &ty);
     fprintf(stderr, "inception %dx%d batch %d aux %d: %d tensors; within 1e-3 of float64: zps %d, "
                 "torch float32 %d; worst error/bound %.2f (%s)\n",
@@ -162,12 +164,12 @@ static void s_compare(int size, int n, int aux, int classes)
     cr_assert(ty.bad == 0, "%d of %d tensors outside the bound (seed %llu)", ty.bad, ty.checked,
               (unsigned long long)s_seed);
 }
-Test(it_nn_inception, matches_pytorch_at_299_with_aux, .init = s_init, .fini = s_fini, .timeout = 120)
+Test(it_nn_inception, matches_pytorch_at_299_with_aux, .init = s_init, .fini = s_fini, .timeout = 300)
 {
     s_compare(299, 2, 1, 1000);
 }
 
-Test(it_nn_inception, matches_pytorch_at_75_without_aux, .init = s_init, .fini = s_fini, .timeout = 120)
+Test(it_nn_inception, matches_pytorch_at_75_without_aux, .init = s_init, .fini = s_fini, .timeout = 300)
 {
     s_compare(75, S_BATCH75, 0, 10);
 }

@@ -3,8 +3,6 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "tests/nn_ref_util.h"
 #include "tests/testutil.h"

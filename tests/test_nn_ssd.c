@@ -22,6 +22,7 @@
 #include "tests/nn_ref_util.h"
 #include "tests/testutil.h"
 #include "common/log.h"
+#include "trainer/detect/detect.h"
 #include "trainer/models/ssd.h"
 
 static uint64_t s_seed;
@@ -348,12 +349,13 @@ static void s_reference(nn_model *m, int n, float **x, float **g)
     snprintf(args[4], sizeof args[4], "--size=128");
     snprintf(args[5], sizeof args[5], "--out=%s/ref", s_dir);
     snprintf(args[6], sizeof args[6], "--perturb=%s", S_PERTURB);
-    zt_python("tests/ref/ssd_ref.py", (const char *const[]){args[0], args[1], args[2], args[3],
-                                                       args[4], args[5], args[6], NULL},
+    zt_python("tests/ref/ssd_ref.py",
+              (const char *const[]){args[0], args[1], args[2], args[3], args[4], args[5], args[6],
+                                    NULL},
               "Debian's python3-torch and python3-torchvision");
 }
 
-Test(it_nn_ssd, matches_pytorch, .init = s_init, .fini = s_fini, .timeout = 180)
+Test(it_nn_ssd, matches_pytorch, .init = s_init, .fini = s_fini, .timeout = 300)
 {
     nn_model_opts o;
     nn_model_opts_default(&o, "ssd");
@@ -382,7 +384,8 @@ Test(it_nn_ssd, matches_pytorch, .init = s_init, .fini = s_fini, .timeout = 180)
     cr_assert(fabs(l - ref[0][0]) <= 1e-4 * fabs(ref[0][0]) + 4 * dl,
               "L %.9g, torch float64 %.9g, float32 %.9g (seed %llu)", l, ref[0][0], ref[1][0],
               (unsigned long long)s_seed);
-    nrt_tally ty = {.worst_name = "", .nref = S_NREF, .verbose = getenv("ZPS_SSD_VERBOSE") != NULL};
+    nrt_tally ty = {.worst_name = "", .nref = S_NREF,
+                    .verbose = getenv("ZPS_SSD_VERBOSE") != NULL};
     nrt_check_tensor("cls", cls, ref, 1, nc, &ty);
     nrt_check_tensor("loc", loc, ref, 1 + nc, nl, &ty);
     size_t nv, ns;
@@ -404,4 +407,59 @@ Test(it_nn_ssd, matches_pytorch, .init = s_init, .fini = s_fini, .timeout = 180)
     nn_model_destroy(&m);
     cr_assert(ty.bad == 0, "%d of %d tensors outside the bound (seed %llu)", ty.bad, ty.checked,
               (unsigned long long)s_seed);
+}
+
+/* The model and trainer/detect compose: the prior counts agree, det_loss's gradients go back
+ * through nn_ssd_backward, and plain gradient steps on one fixed batch lower its loss (what
+ * the trainer's step will do, without the servers). */
+Test(nn_ssd, trains_with_the_detection_loss, .init = s_init, .timeout = 120)
+{
+    nn_model_opts o;
+    nn_model_opts_default(&o, "ssd");
+    o.seed = zt_rand(), o.width = 0.25f;
+    nn_model *m;
+    cr_assert_eq(nn_model_create(k_backend_cpu(), &o, &m), ZPS_OK);
+    det_prior_cfg pc;
+    det_prior_cfg_default(&pc);
+    int d, np = nn_ssd_priors(m, &d), n = 2;
+    cr_assert_eq(det_prior_count(&pc), (size_t)np);
+    float *priors = malloc(sizeof(float) * np * 4);
+    cr_assert_eq(det_priors(&pc, priors), ZPS_OK);
+    /* one box per canvas, filled with 1 on a background of 0 */
+    float *x = calloc((size_t)n * 128 * 128, sizeof(float)), gt[2 * 4];
+    int32_t labels[2];
+    int start[3] = {0, 1, 2};
+    for (int s = 0; s < n; s++) {
+        int x0 = zt_irand(0, 60), y0 = zt_irand(0, 60), side = zt_irand(30, 60);
+        for (int yy = y0; yy < y0 + side; yy++)
+            for (int xx = x0; xx < x0 + side; xx++)
+                x[(size_t)s * 128 * 128 + yy * 128 + xx] = 1.0f;
+        float *b = gt + 4 * s;
+        b[0] = x0 / 128.0f, b[1] = y0 / 128.0f, b[2] = (x0 + side) / 128.0f;
+        b[3] = (y0 + side) / 128.0f;
+        labels[s] = zt_irand(0, o.classes - 1);
+    }
+    size_t nc = (size_t)n * np * d, nl = (size_t)n * np * 4;
+    float *cls = malloc(nc * sizeof *cls), *loc = malloc(nl * sizeof *loc);
+    float *dcls = malloc(nc * sizeof *dcls), *dloc = malloc(nl * sizeof *dloc);
+    det_loss_cfg lc;
+    det_loss_cfg_default(&lc);
+    float first = 0, loss = 0, *p = nn_model_params(m), *g = nn_model_grads(m);
+    for (int step = 0; step < 12; step++) {
+        cr_assert_eq(nn_ssd_forward(m, x, n, 1, cls, loc), ZPS_OK);
+        cr_assert_eq(det_loss(&lc, priors, np, d, cls, loc, n, gt, labels, start, &loss, dcls,
+                              dloc, NULL), ZPS_OK);
+        cr_assert(isfinite(loss) && loss > 0, "loss %g at step %d", loss, step);
+        if (step == 0)
+            first = loss;
+        cr_assert_eq(nn_ssd_backward(m, dcls, dloc, NULL, NULL), ZPS_OK);
+        for (size_t i = 0; i < nn_model_param_count(m); i++)
+            p[i] -= 0.02f * g[i];
+    }
+    fprintf(stderr, "ssd width 0.25, batch 2: detection loss %.3f -> %.3f in 12 steps\n", first,
+            loss);
+    cr_assert(loss < 0.8f * first, "loss %g after 12 steps, %g at the first (seed %llu)", loss,
+              first, (unsigned long long)s_seed);
+    free(priors), free(x), free(cls), free(loc), free(dcls), free(dloc);
+    nn_model_destroy(&m);
 }
