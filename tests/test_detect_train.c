@@ -91,10 +91,8 @@ Test(it_detect_train, sync_ps_and_allreduce_equal_local_with_the_combined_batch)
 
     pst_server srv[2];
     const char *sargs[] = {"--mode", "sync", "--num-trainers", "2", NULL};
-    for (int s = 0; s < 2; s++)
-        cr_assert_eq(pst_spawn(&srv[s], NULL, sargs), 0, "server %d did not start", s);
     char servers[600];
-    snprintf(servers, sizeof servers, "%s,%s", srv[0].uri, srv[1].uri);
+    trt_servers(srv, sargs, servers, sizeof servers);
     for (int r = 0; r < 2; r++) {
         const char *more[] = {"--mode", "sync", "--batch-size", "4", "--num-trainers", "2",
                               "--trainer-id", id[r], "--servers", servers, "--export", pw,

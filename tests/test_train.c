@@ -103,10 +103,8 @@ static void s_equivalence(const char *model, const char *opt)
     /* sync PS: 2 servers, 2 x b */
     pst_server srv[2];
     const char *sargs[] = {"--mode", "sync", "--num-trainers", "2", NULL};
-    for (int s = 0; s < 2; s++)
-        cr_assert_eq(pst_spawn(&srv[s], NULL, sargs), 0, "server %d did not start", s);
     char servers[600];
-    snprintf(servers, sizeof servers, "%s,%s", srv[0].uri, srv[1].uri);
+    trt_servers(srv, sargs, servers, sizeof servers);
     for (int r = 0; r < 2; r++) {
         const char *more[] = {"--mode", "sync", "--lr", "0.05", "--batch-size", "16",
                               "--num-trainers", "2", "--trainer-id", id[r], "--servers",
@@ -143,9 +141,7 @@ typedef struct s_fleet {
 
 static void s_fleet_servers(s_fleet *f, const char *const *sargs)
 {
-    for (int s = 0; s < 2; s++)
-        cr_assert_eq(pst_spawn(&f->srv[s], NULL, sargs), 0, "server %d did not start", s);
-    snprintf(f->servers, sizeof f->servers, "%s,%s", f->srv[0].uri, f->srv[1].uri);
+    trt_servers(f->srv, sargs, f->servers, sizeof f->servers);
 }
 
 /* Starts trainer r with the common flags plus extra (NULL-terminated). */

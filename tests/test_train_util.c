@@ -45,6 +45,13 @@ void trt_trainer(pst_server *p, const char *dir, const char *name, char *log, si
     trt_spawn(p, "zps-trainer", log, args);
 }
 
+void trt_servers(pst_server srv[2], const char *const *sargs, char *servers, size_t len)
+{
+    for (int s = 0; s < 2; s++)
+        cr_assert_eq(pst_spawn(&srv[s], NULL, sargs), 0, "server %d did not start", s);
+    snprintf(servers, len, "%s,%s", srv[0].uri, srv[1].uri);
+}
+
 double trt_compare(const char *ref_path, const char *other_path, const char *what)
 {
     nn_weights *a = NULL, *b = NULL;

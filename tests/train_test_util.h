@@ -17,6 +17,9 @@ void trt_expect_ok(pst_server *p, const char *log, double timeout_s);
  * dir/<name>.log (written into log). */
 void trt_trainer(pst_server *p, const char *dir, const char *name, char *log, size_t log_len,
                  const char *const *base, int nb, const char *const *more);
+/* Starts 2 zps-servers with sargs (NULL-terminated) on ephemeral ports; their URIs into
+ * servers ("tcp://...,tcp://..."). */
+void trt_servers(pst_server srv[2], const char *const *sargs, char *servers, size_t len);
 /* Fails unless every weight of other_path is within 1e-5 + 1e-3 |ref| of ref_path's; returns
  * the largest difference. */
 double trt_compare(const char *ref_path, const char *other_path, const char *what);
