@@ -9,6 +9,7 @@
 #include "common/check.h"
 #include "common/log.h"
 #include "common/mem.h"
+#include "datasets/draw.h"
 #include "datasets/image.h"
 #include "datasets/record.h"
 #include "datasets/shard.h"
@@ -207,89 +208,14 @@ zps_status ds_verify_shard(const char *path, const char *split, int shard, uint6
     return s_verify(path, split, shard, checked, corrupt);
 }
 
-static void s_rect(uint8_t *rgb, int h, int w, int x0, int y0, int x1, int y1)
-{
-    x0 = x0 < 0 ? 0 : x0;
-    y0 = y0 < 0 ? 0 : y0;
-    x1 = x1 >= w ? w - 1 : x1;
-    y1 = y1 >= h ? h - 1 : y1;
-    for (int x = x0; x <= x1; x++)
-        for (int e = 0; e < 2; e++) {
-            uint8_t *p = rgb + ((size_t)(e ? y1 : y0) * w + x) * 3;
-            p[0] = 255, p[1] = 0, p[2] = 0;
-        }
-    for (int y = y0; y <= y1; y++)
-        for (int e = 0; e < 2; e++) {
-            uint8_t *p = rgb + ((size_t)y * w + (e ? x1 : x0)) * 3;
-            p[0] = 255, p[1] = 0, p[2] = 0;
-        }
-}
-
 zps_status ds_dump_png(const char *path, const char *split, uint64_t index, const char *png_path)
 {
-    ds_dataset *d;
-    ZPS_TRY(ds_dataset_open(path, split, &d));
-    if (index >= d->total) {
-        zps_log(ZPS_ERROR, "ds", "record %llu: the dataset has %llu", (unsigned long long)index,
-                (unsigned long long)d->total);
-        ds_dataset_close(&d);
-        return ZPS_ERR_INVALID;
-    }
-    int s;
-    uint64_t local;
-    ds_dataset_locate(d, index, &s, &local);
-    ds_reader *r = NULL;
-    ds_codec *c = ds_codec_new();
-    zps_arena *a = zps_arena_new(0);
-    uint8_t *rgb = NULL;
-    const uint8_t *v;
-    size_t len;
-    ds_record rec;
-    ds_pixels px;
-    char why[256] = "";
-    zps_status st = c ? ds_reader_new(d->shards[s], &r) : ZPS_ERR_INTERNAL;
-    if (st == ZPS_OK)
-        st = ds_reader_get(r, local, &v, &len);
-    if (st == ZPS_OK)
-        st = ds_record_parse(v, len, a, d->num_classes, &rec, why, sizeof why);
-    if (st == ZPS_OK)
-        st = ds_image_decode(c, &rec, &px, why, sizeof why);
-    if (st != ZPS_OK && why[0]) {
-        char key[DS_KEY_LEN + 1];
-        ds_key_format(local, key);
-        zps_log(ZPS_ERROR, "ds", "corrupt record: shard %s key %s: %s", ds_shard_name(d->shards[s]),
-                key, why);
-    }
-    if (st == ZPS_OK) {
-        rgb = zps_xmalloc((size_t)px.h * px.w * 3);
-        for (size_t i = 0; i < (size_t)px.h * px.w; i++)
-            for (int k = 0; k < 3; k++)
-                rgb[i * 3 + k] = px.px[i * px.c + (px.c == 3 ? k : 0)];
-        for (int b = 0; b < rec.n_boxes; b++)
-            s_rect(rgb, px.h, px.w, (int)(rec.boxes[b].xmin * px.w), (int)(rec.boxes[b].ymin * px.h),
-                   (int)(rec.boxes[b].xmax * px.w) - 1, (int)(rec.boxes[b].ymax * px.h) - 1);
-        const uint8_t *png;
-        size_t plen;
-        st = ds_image_encode(c, rgb, px.h, px.w, 3, DS_ENC_PNG, 0, &png, &plen);
-        if (st == ZPS_OK) {
-            FILE *f = fopen(png_path, "wb");
-            if (!f) {
-                zps_log(ZPS_ERROR, "ds", "%s: cannot write: %s", png_path, strerror(errno));
-                st = ZPS_ERR_IO;
-            } else {
-                if (fwrite(png, 1, plen, f) != plen)
-                    st = ZPS_ERR_IO;
-                if (fclose(f) != 0)
-                    st = ZPS_ERR_IO;
-                if (st != ZPS_OK)
-                    zps_log(ZPS_ERROR, "ds", "%s: write failed", png_path);
-            }
-        }
-    }
-    free(rgb);
-    zps_arena_destroy(&a);
-    ds_codec_destroy(&c);
-    ds_reader_destroy(&r);
-    ds_dataset_close(&d);
+    ds_canvas c;
+    ZPS_TRY(ds_canvas_read(path, split, index, &c));
+    for (int b = 0; b < c.n_boxes; b++)
+        ds_canvas_box(&c, c.boxes[b].xmin, c.boxes[b].ymin, c.boxes[b].xmax, c.boxes[b].ymax,
+                      ds_draw_red);
+    zps_status st = ds_canvas_write_png(&c, png_path);
+    ds_canvas_free(&c);
     return st;
 }

@@ -15,8 +15,17 @@
 #   DEMO_WIDTH (0.25)  DEMO_SIZE (75)  DEMO_BATCH (32)  DEMO_LR (0.002, adam)
 #   DEMO_STEPS (2000 steps per trainer)  DEMO_TARGET (0.85)
 #   DEMO_TIMEOUT (7200 s: the hang guard, not a training budget)
+#
+# DEMO_MODEL=ssd trains the detector instead (scripts/demo-ssd.sh; docs/training.md,
+# "Training the detector").
 set -eu
 B=${1:-build}
+if [ "${DEMO_MODEL:-inception_v3}" = ssd ]; then
+  exec bash scripts/demo-ssd.sh "$B"
+elif [ "${DEMO_MODEL:-inception_v3}" != inception_v3 ]; then
+  echo "zps demo: DEMO_MODEL is inception_v3 (the default) or ssd, not '$DEMO_MODEL'" >&2
+  exit 2
+fi
 BIN=$(cd "$B/bin" && pwd)
 WIDTH=${DEMO_WIDTH:-0.25}
 SIZE=${DEMO_SIZE:-75}

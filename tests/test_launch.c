@@ -436,6 +436,50 @@ Test(it_launch, compare_table_json_and_plot_from_metrics_files, .timeout = 60)
     lt_cleanup(&r);
 }
 
+/* Detector runs (their evaluations are "map"): the table, JSON and plot are in mAP. */
+Test(it_launch, compare_scores_detector_runs_by_map, .timeout = 60)
+{
+    lt_run r;
+    lt_setup(&r, 1);
+    char dir[256], path[300];
+    snprintf(dir, sizeof dir, "%s/async", r.dir);
+    cr_assert_eq(mkdir(dir, 0755), 0);
+    snprintf(path, sizeof path, "%s/metrics-0.jsonl", dir);
+    tr_metrics_opts o = {.jsonl_path = path, .mode = TR_PROGRESS_OFF, .trainer_id = 0,
+                         .mode_name = "async", .batch = 16, .n_trainers = 1,
+                         .target_accuracy = 0.6, .score_map = 1};
+    tr_metrics *m = NULL;
+    cr_assert_eq(tr_metrics_new(&o, &m), ZPS_OK);
+    for (int s = 1; s <= 20; s++) {
+        tr_metrics_set_fake_time(m, 0.25 * s);
+        tr_step_record rec = tr_step_record_empty(s);
+        rec.images = 16;
+        rec.loss = 5.0 / s;
+        rec.matched = 30;
+        rec.loss_conf = rec.loss_loc = 0;
+        if (s % 10 == 0)
+            rec.test_map = s == 10 ? 0.4 : 0.7;
+        cr_assert_eq(tr_metrics_step(m, &rec), ZPS_OK);
+    }
+    tr_metrics_destroy(&m);
+    const char *args[] = {"--from-runs", "async=async", "--target", "0.6", "--out-dir", "out",
+                          NULL};
+    s_run_compare(&r, args);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    cr_assert(strstr(r.out, "final mAP") && strstr(r.out, "70.00%"), "table: %s", r.out);
+    char json[16384];
+    snprintf(path, sizeof path, "%s/out/compare.json", r.dir);
+    lt_read_file(path, json, sizeof json);
+    cr_assert(fabs(s_entry(json, "async", "final_map") - 0.7) < 1e-6, "%s", json);
+    cr_assert(fabs(s_entry(json, "async", "best_map") - 0.7) < 1e-6, "%s", json);
+    cr_assert(fabs(s_entry(json, "async", "time_to_target") - 5.0) < 0.5, "%s", json);
+    snprintf(path, sizeof path, "%s/out/compare-data/compare.gp", r.dir);
+    char gp[4096];
+    lt_read_file(path, gp, sizeof gp);
+    cr_assert(strstr(gp, "test mAP at IoU 0.5 against time"), "%s", gp);
+    lt_cleanup(&r);
+}
+
 /* A stand-in trainer that writes a small metrics file where --metrics says. */
 static const char *s_metrics_trainer_sh =
     "#!/bin/sh\n"

@@ -333,6 +333,54 @@ Test(metrics, unwritable_path_is_an_error)
     cr_assert_null(m);
 }
 
+/* A detector run (score_map): its evaluations are "map" (not "accuracy"), its steps carry the
+ * loss's parts, its start and summary name the target and results after mAP, and its
+ * progress lines say "test mAP". */
+Test(metrics, detector_runs_report_map_and_the_loss_parts, .timeout = 10)
+{
+    zps_log_set_level(ZPS_LOG_OFF);
+    char path[] = "/tmp/zps-metrics-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    close(fd);
+    FILE *prog = tmpfile();
+    tr_metrics_opts o = {.jsonl_path = path, .progress = prog, .mode = TR_PROGRESS_PLAIN,
+                         .trainer_id = 0, .total_steps = 2, .target_accuracy = 0.5,
+                         .score_map = 1};
+    tr_metrics *m = NULL;
+    cr_assert_eq(tr_metrics_new(&o, &m), ZPS_OK);
+    for (int s = 1; s <= 2; s++) {
+        tr_step_record r = tr_step_record_empty(s);
+        r.images = 8;
+        r.loss = 3.5;
+        r.loss_conf = 2.25;
+        r.loss_loc = 1.25;
+        r.matched = 40 + s;
+        if (s == 2) {
+            r.test_map = 0.625;
+            r.test_loss = 3.0;
+        }
+        cr_assert_eq(tr_metrics_step(m, &r), ZPS_OK);
+    }
+    tr_metrics_destroy(&m);
+    size_t len;
+    char *text = s_slurp(path, &len);
+    unlink(path);
+    cr_assert(strstr(text, "\"target_map\":0.5"), "%s", text);
+    cr_assert(strstr(text, "\"loss_conf\":2.25,\"loss_loc\":1.25,\"matched\":41"), "%s", text);
+    cr_assert(strstr(text, "\"matched\":42,\"map\":0.625,\"test_loss\":3"), "%s", text);
+    cr_assert(strstr(text, "\"final_map\":0.625,\"best_map\":0.625"), "%s", text);
+    cr_assert_null(strstr(text, "accuracy\":0.6"), "%s", text);
+    cr_assert(s_field(strstr(text, "\"type\":\"summary\""), "time_to_target") >= 0);
+    rewind(prog);
+    char buf[4096];
+    size_t n = fread(buf, 1, sizeof buf - 1, prog);
+    buf[n] = 0;
+    fclose(prog);
+    cr_assert(strstr(buf, "test mAP 62.50%"), "%s", buf);
+    cr_assert(strstr(buf, "test mAP@0.5 62.50% (best 62.50%)"), "%s", buf);
+}
+
 /* After a sync rollback the trainer runs steps again (docs/ps.md "Recovery"): the summary
  * counts distinct steps, and the repeated records as redone_steps; images count both. */
 Test(metrics, redone_steps_count_once, .timeout = 10)

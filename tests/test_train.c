@@ -22,32 +22,9 @@
 
 #include "common/log.h"
 #include "tests/ps_test_util.h"
+#include "tests/train_test_util.h"
 #include "tests/testutil.h"
 #include "trainer/nn/nn.h"
-
-/* Starts $ZPS_BIN/<prog> with args (NULL-terminated), stdout+stderr to log; it dies with
- * the test, so a failed assert never leaves it holding Criterion's pipes. */
-static void s_spawn(pst_server *p, const char *prog, const char *log, const char *const *args)
-{
-    cr_assert_not_null(getenv("ZPS_BIN"), "ZPS_BIN unset: run through make test");
-    cr_assert_eq(pst_start(p, prog, log, args), 0, "cannot start %s", prog);
-}
-
-/* Waits for a trainer to exit 0 within timeout_s (else kills it and fails). */
-static void s_expect_ok(pst_server *p, const char *log, double timeout_s)
-{
-    int st = pst_wait(p, timeout_s);
-    if (st == -1) {
-        pst_kill(p, SIGKILL);
-        pst_dump(log);
-        cr_assert_fail("%s did not finish in %.0f s", log, timeout_s);
-    }
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-        pst_dump(log);
-        cr_assert_fail("%s failed (wait status %d)", log, st);
-    }
-    p->pid = 0;
-}
 
 static char s_tmp[512], s_data[600];
 
@@ -62,8 +39,8 @@ static void s_convert(const char *limit, double timeout_s)
     pst_server p;
     const char *args[] = {"convert", "fashion-mnist", "--out", s_data, "--shards", "2",
                           limit ? "--limit" : NULL, limit, NULL};
-    s_spawn(&p, "zps-data", log, args);
-    s_expect_ok(&p, log, timeout_s);
+    trt_spawn(&p, "zps-data", log, args);
+    trt_expect_ok(&p, log, timeout_s);
 }
 
 static void s_cleanup(void)
@@ -74,50 +51,6 @@ static void s_cleanup(void)
         int rc = system(cmd);
         (void)rc;
     }
-}
-
-/* Max violation of |a - b| <= atol + rtol * |ref| over every variable. */
-static double s_compare(const char *ref_path, const char *other_path, const char *what)
-{
-    nn_weights *a = NULL, *b = NULL;
-    cr_assert_eq(nn_weights_read(ref_path, &a), ZPS_OK, "cannot read %s", ref_path);
-    cr_assert_eq(nn_weights_read(other_path, &b), ZPS_OK, "cannot read %s", other_path);
-    cr_assert_eq(a->param_count, b->param_count);
-    double worst = 0, maxdiff = 0;
-    size_t at = 0;
-    for (size_t i = 0; i < a->param_count; i++) {
-        double d = fabs((double)a->params[i] - (double)b->params[i]);
-        double lim = 1e-5 + 1e-3 * fabs((double)a->params[i]);
-        if (d / lim > worst) {
-            worst = d / lim;
-            at = i;
-        }
-        if (d > maxdiff)
-            maxdiff = d;
-    }
-    cr_log_info("%s: max |diff| %.3g, worst ratio to tolerance %.3g at %zu", what, maxdiff,
-                worst, at);
-    cr_assert(worst <= 1.0, "%s differs from local at weight %zu: %g vs %g (max diff %.3g)",
-              what, at, (double)b->params[at], (double)a->params[at], maxdiff);
-    nn_weights_destroy(&a);
-    nn_weights_destroy(&b);
-    return maxdiff;
-}
-
-/* Starts zps-trainer with base[] (nb entries) then more[] (NULL-terminated); its log is
- * s_tmp/<name>.log (written into log). */
-static void s_trainer(pst_server *p, const char *name, char *log, size_t log_len,
-                      const char *const *base, int nb, const char *const *more)
-{
-    const char *args[64];
-    int n = 0;
-    for (int i = 0; i < nb; i++)
-        args[n++] = base[i];
-    for (int i = 0; more[i]; i++)
-        args[n++] = more[i];
-    args[n] = NULL;
-    snprintf(log, log_len, "%s/%s.log", s_tmp, name);
-    s_spawn(p, "zps-trainer", log, args);
 }
 
 /* One equivalence run of model with optimizer opt. The MLP's local run takes batch 2b in
@@ -148,12 +81,12 @@ static void s_equivalence(const char *model, const char *opt)
     /* local, batch 2b; and the seeded start (lr 0) to check the runs really trained */
     const char *local[] = {"--mode", "local", "--lr", "0.05", "--batch-size", bn ? "16" : "32",
                            "--accumulate", bn ? "2" : "1", "--export", lw, NULL};
-    s_trainer(&p, "local", log, sizeof log, common, nc, local);
-    s_expect_ok(&p, log, 120);
+    trt_trainer(&p, s_tmp, "local", log, sizeof log, common, nc, local);
+    trt_expect_ok(&p, log, 120);
     const char *init[] = {"--mode", "local", "--lr", "0", "--batch-size", bn ? "16" : "32",
                           "--accumulate", bn ? "2" : "1", "--export", iw, NULL};
-    s_trainer(&p, "init", log, sizeof log, common, nc, init);
-    s_expect_ok(&p, log, 120);
+    trt_trainer(&p, s_tmp, "init", log, sizeof log, common, nc, init);
+    trt_expect_ok(&p, log, 120);
 
     /* all-reduce, 2 x b */
     for (int r = 0; r < 2; r++) {
@@ -162,42 +95,33 @@ static void s_equivalence(const char *model, const char *opt)
                               "--export", aw, NULL};
         char name[16];
         snprintf(name, sizeof name, "ar%d", r);
-        s_trainer(&t[r], name, logs[r], sizeof logs[r], common, nc, more);
+        trt_trainer(&t[r], s_tmp, name, logs[r], sizeof logs[r], common, nc, more);
     }
     for (int r = 0; r < 2; r++)
-        s_expect_ok(&t[r], logs[r], 120);
+        trt_expect_ok(&t[r], logs[r], 120);
 
     /* sync PS: 2 servers, 2 x b */
     pst_server srv[2];
     const char *sargs[] = {"--mode", "sync", "--num-trainers", "2", NULL};
-    for (int s = 0; s < 2; s++)
-        cr_assert_eq(pst_spawn(&srv[s], NULL, sargs), 0, "server %d did not start", s);
     char servers[600];
-    snprintf(servers, sizeof servers, "%s,%s", srv[0].uri, srv[1].uri);
+    trt_servers(srv, sargs, servers, sizeof servers);
     for (int r = 0; r < 2; r++) {
         const char *more[] = {"--mode", "sync", "--lr", "0.05", "--batch-size", "16",
                               "--num-trainers", "2", "--trainer-id", id[r], "--servers",
                               servers, "--export", pw, NULL};
         char name[16];
         snprintf(name, sizeof name, "ps%d", r);
-        s_trainer(&t[r], name, logs[r], sizeof logs[r], common, nc, more);
+        trt_trainer(&t[r], s_tmp, name, logs[r], sizeof logs[r], common, nc, more);
     }
     for (int r = 0; r < 2; r++)
-        s_expect_ok(&t[r], logs[r], 120);
+        trt_expect_ok(&t[r], logs[r], 120);
     for (int s = 0; s < 2; s++)
         pst_kill(&srv[s], SIGTERM);
 
-    nn_weights *a = NULL, *b = NULL;
-    cr_assert_eq(nn_weights_read(lw, &a), ZPS_OK);
-    cr_assert_eq(nn_weights_read(iw, &b), ZPS_OK);
-    double moved = 0;
-    for (size_t i = 0; i < a->param_count; i++)
-        moved = fmax(moved, fabs((double)a->params[i] - (double)b->params[i]));
-    nn_weights_destroy(&a);
-    nn_weights_destroy(&b);
+    double moved = trt_max_diff(lw, iw);
     cr_assert(moved > 1e-3, "20 steps moved no weight by more than %g", moved);
-    s_compare(lw, aw, "all-reduce 2 x b");
-    s_compare(lw, pw, "sync PS 2 x b");
+    trt_compare(lw, aw, "all-reduce 2 x b");
+    trt_compare(lw, pw, "sync PS 2 x b");
 }
 
 TestSuite(it_train, .fini = s_cleanup, .timeout = 300);
@@ -217,9 +141,7 @@ typedef struct s_fleet {
 
 static void s_fleet_servers(s_fleet *f, const char *const *sargs)
 {
-    for (int s = 0; s < 2; s++)
-        cr_assert_eq(pst_spawn(&f->srv[s], NULL, sargs), 0, "server %d did not start", s);
-    snprintf(f->servers, sizeof f->servers, "%s,%s", f->srv[0].uri, f->srv[1].uri);
+    trt_servers(f->srv, sargs, f->servers, sizeof f->servers);
 }
 
 /* Starts trainer r with the common flags plus extra (NULL-terminated). */
@@ -240,7 +162,7 @@ static void s_fleet_trainer(s_fleet *f, int r, const char *const *extra)
     for (int i = 0; extra[i]; i++)
         args[n++] = extra[i];
     args[n] = NULL;
-    s_spawn(&f->tr[r], "zps-trainer", f->log[r], args);
+    trt_spawn(&f->tr[r], "zps-trainer", f->log[r], args);
 }
 
 static void s_fleet_stop(s_fleet *f)
@@ -251,25 +173,6 @@ static void s_fleet_stop(s_fleet *f)
     for (int s = 0; s < 2; s++)
         if (f->srv[s].pid > 0)
             pst_kill(&f->srv[s], SIGTERM);
-}
-
-/* The value of "key": in the summary line of a metrics file (-1 when absent or null). */
-static double s_summary(const char *path, const char *key)
-{
-    FILE *f = fopen(path, "r");
-    cr_assert_not_null(f, "no metrics file %s", path);
-    char line[4096], pat[64];
-    double v = -1;
-    snprintf(pat, sizeof pat, "\"%s\":", key);
-    while (fgets(line, sizeof line, f)) {
-        if (!strstr(line, "\"type\":\"summary\""))
-            continue;
-        char *p = strstr(line, pat);
-        if (p && strncmp(p + strlen(pat), "null", 4) != 0)
-            v = strtod(p + strlen(pat), NULL);
-    }
-    fclose(f);
-    return v;
 }
 
 /* Reads a metrics FIFO until the record of step `step` arrives (blocking reads: the writer
@@ -294,13 +197,13 @@ static void s_reach_85(const char *mode, const char *dtype)
                            "0.85", "--staleness", "2", "--push-dtype", dtype, NULL};
     for (int r = 0; r < 2; r++)
         s_fleet_trainer(&f, r, extra);
-    s_expect_ok(&f.tr[0], f.log[0], 400);
+    trt_expect_ok(&f.tr[0], f.log[0], 400);
     /* trainer 0 stopped at the target; trainer 1 is not needed any more */
     pst_kill(&f.tr[1], SIGTERM);
     f.tr[1].pid = 0;
     s_fleet_stop(&f);
-    double acc = s_summary(f.metrics[0], "best_accuracy");
-    double t85 = s_summary(f.metrics[0], "time_to_target");
+    double acc = trt_summary(f.metrics[0], "best_accuracy");
+    double t85 = trt_summary(f.metrics[0], "time_to_target");
     cr_log_info("%s, %s gradients: best accuracy %.4f, time to 85%% %.1f s", mode, dtype, acc, t85);
     cr_assert(acc >= 0.85, "%s fleet (%s gradients) reached only %.4f test accuracy", mode,
               dtype, acc);
@@ -326,8 +229,8 @@ static void s_kill1_trainer0_finishes(s_fleet *f, int steps)
     cr_assert(kill(f->tr[1].pid, SIGKILL) == 0);
     pst_wait(&f->tr[1], 10);
     f->tr[1].pid = 0;
-    s_expect_ok(&f->tr[0], f->log[0], 120);
-    cr_assert_eq(s_summary(f->metrics[0], "steps"), steps);
+    trt_expect_ok(&f->tr[0], f->log[0], 120);
+    cr_assert_eq(trt_summary(f->metrics[0], "steps"), steps);
 }
 
 /* async: kill -9 one trainer mid-run; the other finishes all its steps. */

@@ -161,6 +161,7 @@ static const struct {
     {{"--data", "/d", "--lr", "fast", NULL}, "--lr wants a number"},
     {{"--data", "/d", "--device", "tpu", NULL}, "--device wants"},
     {{"--data", "/d", "--eval-only", NULL}, "--eval-only needs --init-weights"},
+    {{"--data", "/d", "--dump-detections", "3", NULL}, "--dump-detections draws a detector's boxes"},
     {{"--data", "/d", "--optimizer", "lion", NULL}, "--optimizer wants"},
     {{"--data", "/d", "extra", NULL}, "unexpected argument 'extra'"},
     {{"--data", "/d", "--curve-key", "t.key", NULL}, "--curve-server-key and --curve-key go together"},
@@ -170,7 +171,7 @@ static const struct {
     {{"--data", "/d", "--aux", "maybe", NULL}, "--aux wants auto, on or off, got 'maybe'"},
     {{"--data", "/d", "--steps", "2.5", NULL}, "--steps wants an integer"},
     {{"--data", "/d", "--seed", "-1", NULL}, "--seed wants an integer"},
-    {{"--data", "/d", "--model", "m0123456789012345678901234567890", NULL}, "--model wants mlp, convnet or inception_v3, got 'm01"},
+    {{"--data", "/d", "--model", "m0123456789012345678901234567890", NULL}, "--model wants mlp, convnet, inception_v3 or ssd, got 'm01"},
     {{"--data", "/d", "--lr-schedule", "step", NULL}, "--lr-schedule wants constant, exponential or cosine"},
     {{"--data", "/d", "--log-level", "loud", NULL}, "--log-level wants"},
     {{"--data", "/d", "--in-channels", "4", NULL}, "--in-channels wants an integer in [1, 3], got '4'"},
@@ -201,7 +202,7 @@ Test(tr_config, an_unknown_model_is_refused_with_the_known_ones, .init = cr_redi
     cr_assert_eq(s_parse(&c, a, &st), 2);
     char err[1024];
     zt_read_redirected(cr_get_redirected_stderr(), err, sizeof err);
-    cr_assert_str_eq(err, "zps-trainer: --model wants mlp, convnet or inception_v3, got 'resnet' "
+    cr_assert_str_eq(err, "zps-trainer: --model wants mlp, convnet, inception_v3 or ssd, got 'resnet' "
                           "(see --help)\n");
     static const char *const known[] = {"mlp", "convnet", "inception_v3"};
     for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
@@ -216,7 +217,7 @@ Test(it_cli, trainer_names_a_bad_model_before_opening_the_data, .timeout = 30)
     char *out;
     const char *a[] = {"--data", "/nonexistent/zps-data", "--model", "resnet", NULL};
     cr_assert_eq(zt_run_tmp("zps-trainer", a, NULL, 20, &out), 2);
-    cr_assert_str_eq(out, "zps-trainer: --model wants mlp, convnet or inception_v3, got 'resnet' "
+    cr_assert_str_eq(out, "zps-trainer: --model wants mlp, convnet, inception_v3 or ssd, got 'resnet' "
                           "(see --help)\n");
     free(out);
 }

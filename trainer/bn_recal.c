@@ -29,7 +29,11 @@ zps_status tr_bn_recalibrate(nn_model *m, int batches, int batch, tr_batch_fn ne
         float loss;
         st = next(ctx, x, labels, batch);
         nn_model_set_bn_momentum(m, 1.0f / (float)(k + 1));
-        if (st == ZPS_OK)
+        /* a detector (its loss outside nn, nn.h) has marked outputs and no head: its layers
+         * alone update the statistics, and the labels (-1 for detection records) are unused */
+        if (st == ZPS_OK && nn_model_outputs(m) > 0)
+            st = nn_model_forward_outputs(m, x, batch, 1);
+        else if (st == ZPS_OK)
             st = nn_model_forward(m, x, labels, batch, 1, &loss, NULL);
         if (st == ZPS_OK && progress && ((k + 1) % every == 0 || k + 1 == batches))
             fprintf(progress, "batchnorm statistics: batch %d/%d (%d images, %.1f s)\n", k + 1,

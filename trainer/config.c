@@ -60,6 +60,8 @@ void tr_config_default(tr_config *c)
     c->opt.lr = 0.05;
     c->progress = 1;
     c->seed = 1;
+    c->dump_detections = -1;
+    snprintf(c->dump_out, sizeof c->dump_out, "detections.png");
     /* Under zps-launch, name the job after the run folder, so two fleets on one machine
      * never share an all-reduce segment. */
     const char *run = getenv("ZPS_RUN_DIR");
@@ -105,7 +107,7 @@ static zps_status s_push_dtype(void *cfg, const char *arg, char *why, size_t cap
 /* The names nn_model_create builds: checked with the flags, so a misspelt model fails before
  * any data is opened. */
 static const zps_opt_name s_models[] = {
-    {"mlp", 0}, {"convnet", 0}, {"inception_v3", 0}, {NULL, 0}};
+    {"mlp", 0}, {"convnet", 0}, {"inception_v3", 0}, {"ssd", 0}, {NULL, 0}};
 
 /* The FUNC flags' values, for the metrics start record (tr_config_json). */
 static const char *s_mode_show(const void *cfg)
@@ -136,11 +138,12 @@ static const zps_opt_name s_sched[] = {{"constant", PS_SCHED_CONSTANT},
 static const zps_opt s_opt[] = {
     {.type = ZPS_OPT_TEXT, .help = "model:"},
     {"model", ZPS_OPT_STRING, F(model), .names = s_models, .meta = "NAME",
-     .help = "mlp | convnet | inception_v3"},
+     .help = "mlp | convnet | inception_v3 | ssd (the detector: zps-data\n"
+             "make-detection data; scored by VOC mAP@0.5)"},
     {"width", ZPS_OPT_DOUBLE, F(width), 0.01, 4, .meta = "F",
-     .help = "inception_v3 channel multiplier"},
+     .help = "inception_v3 and ssd channel multiplier"},
     {"input-size", ZPS_OPT_INT, F(input_size), 8, 4096, .meta = "N",
-     .dflt = "the model's: 28 mlp/convnet, 299 inception_v3",
+     .dflt = "the model's: 28 mlp/convnet, 299 inception_v3, 128 ssd",
      .help = "model input height = width; images are resized"},
     {"in-channels", ZPS_OPT_INT, F(in_channels), 1, 3, .meta = "N",
      .dflt = "1 for every model (images are read as gray)", .help = "input channels, 1 or 3"},
@@ -214,7 +217,7 @@ static const zps_opt s_opt[] = {
     {"time-limit", ZPS_OPT_DOUBLE, F(time_limit_s), 0, 1e9, .meta = "SEC", .dflt = "",
      .help = "stop after SEC seconds"},
     {"stop-accuracy", ZPS_OPT_DOUBLE, F(stop_accuracy), 0, 1, .meta = "A", .dflt = "",
-     .help = "stop once test accuracy >= A (0..1)"},
+     .help = "stop once test accuracy >= A (0..1); ssd: test mAP@0.5 >= A"},
     {.type = ZPS_OPT_TEXT, .help = "optimizer (PS modes: applied on the servers; others: here):"},
     {"optimizer", ZPS_OPT_FUNC, .fn = s_optimizer, .show = s_optimizer_show,
      .meta = "NAME", .dflt = "sgd",
@@ -248,6 +251,11 @@ static const zps_opt s_opt[] = {
     {"eval-all", ZPS_OPT_SET, F(eval_all), .help = "every trainer evaluates (default: trainer 0)"},
     {"eval-only", ZPS_OPT_SET, F(eval_only),
      .help = "evaluate --init-weights on the test split and exit"},
+    {"dump-detections", ZPS_OPT_INT, F(dump_detections), 0, S_STEPS, .meta = "N", .dflt = "",
+     .help = "ssd: at the end, draw test record N (within the evaluation\n"
+             "set) with its predicted (green) and true (red) boxes"},
+    {"dump-out", ZPS_OPT_STRING, F(dump_out), .meta = "FILE.png", .dflt = "detections.png",
+     .help = "where --dump-detections writes"},
     {"metrics", ZPS_OPT_STRING, F(metrics), .meta = "FILE",
      .help = "JSON Lines, one record per step and evaluation"},
     {"export", ZPS_OPT_STRING, F(export_path), .meta = "FILE",
@@ -295,6 +303,9 @@ static zps_status s_check(tr_config *c, int *exit_code)
         return zps_opts_fail(&s_spec, exit_code, "--eval-only needs --init-weights FILE");
     if (c->eval_only)
         c->mode = TR_MODE_LOCAL;
+    if (c->dump_detections >= 0 && strcmp(c->model, "ssd") != 0)
+        return zps_opts_fail(&s_spec, exit_code, "--dump-detections draws a detector's boxes: "
+                             "it needs --model ssd");
     int ps_mode = c->mode == TR_MODE_SYNC || c->mode == TR_MODE_ASYNC || c->mode == TR_MODE_SSP;
     if (ps_mode && !c->cluster[0] && !c->servers[0])
         return zps_opts_fail(&s_spec, exit_code, "--mode %s needs --cluster FILE or --servers "

@@ -32,7 +32,7 @@ typedef enum tr_shard_mode {
 
 typedef struct tr_config {
     /* model */
-    char model[32];           // mlp | convnet | inception_v3
+    char model[32];           // mlp | convnet | inception_v3 | ssd
     float width;              // inception_v3 width multiplier
     int input_size;           // model input height = width (0: the model's default)
     int in_channels;          // 0: 1 (gray), for every model, inception_v3 included
@@ -69,7 +69,7 @@ typedef struct tr_config {
     double epochs;            // epochs of this trainer's share (when steps == 0)
     int accumulate;           // micro-batches per step (gradient accumulation)
     double time_limit_s;      // stop after this many seconds (0: none)
-    double stop_accuracy;     // stop once test accuracy reaches this (0: never)
+    double stop_accuracy;     // stop once test accuracy (ssd: mAP@0.5) reaches this (0: never)
     /* optimizer (PS: sent to the servers at INIT; local/allreduce: applied here) */
     ps_optim_config opt;
     /* evaluation and output */
@@ -87,6 +87,8 @@ typedef struct tr_config {
     uint64_t seed;
     int shutdown_servers;     // trainer 0 sends SHUTDOWN at the end
     int eval_only;            // evaluate --init-weights on the test split, then exit
+    int64_t dump_detections;  // detector: test record drawn with its boxes at the end (-1: none)
+    char dump_out[512];       // where that PNG goes
 } tr_config;
 
 /* Defaults: convnet, batch 64, 1 epoch, sgd lr 0.05, mode local, device auto, seed 1. */

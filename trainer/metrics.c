@@ -137,7 +137,8 @@ static void s_progress(tr_metrics *m, double now, int force)
     if (isfinite(m->tot.last_loss))
         s_append(m, " | loss %.4f", m->tot.last_loss);
     if (m->tot.last_accuracy >= 0)
-        s_append(m, " | test acc %.2f%%", 100.0 * m->tot.last_accuracy);
+        s_append(m, m->o.score_map ? " | test mAP %.2f%%" : " | test acc %.2f%%",
+                 100.0 * m->tot.last_accuracy);
     double rate = since > 0 ? (double)m->print_images / since : 0;
     if (rate > 0)
         s_append(m, " | %.0f img/s", rate);
@@ -174,6 +175,8 @@ tr_step_record tr_step_record_empty(int64_t step)
     r.train_accuracy = -1;
     r.test_accuracy = -1;
     r.test_loss = -1;
+    r.test_map = -1;
+    r.matched = -1;
     return r;
 }
 
@@ -187,7 +190,7 @@ static void s_start_json(zps_json *j, const tr_metrics_opts *o)
     zps_json_raw(j, ",\"batch\":%d,\"trainers\":%d,\"total_steps\":%lld,\"seed\":%llu",
                  o->batch, o->n_trainers, (long long)o->total_steps, (unsigned long long)o->seed);
     zps_json_run_info(j);
-    zps_json_raw(j, ",\"target_accuracy\":");
+    zps_json_raw(j, o->score_map ? ",\"target_map\":" : ",\"target_accuracy\":");
     zps_json_num(j, o->target_accuracy > 0 ? o->target_accuracy : NAN, 6);
     zps_json_raw(j, ",\"config\":%s}", o->config_json ? o->config_json : "null");
 }
@@ -279,14 +282,15 @@ zps_status tr_metrics_step(tr_metrics *m, const tr_step_record *r)
         if (r->staleness > t->staleness_max)
             t->staleness_max = r->staleness;
     }
-    int evaluated = r->test_accuracy >= 0;
+    double score = m->o.score_map ? r->test_map : r->test_accuracy;
+    int evaluated = score >= 0;
     if (evaluated) {
         t->evals++;
-        t->last_accuracy = r->test_accuracy;
-        if (r->test_accuracy > t->best_accuracy)
-            t->best_accuracy = r->test_accuracy;
+        t->last_accuracy = score;
+        if (score > t->best_accuracy)
+            t->best_accuracy = score;
         if (t->time_to_target < 0 && m->o.target_accuracy > 0 &&
-            r->test_accuracy >= m->o.target_accuracy)
+            score >= m->o.target_accuracy)
             t->time_to_target = now;
     }
     m->last_t = now;
@@ -309,8 +313,13 @@ zps_status tr_metrics_step(tr_metrics *m, const tr_step_record *r)
         s_num(m, "lr", r->lr, 6);
     if (r->train_accuracy >= 0)
         s_num(m, "train_accuracy", r->train_accuracy, 6);
+    if (r->matched >= 0) {
+        s_num(m, "loss_conf", r->loss_conf, 6);
+        s_num(m, "loss_loc", r->loss_loc, 6);
+        s_append(m, ",\"matched\":%lld", (long long)r->matched);
+    }
     if (evaluated) {
-        s_num(m, "accuracy", r->test_accuracy, 6);
+        s_num(m, m->o.score_map ? "map" : "accuracy", score, 6);
         s_opt(m, "test_loss", r->test_loss, 6);
     }
     s_append(m, "}");
@@ -333,8 +342,8 @@ zps_status tr_metrics_finish(tr_metrics *m)
     s_append(m, ",\"images\":%lld", (long long)t->images);
     s_num(m, "img_s", t->img_per_s, 6);
     s_num(m, "final_loss", t->last_loss, 6);
-    s_opt(m, "final_accuracy", t->last_accuracy, 6);
-    s_opt(m, "best_accuracy", t->best_accuracy, 6);
+    s_opt(m, m->o.score_map ? "final_map" : "final_accuracy", t->last_accuracy, 6);
+    s_opt(m, m->o.score_map ? "best_map" : "best_accuracy", t->best_accuracy, 6);
     s_opt(m, "time_to_target", t->time_to_target, 6);
     s_append(m, ",\"bytes_pushed\":%llu,\"bytes_pulled\":%llu",
              (unsigned long long)t->bytes_pushed, (unsigned long long)t->bytes_pulled);
@@ -359,8 +368,9 @@ zps_status tr_metrics_finish(tr_metrics *m)
         if (isfinite(t->last_loss))
             s_append(m, ", final loss %.4f", t->last_loss);
         if (t->last_accuracy >= 0)
-            s_append(m, ", test accuracy %.2f%% (best %.2f%%)", 100 * t->last_accuracy,
-                     100 * t->best_accuracy);
+            s_append(m, m->o.score_map ? ", test mAP@0.5 %.2f%% (best %.2f%%)"
+                                       : ", test accuracy %.2f%% (best %.2f%%)",
+                     100 * t->last_accuracy, 100 * t->best_accuracy);
         if (t->time_to_target >= 0) {
             s_duration(d, sizeof d, t->time_to_target);
             s_append(m, ", %.0f%% reached at %s", 100 * m->o.target_accuracy, d);

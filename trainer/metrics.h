@@ -13,6 +13,11 @@
  *    "staleness":0,"lr":0.01}
  *   ... steps that evaluated also carry "accuracy" (test accuracy, 0..1) and "test_loss";
  *       "train_accuracy" when the trainer measured it; "staleness" is null when unknown
+ *   A detector run (score_map) evaluates VOC mAP@0.5 instead: its steps carry "map" where a
+ *   classifier's carry "accuracy", and "loss_conf", "loss_loc", "matched" (the loss's parts,
+ *   task_detect.c) on every step; its start record says "target_map" and its summary
+ *   "final_map", "best_map" where a classifier's say "target_accuracy", "final_accuracy",
+ *   "best_accuracy". The totals' accuracy fields then hold the mAP.
  *   {"type":"summary","trainer":0,"steps":500,"time":61.2,"images":32000,"img_s":522.9,
  *    "final_loss":0.31,"final_accuracy":0.874,"best_accuracy":0.874,"time_to_target":48.9,
  *    "bytes_pushed":...,"bytes_pulled":...,"net_wait":4.1,"net_wait_frac":0.067,
@@ -71,7 +76,8 @@ typedef struct tr_metrics_opts {
     int batch;                // images per step on this trainer
     int n_trainers;           // trainers in the job
     int64_t total_steps;      // for the percentage and ETA (0: unknown)
-    double target_accuracy;   // summary's time_to_target (0: none)
+    double target_accuracy;   // summary's time_to_target (0: none); a target mAP with score_map
+    int score_map;            // a detector run: its evaluations are mAP@0.5 ("map" fields)
     uint64_t seed;            // the seed the run uses
     const char *config_json;  // the whole configuration, one JSON object (NULL: null)
 } tr_metrics_opts;
@@ -89,6 +95,10 @@ typedef struct tr_step_record {
     double train_accuracy;   // on this batch, 0..1 (< 0: not measured)
     double test_accuracy;    // evaluation on the test split this step, 0..1 (< 0: none)
     double test_loss;        // its loss (< 0 or NaN: none)
+    double test_map;         // detector: VOC mAP@0.5 on the test split this step (< 0: none)
+    double loss_conf;        // detector: the loss's cross-entropy part (matched < 0: none)
+    double loss_loc;         // detector: its smooth-L1 part
+    int64_t matched;         // detector: priors matched to a box in the step (< 0: none)
 } tr_step_record;
 
 typedef struct tr_metrics tr_metrics;
@@ -127,8 +137,8 @@ typedef struct tr_metrics_totals {
     double time_s;          // since tr_metrics_new to the last step
     double img_per_s;       // images / time_s
     double last_loss;       // NaN before the first step
-    double last_accuracy;   // < 0 before the first evaluation
-    double best_accuracy;   // < 0 before the first evaluation
+    double last_accuracy;   // < 0 before the first evaluation (the mAP with score_map)
+    double best_accuracy;   // < 0 before the first evaluation (the mAP with score_map)
     double time_to_target;  // < 0 while not reached
     uint64_t bytes_pushed;
     uint64_t bytes_pulled;

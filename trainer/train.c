@@ -7,8 +7,9 @@
  *       -> maybe evaluate -> metrics record
  *
  * What differs between local, PS and all-reduce training lives behind tr_sync (sync.h);
- * gradient accumulation (--accumulate) is handled here, in s_forward_backward, and nowhere
- * else.
+ * what differs between a classifier and the detector (the loss, what a step record says, the
+ * evaluation's score: accuracy or mAP@0.5) behind tr_task (task.h); gradient accumulation
+ * (--accumulate) is handled here, in s_forward_backward, and nowhere else.
  *
  * Exits: every way out of a run whose back-end exists tells the peers (the back-end's
  * leave() at the end, abandon() on an error or a signal: s_stop_early) and writes the
@@ -39,6 +40,7 @@
 #include "trainer/metrics.h"
 #include "trainer/models/models.h"
 #include "trainer/sync.h"
+#include "trainer/task.h"
 #include "trainer/trace.h"
 
 /* The signal that asked to stop (0: none). The loop checks it before each step and the PS
@@ -56,6 +58,8 @@ typedef struct s_job {
     int n_trainers, id;
     const k_backend *be;
     nn_model *model;
+    tr_task *task;               // the model kind's loss and score (task.h)
+    int score_map;               // its score is mAP@0.5 (the detector), not accuracy
     size_t nvars, nparams;
     const nn_var *vars;
     float *params, *grads;       // the model's flat buffers
@@ -69,6 +73,9 @@ typedef struct s_job {
     float *eval_x;               // cached test split (eval_n, c, h, w)
     int32_t *eval_y;
     int eval_n;
+    ds_box *eval_boxes;          // (eval_box_cap) their boxes (detection datasets)
+    int *eval_box_start;         // (eval_n + 1) image k: eval_boxes[start[k] .. start[k + 1])
+    int eval_box_cap;
     char **uris;                 // (n_uris) PS servers
     int n_uris;
     tr_sync *sync;               // the mode's back-end (sync.h)
@@ -77,9 +84,9 @@ typedef struct s_job {
     int64_t total;               // steps to run
     /* the run so far */
     int64_t step;                // steps done
-    double last_acc, last_loss;  // last evaluation (< 0: none yet)
+    double last_acc, last_loss;  // last evaluation's score (accuracy or mAP; < 0: none yet)
     int64_t last_eval_step;      // steps done when it was measured (-1: none)
-    int reached;                 // last_acc reached --stop-accuracy
+    int reached;                 // last_acc reached --stop-accuracy (a target mAP: detector)
     int64_t skipped;             // corrupt training records skipped (--skip-corrupt)
 } s_job;
 
@@ -90,12 +97,15 @@ static void s_job_free(s_job *j)
     tr_metrics_destroy(&j->metrics);
     (void)tr_trace_finish(&j->trace); /* a failed run's partial window is still worth a look */
     ds_pipeline_destroy(&j->train);
+    tr_task_destroy(&j->task);
     nn_model_destroy(&j->model);
     zps_aligned_free(j->acc);
     zps_aligned_free(j->images);
     free(j->labels);
     zps_aligned_free(j->eval_x);
     free(j->eval_y);
+    free(j->eval_boxes);
+    free(j->eval_box_start);
 }
 
 /* ---- set-up ---- */
@@ -205,6 +215,8 @@ static zps_status s_model_and_data(s_job *j)
         j->classes = 10;
     mo.classes = j->classes;
     ZPS_TRY(nn_model_create(j->be, &mo, &j->model));
+    ZPS_TRY(tr_task_new(c, j->model, j->classes, &j->task));
+    j->score_map = strcmp(j->task->score_name, "map") == 0;
     j->vars = nn_model_vars(j->model, &j->nvars);
     j->nparams = nn_model_param_count(j->model);
     j->params = nn_model_params(j->model);
@@ -220,6 +232,20 @@ static zps_status s_model_and_data(s_job *j)
             c->model, j->nvars, j->nparams, j->in_c, j->in_h, j->in_w, j->classes, c->data,
             (unsigned long long)ds_pipeline_records(j->train));
     return ZPS_OK;
+}
+
+/* Appends an evaluation batch's boxes to the cache (none for a classification dataset). */
+static void s_eval_cache_boxes(s_job *j, const ds_batch_info *info)
+{
+    int have = j->eval_box_start[j->eval_n], more = info->box_start[info->count];
+    if (have + more > j->eval_box_cap) {
+        j->eval_box_cap = 2 * (have + more);
+        j->eval_boxes = zps_xrealloc(j->eval_boxes, (size_t)j->eval_box_cap * sizeof(ds_box));
+    }
+    if (more)
+        memcpy(j->eval_boxes + have, info->boxes, (size_t)more * sizeof(ds_box));
+    for (int k = 1; k <= info->count; k++)
+        j->eval_box_start[j->eval_n + k] = have + info->box_start[k];
 }
 
 /* Decodes the evaluation set once (first eval_batches batches of the test split). */
@@ -244,6 +270,7 @@ static zps_status s_eval_cache(s_job *j)
     size_t cap = (size_t)nb * (size_t)po.batch;
     j->eval_x = zps_xaligned(64, cap * j->sample_floats * sizeof(float));
     j->eval_y = zps_xcalloc(cap, sizeof *j->eval_y);
+    j->eval_box_start = zps_xcalloc(cap + 1, sizeof *j->eval_box_start);
     j->eval_n = 0;
     for (int64_t b = 0; b < nb; b++) {
         ds_batch_info info;
@@ -255,6 +282,7 @@ static zps_status s_eval_cache(s_job *j)
             ds_pipeline_destroy(&p);
             return st;
         }
+        s_eval_cache_boxes(j, &info);
         j->eval_n += info.count;
     }
     ds_pipeline_destroy(&p);
@@ -262,24 +290,49 @@ static zps_status s_eval_cache(s_job *j)
     return ZPS_OK;
 }
 
-/* Accuracy and mean loss on the cached test images, in inference mode. */
-static zps_status s_evaluate(s_job *j, double *acc, double *loss)
+/* The cached test images as the task's evaluation set. */
+static tr_task_batch s_eval_set(const s_job *j)
 {
-    const int eb = 256;
-    int64_t correct = 0;
-    double lsum = 0;
-    for (int off = 0; off < j->eval_n; off += eb) {
-        int n = j->eval_n - off < eb ? j->eval_n - off : eb;
-        float l;
-        int cor;
-        ZPS_TRY(nn_model_eval(j->model, j->eval_x + (size_t)off * j->sample_floats,
-                              j->eval_y + off, n, &l, &cor));
-        correct += cor;
-        lsum += (double)l * n;
+    return (tr_task_batch){.x = j->eval_x, .labels = j->eval_y, .boxes = j->eval_boxes,
+                           .box_start = j->eval_box_start, .n = j->eval_n};
+}
+
+/* The score (accuracy, or mAP@0.5 for the detector) and mean loss on the cached test images,
+ * in inference mode. */
+static zps_status s_evaluate(s_job *j, double *score, double *loss)
+{
+    tr_task_batch set = s_eval_set(j);
+    return j->task->evaluate(j->task, &set, score, loss);
+}
+
+/* --dump-detections N on the trainer that draws (0): N must be among the evaluated test
+ * images; checked at set-up, so that a bad N does not cost a training run. */
+static zps_status s_dump_check(const s_job *j)
+{
+    const tr_config *c = j->cfg;
+    if (c->dump_detections < 0 || j->id != 0)
+        return ZPS_OK;
+    if (!j->task->dump) {
+        zps_log(ZPS_ERROR, "trainer", "--dump-detections: model %s predicts no boxes", c->model);
+        return ZPS_ERR_INVALID;
     }
-    *acc = j->eval_n ? (double)correct / j->eval_n : 0;
-    *loss = j->eval_n ? lsum / j->eval_n : 0;
+    if (c->dump_detections >= j->eval_n) {
+        zps_log(ZPS_ERROR, "trainer", "--dump-detections %lld: the evaluation set has %d test "
+                "images (raise --eval-batches)", (long long)c->dump_detections, j->eval_n);
+        return ZPS_ERR_INVALID;
+    }
     return ZPS_OK;
+}
+
+/* --dump-detections N: test record N with its predicted and true boxes as --dump-out. */
+static zps_status s_dump(s_job *j)
+{
+    const tr_config *c = j->cfg;
+    if (c->dump_detections < 0 || j->id != 0)
+        return ZPS_OK;
+    tr_task_batch set = s_eval_set(j);
+    return j->task->dump(j->task, &set, (int)c->dump_detections, c->data,
+                         (uint64_t)c->dump_detections, c->dump_out);
 }
 
 /* Trainer 0 evaluates (every trainer with --eval-all); in sync mode with --stop-accuracy
@@ -367,6 +420,7 @@ static zps_status s_metrics_new(s_job *j)
     /* with a time limit the step count is not the end: no percentage or ETA to mislead */
     mo.total_steps = c->time_limit_s > 0 ? 0 : j->total;
     mo.target_accuracy = c->stop_accuracy;
+    mo.score_map = j->score_map;
     mo.seed = c->seed;
     /* the whole configuration in the start record: measured, then written */
     zps_json cj = zps_json_over(NULL, 0);
@@ -406,11 +460,13 @@ static zps_status s_setup(s_job *j, tr_result *res, int *done)
     }
     if (s_is_evaluator(j) || c->eval_only)
         ZPS_TRY(s_eval_cache(j));
+    ZPS_TRY(s_dump_check(j));
+    res->score_name = j->task->score_name;
     if (c->eval_only) {
         ZPS_TRY(s_evaluate(j, &res->accuracy, &res->test_loss));
         res->eval_images = j->eval_n;
         *done = 1;
-        return ZPS_OK;
+        return s_dump(j);
     }
     ZPS_TRY(s_trace_new(j)); /* the back-end records its transfers in it */
     ZPS_TRY(s_sync_new(j));
@@ -420,9 +476,10 @@ static zps_status s_setup(s_job *j, tr_result *res, int *done)
 
 /* ---- the loop ---- */
 
-/* Reads the next batch; x/y point at this trainer's slice of it. The pipeline logs each
- * corrupt record it skips (--skip-corrupt N); the N+1st is an error. */
-static zps_status s_next_batch(s_job *j, const float **x, const int32_t **y)
+/* Reads the next batch; b is this trainer's slice of it (its box pointers are the
+ * pipeline's, valid until the next read). The pipeline logs each corrupt record it skips
+ * (--skip-corrupt N); the N+1st is an error. */
+static zps_status s_next_batch(s_job *j, tr_task_batch *b)
 {
     ds_batch_info info;
     zps_status st = ds_pipeline_next(j->train, j->images, j->labels, &info);
@@ -446,8 +503,9 @@ static zps_status s_next_batch(s_job *j, const float **x, const int32_t **y)
                 (long long)j->skipped, (long long)j->cfg->skip_corrupt);
     }
     size_t off = j->cfg->shard == TR_SHARD_BATCH ? (size_t)j->id * (size_t)j->cfg->batch : 0;
-    *x = j->images + off * j->sample_floats;
-    *y = j->labels + off;
+    *b = (tr_task_batch){.x = j->images + off * j->sample_floats, .labels = j->labels + off,
+                         .boxes = info.boxes, .box_start = info.box_start + off,
+                         .n = j->cfg->batch};
     return ZPS_OK;
 }
 
@@ -483,17 +541,14 @@ static zps_status s_forward_backward(s_job *j, tr_step_record *rec)
     const tr_config *c = j->cfg;
     const int K = c->accumulate;
     double loss_sum = 0;
-    int64_t correct = 0;
     for (int m = 0; m < K; m++) {
-        const float *x;
-        const int32_t *y;
+        tr_task_batch b;
         uint64_t t0 = tr_trace_now(j->trace);
-        ZPS_TRY(s_next_batch(j, &x, &y));
+        ZPS_TRY(s_next_batch(j, &b));
         tr_trace_span(j->trace, TR_TRACE_MAIN, "input", t0, -1);
         float loss;
-        int cor;
         t0 = tr_trace_now(j->trace);
-        ZPS_TRY(nn_model_forward(j->model, x, y, c->batch, 1, &loss, &cor));
+        ZPS_TRY(j->task->forward(j->task, &b, &loss));
         tr_trace_span(j->trace, TR_TRACE_MAIN, "forward", t0, -1);
         if (!isfinite(loss)) {
             zps_log(ZPS_ERROR, "trainer", "loss is %f at step %lld: lower --lr?", (double)loss,
@@ -506,9 +561,8 @@ static zps_status s_forward_backward(s_job *j, tr_step_record *rec)
             tr_trace_span(j->trace, TR_TRACE_MAIN, "wait: values", t0, -1);
         }
         loss_sum += loss;
-        correct += cor;
         t0 = tr_trace_now(j->trace);
-        ZPS_TRY(nn_model_backward(j->model, K == 1 ? s_grads_hook : NULL, j->sync));
+        ZPS_TRY(j->task->backward(j->task, K == 1 ? s_grads_hook : NULL, j->sync));
         tr_trace_span(j->trace, TR_TRACE_MAIN, "backward", t0, -1);
         if (K > 1 && m == 0)
             memcpy(j->acc, j->grads, j->nparams * sizeof(float));
@@ -522,7 +576,7 @@ static zps_status s_forward_backward(s_job *j, tr_step_record *rec)
     }
     rec->images = (int64_t)c->batch * K;
     rec->loss = loss_sum / K;
-    rec->train_accuracy = (double)correct / (double)rec->images;
+    j->task->record(j->task, rec, K);
     return ZPS_OK;
 }
 
@@ -537,7 +591,10 @@ static zps_status s_maybe_evaluate(s_job *j, tr_step_record *rec)
     ZPS_TRY(j->sync->params_ready(j->sync)); /* evaluate the newest values */
     ZPS_TRY(s_evaluate(j, &j->last_acc, &j->last_loss));
     tr_trace_span(j->trace, TR_TRACE_MAIN, "evaluate", t0, -1);
-    rec->test_accuracy = j->last_acc;
+    if (j->score_map)
+        rec->test_map = j->last_acc;
+    else
+        rec->test_accuracy = j->last_acc;
     rec->test_loss = j->last_loss;
     j->last_eval_step = done;
     return ZPS_OK;
@@ -571,8 +628,8 @@ static zps_status s_train(s_job *j)
         tr_trace_span(j->trace, TR_TRACE_MAIN, "step", t_step, j->step + 1);
         ZPS_TRY(tr_metrics_step(j->metrics, &rec));
         if (c->stop_accuracy > 0 && j->last_acc >= c->stop_accuracy && !j->reached) {
-            zps_log(ZPS_INFO, "trainer", "test accuracy %.4f reached the target %.4f at step %lld",
-                    j->last_acc, c->stop_accuracy, (long long)j->step + 1);
+            zps_log(ZPS_INFO, "trainer", "test %s %.4f reached the target %.4f at step %lld",
+                    j->task->score_name, j->last_acc, c->stop_accuracy, (long long)j->step + 1);
             j->reached = 1;
         }
     }
@@ -599,6 +656,8 @@ static zps_status s_wrap_up(s_job *j, tr_result *res)
         ZPS_TRY(nn_model_save_as(j->model, (nn_weights_format)c->export_format, c->export_path));
         zps_log(ZPS_INFO, "trainer", "wrote %s", c->export_path);
     }
+    if (!s_stop)
+        ZPS_TRY(s_dump(j));
     ZPS_TRY(tr_trace_finish(&j->trace));
     ZPS_TRY(j->sync->leave(j->sync));
     tr_metrics_set_end(j->metrics, s_stop ? TR_END_SIGNAL : TR_END_DONE, j->skipped);
@@ -651,7 +710,8 @@ zps_status tr_run(const tr_config *cfg, tr_result *res)
     tr_result local_res;
     if (!res)
         res = &local_res;
-    *res = (tr_result){.steps = 0, .accuracy = -1, .test_loss = -1, .eval_images = 0};
+    *res = (tr_result){.steps = 0, .accuracy = -1, .test_loss = -1, .eval_images = 0,
+                       .score_name = "accuracy"};
     signal(SIGINT, s_on_signal);
     signal(SIGTERM, s_on_signal);
 

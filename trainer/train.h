@@ -29,7 +29,9 @@
 /* What a run ended with (for main's last line and for tests). */
 typedef struct tr_result {
     int64_t steps;         // steps this trainer ran
-    double accuracy;       // last test accuracy, 0..1 (< 0: never evaluated)
+    double accuracy;       // last test score, 0..1 (< 0: never evaluated): accuracy, or the
+                           // detector's mAP@0.5 (score_name)
+    const char *score_name; // "accuracy" or "map" (task.h)
     double test_loss;      // its loss
     int eval_images;       // test images it was measured on
 } tr_result;

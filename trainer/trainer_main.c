@@ -50,12 +50,16 @@ int main(int argc, char **argv)
         zps_log_failure("zps-trainer", st, "trainer %d", cfg.trainer_id);
         return 1;
     }
+    /* "test accuracy A" or, for the detector, "test mAP@0.5 M": scripts read these lines */
+    const char *what = strcmp(res.score_name, "map") == 0 ? "mAP@0.5" : "accuracy";
     if (res.accuracy >= 0 && cfg.eval_only)
-        printf("%s: test accuracy %.4f (loss %.4f) on %d test images\n", cfg.init_weights,
+        printf("%s: test %s %.4f (loss %.4f) on %d test images\n", cfg.init_weights, what,
                res.accuracy, res.test_loss, res.eval_images);
     else if (res.accuracy >= 0)
-        printf("trainer %d: test accuracy %.4f (loss %.4f) on %d test images after %lld steps\n",
-               cfg.trainer_id, res.accuracy, res.test_loss, res.eval_images,
+        printf("trainer %d: test %s %.4f (loss %.4f) on %d test images after %lld steps\n",
+               cfg.trainer_id, what, res.accuracy, res.test_loss, res.eval_images,
                (long long)res.steps);
+    if (cfg.dump_detections >= 0 && res.accuracy >= 0 && cfg.trainer_id == 0)
+        printf("detections drawn in %s\n", cfg.dump_out);
     return 0;
 }
