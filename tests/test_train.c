@@ -294,7 +294,7 @@ Test(it_train, sync_pulls_ride_on_the_pushes)
     for (int r = 0; r < 2; r++)
         s_fleet_trainer(&f, r, e);
     for (int r = 0; r < 2; r++)
-        s_expect_ok(&f.tr[r], f.log[r], 120);
+        trt_expect_ok(&f.tr[r], f.log[r], 120);
     long pulls = 0, pushpulls = 0;
     for (int s = 0; s < 2; s++) {
         const char *args[] = {"stats", "--servers", f.srv[s].uri, NULL};
