@@ -8,8 +8,9 @@
  * the MultiBox loss is normalised by the matched count of the images one forward sees (and
  * batchnorm by their statistics), exactly as on each of the two trainers; the mean of the
  * two gradients is then the same sum in another order. Tolerance as it_train's.
- * A local run's loss falls and its evaluations write a finite "map"; an async fleet with bf16
- * pushes and accumulation runs; --eval-only --dump-detections writes a PNG with the true
+ * A local run's loss falls and its evaluations write a finite "map"; an async and an ssp
+ * fleet with bf16 pushes and accumulation run, and their checkpoints export into a file that
+ * evaluates; --eval-only --dump-detections writes a PNG with the true
  * boxes in red.
  */
 #include <criterion/criterion.h>
@@ -191,15 +192,18 @@ Test(it_detect_train, local_loss_falls_and_eval_writes_a_finite_map_and_a_png)
 /* The fleet's servers checkpoint every 4 versions; zps-ctl export rebuilds the detector from
  * the checkpoints, its batchnorm statistics from the training data (they live in the
  * trainers), and zps-trainer --eval-only reads the file. */
-Test(it_detect_train, async_fleet_with_bf16_pushes_and_accumulation_runs_and_exports)
+/* A PS fleet of mode (async, or ssp with staleness 1) with bf16 pushes and accumulation
+ * runs, and its checkpoints export (--bn-data) into a file that evaluates. */
+static void s_ps_fleet_runs_and_exports(const char *mode)
 {
     s_make_data();
     pst_server srv[2], t[2];
     char ck[700];
     snprintf(ck, sizeof ck, "%s/ck", s_tmp);
     for (int s = 0; s < 2; s++) {
-        const char *sargs[] = {"--mode", "async", "--num-trainers", "2", "--index", s ? "1" : "0",
-                               "--checkpoint-dir", ck, "--checkpoint-every-versions", "4", NULL};
+        const char *sargs[] = {"--mode", mode, "--num-trainers", "2", "--index", s ? "1" : "0",
+                               "--checkpoint-dir", ck, "--checkpoint-every-versions", "4",
+                               "--staleness", "1", NULL};
         cr_assert_eq(pst_spawn(&srv[s], NULL, sargs), 0, "server %d did not start", s);
     }
     char servers[600], logs[2][700], m[700];
@@ -208,7 +212,8 @@ Test(it_detect_train, async_fleet_with_bf16_pushes_and_accumulation_runs_and_exp
     const char *base[] = {S_COMMON};
     const char *id[2] = {"0", "1"};
     for (int r = 0; r < 2; r++) {
-        const char *more[] = {"--mode", "async", "--servers", servers, "--num-trainers", "2",
+        const char *more[] = {"--mode", mode, "--staleness", "1", "--servers", servers,
+                              "--num-trainers", "2",
                               "--trainer-id", id[r], "--steps", "4", "--batch-size", "4",
                               "--accumulate", "2", "--push-dtype", "bf16", "--optimizer",
                               "adam", "--lr", "0.001", "--metrics", r ? "/dev/null" : m, NULL};
@@ -236,4 +241,14 @@ Test(it_detect_train, async_fleet_with_bf16_pushes_and_accumulation_runs_and_exp
     trt_trainer(&p, s_tmp, "eval", log, sizeof log, base, sizeof base / sizeof *base, eval);
     trt_expect_ok(&p, log, 60);
     cr_assert(zt_file_has(log, "test mAP@0.5 "), "no mAP line");
+}
+
+Test(it_detect_train, async_fleet_with_bf16_pushes_and_accumulation_runs_and_exports)
+{
+    s_ps_fleet_runs_and_exports("async");
+}
+
+Test(it_detect_train, ssp_fleet_with_bf16_pushes_and_accumulation_runs_and_exports)
+{
+    s_ps_fleet_runs_and_exports("ssp");
 }
