@@ -109,14 +109,14 @@ static const zps_opt s_table[] = {
      .help = "--out's format: zps (zps-trainer/zps-bench read it) or safetensors\n"
              "(torchvision's names: PyTorch's load_state_dict takes it)"},
     {"model", ZPS_OPT_STRING, F(model), .meta = "NAME",
-     .help = "mlp | convnet | inception_v3: what the fleet trained, with the\n"
+     .help = "mlp | convnet | inception_v3 | ssd: what the fleet trained, with the\n"
              "same flags as zps-trainer's below (they shape the variables)"},
     {"classes", ZPS_OPT_INT, F(classes), 2, 100000, .meta = "N", .help = "classes"},
     {"in-channels", ZPS_OPT_INT, F(in_channels), 0, 3, .meta = "N", .dflt = "the trainer's",
      .help = "input channels"},
     {"input-size", ZPS_OPT_INT, F(input_size), 0, 4096, .meta = "N", .dflt = "the model's",
      .help = "input height = width"},
-    {"width", ZPS_OPT_DOUBLE, F(width), 0.01, 4, .meta = "F", .help = "inception_v3 width"},
+    {"width", ZPS_OPT_DOUBLE, F(width), 0.01, 4, .meta = "F", .help = "inception_v3 and ssd width"},
     {"aux", ZPS_OPT_ENUM, F(aux), .names = s_aux, .help = "inception_v3 aux head"},
     {"bn-data", ZPS_OPT_STRING, F(bn_data), .meta = "DIR",
      .help = "recompute the batchnorm statistics from this training data\n"
