@@ -504,3 +504,21 @@ Test(nn_models, models_in_two_threads, .init = s_init, .timeout = 60)
     free(x), free(labels);
     nn_model_destroy(&a), nn_model_destroy(&b);
 }
+
+/* nn_model_scratch: one block per model, reused while big enough (so a per-step caller such
+ * as the ssd model's output permutation allocates once), grown when asked for more, freed
+ * with the model (the ASan build checks that). */
+Test(nn_models, scratch_is_reused_and_grows, .init = s_init, .timeout = 30)
+{
+    nn_model *m = nn_model_new(k_backend_cpu(), 1, 4, 4);
+    char *a = nn_model_scratch(m, 1000);
+    cr_assert_not_null(a);
+    memset(a, 7, 1000);
+    cr_assert_eq(nn_model_scratch(m, 600), a, "a smaller request moved the block");
+    cr_assert_eq(nn_model_scratch(m, 1000), a, "the same size moved the block");
+    char *b = nn_model_scratch(m, 1 << 20);
+    cr_assert_not_null(b);
+    memset(b, 1, 1 << 20);
+    cr_assert_eq(nn_model_scratch(m, 4096), b, "after growing, a smaller request moved it");
+    nn_model_destroy(&m);
+}

@@ -201,14 +201,13 @@ zps_status nn_ssd_forward(nn_model *m, const float *x, int n, int train, float *
 {
     ZPS_TRY(nn_model_forward_outputs(m, x, n, train));
     int outs = nn_model_outputs(m), np = nn_ssd_priors(m, NULL);
-    float *buf = zps_xmalloc(s_out_offset(m, outs, n) * sizeof(float) + 64);
+    float *buf = nn_model_scratch(m, s_out_offset(m, outs, n) * sizeof(float) + 64);
     zps_status st = ZPS_OK;
     for (int i = 0; i < outs && st == ZPS_OK; i++) {
         float *head = buf + s_out_offset(m, i, n);
         st = nn_model_output_read(m, i, head);
         s_permute(m, i, n, np, s_prior_off(m, i), head, i < outs / 2 ? cls : loc, 1);
     }
-    free(buf);
     return st;
 }
 
@@ -219,7 +218,7 @@ zps_status nn_ssd_backward(nn_model *m, const float *dcls, const float *dloc, nn
     float *in;
     if (nn_model_tensor(m, "input", &in, &n, &c, &h, &w) != ZPS_OK || n == 0)
         return ZPS_ERR_INVALID; /* no forward yet */
-    float *buf = zps_xmalloc(s_out_offset(m, outs, n) * sizeof(float) + 64);
+    float *buf = nn_model_scratch(m, s_out_offset(m, outs, n) * sizeof(float) + 64);
     const float *dys[NN_SSD_MAX_OUTS];
     assert(outs <= NN_SSD_MAX_OUTS);
     for (int i = 0; i < outs; i++) {
@@ -227,7 +226,5 @@ zps_status nn_ssd_backward(nn_model *m, const float *dcls, const float *dloc, nn
         s_permute(m, i, n, np, s_prior_off(m, i), i < outs / 2 ? dcls : dloc, head, 0);
         dys[i] = head;
     }
-    zps_status st = nn_model_backward_outputs(m, dys, hook, ctx);
-    free(buf);
-    return st;
+    return nn_model_backward_outputs(m, dys, hook, ctx);
 }

@@ -126,8 +126,19 @@ void nn_model_destroy(nn_model **pm)
     free(m->nodes);
     free(m->vars);
     free(m->stats);
+    zps_aligned_free(m->scratch);
     free(m);
     *pm = NULL;
+}
+
+void *nn_model_scratch(nn_model *m, size_t bytes)
+{
+    if (bytes > m->scratch_cap) {
+        zps_aligned_free(m->scratch);
+        m->scratch = zps_xaligned(64, bytes);
+        m->scratch_cap = bytes;
+    }
+    return m->scratch;
 }
 
 int nn_conv_bn_relu(nn_model *m, const char *name, int in, int k, int r, int s, int stride_h,

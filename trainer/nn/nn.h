@@ -171,6 +171,10 @@ void nn_model_output_shape(const nn_model *m, int i, int *c, int *h, int *w);
  * statistics, dropout, state kept for nn_model_backward_outputs; train=0: running
  * statistics, training-only layers skipped. */
 zps_status nn_model_forward_outputs(nn_model *m, const float *x, int n, int train);
+/* Host scratch of at least `bytes`, owned by m: grown when asked for more, reused by every
+ * later call (so a per-step caller allocates once), freed with m. One user at a time: the
+ * next call may move it. */
+void *nn_model_scratch(nn_model *m, size_t bytes);
 /* Output i of the last forward into dst: (n, c, h, w) floats, NCHW, host memory. */
 zps_status nn_model_output_read(nn_model *m, int i, float *dst);
 /* Gradients into grads (overwritten) from dys[i] = dL/d(output i), (n, c, h, w) NCHW host

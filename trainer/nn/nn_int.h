@@ -112,6 +112,8 @@ struct nn_model {
     nn_grad_hook fwd_hook;  // called before a layer with parameters runs forward
     void *fwd_ctx;
     float bn_momentum;      // > 0: batchnorm momentum of training forwards (0: the 0.1 planned)
+    void *scratch;          // nn_model_scratch: host bytes, grown, reused, freed with m
+    size_t scratch_cap;
 };
 
 /* Floats of tensor t for n samples. */
