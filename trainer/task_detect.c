@@ -12,7 +12,7 @@
  * heads have (their count checked against the model's at creation); every buffer (heads'
  * outputs, their gradients, ground truth, detections, det_ws) is sized at creation for the
  * training batch or grows to its high-water mark, so steps and evaluations allocate nothing
- * once the first has run (nn_ssd_forward's own copy aside).
+ * once the first has run.
  */
 #include "trainer/task.h"
 
