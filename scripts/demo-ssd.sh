@@ -19,6 +19,7 @@
 set -eu
 B=${1:-build}
 BIN=$(cd "$B/bin" && pwd)
+. scripts/demo-common.sh
 WIDTH=${DEMO_WIDTH:-1}
 BATCH=${DEMO_BATCH:-16}
 LR=${DEMO_LR:-0.001}
@@ -40,17 +41,7 @@ RUN=runs/demo-ssd-$(date +%Y%m%d-%H%M%S)
 echo "zps demo: 2 servers + $TRAINERS trainers (async) on 127.0.0.1, the ssd detector (width $WIDTH) on"
 echo "          128x128 canvases, adam lr $LR with cosine decay over $STEPS steps per trainer, batch"
 echo "          $BATCH per trainer; run folder $RUN (one log per process; trainer 0 follows)"
-set +e
-scripts/zps-launch --servers 2 --trainers $TRAINERS --job demo-ssd --run-dir "$RUN" --bin-dir "$BIN" \
-  --timeout "$TIMEOUT" --follow trainer:0 \
-  --server-args="--mode async --trainer-timeout 30" \
-  --trainer-args="--data $DATA --mode async --model ssd --width $WIDTH --batch-size $BATCH --optimizer adam --lr $LR --lr-schedule cosine --total-steps $DECAY --min-lr 0.00001 --steps $STEPS --eval-every $EVAL --eval-batches 1 --threads 1 --metrics {run_dir}/metrics-{index}.jsonl --export {run_dir}/model.zpsw"
-rc=$?
-set -e
-if [ $rc -ne 0 ]; then
-  echo "zps demo: the fleet failed (exit $rc); logs in $RUN" >&2
-  exit $rc
-fi
+demo_launch demo-ssd "$RUN" "--data $DATA --mode async --model ssd --width $WIDTH --batch-size $BATCH --optimizer adam --lr $LR --lr-schedule cosine --total-steps $DECAY --min-lr 0.00001 --steps $STEPS --eval-every $EVAL --eval-batches 1 --threads 1 --metrics {run_dir}/metrics-{index}.jsonl --export {run_dir}/model.zpsw"
 echo
 echo "zps demo: the exported detector on the whole test split:"
 "$BIN/zps-trainer" --data "$DATA" --model ssd --width "$WIDTH" --batch-size "$BATCH" \
@@ -58,7 +49,7 @@ echo "zps demo: the exported detector on the whole test split:"
   --dump-out "$RUN/detections.png" --log-level warn | tee "$RUN/final-map.txt"
 map=$(sed -n 's/.*test mAP@0.5 \([0-9.]*\).*/\1/p' "$RUN/final-map.txt")
 n=$(sed -n 's/.* on \([0-9]*\) test images.*/\1/p' "$RUN/final-map.txt")
-if awk -v a="$map" -v t="$TARGET" 'BEGIN { exit !(a >= t) }'; then
+if demo_reached "$map" "$TARGET"; then
   echo "zps demo: mAP@0.5 $map on the $n test canvases (target $TARGET reached)"
 else
   echo "zps demo: mAP@0.5 $map on the $n test canvases, below the target $TARGET (give it more steps: DEMO_STEPS)"

@@ -27,6 +27,7 @@ elif [ "${DEMO_MODEL:-inception_v3}" != inception_v3 ]; then
   exit 2
 fi
 BIN=$(cd "$B/bin" && pwd)
+. scripts/demo-common.sh
 WIDTH=${DEMO_WIDTH:-0.25}
 SIZE=${DEMO_SIZE:-75}
 BATCH=${DEMO_BATCH:-32}
@@ -51,23 +52,13 @@ echo "zps demo: 2 servers + $TRAINERS trainers (async) on 127.0.0.1, Inception-v
 echo "          adam lr $LR with cosine decay over $STEPS steps per trainer, batch $BATCH per trainer;"
 echo "          each trainer stops after $STEPS steps, or earlier once it measures $STOP test accuracy"
 echo "          run folder $RUN (one log per process; trainer 0 follows)"
-set +e
-scripts/zps-launch --servers 2 --trainers $TRAINERS --job demo --run-dir "$RUN" --bin-dir "$BIN" \
-  --timeout "$TIMEOUT" --follow trainer:0 \
-  --server-args="--mode async --trainer-timeout 30" \
-  --trainer-args="--data $DATA --mode async --model inception_v3 --width $WIDTH --input-size $SIZE --batch-size $BATCH --optimizer adam --lr $LR --lr-schedule cosine --total-steps $DECAY --min-lr 0.00005 --steps $STEPS --eval-every 200 --eval-batches 8 --eval-all --stop-accuracy $STOP --threads 1 --metrics {run_dir}/metrics-{index}.jsonl --export {run_dir}/model.zpsw"
-rc=$?
-set -e
-if [ $rc -ne 0 ]; then
-  echo "zps demo: the fleet failed (exit $rc); logs in $RUN" >&2
-  exit $rc
-fi
+demo_launch demo "$RUN" "--data $DATA --mode async --model inception_v3 --width $WIDTH --input-size $SIZE --batch-size $BATCH --optimizer adam --lr $LR --lr-schedule cosine --total-steps $DECAY --min-lr 0.00005 --steps $STEPS --eval-every 200 --eval-batches 8 --eval-all --stop-accuracy $STOP --threads 1 --metrics {run_dir}/metrics-{index}.jsonl --export {run_dir}/model.zpsw"
 echo
 echo "zps demo: the exported model on the whole test split:"
 "$BIN/zps-trainer" --data "$DATA" --model inception_v3 --width "$WIDTH" --input-size "$SIZE" \
   --init-weights "$RUN/model.zpsw" --eval-only --log-level warn | tee "$RUN/final-accuracy.txt"
 acc=$(sed -n 's/.*test accuracy \([0-9.]*\).*/\1/p' "$RUN/final-accuracy.txt")
-if awk -v a="$acc" -v t="$TARGET" 'BEGIN { exit !(a >= t) }'; then
+if demo_reached "$acc" "$TARGET"; then
   echo "zps demo: target $TARGET reached: $acc on the 10000 test images"
 else
   echo "zps demo: target $TARGET NOT reached: $acc on the 10000 test images (give it more steps: DEMO_STEPS)"
