@@ -113,6 +113,26 @@ static ps_plan *s_start(pst_server *srv, const char *const *args)
     return plan;
 }
 
+/* Polls c's STATS of server 0 until it reports want live trainers (10 s at most). Needed
+ * where a trainer id that left comes back: the trainers that never left must not reach the
+ * start barrier before it does, or the barrier releases without it and it then waits in a
+ * barrier of its own while the others wait for its push. */
+static void s_wait_live(ps_client *c, int want)
+{
+    char key[48];
+    snprintf(key, sizeof key, "\"live_trainers\":%d,", want);
+    for (double end = zps_now_s() + 10;;) {
+        char *js;
+        cr_assert_eq(ps_client_stats(c, 0, &js), ZPS_OK);
+        int back = strstr(js, key) != NULL;
+        free(js);
+        if (back)
+            return;
+        cr_assert(zps_now_s() < end, "never saw %s", key);
+        zps_sleep_ns(2000000);
+    }
+}
+
 Test(it_ps_liveness, sync_continues_after_a_trainer_dies, .timeout = 60)
 {
     pst_server srv;
@@ -121,24 +141,35 @@ Test(it_ps_liveness, sync_continues_after_a_trainer_dies, .timeout = 60)
     /* trainer 0 initialises; the others need values before their first pull */
     ps_client *c0 = pst_client_init(srv.uri, plan, pst_seed(), NULL);
     cr_assert_eq(ps_client_leave(c0), ZPS_OK); // frees trainer id 0 for the thread below
-    ps_client_destroy(&c0);
-    int fds[2];
+    /* trainer 2, a process of its own, starts when told to (go), after trainer 0 is back */
+    int fds[2], go[2];
     cr_assert_eq(pipe(fds), 0);
+    cr_assert_eq(pipe(go), 0);
     pid_t child = fork();
     cr_assert(child >= 0);
     if (child == 0) {
         close(fds[0]);
+        close(go[1]);
+        char b;
+        if (read(go[0], &b, 1) != 1)
+            _exit(1);
         int done = 0;
         s_train(srv.uri, plan, 2, 1000000, fds[1], &done, NULL, 0);
         _exit(0);
     }
     close(fds[1]);
+    close(go[0]);
     pthread_t th[2];
     targ ta[2];
     for (int t = 0; t < 2; t++) {
         ta[t] = (targ){srv.uri, plan, t, 0, 0, ""};
         pthread_create(&th[t], NULL, s_thread, &ta[t]);
+        if (t == 0)
+            s_wait_live(c0, 3); // trainers 1 and 2, unseen yet, count as live
     }
+    cr_assert_eq(write(go[1], "g", 1), 1);
+    close(go[1]);
+    ps_client_destroy(&c0);
     /* let the three step together twice, then kill trainer 2 */
     int s = -1, got = 0;
     while (got < 2) {
@@ -201,16 +232,8 @@ Test(it_ps_liveness, sync_and_barrier_go_on_after_a_trainer_leaves, .timeout = 3
         la[t] = (larg){{srv.uri, plan, t, 0, 0, ""}, t == 0 ? STEPS : 2,
                        t == 0 ? END_BARRIER : END_LEAVE_BARRIER};
         pthread_create(&th[t], NULL, s_leave_thread, &la[t]);
-        /* trainer 0 is back (c left) before trainer 1 reaches the barrier */
-        for (double end = zps_now_s() + 10; t == 0 && zps_now_s() < end;) {
-            char *js;
-            cr_assert_eq(ps_client_stats(c, 0, &js), ZPS_OK);
-            int back = strstr(js, "\"live_trainers\":2,") != NULL;
-            free(js);
-            if (back)
-                break;
-            zps_sleep_ns(2000000);
-        }
+        if (t == 0)
+            s_wait_live(c, 2); // trainer 0 is back (c left; 1, unseen, counts) before 1 starts
     }
     for (int t = 0; t < 2; t++)
         pthread_join(th[t], NULL);
