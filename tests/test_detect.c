@@ -472,6 +472,20 @@ Test(detect, loss_gradient_matches_finite_differences)
         float lm = s_loss_at(&c, p, P, &bt);
         *v = v0;
         double fd = ((double)lp - lm) / (2.0 * h);
+        if (fabs(fd - g) > 2e-4 + 2e-2 * fabs(g)) {
+            /* hard-negative mining ranks the background scores: a step of h can cross a
+             * place where the mined set changes (a kink), so look again 10x closer */
+            const float h2 = h / 10;
+            *v = v0 + h2;
+            lp = s_loss_at(&c, p, P, &bt);
+            *v = v0 - h2;
+            lm = s_loss_at(&c, p, P, &bt);
+            *v = v0;
+            double fd2 = ((double)lp - lm) / (2.0 * h2);
+            cr_log_info("%s[%zu]: finite difference %.6g at h %g, %.6g at h %g", is_loc ? "d_loc" : "d_cls",
+                        i, fd, (double)h, fd2, (double)h2);
+            fd = fd2;
+        }
         cr_assert(fabs(fd - g) <= 2e-4 + 2e-2 * fabs(g), "%s[%zu]: gradient %.6g, finite "
                   "difference %.6g, seed %llu", is_loc ? "d_loc" : "d_cls", i, g, fd, SEED);
         checked++;
