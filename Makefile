@@ -169,7 +169,7 @@ SO_MAJOR := $(firstword $(subst ., ,$(ZPS_VER)))
 SO_FILE := libzps.so.$(ZPS_VER)
 SO_NAME := libzps.so.$(SO_MAJOR)
 SO := $(B)/lib/$(SO_FILE)
-SO_SRC := api/zps.c $(wildcard ps/client*.c) ps/plan.c ps/optim.c ps/dtype.c ps/curve.c \
+SO_SRC := api/zps.c $(wildcard ps/client*.c) ps/plan.c ps/optim.c ps/dtype.c ps/curve.c ps/shm.c \
 	common/status.c common/log.c common/mem.c common/clock.c common/net.c \
 	common/version.c common/fileio.c common/optim_apply.c
 SO_OBJ := $(patsubst %.c,$(B)/pic/%.o,$(SO_SRC)) $(patsubst $(B)/gen/%.c,$(B)/obj/gen/%.o,$(GEN_C))

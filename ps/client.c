@@ -44,6 +44,7 @@ void ps_client_opts_default(ps_client_opts *o)
     o->heartbeat_thread = 0;
     o->push_dtype = PS_DTYPE_F32;
     o->packed = 1;
+    o->shm = 1;
 }
 
 const char *ps_client_last_error(const ps_client *c) { return c->err; }
@@ -144,6 +145,9 @@ static void s_alloc(ps_client *c, int n)
     c->refused = zps_xcalloc((size_t)n, sizeof *c->refused);
     c->down = zps_xcalloc((size_t)n, sizeof *c->down);
     c->incarnation = zps_xcalloc((size_t)n, sizeof *c->incarnation);
+    c->shm = zps_xcalloc((size_t)n, sizeof *c->shm);
+    c->shm_tried = zps_xcalloc((size_t)n, sizeof *c->shm_tried);
+    c->shm_busy = zps_xcalloc((size_t)n, sizeof *c->shm_busy);
     c->slots = zps_xcalloc(PS_CLIENT_SLOTS, sizeof *c->slots);
     c->free_slots = zps_xmalloc(PS_CLIENT_SLOTS * sizeof *c->free_slots);
     for (uint32_t i = 0; i < PS_CLIENT_SLOTS; i++)
@@ -176,6 +180,9 @@ zps_status ps_client_new(const char *const *server_uris, int n_servers, uint32_t
     }
     ps_client *c = zps_xcalloc(1, sizeof *c);
     c->o = *opts;
+    const char *env_shm = getenv("ZPS_SHM"); // "0": no shared memory for any client (docs/ps.md)
+    if (env_shm && !strcmp(env_shm, "0"))
+        c->o.shm = 0;
     c->curve = curve;
     c->n = n_servers;
     c->trainer = trainer_id;
@@ -225,6 +232,7 @@ void ps_client_destroy(ps_client **pc)
     free(c->refused);
     free(c->down);
     free(c->incarnation);
+    ps_client_shm_free(c);
     free(c->kr);
     free(c->krp);
     free(c->slots);
@@ -416,7 +424,8 @@ int ps_client_take_reply(ps_client *c, ps_client_slot *sl, const Zps__Header *h,
         c->stats_json = zps_xstrdup(*msg);
     }
     if (sl->dst && (sl->op == ZPS__OP__OP_PULL || sl->op == ZPS__OP__OP_PUSHPULL))
-        return s_take_values(c, sl, nframes, msg);
+        return h->shm_values ? ZPS_OK /* copied by s_shm_redo's ps_client_shm_take */
+                             : s_take_values(c, sl, nframes, msg);
     return ZPS_OK;
 }
 

@@ -82,6 +82,9 @@ typedef struct ps_client_opts {
                          // each way (Header.packed, docs/ps.md "Packed payloads") when they
                          // average under 256 KiB a range; larger ones, and all with 0, go as
                          // one frame per range, zero-copy from the caller's buffers
+    int shm;             // 1 (default): with a server on this host, push (sync) and pull
+                         // payloads cross in its shared-memory segment (docs/ps.md "Shared
+                         // memory"), one memcpy each way; 0: always through ZeroMQ
     /* CURVE (Z85 text, ps/curve.h): all three or none ("" = plaintext, the default). */
     char curve_server_key[41]; // the servers' public key (one key pair for the fleet)
     char curve_public_key[41]; // this trainer's key pair

@@ -375,6 +375,13 @@ zps_status ps_client_send_slot(ps_client *c, ps_client_slot *sl, const ps_optim_
                       : PS_DTYPE_F32;
     s_fill_ranges(c, sl, dt, &h);
     int has_data = sl->src != NULL && sl->n_pieces > 0;
+    if (!sl->no_shm)
+        h.shm_nonce = ps_client_shm_nonce(c, sl->server);
+    if (has_data && h.shm_nonce && ps_client_shm_stage(c, sl)) {
+        h.shm_data = 1; // the gradients are in our slot of its segment: no payload frames
+        h.packed = 0;
+        has_data = 0;
+    }
     size_t hl = zps__header__get_packed_size(&h);
     zmq_msg_t m;
     if (zmq_msg_init_size(&m, hl) == -1)

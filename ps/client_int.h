@@ -29,6 +29,7 @@
 
 #include "common/proto.h"
 #include "ps/client.h"
+#include "ps/shm.h"
 
 #define PS_CLIENT_SLOT_BITS 12
 #define PS_CLIENT_SLOTS (1u << PS_CLIENT_SLOT_BITS)
@@ -52,6 +53,10 @@ typedef struct ps_client_slot {
     size_t cap_pack;      // (owned, reused like wire)
     int pack_ready;
     float *dst;           // pull: flat value buffer
+    int shm_data;         // the gradients were staged in the server's segment (its busy bits
+    uint64_t shm_nonce;   // are set) ... of this nonce
+    int no_shm;           // the server refused them there, or a shared-memory read was torn:
+                          // this request's payloads go through ZeroMQ
     int attempts;
     uint64_t deadline_ns; // resend when passed
     uint64_t resend_at_ns; // 0: sent; else the back-off end
@@ -129,6 +134,10 @@ struct ps_client {
     uint64_t rb_version;   // ... and the version it went back to
     int rb_pending;        // sync: a rollback the caller has not done yet (ps_client_rollback)
     uint64_t reconnect_ns; // when a dropped server last came back (0: never)
+    /* the same-host data plane (client_shm.c, ps/shm.h), per server */
+    ps_shm **shm;          // (n) its segment, mapped (NULL: not on this host, or none offered)
+    uint64_t *shm_tried;   // (n) the last segment offered that could not be mapped
+    uint64_t **shm_busy;   // (n) bits per element of shm[i]'s slot staged by pushes in flight
     ps_client_answer *answers; // (n) ps_client_admin: each server's answer (NULL otherwise)
     ps_ticket answers_ticket;  // ... to this ticket
 };
@@ -192,6 +201,22 @@ void ps_client_timeouts(ps_client *c);
 void ps_client_fail_server(ps_client *c, int server);
 /* Server came back after its connection dropped: sends everything outstanding to it now. */
 void ps_client_resend_server(ps_client *c, int server);
+
+/* ---- client_shm.c: the same-host data plane */
+
+/* A reply from server may offer its segment: maps it when this client is on its host. */
+void ps_client_shm_offer(ps_client *c, int server, const Zps__Header *h);
+/* The segment of server the requests name (Header.shm_nonce; 0: none). */
+uint64_t ps_client_shm_nonce(const ps_client *c, int server);
+/* A sync push's gradients into this trainer's slot of the server's segment: 1 when staged
+ * there (no payload frames then), 0 when they go in frames. */
+int ps_client_shm_stage(ps_client *c, ps_client_slot *sl);
+/* The values of a reply with Header.shm_values into sl->dst: 0, or -1 when they cannot be
+ * used (torn, or another segment): the caller asks again through ZeroMQ. */
+int ps_client_shm_take(ps_client *c, ps_client_slot *sl, const Zps__Header *h);
+/* The slot's staged gradients are no longer read by the server: clears its busy bits. */
+void ps_client_shm_done(ps_client *c, ps_client_slot *sl);
+void ps_client_shm_free(ps_client *c);
 
 /* ---- client.c: the operations */
 

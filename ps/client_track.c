@@ -54,6 +54,8 @@ ps_client_slot *ps_client_slot_new(ps_client *c, int server, ps_ticket t, int op
     sl->attempts = 0;
     sl->await_reg = 0;
     sl->done = 0;
+    sl->shm_data = 0;
+    sl->no_shm = 0;
     return sl;
 }
 
@@ -75,6 +77,7 @@ static void s_slot_release_ex(ps_client *c, ps_client_slot *sl, int failed)
         if (ps_client_open_socket(c, srv) != ZPS_OK)
             zps_log(ZPS_ERROR, "client", "cannot reopen the socket to %s", c->uris[srv]);
     }
+    ps_client_shm_done(c, sl);
     sl->rid = 0;
     c->free_slots[c->n_free++] = (uint32_t)(sl - c->slots);
 }
@@ -268,6 +271,24 @@ void ps_client_resend_server(ps_client *c, int server)
     }
 }
 
+/* A reply the shared-memory path could not serve (the server refused the staged gradients,
+ * or the values read from its segment were torn): 1 when sl was sent again, frames only. */
+static int s_shm_redo(ps_client *c, ps_client_slot *sl, const Zps__Header *h, int status)
+{
+    int refused = sl->shm_data && status == ZPS_ERR_FRAMES;
+    int torn = status == ZPS_OK && h->shm_values && sl->dst &&
+               (sl->op == ZPS__OP__OP_PULL || sl->op == ZPS__OP__OP_PUSHPULL) &&
+               ps_client_shm_take(c, sl, h) != 0;
+    if (!refused && !torn)
+        return 0;
+    ps_client_shm_done(c, sl);
+    sl->no_shm = 1;
+    zps_status st = ps_client_send_slot(c, sl, NULL);
+    if (st != ZPS_OK)
+        ps_client_slot_finish(c, sl, st, ps_client_send_err(c, sl->server, st), UINT64_MAX);
+    return 1;
+}
+
 void ps_client_handle_reply(ps_client *c, int server, int nframes)
 {
     Zps__Header *h = zps__header__unpack(NULL, zmq_msg_size(&c->frames[0]),
@@ -277,11 +298,14 @@ void ps_client_handle_reply(ps_client *c, int server, int nframes)
         return;
     }
     s_note_server(c, server, h);
+    ps_client_shm_offer(c, server, h);
     ps_client_slot *sl = s_reply_slot(c, server, h);
     int status = h->status;
     const char *msg = h->message ? h->message : "";
     if (!sl || s_lost_registration(c, server, sl, status)) {
         /* dropped, or resent once the server knows us again */
+    } else if (s_shm_redo(c, sl, h, status)) {
+        /* asked again through ZeroMQ */
     } else if (sl->op == ZPS__OP__OP_REGISTER && !sl->ticket) {
         ps_client_slot_release(c, sl);
         s_reregistered(c, server, status, msg);

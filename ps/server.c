@@ -52,6 +52,7 @@ void ps_server_config_default(ps_server_config *c)
     c->stats_every_s = 30;
     c->metrics_every_s = 10;
     c->io_threads = 1;
+    c->shm = 1;
 }
 
 /* ------------------------------------------------------------------------- replies */
@@ -70,9 +71,10 @@ static zps_status s_send_header(ps_server *s, const Zps__Header *h, int more)
 }
 
 /* The reply's identity and header frames (more: payload frames follow; holder: the live
- * holder a refused REGISTER names, or NULL). */
+ * holder a refused REGISTER names, or NULL; via_shm: the values are in the shared-memory
+ * segment, else the segment is offered when the asker has not mapped it). */
 static zps_status s_send_head(ps_server *s, zmq_msg_t *ident, const ps_srv_reply *r, int more,
-                              const ps_srv_incarnation *holder)
+                              const ps_srv_incarnation *holder, int via_shm)
 {
     Zps__Header h = ZPS__HEADER__INIT;
     Zps__JobConfig job = ZPS__JOB_CONFIG__INIT;
@@ -90,6 +92,18 @@ static zps_status s_send_head(ps_server *s, zmq_msg_t *ident, const ps_srv_reply
     h.server_incarnation = s->incarnation;
     h.rollback_token = s->rb_token;
     h.rollback_version = s->rb_version;
+    ps_shm *shm = ps_srv_shm(s);
+    int offers = r->op == ZPS__OP__OP_REGISTER || r->op == ZPS__OP__OP_INIT ||
+                 r->op == ZPS__OP__OP_PULL || r->op == ZPS__OP__OP_PUSHPULL;
+    if (shm && via_shm) {
+        h.shm_values = 1;
+        h.shm_nonce = shm->hdr->nonce;
+    } else if (shm && offers && r->status == ZPS_OK && r->shm_nonce != shm->hdr->nonce) {
+        h.shm_nonce = shm->hdr->nonce;
+        h.shm_pid = (uint32_t)getpid();
+        h.shm_fd = (uint32_t)shm->fd;
+        h.shm_bytes = shm->bytes;
+    }
     if (r->with_job) {
         job.mode = (Zps__Mode)s->mode;
         job.num_trainers = s->n_trainers;
@@ -184,9 +198,18 @@ static zps_status s_send_values(ps_server *s, const ps_srv_range *ranges, uint32
 zps_status ps_srv_send(ps_server *s, zmq_msg_t *ident, const ps_srv_reply *r,
                        const ps_srv_range *ranges, uint32_t n_ranges)
 {
-    ZPS_TRY(s_send_head(s, ident, r, n_ranges > 0, NULL));
+    ps_shm *shm = ps_srv_shm(s);
+    int via_shm = shm && n_ranges && r->shm_nonce == shm->hdr->nonce;
+    ZPS_TRY(s_send_head(s, ident, r, n_ranges > 0 && !via_shm, NULL, via_shm));
     if (!n_ranges)
         return ZPS_OK;
+    if (via_shm) { /* the asker copies them from the segment (ps_shm_read) */
+        for (uint32_t i = 0; i < n_ranges; i++)
+            s->st.bytes_out += ranges[i].n * 4;
+        s->st.pulls += n_ranges;
+        s->st.shm_pulls += n_ranges;
+        return ZPS_OK;
+    }
     return s_send_values(s, ranges, n_ranges, r->packed);
 }
 
@@ -199,8 +222,8 @@ static void s_reject(ps_server *s, zmq_msg_t *ident, int op, uint64_t rid, zps_s
     s->st.rejected_total++;
     zps_log(ZPS_DEBUG, "ps", "rejected %s request %" PRIu64 ": %s: %s",
             (op >= 0 && op < PS_SRV_N_OPS) ? ps_srv_op_names[op] : "?", rid, zps_status_name(st), why);
-    ps_srv_reply r = {op, rid, st, why, ps_srv_min_version(s), 0, 0, 0};
-    if (s_send_head(s, ident, &r, 0, holder) != ZPS_OK)
+    ps_srv_reply r = {op, rid, st, why, ps_srv_min_version(s), 0, 0, 0, 0};
+    if (s_send_head(s, ident, &r, 0, holder, 0) != ZPS_OK)
         zps_log(ZPS_WARN, "ps", "could not send an error reply");
 }
 
@@ -230,6 +253,8 @@ static void s_handle(ps_server *s, int nframes, int overflow, uint64_t bytes, ui
     } else {
         s->st.requests[op]++;
         s->req_packed = h->packed;
+        s->req_op = op;
+        s->req_shm_nonce = h->shm_nonce;
         switch (op) {
         case ZPS__OP__OP_REGISTER:
             ps_srv_op_register(s, ident, h);
@@ -360,7 +385,7 @@ static zps_status s_run(ps_server *s)
     /* Pending requests get an answer rather than a silent drop. */
     while (s->n_pending) {
         ps_srv_pending *p = &s->pending[0];
-        ps_srv_reply r = {p->op, p->rid, ZPS_ERR_SHUTDOWN, "server shutting down", ps_srv_min_version(s), 0, 0, 0};
+        ps_srv_reply r = {p->op, p->rid, ZPS_ERR_SHUTDOWN, "server shutting down", ps_srv_min_version(s), 0, 0, 0, 0};
         ps_srv_send(s, &p->ident, &r, NULL, 0);
         ps_srv_pending_drop(s, 0);
     }
@@ -554,6 +579,7 @@ void ps_server_destroy(ps_server **ps)
         zmq_ctx_term(s->ctx); // returns once zmq released every zero-copy reply frame
     ps_srv_shard_free(s);
     ps_srv_reap_retired(s, 1); // zmq_ctx_term above released every frame
+    ps_srv_shm_free_old(s);
     free(s->trainers);
     free(s->frames);
     free(s->ranges);

@@ -57,6 +57,8 @@ typedef struct ps_server_config {
                                   // file"); "" = none
     double metrics_every_s;       // seconds between its records (default 10)
     int io_threads;               // ZeroMQ I/O threads (default 1)
+    int shm;                      // offer trainers on this host the shared-memory data
+                                  // plane (docs/ps.md "Shared memory"; default 1)
     char curve_key[512];          // CURVE key pair file (ps/curve.h); "" = plaintext
     char curve_allow[512];        // trainer public keys allowed in; needed with curve_key
                                   // unless curve_allow_any

@@ -36,7 +36,7 @@ static void s_op_stats(ps_server *s, zmq_msg_t *ident, const Zps__Header *h)
     size_t need = ps_srv_stats_json(s, NULL, 0) + 1;
     char *json = zps_xmalloc(need);
     ps_srv_stats_json(s, json, need);
-    ps_srv_reply r = {h->op, h->request_id, ZPS_OK, json, ps_srv_min_version(s), 1, 1, 0};
+    ps_srv_reply r = {h->op, h->request_id, ZPS_OK, json, ps_srv_min_version(s), 1, 1, 0, 0};
     ps_srv_send(s, ident, &r, NULL, 0);
     free(json);
 }
@@ -58,7 +58,7 @@ static void s_checkpoint_reply(ps_server *s, zmq_msg_t *ident, int op, uint64_t 
     int linked = cut && access(vpath, F_OK) == 0;
     snprintf(msg, sizeof msg, "version %" PRIu64 ": %s%s%s", v, path, linked ? " " : "",
              linked ? vpath : "");
-    ps_srv_reply r = {op, rid, ZPS_OK, msg, v, 0, 0, 0};
+    ps_srv_reply r = {op, rid, ZPS_OK, msg, v, 0, 0, 0, 0};
     ps_srv_send(s, ident, &r, NULL, 0);
 }
 
@@ -101,7 +101,7 @@ static void s_shutdown_now(ps_server *s, zmq_msg_t *ident, uint64_t rid, uint32_
     ps_srv_reply r = {ZPS__OP__OP_SHUTDOWN, rid, st,
                       from_cut ? msg
                       : st == ZPS_OK ? "shutting down" : "shutting down; checkpoint failed",
-                      from_cut ? *from_cut : ps_srv_min_version(s), 0, 0, 0};
+                      from_cut ? *from_cut : ps_srv_min_version(s), 0, 0, 0, 0};
     ps_srv_send(s, ident, &r, NULL, 0);
     if (sender < s->n_trainers)
         zps_log(ZPS_INFO, "ps", "SHUTDOWN from trainer %u", sender);
@@ -112,7 +112,7 @@ static void s_shutdown_now(ps_server *s, zmq_msg_t *ident, uint64_t rid, uint32_
     while (s->n_pending) {
         ps_srv_pending *p = &s->pending[0];
         ps_srv_reply pr = {p->op, p->rid, ZPS_ERR_SHUTDOWN, "server shutting down",
-                           ps_srv_min_version(s), 0, 0, 0};
+                           ps_srv_min_version(s), 0, 0, 0, 0};
         ps_srv_send(s, &p->ident, &pr, NULL, 0);
         ps_srv_pending_drop(s, 0);
     }
@@ -235,7 +235,7 @@ static void s_op_shutdown(ps_server *s, zmq_msg_t *ident, const Zps__Header *h)
 {
     if (s->drain_until > 0) {
         ps_srv_reply r = {h->op, h->request_id, ZPS_OK, "already shutting down",
-                          ps_srv_min_version(s), 0, 0, 0};
+                          ps_srv_min_version(s), 0, 0, 0, 0};
         ps_srv_send(s, ident, &r, NULL, 0);
     } else if (h->cut && s->initialised) {
         s_op_cut(s, ident, h);

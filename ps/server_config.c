@@ -70,6 +70,9 @@ static const zps_opt s_opt[] = {
      .help = "seconds between the --metrics records"},
     {"io-threads", ZPS_OPT_INT, F(cfg.io_threads), 1, 16, .meta = "N",
      .help = "ZeroMQ I/O threads: connections are spread over them"},
+    {"no-shm", ZPS_OPT_CLEAR, F(cfg.shm),
+     .help = "never offer shared memory to trainers on this host: every\n"
+             "payload goes through ZeroMQ (docs/ps.md \"Shared memory\")"},
     ZPS_OPT_LOG_LEVEL,
     {.type = ZPS_OPT_TEXT, .help = "security (CURVE authentication and encryption; docs/ps.md \"Security\"):"},
     {"curve-key", ZPS_OPT_STRING, F(cfg.curve_key), .meta = "FILE",

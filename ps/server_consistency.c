@@ -30,6 +30,7 @@
 #include "common/log.h"
 #include "common/mem.h"
 #include "common/simd.h"
+#include "common/bits.h"
 #include "ps/server_int.h"
 
 /* Frames at least this large and float-aligned are held by reference (ps_srv_held). */
@@ -156,40 +157,6 @@ void ps_srv_rid_note(ps_srv_trainer *tr, uint64_t rid, int status)
 
 /* ------------------------------------------------------------------------- sync */
 
-/* Bits [lo, hi) of a bitmap: any set? */
-static int s_bits_any(const uint64_t *w, uint64_t lo, uint64_t hi)
-{
-    for (uint64_t i = lo; i < hi;) {
-        if (i % 64 == 0 && hi - i >= 64) {
-            if (w[i / 64])
-                return 1;
-            i += 64;
-        } else {
-            if (w[i / 64] >> (i % 64) & 1)
-                return 1;
-            i++;
-        }
-    }
-    return 0;
-}
-
-/* Sets (v = 1) or clears bits [lo, hi). */
-static void s_bits_put(uint64_t *w, uint64_t lo, uint64_t hi, int v)
-{
-    for (uint64_t i = lo; i < hi;) {
-        if (i % 64 == 0 && hi - i >= 64) {
-            w[i / 64] = v ? ~0ull : 0;
-            i += 64;
-        } else {
-            if (v)
-                w[i / 64] |= 1ull << (i % 64);
-            else
-                w[i / 64] &= ~(1ull << (i % 64));
-            i++;
-        }
-    }
-}
-
 /* Keeps the pushed range g (frame f) of trainer tr until its chunk is applied. */
 static void s_held_add(ps_server *s, ps_srv_trainer *tr, const ps_srv_range *g, zmq_msg_t *f)
 {
@@ -201,7 +168,15 @@ static void s_held_add(ps_server *s, ps_srv_trainer *tr, const ps_srv_range *g, 
     }
     ps_srv_held *e = &tr->held[tr->n_held];
     e->lc = g->lc, e->off = g->off, e->n = g->n, e->has_msg = 0;
-    if (ps_srv_range_in_place(g) && g->n * 4 >= S_HOLD_MIN && zmq_msg_init(&e->msg) == 0) {
+    if (g->shm && s->req_op == ZPS__OP__OP_PUSHPULL) {
+        /* in the trainer's shared-memory slot, which it rewrites only after this PUSHPULL's
+         * reply, and that comes after the apply: read it there (a PUSH's reply comes before
+         * the apply, so its bytes are copied below) */
+        e->data = g->data;
+        tr->n_held++;
+        return;
+    }
+    if (!g->shm && ps_srv_range_in_place(g) && g->n * 4 >= S_HOLD_MIN && zmq_msg_init(&e->msg) == 0) {
         if (zmq_msg_copy(&e->msg, f) == 0) { // shares the buffer: no copy
             e->has_msg = 1;
             e->data = g->data; // into that buffer (a packed frame holds several ranges)
@@ -267,9 +242,14 @@ static void s_sync_try_apply(ps_server *s, uint32_t lc)
         return;
     s_sync_average(s, lc);
     ps_srv_wait_readers(s, lc);
+    ps_shm *shm = ps_srv_shm(s);
     float *sp[2];
+    if (shm)
+        ps_shm_write_begin(shm, lc);
     ps_optim_apply(&s->opt, c->version, s->values + c->off, ps_srv_slot_ptrs(s, c->off, sp),
                    s->scratch, c->count);
+    if (shm)
+        ps_shm_write_end(shm, lc);
     c->version++;
     uint32_t *rv = s->recv_n + (size_t)lc * s->n_trainers;
     for (uint32_t t = 0; t < s->n_trainers; t++) {
@@ -278,7 +258,7 @@ static void s_sync_try_apply(ps_server *s, uint32_t lc)
         rv[t] = 0;
         s_held_release(&s->trainers[t], lc);
         if (s->trainers[t].covered)
-            s_bits_put(s->trainers[t].covered, c->off, c->off + c->count, 0);
+            zps_bits_put(s->trainers[t].covered, c->off, c->off + c->count, 0);
     }
     c->n_complete = 0;
     s->st.updates++;
@@ -298,17 +278,17 @@ static uint32_t s_sync_cover(ps_server *s, ps_srv_trainer *tr, int64_t step, uin
         if (step != (int64_t)c->version)
             continue;
         uint64_t lo = c->off + g->off;
-        if (s_bits_any(tr->covered, lo, lo + g->n)) {
+        if (zps_bits_any(tr->covered, lo, lo + g->n)) {
             bad = i;
             break;
         }
-        s_bits_put(tr->covered, lo, lo + g->n, 1);
+        zps_bits_put(tr->covered, lo, lo + g->n, 1);
     }
     for (uint32_t i = 0; bad != UINT32_MAX && i < bad; i++) {
         const ps_srv_range *g = &s->ranges[i];
         const ps_srv_chunk *c = &s->chunks[g->lc];
         if (step == (int64_t)c->version)
-            s_bits_put(tr->covered, c->off + g->off, c->off + g->off + g->n, 0);
+            zps_bits_put(tr->covered, c->off + g->off, c->off + g->off + g->n, 0);
     }
     return bad;
 }
@@ -331,6 +311,7 @@ zps_status ps_srv_sync_push(ps_server *s, const Zps__Header *h, uint32_t *stale,
         const ps_srv_range *g = &s->ranges[i];
         ps_srv_chunk *c = &s->chunks[g->lc];
         s->st.pushes++;
+        s->st.shm_pushes += g->shm;
         s->st.bytes_in += g->n * (g->bf16 ? 2 : 4);
         if (step < (int64_t)c->version) {
             (*stale)++;
@@ -435,6 +416,7 @@ void ps_srv_pending_add(ps_server *s, zmq_msg_t *ident, uint64_t rid, uint32_t t
     p->need = need;
     p->n_ranges = n;
     p->packed = s->req_packed;
+    p->shm_nonce = s->req_shm_nonce;
     p->ranges = NULL;
     if (n) {
         p->ranges = zps_xmalloc(n * sizeof *r);
@@ -461,7 +443,7 @@ void ps_srv_check_barrier(ps_server *s)
             i++;
             continue;
         }
-        ps_srv_reply r = {p->op, p->rid, ZPS_OK, "", ps_srv_min_version(s), 0, 0, 0};
+        ps_srv_reply r = {p->op, p->rid, ZPS_OK, "", ps_srv_min_version(s), 0, 0, 0, 0};
         ps_srv_send(s, &p->ident, &r, NULL, 0);
         ps_srv_latency(s, p->op, p->t0_ns);
         ps_srv_pending_drop(s, i);
@@ -477,7 +459,8 @@ void ps_srv_check_pending(ps_server *s)
             continue;
         }
         ps_srv_reply r = {p->op, p->rid, ZPS_OK, "",
-                          ps_srv_ranges_version(s, p->ranges, p->n_ranges), 0, 0, p->packed};
+                          ps_srv_ranges_version(s, p->ranges, p->n_ranges), 0, 0, p->packed,
+                          p->shm_nonce};
         ps_srv_send(s, &p->ident, &r, p->ranges, p->n_ranges);
         ps_srv_latency(s, p->op, p->t0_ns);
         ps_srv_pending_drop(s, i);
@@ -494,7 +477,7 @@ void ps_srv_pending_reinit(ps_server *s)
             continue;
         }
         ps_srv_reply rr = {p->op, p->rid, ZPS_ERR_BUSY, "values were re-initialised; pull again",
-                           0, 0, 0, 0};
+                           0, 0, 0, 0, 0};
         ps_srv_send(s, &p->ident, &rr, NULL, 0);
         ps_srv_pending_drop(s, i);
     }
@@ -523,7 +506,7 @@ void ps_srv_sync_reset(ps_server *s)
         char msg[160];
         snprintf(msg, sizeof msg, "the fleet rolled back to version %" PRIu64 ": pull again",
                  s->rb_version);
-        ps_srv_reply rr = {p->op, p->rid, ZPS_ERR_STALE, msg, s->rb_version, 0, 0, 0};
+        ps_srv_reply rr = {p->op, p->rid, ZPS_ERR_STALE, msg, s->rb_version, 0, 0, 0, 0};
         ps_srv_send(s, &p->ident, &rr, NULL, 0);
         ps_srv_pending_drop(s, i);
     }

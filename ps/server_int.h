@@ -27,6 +27,7 @@
 #include "ps/curve.h"
 #include "ps/optim.h"
 #include "ps/server.h"
+#include "ps/shm.h"
 
 #define PS_SRV_MAX_FRAMES (PS_MAX_RANGES + 2)
 #define PS_SRV_RID_RING 64
@@ -95,6 +96,7 @@ typedef struct ps_srv_range {
     uint64_t n;
     const void *data;  // push: the payload frame's bytes (NULL for a pull), any alignment
     int bf16;          // the payload is bfloat16 (ps_client_opts.push_dtype), else f32
+    int shm;           // data lies in the trainer's shared-memory slot (Header.shm_data)
     uint64_t version;  // async/ssp push: the chunk's version the range is applied at
 } ps_srv_range;
 
@@ -108,6 +110,7 @@ typedef struct ps_srv_pending {
     uint32_t n_ranges;
     ps_srv_range *ranges;  // owned
     int packed;            // the values go back in one frame (Header.packed)
+    uint64_t shm_nonce;    // the segment the asker has mapped (Header.shm_nonce)
     uint64_t t0_ns;
 } ps_srv_pending;
 
@@ -129,11 +132,13 @@ typedef struct ps_srv_stats {
     uint64_t rollbacks;        // ROLLBACKs that loaded a checkpoint
     uint64_t updates_undone;   // chunk updates those rollbacks discarded
     uint64_t updates_restored; // chunk updates the --restore checkpoint brought
+    uint64_t shm_pushes, shm_pulls; // ranges whose bytes crossed in shared memory
 } ps_srv_stats;
 
 /* A values block (and its reader counts) replaced while zmq still sent from it. */
 typedef struct ps_srv_retired {
     float *values;
+    int owned;           // 0: the values of a shared-memory segment (not freed here)
     atomic_int *readers; // (n)
     uint32_t n;
     struct ps_srv_retired *next;
@@ -170,6 +175,8 @@ struct ps_server {
     zmq_msg_t *frames;    // (PS_SRV_MAX_FRAMES), reused: [0] identity, [1] header, [2..] payload
     ps_srv_range *ranges; // (PS_MAX_RANGES), reused: the request's ranges once validated
     int req_packed;       // the request being handled has Header.packed (replies likewise)
+    int req_op;           // ... its op
+    uint64_t req_shm_nonce; // ... its Header.shm_nonce (the segment the client has mapped)
     ps_curve_zap *zap;    // CURVE: the ZAP handler thread (NULL: plaintext)
 
     /* job (server_ops.c, from the flags and the first REGISTER) */
@@ -198,6 +205,13 @@ struct ps_server {
     float *slots[2];       // (local_total) each
     float *scratch;        // (max_chunk) averaged gradient / unaligned input
     atomic_int *readers;   // (n_local) reply frames zmq still reads from the chunk's values
+    /* the same-host data plane (ps/shm.h; server_shard.c): the segment whose values are
+     * s->values while it is valid; replaced ones stay mapped until destroy (old), since zmq
+     * frames or held pushes may still point into them */
+    ps_shm *shm;
+    ps_shm **shm_old;
+    size_t n_shm_old;
+    int shm_failed;        // creating one failed: not tried again
     ps_srv_retired *retired; // old values blocks zmq still sends from (server_shard.c)
 
     /* consistency (server_consistency.c) */
@@ -248,6 +262,8 @@ typedef struct ps_srv_reply {
     int with_job;
     int with_opt;
     int packed;  // the values (ranges) in one frame, back to back (Header.packed)
+    uint64_t shm_nonce; // the asker's Header.shm_nonce: values through the segment when it
+                        // names the current one, else an offer of it (REGISTER, INIT, pulls)
 } ps_srv_reply;
 
 /* Sends one reply to ident (not consumed); ranges (may be NULL) become the payload frames,
@@ -304,6 +320,13 @@ void ps_srv_reap_retired(ps_server *s, int all);
 float *const *ps_srv_slot_ptrs(ps_server *s, uint64_t off, float **buf);
 /* Values [b, b + k) of pushed range g as f32 into dst: widened (bf16) or copied. */
 void ps_srv_range_to_f32(const ps_srv_range *g, uint64_t b, uint64_t k, float *dst);
+/* The segment clients may use now (valid, holding s->values), or NULL. */
+ps_shm *ps_srv_shm(const ps_server *s);
+/* Creates the segment once the shard and the trainer count are known (--no-shm: never) and
+ * moves the values into it. */
+void ps_srv_shm_ensure(ps_server *s);
+/* Unmaps the replaced segments (destroy, after zmq is gone). */
+void ps_srv_shm_free_old(ps_server *s);
 /* The frame of g can be read as f32 where it lies. */
 int ps_srv_range_in_place(const ps_srv_range *g);
 /* Replaces the shard by the INIT's table and values (payload frames s->frames[2..]). */

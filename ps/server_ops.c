@@ -106,11 +106,12 @@ void ps_srv_op_register(ps_server *s, zmq_msg_t *ident, const Zps__Header *h)
     s_adopt_job(s, h->job, nt);
     s_adopt_plan(s, h);
     ps_srv_trainers_ensure(s);
+    ps_srv_shm_ensure(s);
     s_adopt_incarnation(s, h);
     ps_srv_seen(s, h->trainer_id);
     ps_srv_reply r = {h->op, h->request_id, ZPS_OK,
                       s->initialised ? "initialised" : "not initialised", ps_srv_min_version(s),
-                      1, 1, 0};
+                      1, 1, 0, h->shm_nonce};
     ps_srv_send(s, ident, &r, NULL, 0);
     ps_srv_check_pending(s);
 }
@@ -142,7 +143,8 @@ void ps_srv_op_init(ps_server *s, zmq_msg_t *ident, const Zps__Header *h, int nf
     s->last_ckpt_version = 0;
     if (s->cfg.checkpoint_dir[0])
         ps_srv_write_checkpoint(s, 1); // version 0 everywhere: a cut
-    ps_srv_reply r = {op, h->request_id, ZPS_OK, "initialised", 0, 0, 1, 0};
+    ps_srv_shm_ensure(s);
+    ps_srv_reply r = {op, h->request_id, ZPS_OK, "initialised", 0, 0, 1, 0, h->shm_nonce};
     ps_srv_send(s, ident, &r, NULL, 0);
 }
 
@@ -159,7 +161,7 @@ static void s_reply_values(ps_server *s, zmq_msg_t *ident, const Zps__Header *h,
                         .ranges = s->ranges};
     if (ps_srv_pending_ready(s, &p)) {
         ps_srv_reply r = {h->op, h->request_id, ZPS_OK, "", ps_srv_ranges_version(s, s->ranges, n),
-                          0, 0, s->req_packed};
+                          0, 0, s->req_packed, s->req_shm_nonce};
         ps_srv_send(s, ident, &r, s->ranges, n);
         ps_srv_latency(s, h->op, t0);
     } else {
@@ -205,7 +207,7 @@ static void s_push_reply(ps_server *s, zmq_msg_t *ident, const Zps__Header *h, i
         s_reply_values(s, ident, h, s->mode == PS_MODE_ASYNC || h->step < 0 ? -1 : h->step + 1, t0);
     } else {
         ps_srv_reply r = {h->op, h->request_id, st, msg, ps_srv_ranges_version(s, s->ranges, n),
-                          0, 0, 0};
+                          0, 0, 0, 0};
         ps_srv_send(s, ident, &r, NULL, 0);
         ps_srv_latency(s, h->op, t0);
         if (apply)
@@ -259,7 +261,7 @@ void ps_srv_op_push(ps_server *s, zmq_msg_t *ident, const Zps__Header *h, int nf
         if (op == ZPS__OP__OP_PUSH) {
             uint32_t n = (uint32_t)h->n_ranges;
             ps_srv_reply r = {op, h->request_id, prev, "duplicate push (retry): already handled",
-                              ps_srv_ranges_version(s, s->ranges, n), 0, 0, 0};
+                              ps_srv_ranges_version(s, s->ranges, n), 0, 0, 0, 0};
             ps_srv_send(s, ident, &r, NULL, 0);
             return;
         }
@@ -296,7 +298,7 @@ static void s_op_leave(ps_server *s, zmq_msg_t *ident, const Zps__Header *h)
             zps_log(ZPS_INFO, "ps", "trainer %u left (%u live)", h->trainer_id, ps_srv_live(s));
         }
     }
-    ps_srv_reply r = {h->op, h->request_id, ZPS_OK, "", ps_srv_min_version(s), 0, 0, 0};
+    ps_srv_reply r = {h->op, h->request_id, ZPS_OK, "", ps_srv_min_version(s), 0, 0, 0, 0};
     ps_srv_send(s, ident, &r, NULL, 0);
     /* after SHUTDOWN's final checkpoint nothing may change: no sync apply for the rest */
     if (s->drain_until <= 0)
@@ -346,7 +348,7 @@ static void s_op_rollback(ps_server *s, zmq_msg_t *ident, const Zps__Header *h)
         ps_srv_reject(s, ident, h->op, h->request_id, st, why);
         return;
     }
-    ps_srv_reply r = {h->op, h->request_id, ZPS_OK, "", ps_srv_min_version(s), 0, 0, 0};
+    ps_srv_reply r = {h->op, h->request_id, ZPS_OK, "", ps_srv_min_version(s), 0, 0, 0, 0};
     ps_srv_send(s, ident, &r, NULL, 0);
     ps_srv_check_pending(s);
 }
@@ -369,7 +371,7 @@ void ps_srv_op_simple(ps_server *s, zmq_msg_t *ident, const Zps__Header *h, uint
     }
     switch (op) {
     case ZPS__OP__OP_HEARTBEAT: {
-        ps_srv_reply r = {op, h->request_id, ZPS_OK, "", ps_srv_min_version(s), 0, 0, 0};
+        ps_srv_reply r = {op, h->request_id, ZPS_OK, "", ps_srv_min_version(s), 0, 0, 0, 0};
         ps_srv_send(s, ident, &r, NULL, 0);
         ps_srv_check_pending(s);
         break;

@@ -77,10 +77,90 @@ void ps_srv_reap_retired(ps_server *s, int all)
             continue;
         }
         *pp = r->next;
-        zps_aligned_free(r->values);
+        if (r->owned)
+            zps_aligned_free(r->values);
         free(r->readers);
         free(r);
     }
+}
+
+/* ------------------------------------------------------------------------- shared memory */
+
+static int s_values_in_shm(const ps_server *s)
+{
+    return s->shm && s->values == s->shm->values;
+}
+
+ps_shm *ps_srv_shm(const ps_server *s)
+{
+    return s_values_in_shm(s) && ps_shm_valid(s->shm) ? s->shm : NULL;
+}
+
+/* The segment stops being used (why: for the log); it stays mapped until destroy. */
+static void s_shm_retire(ps_server *s, const char *why)
+{
+    if (!s->shm)
+        return;
+    ps_shm_invalidate(s->shm);
+    s->shm_old = zps_xrealloc(s->shm_old, (s->n_shm_old + 1) * sizeof *s->shm_old);
+    s->shm_old[s->n_shm_old++] = s->shm;
+    s->shm = NULL;
+    zps_log(ZPS_INFO, "ps", "shared memory segment retired (%s): trainers on this host use "
+            "ZeroMQ for the payloads from now on", why);
+}
+
+void ps_srv_shm_free_old(ps_server *s)
+{
+    s_shm_retire(s, "server stopping");
+    for (size_t i = 0; i < s->n_shm_old; i++)
+        ps_shm_destroy(&s->shm_old[i]);
+    free(s->shm_old);
+    s->shm_old = NULL;
+    s->n_shm_old = 0;
+}
+
+void ps_srv_shm_ensure(ps_server *s)
+{
+    if (!s->cfg.shm || s->shm || s->shm_failed || !s->initialised || !s->n_trainers ||
+        !s->n_local)
+        return;
+    uint32_t *keys = zps_xmalloc(s->n_local * sizeof *keys);
+    uint64_t *counts = zps_xmalloc(s->n_local * sizeof *counts);
+    uint64_t *offs = zps_xmalloc(s->n_local * sizeof *offs);
+    for (uint32_t i = 0; i < s->n_local; i++) {
+        keys[i] = s->chunks[i].key;
+        counts[i] = s->chunks[i].count;
+        offs[i] = s->chunks[i].off;
+    }
+    ps_shm *m;
+    zps_status st = ps_shm_create(s->n_local, keys, counts, offs, s->num_chunks, s->local_total,
+                                  s->n_trainers, &m);
+    free(keys);
+    free(counts);
+    free(offs);
+    if (st != ZPS_OK) {
+        s->shm_failed = 1; // logged by ps_shm_create; ZeroMQ carries everything
+        return;
+    }
+    memcpy(m->values, s->values, s->local_total * 4);
+    if (s->readers && !s_all_zero(s->readers, s->n_local)) {
+        /* zmq still sends from the old block: retire it as s_cow does */
+        ps_srv_retired *r = zps_xcalloc(1, sizeof *r);
+        r->values = s->values;
+        r->owned = 1;
+        r->readers = s->readers;
+        r->n = s->n_local;
+        r->next = s->retired;
+        s->retired = r;
+        s->readers = zps_xcalloc(s->n_local, sizeof *s->readers);
+    } else {
+        zps_aligned_free(s->values);
+    }
+    s->values = m->values;
+    s->shm = m;
+    zps_log(ZPS_INFO, "ps", "shared memory offered to trainers on this host: %u chunks, %" PRIu64
+            " values, %u trainer slots (%.1f MiB mapped, touched only where used)",
+            s->n_local, s->local_total, s->n_trainers, (double)m->bytes / (1 << 20));
 }
 
 /* Copy-on-write of the whole values block: the old block stays alive (retired) for the
@@ -89,6 +169,9 @@ static void s_cow(ps_server *s)
 {
     ps_srv_retired *r = zps_xcalloc(1, sizeof *r);
     r->values = s->values;
+    r->owned = !s_values_in_shm(s);
+    if (!r->owned)
+        s_shm_retire(s, "a peer is not reading its pull replies");
     r->readers = s->readers;
     r->n = s->n_local;
     r->next = s->retired;
@@ -125,7 +208,10 @@ void ps_srv_shard_free(ps_server *s)
     }
     free(s->readers);
     s->readers = NULL;
-    zps_aligned_free(s->values);
+    if (s_values_in_shm(s))
+        s_shm_retire(s, "its shard is replaced or freed");
+    else
+        zps_aligned_free(s->values);
     zps_aligned_free(s->slots[0]);
     zps_aligned_free(s->slots[1]);
     zps_aligned_free(s->scratch);
@@ -212,7 +298,8 @@ void ps_srv_apply_ranges(ps_server *s, uint32_t n)
         const ps_srv_range *g = &s->ranges[i];
         const ps_srv_chunk *c = &s->chunks[g->lc];
         float *sp[2];
-        ps_srv_wait_readers(s, g->lc);
+        ps_srv_wait_readers(s, g->lc); // (may move the values out of the segment)
+        ps_shm *shm = s_values_in_shm(s) ? s->shm : NULL;
         int in_place = ps_srv_range_in_place(g);
         uint64_t blk = in_place ? g->n : S_CONVERT_BLOCK;
         for (uint64_t b = 0; b < g->n; b += blk) {
@@ -223,7 +310,11 @@ void ps_srv_apply_ranges(ps_server *s, uint32_t n)
                 d = s->scratch;
             }
             uint64_t at = c->off + g->off + b;
+            if (shm)
+                ps_shm_write_begin(shm, g->lc);
             ps_optim_apply(&s->opt, g->version, s->values + at, ps_srv_slot_ptrs(s, at, sp), d, k);
+            if (shm)
+                ps_shm_write_end(shm, g->lc);
         }
     }
 }
@@ -455,7 +546,12 @@ zps_status ps_srv_rollback(ps_server *s, uint64_t v, char *why, size_t why_len)
     for (uint32_t i = 0; i < s->n_local; i++) {
         ps_srv_chunk *ch = &s->chunks[i];
         ps_srv_wait_readers(s, i);
+        ps_shm *shm = s_values_in_shm(s) ? s->shm : NULL;
+        if (shm)
+            ps_shm_write_begin(shm, i);
         memcpy(s->values + ch->off, c.values + ch->off, ch->count * 4);
+        if (shm)
+            ps_shm_write_end(shm, i);
         for (uint32_t k = 0; k < c.n_slots; k++)
             memcpy(s->slots[k] + ch->off, c.slots + (size_t)k * c.local_total + ch->off, ch->count * 4);
         if (ch->version > c.chunks[i].version)

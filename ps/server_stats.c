@@ -88,6 +88,8 @@ static size_t s_json_counters(ps_server *s, char *b, size_t cap, size_t n)
     S_J(",\"rollbacks\":%" PRIu64 ",\"updates_undone\":%" PRIu64 ",\"updates_restored\":%" PRIu64
         ",\"rollback_version\":%" PRIu64, s->st.rollbacks, s->st.updates_undone,
         s->st.updates_restored, s->rb_version);
+    S_J(",\"shm\":%s,\"shm_pushes\":%" PRIu64 ",\"shm_pulls\":%" PRIu64,
+        ps_srv_shm(s) ? "true" : "false", s->st.shm_pushes, s->st.shm_pulls);
     ps_curve_counts cc = {0, 0, 0};
     if (s->zap)
         ps_curve_zap_counts(s->zap, &cc);

@@ -217,7 +217,10 @@ static zps_status s_check_range(ps_server *s, const Zps__Header *h, size_t i, in
     g->n = r->length / es;
     g->data = NULL;
     g->bf16 = bf16;
-    if (has_data && h->packed) {
+    g->shm = 0;
+    if (has_data && h->shm_data) {
+        /* in the trainer's slot: ps_srv_check_ranges points data there */
+    } else if (has_data && h->packed) {
         zmq_msg_t *f = &s->frames[2];
         if (zmq_msg_size(f) < *total) {
             S_WHY("range %zu: the packed payload of %zu bytes ends before it", i, zmq_msg_size(f));
@@ -247,7 +250,20 @@ zps_status ps_srv_check_ranges(ps_server *s, const Zps__Header *h, int nframes, 
         S_WHY("%zu ranges (want 1..%d)", h->n_ranges, PS_MAX_RANGES);
         return ZPS_ERR_FRAMES;
     }
-    int want = 2 + (has_data ? (h->packed ? 1 : (int)h->n_ranges) : 0);
+    const float *slot = NULL; // Header.shm_data: the pushing trainer's slot
+    if (has_data && h->shm_data) {
+        const ps_shm *m = ps_srv_shm(s);
+        if (!m || h->shm_nonce != m->hdr->nonce || s->mode != PS_MODE_SYNC ||
+            h->trainer_id >= m->hdr->n_trainers) {
+            /* the client resends the data in frames (client_shm.c) */
+            S_WHY("gradients in shared memory %016" PRIx64 ", which server %d does not use%s: "
+                  "send them in frames", h->shm_nonce, s->cfg.index,
+                  s->mode != PS_MODE_SYNC ? " outside sync mode" : "");
+            return ZPS_ERR_FRAMES;
+        }
+        slot = ps_shm_slot(m, h->trainer_id);
+    }
+    int want = 2 + (has_data && !slot ? (h->packed ? 1 : (int)h->n_ranges) : 0);
     if (nframes != want) {
         S_WHY("%d payload frames for %zu ranges (want %d)", nframes - 2, h->n_ranges, want - 2);
         return ZPS_ERR_FRAMES;
@@ -257,8 +273,17 @@ zps_status ps_srv_check_ranges(ps_server *s, const Zps__Header *h, int nframes, 
         zps_status st = s_check_range(s, h, i, has_data, &total, &s->ranges[i], why, why_len);
         if (st != ZPS_OK)
             return st;
+        ps_srv_range *g = &s->ranges[i];
+        if (slot && g->bf16) {
+            S_WHY("range %zu: bfloat16 gradients in shared memory (only f32 travel there)", i);
+            return ZPS_ERR_FRAMES;
+        }
+        if (slot) {
+            g->data = slot + s->chunks[g->lc].off + g->off;
+            g->shm = 1;
+        }
     }
-    if (has_data && h->packed && zmq_msg_size(&s->frames[2]) != total) {
+    if (has_data && !slot && h->packed && zmq_msg_size(&s->frames[2]) != total) {
         S_WHY("packed payload of %zu bytes, the ranges say %" PRIu64, zmq_msg_size(&s->frames[2]),
               total);
         return ZPS_ERR_FRAMES;

@@ -50,6 +50,7 @@ void tr_config_default(tr_config *c)
     c->mode = TR_MODE_LOCAL;
     c->chunk_bytes = PS_DEFAULT_CHUNK_BYTES;
     c->timeout_ms = 30000;
+    c->shm = 1;
     c->register_wait_s = 45;
     c->trace_from = 5;
     c->trace_steps = 3;
@@ -205,6 +206,9 @@ static const zps_opt s_opt[] = {
      .meta = "f32|bf16", .dflt = "f32",
      .help = "gradients on the wire; bf16 halves the bytes\n"
              "pushed, rounding each gradient to 8 mantissa bits"},
+    {"no-shm", ZPS_OPT_CLEAR, F(shm),
+     .help = "with servers on this host, send every payload through ZeroMQ\n"
+             "instead of their shared memory (docs/ps.md \"Shared memory\")"},
     {.type = ZPS_OPT_TEXT, .help = "work:"},
     {"batch-size", ZPS_OPT_INT, F(batch), 1, 1 << 20, .meta = "N",
      .help = "images per step per trainer"},

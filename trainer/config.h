@@ -63,6 +63,7 @@ typedef struct tr_config {
     char curve_server_key[512]; // PS: the servers' CURVE public key file ("" = plaintext)
     char curve_key[512];      // PS: this trainer's CURVE key pair file (with the above)
     ps_dtype push_dtype;      // PS: gradients on the wire as f32 (default) or bf16
+    int shm;                  // PS: take a same-host server's shared memory (default 1)
     /* schedule of work */
     int batch;                // images per step per trainer
     int64_t steps;            // steps to run (0: use epochs)

@@ -555,6 +555,7 @@ static zps_status s_connect(s_ps *p, const tr_sync_env *env)
     co.timeout_ms = c->timeout_ms;
     co.heartbeat_thread = 1; /* a long step must not look like a dead trainer */
     co.push_dtype = c->push_dtype;
+    co.shm = c->shm;
     co.stop = env->stop;
     if (c->curve_key[0]) {
         char why[1200];
