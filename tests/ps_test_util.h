@@ -46,6 +46,8 @@ ps_client *pst_client_connect(const char *uri, uint32_t t, const ps_client_opts 
  * uniform in [-1, 1) from seed (copied into values when not NULL) and the default
  * optimizer (sgd, lr 0.01). Asserts on failure; the caller destroys the client. */
 ps_client *pst_client_init(const char *uri, const ps_plan *plan, uint64_t seed, float *values);
+/* A number field of a STATS JSON (asserts it is there). */
+uint64_t pst_stat(const char *json, const char *name);
 /* rm -r of a directory holding only files. */
 void pst_rmdir(const char *dir);
 

@@ -188,16 +188,6 @@ static float *s_reference(uint64_t seed, const float *x0, uint64_t n)
     return x;
 }
 
-/* A number field of a STATS JSON. */
-static uint64_t s_field(const char *json, const char *name)
-{
-    char key[64];
-    snprintf(key, sizeof key, "\"%s\":", name);
-    const char *p = strstr(json, key);
-    cr_assert(p, "no %s in %s", name, json);
-    return strtoull(p + strlen(key), NULL, 10);
-}
-
 /* The fewest (most, when most) steps a trainer has completed. */
 static int s_done(s_trainer *tr, int most)
 {
@@ -219,12 +209,12 @@ static void s_check_stats(const char *const *uris, int i)
     cr_assert_eq(ps_client_new(uris, 2, 0, NULL, &c), ZPS_OK);
     char *json = NULL;
     cr_assert_eq(ps_client_stats(c, i, &json), ZPS_OK, "%s", ps_client_last_error(c));
-    uint64_t chunks = s_field(json, "chunks"), upd = s_field(json, "updates"),
-             restored = s_field(json, "updates_restored"), undone = s_field(json, "updates_undone");
+    uint64_t chunks = pst_stat(json, "chunks"), upd = pst_stat(json, "updates"),
+             restored = pst_stat(json, "updates_restored"), undone = pst_stat(json, "updates_undone");
     cr_log_info("server %d: version %" PRIu64 ", updates %" PRIu64 " + restored %" PRIu64
-                " - undone %" PRIu64 ", rollbacks %" PRIu64, i, s_field(json, "version"), upd,
-                restored, undone, s_field(json, "rollbacks"));
-    cr_assert_eq(s_field(json, "version"), STEPS, "%s", json);
+                " - undone %" PRIu64 ", rollbacks %" PRIu64, i, pst_stat(json, "version"), upd,
+                restored, undone, pst_stat(json, "rollbacks"));
+    cr_assert_eq(pst_stat(json, "version"), STEPS, "%s", json);
     cr_assert_eq(upd + restored - undone, chunks * STEPS, "server %d: %s", i, json);
     free(json);
     ps_client_destroy(&c);
@@ -513,16 +503,16 @@ static void s_run(const char *tag, int kill_at)
     for (int i = 0; i < 2; i++) {
         char *json = NULL;
         cr_assert_eq(ps_client_stats(c, i, &json), ZPS_OK, "%s", ps_client_last_error(c));
-        uint64_t chunks = s_field(json, "chunks"), upd = s_field(json, "updates"),
-                 restored = s_field(json, "updates_restored"),
-                 undone = s_field(json, "updates_undone");
+        uint64_t chunks = pst_stat(json, "chunks"), upd = pst_stat(json, "updates"),
+                 restored = pst_stat(json, "updates_restored"),
+                 undone = pst_stat(json, "updates_undone");
         cr_log_info("%s server %d: version %" PRIu64 ", updates %" PRIu64 " + restored %" PRIu64
-                    " - undone %" PRIu64 ", rollbacks %" PRIu64, tag, i, s_field(json, "version"),
-                    upd, restored, undone, s_field(json, "rollbacks"));
-        cr_assert_eq(s_field(json, "version"), (uint64_t)atoi(TSTEPS), "%s", json);
+                    " - undone %" PRIu64 ", rollbacks %" PRIu64, tag, i, pst_stat(json, "version"),
+                    upd, restored, undone, pst_stat(json, "rollbacks"));
+        cr_assert_eq(pst_stat(json, "version"), (uint64_t)atoi(TSTEPS), "%s", json);
         cr_assert_eq(upd + restored - undone, chunks * (uint64_t)atoi(TSTEPS), "%s", json);
         if (kill_at > 0 && i == 0)
-            cr_assert_geq(s_field(json, "rollbacks"), 1, "server 0 never rolled back: %s", json);
+            cr_assert_geq(pst_stat(json, "rollbacks"), 1, "server 0 never rolled back: %s", json);
         free(json);
     }
     ps_client_destroy(&c);

@@ -193,15 +193,6 @@ static void s_fleet(const char *mode, int trainers, const char *extra, int shm, 
     ps_plan_destroy(&plan);
 }
 
-static uint64_t s_stat(const char *js, const char *key)
-{
-    char k[64];
-    snprintf(k, sizeof k, "\"%s\":", key);
-    const char *p = strstr(js, k);
-    cr_assert(p, "no %s in %s", key, js);
-    return strtoull(p + strlen(k), NULL, 10);
-}
-
 static uint64_t s_total(void)
 {
     uint64_t n = 0;
@@ -226,16 +217,16 @@ Test(it_ps_shm, sync_through_shared_memory_equals_zeromq_bit_for_bit, .timeout =
     }
     /* every push and pull of the shared-memory run crossed there; none of the others */
     cr_expect(strstr(a.stats, "\"shm\":true"), "%s", a.stats);
-    cr_expect_eq(s_stat(a.stats, "shm_pushes"), s_stat(a.stats, "pushes"), "%s", a.stats);
-    cr_expect_gt(s_stat(a.stats, "shm_pushes"), 0);
+    cr_expect_eq(pst_stat(a.stats, "shm_pushes"), pst_stat(a.stats, "pushes"), "%s", a.stats);
+    cr_expect_gt(pst_stat(a.stats, "shm_pushes"), 0);
     /* each trainer's first pull may precede its attach (offered in that reply) */
-    cr_expect_geq(s_stat(a.stats, "shm_pulls") + 2 * s_stat(a.stats, "chunks"),
-                  s_stat(a.stats, "pulls"), "%s", a.stats);
-    cr_expect_gt(s_stat(a.stats, "shm_pulls"), 0);
+    cr_expect_geq(pst_stat(a.stats, "shm_pulls") + 2 * pst_stat(a.stats, "chunks"),
+                  pst_stat(a.stats, "pulls"), "%s", a.stats);
+    cr_expect_gt(pst_stat(a.stats, "shm_pulls"), 0);
     cr_expect(strstr(b.stats, "\"shm\":false"), "%s", b.stats);
-    cr_expect_eq(s_stat(b.stats, "shm_pushes") + s_stat(b.stats, "shm_pulls"), 0);
-    cr_expect_eq(s_stat(c.stats, "shm_pushes") + s_stat(c.stats, "shm_pulls"), 0, "%s", c.stats);
-    cr_expect_eq(s_stat(a.stats, "version"), STEPS);
+    cr_expect_eq(pst_stat(b.stats, "shm_pushes") + pst_stat(b.stats, "shm_pulls"), 0);
+    cr_expect_eq(pst_stat(c.stats, "shm_pushes") + pst_stat(c.stats, "shm_pulls"), 0, "%s", c.stats);
+    cr_expect_eq(pst_stat(a.stats, "version"), STEPS);
     for (int t = 0; t < 2; t++) {
         free(a.final[t]);
         free(b.final[t]);
@@ -252,9 +243,9 @@ Test(it_ps_shm, async_pulls_through_shared_memory_pushes_in_frames, .timeout = 6
     s_fleet("async", 1, NULL, 1, &a);
     s_fleet("async", 1, "--no-shm", 1, &b);
     cr_expect_eq(memcmp(a.final[0], b.final[0], s_total() * 4), 0);
-    cr_expect_eq(s_stat(a.stats, "shm_pushes"), 0, "%s", a.stats);
-    cr_expect_gt(s_stat(a.stats, "shm_pulls"), 0, "%s", a.stats);
-    cr_expect_eq(s_stat(b.stats, "shm_pulls"), 0, "%s", b.stats);
+    cr_expect_eq(pst_stat(a.stats, "shm_pushes"), 0, "%s", a.stats);
+    cr_expect_gt(pst_stat(a.stats, "shm_pulls"), 0, "%s", a.stats);
+    cr_expect_eq(pst_stat(b.stats, "shm_pulls"), 0, "%s", b.stats);
     free(a.final[0]);
     free(b.final[0]);
 }

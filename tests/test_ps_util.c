@@ -196,3 +196,12 @@ void pst_spawn_prog(pst_server *p, const char *prog, const char *log, const char
     cr_assert_not_null(getenv("ZPS_BIN"), "ZPS_BIN unset: run through make test");
     cr_assert_eq(pst_start(p, prog, log, args), 0, "cannot start %s", prog);
 }
+
+uint64_t pst_stat(const char *json, const char *name)
+{
+    char key[64];
+    snprintf(key, sizeof key, "\"%s\":", name);
+    const char *p = strstr(json, key);
+    cr_assert(p, "no %s in %s", name, json);
+    return strtoull(p + strlen(key), NULL, 10);
+}
