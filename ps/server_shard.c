@@ -84,6 +84,20 @@ void ps_srv_reap_retired(ps_server *s, int all)
     }
 }
 
+/* The values block (and its reader counts) joins the retired ones, freed once zmq let go of
+ * it (owned = 0: a segment's, never freed here); s->readers starts afresh. */
+static void s_retire_values(ps_server *s, int owned)
+{
+    ps_srv_retired *r = zps_xcalloc(1, sizeof *r);
+    r->values = s->values;
+    r->owned = owned;
+    r->readers = s->readers;
+    r->n = s->n_local;
+    r->next = s->retired;
+    s->retired = r;
+    s->readers = zps_xcalloc(s->n_local ? s->n_local : 1, sizeof *s->readers);
+}
+
 /* ------------------------------------------------------------------------- shared memory */
 
 static int s_values_in_shm(const ps_server *s)
@@ -96,8 +110,9 @@ ps_shm *ps_srv_shm(const ps_server *s)
     return s_values_in_shm(s) && ps_shm_valid(s->shm) ? s->shm : NULL;
 }
 
-/* The segment stops being used (why: for the log); it stays mapped until destroy. */
-static void s_shm_retire(ps_server *s, const char *why)
+/* The segment stops being used (why: for the log, at level); it stays mapped until
+ * destroy. */
+static void s_shm_retire(ps_server *s, zps_log_level level, const char *why)
 {
     if (!s->shm)
         return;
@@ -105,13 +120,13 @@ static void s_shm_retire(ps_server *s, const char *why)
     s->shm_old = zps_xrealloc(s->shm_old, (s->n_shm_old + 1) * sizeof *s->shm_old);
     s->shm_old[s->n_shm_old++] = s->shm;
     s->shm = NULL;
-    zps_log(ZPS_INFO, "ps", "shared memory segment retired (%s): trainers on this host use "
+    zps_log(level, "ps", "shared memory segment retired (%s): trainers on this host use "
             "ZeroMQ for the payloads from now on", why);
 }
 
 void ps_srv_shm_free_old(ps_server *s)
 {
-    s_shm_retire(s, "server stopping");
+    s_shm_retire(s, ZPS_DEBUG, "server stopping");
     for (size_t i = 0; i < s->n_shm_old; i++)
         ps_shm_destroy(&s->shm_old[i]);
     free(s->shm_old);
@@ -143,19 +158,10 @@ void ps_srv_shm_ensure(ps_server *s)
         return;
     }
     memcpy(m->values, s->values, s->local_total * 4);
-    if (s->readers && !s_all_zero(s->readers, s->n_local)) {
-        /* zmq still sends from the old block: retire it as s_cow does */
-        ps_srv_retired *r = zps_xcalloc(1, sizeof *r);
-        r->values = s->values;
-        r->owned = 1;
-        r->readers = s->readers;
-        r->n = s->n_local;
-        r->next = s->retired;
-        s->retired = r;
-        s->readers = zps_xcalloc(s->n_local, sizeof *s->readers);
-    } else {
+    if (s->readers && !s_all_zero(s->readers, s->n_local))
+        s_retire_values(s, 1); // zmq still sends from the old block
+    else
         zps_aligned_free(s->values);
-    }
     s->values = m->values;
     s->shm = m;
     zps_log(ZPS_INFO, "ps", "shared memory offered to trainers on this host: %u chunks, %" PRIu64
@@ -167,18 +173,13 @@ void ps_srv_shm_ensure(ps_server *s)
  * frames still in zmq, updates go to a fresh copy. Only for a peer that stopped reading. */
 static void s_cow(ps_server *s)
 {
-    ps_srv_retired *r = zps_xcalloc(1, sizeof *r);
-    r->values = s->values;
-    r->owned = !s_values_in_shm(s);
-    if (!r->owned)
-        s_shm_retire(s, "a peer is not reading its pull replies");
-    r->readers = s->readers;
-    r->n = s->n_local;
-    r->next = s->retired;
-    s->retired = r;
+    const float *old = s->values;
+    int owned = !s_values_in_shm(s);
+    if (!owned)
+        s_shm_retire(s, ZPS_INFO, "a peer is not reading its pull replies");
+    s_retire_values(s, owned);
     s->values = zps_xaligned(64, s->local_total * 4 + 64);
-    memcpy(s->values, r->values, s->local_total * 4);
-    s->readers = zps_xcalloc(s->n_local ? s->n_local : 1, sizeof *s->readers);
+    memcpy(s->values, old, s->local_total * 4);
     s->st.values_cow++;
     zps_log(ZPS_WARN, "ps", "a peer is not reading its pull replies: values moved to a fresh copy");
 }
@@ -209,7 +210,7 @@ void ps_srv_shard_free(ps_server *s)
     free(s->readers);
     s->readers = NULL;
     if (s_values_in_shm(s))
-        s_shm_retire(s, "its shard is replaced or freed");
+        s_shm_retire(s, ZPS_DEBUG, "its shard is replaced or freed");
     else
         zps_aligned_free(s->values);
     zps_aligned_free(s->slots[0]);
