@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "common/mem.h"
+#include "common/simd.h"
 #include "kernels/kernels.h"
 
 void *k_ref_alloc(size_t n) { return zps_xaligned(64, n ? n : 64); }
@@ -430,14 +431,22 @@ zps_status k_ref_smooth_l1(size_t n, const float *x, const float *target, float 
     return ZPS_OK;
 }
 
-zps_status k_ref_fill(size_t n, float v, float *y)
+/* The elementwise streams below are the cpu back-end's too, run on every gradient of every
+ * step (nn's fills before a node's backward, its adds into a gradient with several
+ * consumers): compiled per SIMD width (common/simd.h, the same bits in every clone), and a
+ * fill of +0.0 is memset, whose wide stores the loop does not reach. */
+ZPS_SIMD_CLONES zps_status k_ref_fill(size_t n, float v, float *y)
 {
+    if (v == 0.0f && !signbit(v)) {
+        memset(y, 0, n * sizeof *y);
+        return ZPS_OK;
+    }
     for (size_t i = 0; i < n; i++)
         y[i] = v;
     return ZPS_OK;
 }
 
-zps_status k_ref_add(size_t n, const float *a, const float *b, float *y)
+ZPS_SIMD_CLONES zps_status k_ref_add(size_t n, const float *a, const float *b, float *y)
 {
     for (size_t i = 0; i < n; i++)
         y[i] = a[i] + b[i];
@@ -459,7 +468,7 @@ zps_status k_ref_optim_apply(const zps_optim_step *s, size_t n, float *w, float 
     return ZPS_OK;
 }
 
-zps_status k_ref_axpy(size_t n, float alpha, const float *x, float *y)
+ZPS_SIMD_CLONES zps_status k_ref_axpy(size_t n, float alpha, const float *x, float *y)
 {
     for (size_t i = 0; i < n; i++)
         y[i] += alpha * x[i];
