@@ -11,7 +11,9 @@
  *                            reached through kernels/device.c (k_backend_cuda)
  *
  * Contract of a table:
- *   - Every entry is set. There is no implicit fallback: a back-end that does not accelerate
+ *   - Every entry is set, except the fusions (bn_pool_*), which a back-end may leave NULL: a
+ *     caller asks k_bn_pool_fuses first and runs the ops one by one where it says 0.
+ *     Elsewhere there is no implicit fallback: a back-end that does not accelerate
  *     an op names another back-end's function for it explicitly (cpu names ref's), which is
  *     only possible between back-ends that share host memory. A NULL entry is reported by the
  *     dispatcher as ZPS_ERR_UNSUPPORTED, never silently replaced.
@@ -65,6 +67,16 @@ typedef zps_status k_bn_fwd_infer_fn(k_bn *d, const float *x, const float *gamma
 typedef zps_status k_bn_bwd_fn(k_bn *d, const float *x, const float *y, const float *dy,
                                const float *gamma, const float *mean, const float *var,
                                float *dx, float *dgamma, float *dbeta);
+/* Fused batchnorm (training) + ReLU + max pooling: the two ops' results without the map between
+ * them (kernels.h, k_bn_pool_fwd). fuses: 1 where the back-end runs this pair of descriptors
+ * fused. */
+typedef int k_bn_pool_fuses_fn(const k_bn *bn, const k_pool *pool);
+typedef zps_status k_bn_pool_fwd_fn(k_bn *bn, k_pool *pool, const float *x, const float *gamma,
+                                    const float *beta, float *y, float *mean, float *var,
+                                    float *run_mean, float *run_var);
+typedef zps_status k_bn_pool_bwd_fn(k_bn *bn, k_pool *pool, const float *x, const float *dy,
+                                    const float *gamma, const float *mean, const float *var,
+                                    float *dx, float *dgamma, float *dbeta);
 /* Max or average pooling. */
 typedef zps_status k_pool_fwd_fn(k_pool *d, const float *x, float *y);
 typedef zps_status k_pool_bwd_fn(k_pool *d, const float *x, const float *y, const float *dy,
@@ -117,6 +129,9 @@ struct k_backend {
     k_bn_bwd_fn *bn_bwd;
     k_pool_fwd_fn *pool_fwd;
     k_pool_bwd_fn *pool_bwd;
+    k_bn_pool_fuses_fn *bn_pool_fuses; // the optional fusion: NULL, or all three set
+    k_bn_pool_fwd_fn *bn_pool_fwd;
+    k_bn_pool_bwd_fn *bn_pool_bwd;
     k_dense_fwd_fn *dense_fwd;
     k_dense_bwd_fn *dense_bwd;
     k_relu_fwd_fn *relu_fwd;

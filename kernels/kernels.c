@@ -211,6 +211,34 @@ zps_status k_pool_bwd(const k_backend *be, k_pool *d, const float *x, const floa
     ZPS_TRY(s_blocked_ok(be, d->blocked, d->c));
     S_CALL(be, pool_bwd, d, x, y, dy, dx);
 }
+int k_bn_pool_fuses(const k_backend *be, const k_bn *bn, const k_pool *pool)
+{
+    return be->bn_pool_fuses && bn->relu && pool->kind == K_POOL_MAX && bn->n == pool->n &&
+           bn->c == pool->c && bn->h == pool->h && bn->w == pool->w &&
+           bn->blocked == pool->blocked && be->bn_pool_fuses(bn, pool);
+}
+zps_status k_bn_pool_fwd(const k_backend *be, k_bn *bn, k_pool *pool, const float *x,
+                         const float *gamma, const float *beta, float *y, float *mean,
+                         float *var, float *run_mean, float *run_var)
+{
+    if (!k_bn_pool_fuses(be, bn, pool)) {
+        zps_log(ZPS_ERROR, "kernels", "back-end %s does not fuse this batchnorm and pooling",
+                be->name);
+        return ZPS_ERR_UNSUPPORTED;
+    }
+    S_CALL(be, bn_pool_fwd, bn, pool, x, gamma, beta, y, mean, var, run_mean, run_var);
+}
+zps_status k_bn_pool_bwd(const k_backend *be, k_bn *bn, k_pool *pool, const float *x,
+                         const float *dy, const float *gamma, const float *mean,
+                         const float *var, float *dx, float *dgamma, float *dbeta)
+{
+    if (!k_bn_pool_fuses(be, bn, pool)) {
+        zps_log(ZPS_ERROR, "kernels", "back-end %s does not fuse this batchnorm and pooling",
+                be->name);
+        return ZPS_ERR_UNSUPPORTED;
+    }
+    S_CALL(be, bn_pool_bwd, bn, pool, x, dy, gamma, mean, var, dx, dgamma, dbeta);
+}
 zps_status k_gap_fwd(const k_backend *be, k_pool *d, const float *x, float *y)
 {
     assert(d->kind == K_POOL_AVG && d->r == d->h && d->s == d->w && d->oh == 1 && d->ow == 1);

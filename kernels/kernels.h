@@ -141,6 +141,21 @@ zps_status k_bn_bwd(const k_backend *be, k_bn *d, const float *x, const float *y
 zps_status k_pool_fwd(const k_backend *be, k_pool *d, const float *x, float *y);
 zps_status k_pool_bwd(const k_backend *be, k_pool *d, const float *x, const float *y,
                       const float *dy, float *dx);
+/* Batchnorm (training, batch statistics) with its ReLU, then max pooling of its output, as one
+ * op where the back-end fuses the pair (k_bn_pool_fuses: 1; bn->relu set, pool reads bn's
+ * output shape): y (n, c, oh, ow) and the statistics are those of k_bn_fwd_train followed by
+ * k_pool_fwd, up to float rounding, but the map between them is never written (the memory
+ * traffic it saves is the point). The backward takes the pooled gradient dy and gives dx
+ * (overwritten) and dgamma, dbeta (accumulated) as k_pool_bwd then k_bn_bwd would; it must
+ * follow its forward on the same pair of descriptors (the pool's impl keeps where each maximum
+ * was). k_bn_pool_fuses is 0 on a back-end without the fusion. */
+int k_bn_pool_fuses(const k_backend *be, const k_bn *bn, const k_pool *pool);
+zps_status k_bn_pool_fwd(const k_backend *be, k_bn *bn, k_pool *pool, const float *x,
+                         const float *gamma, const float *beta, float *y, float *mean,
+                         float *var, float *run_mean, float *run_var);
+zps_status k_bn_pool_bwd(const k_backend *be, k_bn *bn, k_pool *pool, const float *x,
+                         const float *dy, const float *gamma, const float *mean,
+                         const float *var, float *dx, float *dgamma, float *dbeta);
 /* Global average pool (n, c, h, w) -> (n, c): an average pool with the whole map as window. */
 zps_status k_gap_fwd(const k_backend *be, k_pool *d, const float *x, float *y);
 zps_status k_gap_bwd(const k_backend *be, k_pool *d, const float *dy, float *dx);

@@ -279,6 +279,16 @@ Test(nn_models, convnet_runs_blocked_and_equals_ref, .init = s_init, .timeout = 
         cr_assert(nn_model_tensor_blocked(a, trunk[i]), "%s is not blocked", trunk[i]);
         cr_assert(!nn_model_tensor_blocked(b, trunk[i]));
     }
+    /* so both conv+bn+ReLU layers ran their pools fused (tests/test_k_bn_pool.c checks the
+     * op itself), where the CPU has AVX-512; ref runs every op alone */
+    k_bn bn = {.n = 8, .c = 32, .h = 28, .w = 28, .relu = 1, .blocked = K_BLOCK16};
+    k_pool pool;
+    cr_assert_eq(k_pool_init(&pool, K_POOL_MAX, 8, 32, 28, 28, 2, 2, 2, 2, 0, 0), ZPS_OK);
+    pool.blocked = K_BLOCK16;
+    int fuses = k_bn_pool_fuses(k_backend_cpu(), &bn, &pool);
+    cr_assert_eq(nn_model_layer_fused(a, "conv1"), fuses);
+    cr_assert_eq(nn_model_layer_fused(a, "conv2"), fuses);
+    cr_assert(!nn_model_layer_fused(b, "conv1") && !nn_model_layer_fused(b, "conv2"));
     nn_model_destroy(&a), nn_model_destroy(&b);
 }
 

@@ -194,9 +194,9 @@ static zps_status s_bn_get(k_bn *d, s_bn_impl **out)
     return ZPS_OK;
 }
 
-zps_status k_cpu_bn_fwd_train(k_bn *d, const float *x, const float *gamma, const float *beta,
-                              float *y, float *mean, float *var, float *run_mean,
-                              float *run_var)
+zps_status k_cpu_bn_train_stats(k_bn *d, const float *x, const float *gamma, const float *beta,
+                                float *mean, float *var, float *run_mean, float *run_var,
+                                const float **shift)
 {
     s_bn_impl *im;
     ZPS_TRY(s_bn_get(d, &im));
@@ -208,12 +208,6 @@ zps_status k_cpu_bn_fwd_train(k_bn *d, const float *x, const float *gamma, const
     s_bn_stats(d, x, im->acc, mean, var, resid);
     for (int c = 0; c < d->c; c++)
         im->beta[c] = (float)(beta[c] - gamma[c] * resid[c] / sqrt((double)var[c] + d->eps));
-    if (d->blocked) {
-        const void *ptrs[6] = {x, mean, var, gamma, im->beta, y};
-        ZPS_TRY(k_cpu_prim_run(&im->fwd, ptrs, 6));
-    } else {
-        k_cpu_bn_plain_fwd(d, x, mean, var, gamma, im->beta, y);
-    }
     float cnt = (float)d->n * d->h * d->w, m = d->momentum;
     float unbias = cnt > 1 ? cnt / (cnt - 1) : 1.0f;
     for (int c = 0; c < d->c; c++) {
@@ -222,7 +216,22 @@ zps_status k_cpu_bn_fwd_train(k_bn *d, const float *x, const float *gamma, const
         if (run_var)
             run_var[c] = (1.0f - m) * run_var[c] + m * var[c] * unbias;
     }
+    *shift = im->beta;
     return ZPS_OK;
+}
+
+zps_status k_cpu_bn_fwd_train(k_bn *d, const float *x, const float *gamma, const float *beta,
+                              float *y, float *mean, float *var, float *run_mean,
+                              float *run_var)
+{
+    const float *shift;
+    ZPS_TRY(k_cpu_bn_train_stats(d, x, gamma, beta, mean, var, run_mean, run_var, &shift));
+    if (!d->blocked) {
+        k_cpu_bn_plain_fwd(d, x, mean, var, gamma, shift, y);
+        return ZPS_OK;
+    }
+    const void *ptrs[6] = {x, mean, var, gamma, shift, y};
+    return k_cpu_prim_run(&((s_bn_impl *)d->impl)->fwd, ptrs, 6);
 }
 
 zps_status k_cpu_bn_fwd_infer(k_bn *d, const float *x, const float *gamma, const float *beta,

@@ -20,6 +20,7 @@
 
 #include "common/check.h"
 #include "common/mem.h"
+#include "common/simd.h"
 #include "kernels/cpu/cpu_int.h"
 #include "kernels/ref/ref.h"
 
@@ -73,7 +74,7 @@ float *k_cpu_scratch(size_t n)
     return s_scratch;
 }
 
-void k_cpu_acc(size_t n, const float *src, float *dst)
+ZPS_SIMD_CLONES void k_cpu_acc(size_t n, const float *src, float *dst)
 {
     for (size_t i = 0; i < n; i++)
         dst[i] += src[i];
@@ -263,6 +264,9 @@ static const k_backend s_cpu = {
     .bn_bwd = k_cpu_bn_bwd,
     .pool_fwd = k_cpu_pool_fwd,
     .pool_bwd = k_cpu_pool_bwd,
+    .bn_pool_fuses = k_cpu_bn_pool_fuses,
+    .bn_pool_fwd = k_cpu_bn_pool_fwd,
+    .bn_pool_bwd = k_cpu_bn_pool_bwd,
     .dense_fwd = k_cpu_dense_fwd,
     .dense_bwd = k_cpu_dense_bwd,
     /* ref's loops for relu, concat, dropout, losses, elementwise ops and reductions, on the

@@ -8,6 +8,7 @@
  *   bn.c          batchnorm (+ fused ReLU) with zps's own batch statistics
  *   bn_plain.c    its training forward and backward on NCHW data, own loops
  *   pool_dense.c  pooling and inner product
+ *   bn_pool.c     batchnorm + ReLU + 2x2 max pooling fused (16-blocks, AVX-512)
  *
  * Every op's state lives in its descriptor's impl slot and starts with a k_cpu_head, so the
  * table's release can tell the kinds apart.
@@ -16,6 +17,7 @@
 #define ZPS_KERNELS_CPU_CPU_INT_H
 
 #include <dnnl.h>
+#include <stdint.h>
 
 #include "common/log.h"
 #include "kernels/kernels.h"
@@ -108,6 +110,13 @@ k_bn_fwd_infer_fn k_cpu_bn_fwd_infer;
 /* Without dx, diff_src goes to scratch (oneDNN always writes it). */
 k_bn_bwd_fn k_cpu_bn_bwd;
 void k_cpu_bn_release(k_cpu_head *impl);
+/* The training forward's first half, shared with bn_pool.c: the batch statistics into mean and
+ * var, the running averages updated, and *shift: the per-channel shift (beta corrected for the
+ * float mean's rounding, c floats in d's impl) that normalises as y = gamma (x - mean) / sd +
+ * shift. */
+zps_status k_cpu_bn_train_stats(k_bn *d, const float *x, const float *gamma, const float *beta,
+                                float *mean, float *var, float *run_mean, float *run_var,
+                                const float **shift);
 /* bn_plain.c: the NCHW training forward with given statistics and shift, and the backward
  * (dgamma and dbeta overwritten, dx overwritten unless NULL; y: the forward's output, read for
  * the ReLU mask). */
@@ -121,6 +130,17 @@ void k_cpu_bn_plain_bwd(const k_bn *d, const float *x, const float *y, const flo
 k_pool_fwd_fn k_cpu_pool_fwd;
 k_pool_bwd_fn k_cpu_pool_bwd;
 void k_cpu_pool_release(k_cpu_head *impl);
+/* 1 where zps's own 2x2 stride-2 max-pool loops run d (16-blocks, even maps, AVX-512). */
+int k_cpu_pool_max2(const k_pool *d);
+/* The fused op's workspace in d's impl, made on first use: arg, two 16-bit masks per 16
+ * outputs (where the maximum was, as the max-pool loops write them), act, one mask per 16
+ * outputs (the maximum was above 0), xmax, x at the maximum (one float per output). */
+zps_status k_cpu_pool_max2_ws(k_pool *d, uint16_t **arg, uint16_t **act, float **xmax);
+
+/* bn_pool.c: the fusion of batchnorm + ReLU with the 2x2 max pool after it. */
+k_bn_pool_fuses_fn k_cpu_bn_pool_fuses;
+k_bn_pool_fwd_fn k_cpu_bn_pool_fwd;
+k_bn_pool_bwd_fn k_cpu_bn_pool_bwd;
 
 /* pool_dense.c: inner product; a NULL bias is a zero bias. */
 k_dense_fwd_fn k_cpu_dense_fwd;

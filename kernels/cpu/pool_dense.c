@@ -30,13 +30,15 @@ typedef struct s_pool_impl {
     k_cpu_prim bwd;        // diff_dst, diff_src [+ workspace]
     dnnl_memory_t ws;  // max-pool argmax workspace (owned), or NULL
     uint16_t *arg;     // s_max2: where each output's max was, two masks per vector (owned)
+    uint16_t *act;     // bn_pool.c's fusion: the max was above 0, a mask per vector (owned)
+    float *xmax;       // bn_pool.c's fusion: x at the max, one per output (owned)
 } s_pool_impl;
 
 /* 1 for a 2x2 stride-2 max pool without padding over a 16-channel-blocked map of even height
  * and width (the convnet's two pools) on a CPU with AVX-512: zps's own loops (s_max2_fwd,
  * s_max2_bwd), which beat oneDNN's jit pooling there (28x28x32 at batch 32: forward 0.18 ms,
  * backward 0.13). */
-static int s_max2(const k_pool *d)
+int k_cpu_pool_max2(const k_pool *d)
 {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
     return d->kind == K_POOL_MAX && d->blocked == K_BLOCK16 && d->r == 2 && d->s == 2 &&
@@ -111,7 +113,7 @@ static zps_status s_pool_get(k_pool *d, s_pool_impl **out)
     }
     ZPS_TRY(k_cpu_ready());
     im = k_cpu_impl_new(&d->impl, K_CPU_POOL, sizeof *im);
-    if (s_max2(d)) {
+    if (k_cpu_pool_max2(d)) {
         im->arg = zps_xaligned(64, (size_t)d->n * d->c * d->oh * d->ow / 4 + 64);
         *out = im;
         return ZPS_OK;
@@ -171,6 +173,20 @@ zps_status k_cpu_pool_bwd(k_pool *d, const float *x, const float *y, const float
     return k_cpu_prim_run(&im->bwd, ptrs, 2);
 }
 
+zps_status k_cpu_pool_max2_ws(k_pool *d, uint16_t **arg, uint16_t **act, float **xmax)
+{
+    assert(k_cpu_pool_max2(d));
+    s_pool_impl *im;
+    ZPS_TRY(s_pool_get(d, &im));
+    size_t ny = (size_t)d->n * d->c * d->oh * d->ow;
+    if (!im->xmax) {
+        im->act = zps_xaligned(64, ny / 8 + 64);
+        im->xmax = zps_xaligned(64, ny * sizeof(float) + 64);
+    }
+    *arg = im->arg, *act = im->act, *xmax = im->xmax;
+    return ZPS_OK;
+}
+
 void k_cpu_pool_release(k_cpu_head *impl)
 {
     s_pool_impl *im = (s_pool_impl *)impl;
@@ -179,6 +195,8 @@ void k_cpu_pool_release(k_cpu_head *impl)
     if (im->ws)
         dnnl_memory_destroy(im->ws);
     zps_aligned_free(im->arg);
+    zps_aligned_free(im->act);
+    zps_aligned_free(im->xmax);
 }
 
 /* ---- inner product ---- */

@@ -414,6 +414,14 @@ int nn_model_tensor_blocked(const nn_model *m, const char *name)
     return 0;
 }
 
+int nn_model_layer_fused(const nn_model *m, const char *name)
+{
+    for (int i = 0; i < m->nn; i++)
+        if (strcmp(m->nodes[i].name, name) == 0)
+            return m->nodes[i].fuse > 0;
+    return 0;
+}
+
 double nn_model_flops_per_sample(const nn_model *m)
 {
     double f = 0;

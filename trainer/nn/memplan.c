@@ -13,6 +13,11 @@
  *     order; the loss heads first) to its producer's backward, and buffers whose lives do not
  *     overlap share pool space (first fit); the input (tensor 0) has no gradient unless
  *     nn_model_set_input_grad asked for one;
+ *   - a conv+bn node whose output only a max pool reads, where the back-end fuses the pair
+ *     (k_bn_pool_fuses), runs that pool in training (nn_node.fuse): the pool's output
+ *     gradient is then read by the conv+bn node's backward and lives until it, and the
+ *     unpooled map between them is neither written nor read in training (its buffers stay,
+ *     for evaluation, which runs the two nodes one by one);
  *   - the layouts are chosen for the whole graph at once: either every edge agrees on the
  *     back-end's blocked layout where it prefers it, or everything is plain NCHW.
  */
@@ -222,6 +227,35 @@ static zps_status s_place_forward(nn_model *m, int n, s_offsets *o)
     return ZPS_OK;
 }
 
+/* The conv+bn nodes that run the max pool after them (nn_node.fuse): the pool is the only
+ * reader of the node's output, which is not a loss head or a marked output, and the back-end
+ * fuses the pair's descriptors. */
+static void s_fuse(nn_model *m)
+{
+    for (int i = 0; i < m->nn; i++)
+        m->nodes[i].fuse = 0;
+    for (int i = 0; i < m->nn; i++) {
+        nn_node *nd = &m->nodes[i];
+        int t = nd->out, readers = 0, pool = -1;
+        if (nd->kind != NN_CONV_BN)
+            continue;
+        for (int j = i + 1; j < m->nn; j++)
+            for (int k = 0; k < m->nodes[j].nin; k++)
+                if (m->nodes[j].in[k] == t)
+                    readers++, pool = j;
+        for (int h = 0; h < m->nheads; h++)
+            readers += m->heads[h].t == t ? 2 : 0;
+        for (int h = 0; h < m->nouts; h++)
+            readers += m->outs[h] == t ? 2 : 0;
+        if (readers != 1 || m->nodes[pool].kind != NN_MAXPOOL ||
+            m->nodes[pool].train_only != nd->train_only ||
+            !k_bn_pool_fuses(m->be, &nd->bn, &m->nodes[pool].pool))
+            continue;
+        nd->fuse = pool + 1;
+        m->nodes[pool].fuse = -1;
+    }
+}
+
 /* The gradient pool, walking backward: a buffer is taken at its first consumer (the loss
  * heads and the marked outputs, whose gradients come from outside, are consumed first of
  * all) and given back at its producer. */
@@ -244,8 +278,12 @@ static void s_place_gradients(nn_model *m, int n, s_offsets *o)
                 o->has[t] = 1;
             }
         }
-        if (o->has[nd->out])
+        /* a fused pool's output gradient is read by its producer's backward (nn_node.fuse) */
+        int out = nd->fuse > 0 ? m->nodes[nd->fuse - 1].out : nd->fuse < 0 ? -1 : nd->out;
+        if (nd->fuse > 0 && o->has[nd->out])
             s_pa_free(&pa, o->g[nd->out], s_round(nn_tensor_floats(m, nd->out, n)));
+        if (out >= 0 && o->has[out])
+            s_pa_free(&pa, o->g[out], s_round(nn_tensor_floats(m, out, n)));
     }
     o->gpool = o->total;
     o->total += pa.peak;
@@ -310,6 +348,7 @@ zps_status nn_plan(nn_model *m, int n)
     float *base = NULL;
     size_t bytes = 0;
     if (st == ZPS_OK) {
+        s_fuse(m);
         s_place_gradients(m, n, &o);
         bytes = o.total * sizeof(float) + 64;
         st = s_take_block(m, n, bytes, &base);

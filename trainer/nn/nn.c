@@ -7,6 +7,9 @@
  *   - a tensor's gradient is "set" once its first consumer (in backward order; the loss heads
  *     first) wrote it; later consumers write into the shared scratch tmp_acc and add (ops
  *     overwrite input gradients);
+ *   - a conv+bn node with a fused max pool (nn_node.fuse) runs the pool in training: the
+ *     pool node then only passes the gradient's place on (its input counts as set), and
+ *     the conv+bn node's backward reads the pool's output gradient;
  *   - backward zeroes a node's gradient range right before the node runs (parameter
  *     gradients accumulate), and calls the hook after it, so the hooks cover every variable
  *     exactly once, in decreasing table order, even for nodes no gradient reached.
@@ -33,11 +36,19 @@ static zps_status s_node_fwd(nn_model *m, nn_node *nd, int train)
         ZPS_TRY(k_conv2d_fwd(be, &nd->conv, x, p + w->offset, NULL, nd->pre));
         if (train && m->bn_momentum > 0) /* a descriptor is re-planned with 0.1 */
             nd->bn.momentum = m->bn_momentum;
+        if (train && nd->fuse > 0) { /* the pool after it too (memplan.c's s_fuse) */
+            nn_node *pool = &m->nodes[nd->fuse - 1];
+            return k_bn_pool_fwd(be, &nd->bn, &pool->pool, nd->pre, g, b, m->t[pool->out].x,
+                                 nd->mean, nd->var, rm, rv);
+        }
         if (train)
             return k_bn_fwd_train(be, &nd->bn, nd->pre, g, b, y, nd->mean, nd->var, rm, rv);
         return k_bn_fwd_infer(be, &nd->bn, nd->pre, g, b, rm, rv, y);
     }
     case NN_MAXPOOL:
+        if (train && nd->fuse < 0) /* its producer ran it */
+            return ZPS_OK;
+        return k_pool_fwd(be, &nd->pool, x, y);
     case NN_AVGPOOL:
     case NN_GAP:
         return k_pool_fwd(be, &nd->pool, x, y);
@@ -238,13 +249,25 @@ static zps_status s_node_bwd(nn_model *m, nn_node *nd)
     switch (nd->kind) {
     case NN_CONV_BN: {
         const nn_var *w = &m->vars[nd->var0];
-        ZPS_TRY(k_bn_bwd(be, &nd->bn, nd->pre, o->x, dy, p + w[1].offset, nd->mean, nd->var,
-                         m->tmp_pre, g + w[1].offset, g + w[2].offset));
+        if (nd->fuse > 0) { /* from the gradient of the pool it ran */
+            nn_node *pool = &m->nodes[nd->fuse - 1];
+            ZPS_TRY(k_bn_pool_bwd(be, &nd->bn, &pool->pool, nd->pre, m->t[pool->out].dx,
+                                  p + w[1].offset, nd->mean, nd->var, m->tmp_pre,
+                                  g + w[1].offset, g + w[2].offset));
+        } else {
+            ZPS_TRY(k_bn_bwd(be, &nd->bn, nd->pre, o->x, dy, p + w[1].offset, nd->mean,
+                             nd->var, m->tmp_pre, g + w[1].offset, g + w[2].offset));
+        }
         ZPS_TRY(k_conv2d_bwd(be, &nd->conv, x, p + w->offset, m->tmp_pre, s_dx_target(m, in),
                              g + w->offset, NULL));
         return s_dx_commit(m, in);
     }
     case NN_MAXPOOL:
+        if (nd->fuse < 0) { /* its producer's backward reads dy (memplan.c's s_fuse) */
+            m->t[in].dx_set = 1;
+            return ZPS_OK;
+        }
+        /* fall through */
     case NN_AVGPOOL:
     case NN_GAP: {
         float *dx = s_dx_target(m, in);

@@ -130,6 +130,10 @@ zps_status nn_model_tensor(nn_model *m, const char *name, float **data, int *n, 
  * chosen wherever the graph allows, so activations are not reordered between layers);
  * convert with k_from_layout. 0 (K_NCHW) for plain NCHW or unknown names. */
 int nn_model_tensor_blocked(const nn_model *m, const char *name);
+/* 1 when the named conv+bn+ReLU layer runs the max pool after it in one op in training
+ * (kernels.h, k_bn_pool_fwd: the back-end fuses the pair and nothing else reads the layer's
+ * output); known once a batch size is planned (a forward ran). 0 otherwise. */
+int nn_model_layer_fused(const nn_model *m, const char *name);
 /* Bytes of the activation block planned for the current batch size (0 before a forward). */
 size_t nn_model_activation_bytes(const nn_model *m);
 /* Forward FLOPs per sample of the convolutions and dense layers. */

@@ -69,6 +69,9 @@ typedef struct nn_node {
     k_bn bn;
     k_pool pool;
     k_dense dense;
+    int fuse;           // planned (memplan.c): CONV_BN, 1 + the max-pool node its training
+                        // forward and backward run with it (k_bn_pool_fwd); MAXPOOL, -1
+                        // when its producer runs it so; else 0
     float *pre;         // conv output before batchnorm (n, k, oh, ow)
     float *mean, *var;  // batch statistics (k)
     uint64_t seed;      // dropout seed of the last forward

@@ -1,0 +1,224 @@
+/* test_k_bn_pool.c — the fused batchnorm + ReLU + max pool (kernels.h, k_bn_pool_fwd): the
+ * cpu back-end's fusion against ref's three ops run one by one, forward and backward, on fresh
+ * random shapes (maps full of ties among them), its backward against finite differences, and
+ * the dispatcher's refusals where a back-end does not fuse the pair.
+ *
+ * Inputs are fresh random numbers each run; the seed is printed in every failure message
+ * (rerun with ZPS_TEST_SEED=<seed> to reproduce).
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "kernels/kernels.h"
+#include "tests/test_k.h"
+#include "tests/testutil.h"
+
+static uint64_t s_seed;
+
+static void s_init(void) { s_seed = zt_k_init(); }
+
+/* One case's tensors, host NCHW, and the two pairs of descriptors (cpu: 16-blocks). */
+typedef struct s_case {
+    k_bn bn, bnr;
+    k_pool pool, poolr;
+    size_t nx, ny;
+    int c;
+    float *x, *gamma, *beta, *dy;
+} s_case;
+
+/* ties: x from a handful of values, so most windows hold equal maxima (and equal zeros after
+ * the ReLU); otherwise uniform with a per-channel offset and scale. */
+static void s_case_new(s_case *t, int n, int c, int h, int w, int ties)
+{
+    memset(t, 0, sizeof *t);
+    t->bn = (k_bn){.n = n, .c = c, .h = h, .w = w, .eps = 1e-3f, .momentum = 0.1f, .relu = 1};
+    t->bnr = t->bn;
+    t->bn.blocked = K_BLOCK16;
+    cr_assert_eq(k_pool_init(&t->poolr, K_POOL_MAX, n, c, h, w, 2, 2, 2, 2, 0, 0), ZPS_OK);
+    t->pool = t->poolr;
+    t->pool.blocked = K_BLOCK16;
+    t->c = c;
+    t->nx = (size_t)n * c * h * w, t->ny = (size_t)n * c * t->pool.oh * t->pool.ow;
+    t->x = zt_k_randv(t->nx, -1, 1);
+    for (size_t i = 0; i < t->nx; i++) {
+        int ch = (int)(i / ((size_t)h * w) % (size_t)c);
+        t->x[i] = ties ? floorf(t->x[i] * 3.0f) : t->x[i] * (0.5f + ch % 5) + 0.3f * (ch % 7);
+    }
+    t->gamma = zt_k_randv((size_t)c, -1.5f, 1.5f); /* negative scales flip the maxima */
+    t->beta = zt_k_randv((size_t)c, -0.5f, 0.5f);
+    t->dy = zt_k_randv(t->ny, -1, 1);
+}
+
+static void s_case_free(s_case *t)
+{
+    k_op_release(k_backend_cpu(), &t->bn.impl);
+    k_op_release(k_backend_cpu(), &t->pool.impl);
+    free(t->x), free(t->gamma), free(t->beta), free(t->dy);
+}
+
+static float *s_blocked(const s_case *t, const float *v, int h, int w)
+{
+    float *b = zt_k_zeros((size_t)t->bn.n * t->c * h * w);
+    k_to_blocked(t->bn.n, t->c, h, w, v, b);
+    return b;
+}
+
+static float *s_plain(const s_case *t, const float *v, int h, int w)
+{
+    float *p = zt_k_zeros((size_t)t->bn.n * t->c * h * w);
+    k_from_blocked(t->bn.n, t->c, h, w, v, p);
+    return p;
+}
+
+/* The fused op on cpu against ref's batchnorm, then pool, and their backwards in reverse. */
+static void s_against_ref(int n, int c, int h, int w, int ties)
+{
+    const k_backend *cpu = k_backend_cpu(), *ref = k_backend_ref();
+    s_case t;
+    s_case_new(&t, n, c, h, w, ties);
+    cr_assert(k_bn_pool_fuses(cpu, &t.bn, &t.pool), "cpu does not fuse %dx%dx%dx%d", n, c, h, w);
+    int oh = t.pool.oh, ow = t.pool.ow;
+    /* ref: the three ops, the unpooled map and its gradient in between */
+    float *yf = zt_k_zeros(t.nx), *yr = zt_k_zeros(t.ny), *dyf = zt_k_zeros(t.nx);
+    float *mr = zt_k_zeros((size_t)c), *vr = zt_k_zeros((size_t)c), *dxr = zt_k_zeros(t.nx);
+    float *rmr = zt_k_randv((size_t)c, -1, 1), *rvr = zt_k_randv((size_t)c, 0.5f, 2);
+    float *dg0 = zt_k_randv((size_t)c, -1, 1), *db0 = zt_k_randv((size_t)c, -1, 1);
+    float *rm = zt_k_copyv(rmr, (size_t)c), *rv = zt_k_copyv(rvr, (size_t)c);
+    float *dgr = zt_k_copyv(dg0, (size_t)c), *dbr = zt_k_copyv(db0, (size_t)c);
+    float *dg = zt_k_zeros((size_t)c), *db = zt_k_zeros((size_t)c);
+    cr_assert_eq(k_bn_fwd_train(ref, &t.bnr, t.x, t.gamma, t.beta, yf, mr, vr, rmr, rvr), ZPS_OK);
+    cr_assert_eq(k_pool_fwd(ref, &t.poolr, yf, yr), ZPS_OK);
+    cr_assert_eq(k_pool_bwd(ref, &t.poolr, yf, yr, t.dy, dyf), ZPS_OK);
+    cr_assert_eq(k_bn_bwd(ref, &t.bnr, t.x, yf, dyf, t.gamma, mr, vr, dxr, dgr, dbr), ZPS_OK);
+    /* cpu fused, twice: the second pass runs on the state the first made; the running
+     * averages move once, the gradients accumulate into the same start each pass */
+    float *xb = s_blocked(&t, t.x, h, w), *dyb = s_blocked(&t, t.dy, oh, ow);
+    float *y = zt_k_zeros(t.ny), *dx = zt_k_randv(t.nx, -1, 1);
+    float *m = zt_k_zeros((size_t)c), *v = zt_k_zeros((size_t)c);
+    for (int pass = 0; pass < 2; pass++) {
+        memcpy(dg, dg0, sizeof(float) * (size_t)c);
+        memcpy(db, db0, sizeof(float) * (size_t)c);
+        cr_assert_eq(k_bn_pool_fwd(cpu, &t.bn, &t.pool, xb, t.gamma, t.beta, y, m, v,
+                                   pass ? NULL : rm, pass ? NULL : rv), ZPS_OK);
+        cr_assert_eq(k_bn_pool_bwd(cpu, &t.bn, &t.pool, xb, dyb, t.gamma, m, v, dx, dg, db),
+                     ZPS_OK);
+    }
+    float *yp = s_plain(&t, y, oh, ow), *dxp = s_plain(&t, dx, h, w);
+    zt_k_close("cpu", "fused mean", m, mr, (size_t)c, 1e-6, 1e-5);
+    zt_k_close("cpu", "fused var", v, vr, (size_t)c, 1e-6, 1e-5);
+    zt_k_close("cpu", "fused pooled y", yp, yr, t.ny, 1e-5, 1e-5);
+    zt_k_close("cpu", "fused dx", dxp, dxr, t.nx, 1e-5, 1e-4);
+    zt_k_close("cpu", "fused dgamma (accumulated)", dg, dgr, (size_t)c, 1e-4, 1e-4);
+    zt_k_close("cpu", "fused dbeta (accumulated)", db, dbr, (size_t)c, 1e-4, 1e-4);
+    zt_k_close("cpu", "fused running mean", rm, rmr, (size_t)c, 1e-6, 1e-5);
+    zt_k_close("cpu", "fused running var", rv, rvr, (size_t)c, 1e-6, 1e-5);
+    s_case_free(&t);
+    free(yf), free(yr), free(dyf), free(mr), free(vr), free(dxr), free(rmr), free(rvr);
+    free(dg0), free(db0), free(dgr), free(dbr), free(rm), free(rv), free(dg), free(db);
+    free(xb), free(dyb), free(y), free(dx), free(m), free(v), free(yp), free(dxp);
+}
+
+Test(k_cpu, fused_bn_pool_equals_ref_ops, .init = s_init, .timeout = 60)
+{
+    if (!k_bn_pool_fuses(k_backend_cpu(), &(k_bn){.n = 1, .c = 16, .h = 2, .w = 2, .relu = 1,
+                                                   .blocked = K_BLOCK16},
+                         &(k_pool){.kind = K_POOL_MAX, .n = 1, .c = 16, .h = 2, .w = 2, .r = 2,
+                                   .s = 2, .stride_h = 2, .stride_w = 2, .oh = 1, .ow = 1,
+                                   .blocked = K_BLOCK16}))
+        cr_skip_test("this CPU has no AVX-512: the cpu back-end does not fuse (nothing to test)");
+    s_against_ref(4, 32, 28, 28, 0); /* the convnet's first block, at batch 4 */
+    s_against_ref(3, 32, 28, 28, 1);
+    for (int i = 0; i < 6; i++)
+        s_against_ref(zt_irand(1, 4), 16 * zt_irand(1, 4), 2 * zt_irand(1, 9), 2 * zt_irand(1, 9),
+                      i % 2);
+}
+
+/* L = sum of y (pooled) times fixed weights, in double, for the finite differences. */
+static double s_loss(s_case *t, const float *xb, const float *wts, float *y, float *m, float *v)
+{
+    cr_assert_eq(k_bn_pool_fwd(k_backend_cpu(), &t->bn, &t->pool, xb, t->gamma, t->beta, y, m, v,
+                               NULL, NULL), ZPS_OK);
+    double l = 0;
+    for (size_t i = 0; i < t->ny; i++)
+        l += (double)wts[i] * y[i];
+    return l;
+}
+
+/* The fused backward against central differences of the fused forward: 24 entries each of x,
+ * gamma and beta, h = 1e-3, or 1e-4 where 1e-3 spans a kink (one miss of 72 tolerated). */
+Test(k_cpu, fused_bn_pool_backward_matches_finite_differences, .init = s_init, .timeout = 60)
+{
+    const k_backend *cpu = k_backend_cpu();
+    s_case t;
+    s_case_new(&t, 2, 16, 6, 4, 0);
+    if (!k_bn_pool_fuses(cpu, &t.bn, &t.pool))
+        cr_skip_test("this CPU has no AVX-512: the cpu back-end does not fuse (nothing to test)");
+    float *xb = s_blocked(&t, t.x, 6, 4), *y = zt_k_zeros(t.ny), *dx = zt_k_zeros(t.nx);
+    float *m = zt_k_zeros(16), *v = zt_k_zeros(16), *dg = zt_k_zeros(16), *db = zt_k_zeros(16);
+    float *wts = zt_k_randv(t.ny, -1, 1);
+    s_loss(&t, xb, wts, y, m, v);
+    cr_assert_eq(k_bn_pool_bwd(cpu, &t.bn, &t.pool, xb, wts, t.gamma, m, v, dx, dg, db), ZPS_OK);
+    int bad = 0;
+    char last[160] = "";
+    for (int k = 0; k < 72; k++) {
+        int which = k % 3, i = which ? zt_irand(0, 15) : zt_irand(0, (int)t.nx - 1);
+        float *p = which == 0 ? &xb[i] : which == 1 ? &t.gamma[i] : &t.beta[i];
+        float keep = *p, got = which == 0 ? dx[i] : which == 1 ? dg[i] : db[i];
+        double num = 0;
+        int ok = 0;
+        /* a kink within h (a ReLU, or a window's maximum changing places, anywhere in the
+         * channel for gamma and beta): looked at again at h/10 */
+        for (float h = 1e-3f; h > 1e-5f && !ok; h /= 10) {
+            *p = keep + h;
+            double lp = s_loss(&t, xb, wts, y, m, v);
+            *p = keep - h;
+            double lm = s_loss(&t, xb, wts, y, m, v);
+            *p = keep;
+            num = (lp - lm) / (2.0 * h);
+            ok = fabs(num - got) <= 2e-3 + 2e-2 * fabs(num);
+        }
+        if (!ok) {
+            bad++;
+            snprintf(last, sizeof last, "%s[%d]: analytic %.6g numeric %.6g",
+                     which == 0 ? "x" : which == 1 ? "gamma" : "beta", i, got, num);
+        }
+    }
+    cr_assert(bad <= 1, "%d of 72 gradients off, last %s (seed %llu)", bad, last,
+              (unsigned long long)s_seed);
+    s_case_free(&t);
+    free(xb), free(y), free(dx), free(m), free(v), free(dg), free(db), free(wts);
+}
+
+/* Where a back-end does not fuse the pair, k_bn_pool_fuses says so and the ops refuse. */
+Test(k_cpu, fused_bn_pool_refused_where_not_fused, .init = s_init, .timeout = 30)
+{
+    const k_backend *cpu = k_backend_cpu(), *ref = k_backend_ref();
+    s_case t;
+    s_case_new(&t, 1, 16, 4, 4, 0);
+    float buf[1024] = {0};
+    zps_log_set_level(ZPS_LOG_OFF);
+    t.bnr.relu = 1;
+    cr_assert_not(k_bn_pool_fuses(ref, &t.bnr, &t.poolr), "ref has no fusion");
+    cr_assert_eq(k_bn_pool_fwd(ref, &t.bnr, &t.poolr, buf, buf, buf, buf, buf, buf, NULL, NULL),
+                 ZPS_ERR_UNSUPPORTED);
+    cr_assert_eq(k_bn_pool_bwd(ref, &t.bnr, &t.poolr, buf, buf, buf, buf, buf, buf, buf, buf),
+                 ZPS_ERR_UNSUPPORTED);
+    k_bn nchw = t.bnr;
+    cr_assert_not(k_bn_pool_fuses(cpu, &nchw, &t.poolr), "cpu fuses 16-blocks only");
+    k_bn norelu = t.bn;
+    norelu.relu = 0;
+    cr_assert_not(k_bn_pool_fuses(cpu, &norelu, &t.pool), "the fusion is batchnorm + ReLU");
+    k_pool odd;
+    cr_assert_eq(k_pool_init(&odd, K_POOL_MAX, 1, 16, 4, 4, 3, 3, 2, 2, 0, 0), ZPS_OK);
+    odd.blocked = K_BLOCK16;
+    cr_assert_not(k_bn_pool_fuses(cpu, &t.bn, &odd), "3x3 windows are not fused");
+    k_pool avg = t.pool;
+    avg.kind = K_POOL_AVG;
+    cr_assert_not(k_bn_pool_fuses(cpu, &t.bn, &avg), "average pooling is not fused");
+    cr_assert_eq(k_bn_pool_fwd(cpu, &t.bn, &avg, buf, buf, buf, buf, buf, buf, NULL, NULL),
+                 ZPS_ERR_UNSUPPORTED);
+    s_case_free(&t);
+}
