@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kernels/device.h"
 #include "testutil.h"
@@ -45,6 +46,52 @@ Test(tr_config, a_full_ps_command_line)
     cr_assert_eq(c.accumulate, 4);
     cr_assert_str_eq(c.model, "inception_v3");
     cr_assert_eq(c.input_size, 75);
+}
+
+/* The trainers that share this machine's cores (OpenMP's threads are divided among them):
+ * counted in a cluster file by host, whatever the launcher wrote (zps-launch's local fleets
+ * pass --cluster, not --servers: counting 1 there gave every trainer all the cores). */
+static int s_local(const char *mode, const char *cluster_text, const char *servers, int n)
+{
+    char dir[128], path[160];
+    zt_mktmp(dir, sizeof dir, "zps-local");
+    snprintf(path, sizeof path, "%s/cluster.txt", dir);
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f);
+    fputs(cluster_text ? cluster_text : "", f);
+    fclose(f);
+    tr_config c;
+    tr_config_default(&c);
+    cr_assert_eq(tr_mode_parse(mode, &c.mode), ZPS_OK);
+    if (cluster_text)
+        snprintf(c.cluster, sizeof c.cluster, "%s", path);
+    if (servers)
+        snprintf(c.servers, sizeof c.servers, "%s", servers);
+    c.num_trainers = n;
+    int got = tr_config_local_trainers(&c);
+    zt_rmtmp(dir);
+    return got;
+}
+
+Test(tr_config, local_trainers_from_the_cluster_file_or_the_servers)
+{
+    char me[256] = "", text[1024];
+    cr_assert_eq(gethostname(me, sizeof me - 1), 0);
+    const char *launcher = "server = 127.0.0.1:7000\nserver = 127.0.0.1:7001\n"
+                           "trainer = 127.0.0.1\ntrainer = 127.0.0.1\ntrainer = 127.0.0.1\n";
+    cr_assert_eq(s_local("sync", launcher, NULL, 0), 3);
+    cr_assert_eq(s_local("async", launcher, NULL, 0), 3);
+    snprintf(text, sizeof text, "server = %s:7000\ntrainer = localhost\ntrainer = %s\n"
+             "trainer = elsewhere.invalid\ntrainer = [::1]\n", me, me);
+    cr_assert_eq(s_local("ssp", text, NULL, 0), 3, "localhost, %s and ::1 are here", me);
+    cr_assert_eq(s_local("sync", "server = a.invalid:1\ntrainer = a.invalid\ntrainer = b.invalid\n",
+                         NULL, 0), 1, "no trainer here: this one alone");
+    cr_assert_eq(s_local("allreduce", "trainer = 127.0.0.1\ntrainer = 127.0.0.1\n", NULL, 0), 2);
+    cr_assert_eq(s_local("allreduce", NULL, NULL, 4), 4);
+    cr_assert_eq(s_local("sync", NULL, "tcp://127.0.0.1:1,tcp://localhost:2", 2), 2);
+    cr_assert_eq(s_local("sync", NULL, "tcp://127.0.0.1:1,tcp://other.invalid:2", 2), 1);
+    cr_assert_eq(s_local("local", NULL, NULL, 0), 1);
+    cr_assert_eq(s_local("sync", "not a cluster file\n", NULL, 0), 1, "unreadable: 1");
 }
 
 Test(tr_config, curve_and_push_dtype_flags)

@@ -14,25 +14,6 @@
 #include "trainer/config.h"
 #include "trainer/train.h"
 
-/* Trainers sharing this machine: all of them for all-reduce, or when every server is on
- * the loopback interface (the launcher's local fleets); else just this one. */
-static int s_local_trainers(const tr_config *c)
-{
-    int n = c->num_trainers ? c->num_trainers : 1;
-    if (c->mode == TR_MODE_ALLREDUCE)
-        return n;
-    if (c->servers[0]) {
-        const char *p = c->servers;
-        while ((p = strstr(p, "tcp://")) != NULL) {
-            p += 6;
-            if (strncmp(p, "127.", 4) != 0 && strncmp(p, "localhost", 9) != 0)
-                return 1;
-        }
-        return n;
-    }
-    return 1;
-}
-
 int main(int argc, char **argv)
 {
     tr_config cfg;
@@ -41,7 +22,7 @@ int main(int argc, char **argv)
     int code;
     if (tr_config_parse(&cfg, argc, argv, &code) != ZPS_OK || code >= 0)
         return code >= 0 ? code : 2;
-    zps_omp_env(s_local_trainers(&cfg), argv);
+    zps_omp_env(tr_config_local_trainers(&cfg), argv);
     zps_malloc_keep_warm();
     zps_log_set_role("trainer", cfg.trainer_id);
     tr_result res;
