@@ -57,10 +57,15 @@ typedef struct s_group {
 } s_group;
 
 /* sync: a bucket closes once it holds this many floats (or at a gap in the variables, or at
- * the last group). 64 Ki floats (256 KiB) keeps the messages per step few (Inception-v3
- * w0.25: 95 groups -> about 20 buckets) while the first buckets' values still come back
- * during backward. */
-#define S_BUCKET_FLOATS 65536
+ * the last group). 256 Ki floats (1 MiB): Inception-v3 w0.25's 95 groups make 6 buckets, the
+ * convnet's 2 (its fc1 alone is 401 Ki floats), and the first buckets' values still come back
+ * during backward. Same-host payloads cross in shared memory, so what a bucket costs is its
+ * messages' trip through ZeroMQ and the kernel: with 64 Ki-float buckets (about 20 for
+ * Inception, a PUSHPULL per server each) a 2-server 2-trainer sync fleet ran at 0.93-0.94 of
+ * all-reduce, with 256 Ki at 0.975-0.98, 512 Ki 0.98, 128 Ki 0.96 (Inception; the convnet 0.92
+ * against 0.95, with one bucket 0.90: no overlap left). docs/ps.md "How a sync step
+ * overlaps". */
+#define S_BUCKET_FLOATS 262144
 
 typedef struct s_ps {
     tr_sync base;             // first: the tr_sync the loop holds
