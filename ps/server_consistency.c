@@ -208,9 +208,31 @@ static void s_div(float *d, float by, uint64_t n)
         d[i] = d[i] / by;
 }
 
+/* Where trainer t's gradient of chunk lc is whole in its shared-memory slot (every piece it
+ * pushed of lc is there: the slot mirrors the chunk layout), the chunk's start in that slot;
+ * else NULL. */
+static float *s_slot_chunk(const ps_server *s, const ps_srv_trainer *tr, uint32_t t,
+                           uint32_t lc)
+{
+    ps_shm *m = ps_srv_shm(s);
+    if (!m)
+        return NULL;
+    float *base = ps_shm_slot(m, t) + s->chunks[lc].off;
+    for (size_t i = 0; i < tr->n_held; i++) {
+        const ps_srv_held *e = &tr->held[i];
+        if (e->lc == lc && e->data != base + e->off)
+            return NULL;
+    }
+    return base;
+}
+
 /* The complete trainers' gradients of chunk lc summed in trainer-id order (whatever the
- * arrival order: bit-reproducible) and averaged, into s->scratch. */
-static void s_sync_average(ps_server *s, uint32_t lc)
+ * arrival order: bit-reproducible) and averaged; returns where: s->scratch, or the first
+ * trainer's own shared-memory slot when its gradient of lc is whole there. That trainer
+ * rewrites those bytes only after this push's reply, which follows the apply (shm.h), so the
+ * sum may build up in place: the copy into scratch was the largest part of a sync server's
+ * work on one host (the same additions in the same order: the same bits). */
+static float *s_sync_average(ps_server *s, uint32_t lc)
 {
     const ps_srv_chunk *c = &s->chunks[lc];
     const uint32_t *rv = s->recv_n + (size_t)lc * s->n_trainers;
@@ -220,6 +242,12 @@ static void s_sync_average(ps_server *s, uint32_t lc)
         if (rv[t] != c->count)
             continue;
         const ps_srv_trainer *tr = &s->trainers[t];
+        float *in_place = used ? NULL : s_slot_chunk(s, tr, t, lc);
+        if (in_place) {
+            g = in_place;
+            used++;
+            continue;
+        }
         for (size_t i = 0; i < tr->n_held; i++) {
             const ps_srv_held *e = &tr->held[i];
             if (e->lc != lc)
@@ -232,6 +260,7 @@ static void s_sync_average(ps_server *s, uint32_t lc)
         used++;
     }
     s_div(g, (float)used, c->count);
+    return g;
 }
 
 /* sync: applies chunk lc if enough trainers are complete. */
@@ -240,14 +269,14 @@ static void s_sync_try_apply(ps_server *s, uint32_t lc)
     ps_srv_chunk *c = &s->chunks[lc];
     if (c->n_complete == 0 || c->n_complete < s_need_replicas(s))
         return;
-    s_sync_average(s, lc);
+    const float *g = s_sync_average(s, lc);
     ps_srv_wait_readers(s, lc);
     ps_shm *shm = ps_srv_shm(s);
     float *sp[2];
     if (shm)
         ps_shm_write_begin(shm, lc);
-    ps_optim_apply(&s->opt, c->version, s->values + c->off, ps_srv_slot_ptrs(s, c->off, sp),
-                   s->scratch, c->count);
+    ps_optim_apply(&s->opt, c->version, s->values + c->off, ps_srv_slot_ptrs(s, c->off, sp), g,
+                   c->count);
     if (shm)
         ps_shm_write_end(shm, lc);
     c->version++;

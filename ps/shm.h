@@ -24,7 +24,10 @@
  *     or its shard was replaced); clients check it before every use.
  *   - Trainer t writes only its own slot, and only ranges the server is not reading: a
  *     range's slot bytes are rewritten only after the server's reply to the push that
- *     carried them (the server keeps a reference only until then, or copies them).
+ *     carried them (the server keeps a reference only until then, or copies them). Until
+ *     that reply the server may also write them: a sync server sums the other trainers'
+ *     gradients of a chunk into the first trainer's slot and applies from there
+ *     (server_consistency.c); the trainer never reads its slot back.
  */
 #ifndef ZPS_PS_SHM_H
 #define ZPS_PS_SHM_H
