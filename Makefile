@@ -13,6 +13,7 @@
 #   make SAN=address|undefined ...   sanitizer build in build-SAN/
 #   make CUDA=0     never build the CUDA library (default CUDA=auto)
 #   make install    libzps.so, include/zps, zps.pc, zps-server, zps-ctl into PREFIX (DESTDIR)
+#   make install-files  the same copies without building first (what tests/test_capi.c runs)
 #   make clean
 
 SHELL := /bin/bash
@@ -192,6 +193,11 @@ $(SO): $(SO_OBJ) api/libzps.map
 $(B)/lib/libzps.so: $(SO)
 	ln -sf $(SO_FILE) $(B)/lib/$(SO_NAME) && ln -sf $(SO_NAME) $@
 install: all
+	@$(MAKE) -s install-files
+# what install copies, without building first: tests/test_capi.c stages it while other tests
+# run the binaries (make test has built them), so a tree edited during the run cannot relink
+# a binary under a running test
+install-files:
 	install -d $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(INCLUDEDIR)/zps $(DESTDIR)$(PREFIX)/bin
 	install -m 755 $(SO) $(DESTDIR)$(LIBDIR)/$(SO_FILE)
 	ln -sf $(SO_FILE) $(DESTDIR)$(LIBDIR)/$(SO_NAME)
@@ -200,7 +206,7 @@ install: all
 	sed -e 's|@PREFIX@|$(PREFIX)|; s|@LIBDIR@|$(LIBDIR)|; s|@INCLUDEDIR@|$(INCLUDEDIR)|' \
 	  -e 's|@VERSION@|$(ZPS_VER)|' api/zps.pc.in > $(DESTDIR)$(LIBDIR)/pkgconfig/zps.pc
 	install -m 755 $(B)/bin/zps-server $(B)/bin/zps-ctl $(DESTDIR)$(PREFIX)/bin/
-.PHONY: install
+.PHONY: install install-files
 -include $(shell find $(B)/pic -name '*.d' 2>/dev/null)
 
 # ---- running ----
