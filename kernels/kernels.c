@@ -217,26 +217,27 @@ int k_bn_pool_fuses(const k_backend *be, const k_bn *bn, const k_pool *pool)
            bn->c == pool->c && bn->h == pool->h && bn->w == pool->w &&
            bn->blocked == pool->blocked && be->bn_pool_fuses(bn, pool);
 }
+/* The fused op where be fuses the pair, else ZPS_ERR_UNSUPPORTED (logged). */
+static zps_status s_fused(const k_backend *be, const k_bn *bn, const k_pool *pool)
+{
+    if (k_bn_pool_fuses(be, bn, pool))
+        return ZPS_OK;
+    zps_log(ZPS_ERROR, "kernels", "back-end %s does not fuse this batchnorm and pooling",
+            be->name);
+    return ZPS_ERR_UNSUPPORTED;
+}
 zps_status k_bn_pool_fwd(const k_backend *be, k_bn *bn, k_pool *pool, const float *x,
                          const float *gamma, const float *beta, float *y, float *mean,
                          float *var, float *run_mean, float *run_var)
 {
-    if (!k_bn_pool_fuses(be, bn, pool)) {
-        zps_log(ZPS_ERROR, "kernels", "back-end %s does not fuse this batchnorm and pooling",
-                be->name);
-        return ZPS_ERR_UNSUPPORTED;
-    }
+    ZPS_TRY(s_fused(be, bn, pool));
     S_CALL(be, bn_pool_fwd, bn, pool, x, gamma, beta, y, mean, var, run_mean, run_var);
 }
 zps_status k_bn_pool_bwd(const k_backend *be, k_bn *bn, k_pool *pool, const float *x,
                          const float *dy, const float *gamma, const float *mean,
                          const float *var, float *dx, float *dgamma, float *dbeta)
 {
-    if (!k_bn_pool_fuses(be, bn, pool)) {
-        zps_log(ZPS_ERROR, "kernels", "back-end %s does not fuse this batchnorm and pooling",
-                be->name);
-        return ZPS_ERR_UNSUPPORTED;
-    }
+    ZPS_TRY(s_fused(be, bn, pool));
     S_CALL(be, bn_pool_bwd, bn, pool, x, dy, gamma, mean, var, dx, dgamma, dbeta);
 }
 zps_status k_gap_fwd(const k_backend *be, k_pool *d, const float *x, float *y)
