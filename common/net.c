@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <unistd.h>
 #include <zmq.h>
 
 #include "common/log.h"
@@ -214,4 +215,43 @@ zps_status zps_net_connect(void *sock, const char *ep, const char *what, int n_c
             return ZPS_ERR_ZMQ;
         }
     return ZPS_OK;
+}
+
+int zps_net_host_loopback(const char *host)
+{
+    return !strncmp(host, "127.", 4) || !strcmp(host, "::1") || !strcmp(host, "localhost") ||
+           !strcmp(host, "localhost.");
+}
+
+int zps_net_host_here(const char *host)
+{
+    if (zps_net_host_loopback(host))
+        return 1;
+    char me[256] = "";
+    if (gethostname(me, sizeof me - 1) != 0 || !me[0])
+        return 0;
+    size_t a = strcspn(host, "."), b = strcspn(me, ".");
+    return !strcmp(host, me) || (a == b && a > 0 && !strncmp(host, me, a));
+}
+
+/* -1: malformed; 1: another transport; 0: tcp, its host in p. */
+static int s_endpoint(const char *ep, s_parts *p)
+{
+    if (s_split(ep, "", p, NULL, 0) != ZPS_OK)
+        return -1;
+    return p->host[0] ? 0 : 1;
+}
+
+int zps_net_endpoint_loopback(const char *ep)
+{
+    s_parts p;
+    int k = s_endpoint(ep, &p);
+    return k < 0 ? 0 : k ? 1 : zps_net_host_loopback(p.host);
+}
+
+int zps_net_endpoint_here(const char *ep)
+{
+    s_parts p;
+    int k = s_endpoint(ep, &p);
+    return k < 0 ? 0 : k ? 1 : zps_net_host_here(p.host);
 }

@@ -13,6 +13,7 @@
 
 #include "common/mem.h"
 #include "common/log.h"
+#include "common/net.h"
 #include "ps/curve.h"
 #include "ps/server.h"
 #include "ps/server_config.h"
@@ -24,15 +25,6 @@ static void s_on_signal(int sig)
     (void)sig;
     if (s_srv)
         ps_server_stop(s_srv);
-}
-
-/* 1 for tcp://127.x.x.x:P, tcp://[::1]:P, tcp://localhost:P and non-tcp endpoints. */
-static int s_loopback(const char *ep)
-{
-    if (strncmp(ep, "tcp://", 6) != 0)
-        return 1;
-    ep += 6;
-    return !strncmp(ep, "127.", 4) || !strncmp(ep, "[::1]:", 6) || !strncmp(ep, "localhost:", 10);
 }
 
 static int s_keygen(const char *prefix)
@@ -77,7 +69,7 @@ int main(int argc, char **argv)
     fflush(stdout);
     zps_log(ZPS_INFO, "ps", "listening on %s%s", ps_server_endpoint(s_srv),
             cfg.curve_key[0] ? " (CURVE)" : "");
-    if (!cfg.curve_key[0] && !s_loopback(ps_server_endpoint(s_srv)))
+    if (!cfg.curve_key[0] && !zps_net_endpoint_loopback(ps_server_endpoint(s_srv)))
         zps_log(ZPS_WARN, "ps", "listening beyond this machine without CURVE: anyone who can "
                 "reach %s can read and change the model (see --curve-key)",
                 ps_server_endpoint(s_srv));

@@ -128,6 +128,39 @@ Test(net, resolves_names_and_literals)
     cr_assert(!strncmp(a.uri, "tcp://127.", 10) || !strncmp(a.uri, "tcp://[::1]:", 12), "%s", a.uri);
 }
 
+/* Where an endpoint is: loopback for the server's no-CURVE warning, here for the trainers
+ * that share this machine's cores; neither resolves names. */
+Test(net, loopback_and_here)
+{
+    char me[256] = "", ep[320];
+    cr_assert_eq(gethostname(me, sizeof me - 1), 0);
+    const char *loop[] = {"tcp://127.0.0.1:7000", "127.3.4.5:1", "tcp://[::1]:7000",
+                          "tcp://localhost:7000", "ipc:///tmp/zps-x", "inproc://y"};
+    for (size_t i = 0; i < sizeof loop / sizeof loop[0]; i++) {
+        cr_assert(zps_net_endpoint_loopback(loop[i]), "%s", loop[i]);
+        cr_assert(zps_net_endpoint_here(loop[i]), "%s", loop[i]);
+    }
+    const char *away[] = {"tcp://10.0.0.1:7000", "tcp://*:7000", "tcp://[fd00::3]:1",
+                          "tcp://elsewhere.invalid:7000"};
+    for (size_t i = 0; i < sizeof away / sizeof away[0]; i++) {
+        cr_assert(!zps_net_endpoint_loopback(away[i]), "%s", away[i]);
+        cr_assert(!zps_net_endpoint_here(away[i]), "%s", away[i]);
+    }
+    const char *bad[] = {"tcp://127.0.0.1", "127.0.0.1:99999", "tcp://::1:7000", ""};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        cr_assert(!zps_net_endpoint_loopback(bad[i]) && !zps_net_endpoint_here(bad[i]),
+                  "malformed '%s'", bad[i]);
+    snprintf(ep, sizeof ep, "tcp://%s:7000", me);
+    cr_assert(zps_net_endpoint_here(ep), "%s is here", ep);
+    cr_assert(zps_net_host_here(me) && zps_net_host_here("::1") && zps_net_host_here("localhost"));
+    char shortname[256];
+    snprintf(shortname, sizeof shortname, "%.*s.some.domain", (int)strcspn(me, "."), me);
+    cr_assert(zps_net_host_here(shortname), "%s: the same short name", shortname);
+    snprintf(shortname, sizeof shortname, "%sx", me);
+    cr_assert(!zps_net_host_here(shortname), "%s is another host", shortname);
+    cr_assert(!zps_net_host_loopback(me[0] ? "10.0.0.1" : "x") && !zps_net_host_here(""));
+}
+
 Test(net, other_transports_and_the_wildcard_pass_through)
 {
     const char *eps[] = {"ipc:///tmp/zps-x", "inproc://zps-y", "tcp://*:7000", "tcp://*:*"};

@@ -6,9 +6,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "common/cluster.h"
+#include "common/net.h"
 #include "common/opts.h"
 #include "ps/plan.h"
 #include "ps/server_config.h"
@@ -340,20 +340,6 @@ zps_status tr_config_parse(tr_config *c, int argc, char **argv, int *exit_code)
 
 void tr_config_json(const tr_config *c, zps_json *j) { zps_opts_json(&s_spec, c, j); }
 
-/* 1 when host names this machine: a loopback address, localhost, or this host's name (whole,
- * or both cut at their first dot). */
-static int s_host_is_here(const char *host)
-{
-    if (strncmp(host, "127.", 4) == 0 || strcmp(host, "::1") == 0 ||
-        strcmp(host, "localhost") == 0 || strncmp(host, "localhost.", 10) == 0)
-        return 1;
-    char me[256] = "";
-    if (gethostname(me, sizeof me - 1) != 0 || !me[0])
-        return 0;
-    size_t a = strcspn(host, "."), b = strcspn(me, ".");
-    return strcmp(host, me) == 0 || (a == b && strncmp(host, me, a) == 0);
-}
-
 int tr_config_local_trainers(const tr_config *c)
 {
     int n = c->num_trainers ? c->num_trainers : 1;
@@ -364,7 +350,7 @@ int tr_config_local_trainers(const tr_config *c)
             return 1;
         int here = 0;
         for (int i = 0; i < cl->n_trainers; i++)
-            here += s_host_is_here(cl->trainers[i].host);
+            here += zps_net_host_here(cl->trainers[i].host);
         int all = c->num_trainers ? c->num_trainers : cl->n_trainers;
         zps_cluster_destroy(&cl);
         if (c->mode == TR_MODE_ALLREDUCE)
@@ -375,10 +361,13 @@ int tr_config_local_trainers(const tr_config *c)
         return n;
     if (!c->servers[0])
         return 1;
-    for (const char *p = c->servers; (p = strstr(p, "tcp://")) != NULL;) {
-        p += 6;
-        if (strncmp(p, "127.", 4) != 0 && strncmp(p, "localhost", 9) != 0)
+    char uri[512];
+    for (const char *p = c->servers; *p;) {
+        size_t len = strcspn(p, ",");
+        snprintf(uri, sizeof uri, "%.*s", (int)len, p);
+        if (!zps_net_endpoint_here(uri))
             return 1;
+        p += len + (p[len] == ',');
     }
     return n;
 }

@@ -102,8 +102,8 @@ zps_status tr_config_parse(tr_config *c, int argc, char **argv, int *exit_code);
 void tr_config_json(const tr_config *c, zps_json *j);
 /* How many trainers of this job share this machine's cores (common/omp_env divides them
  * among those): all of them in allreduce mode (in-node by definition); in the PS modes the
- * trainers whose host is this one (loopback, localhost or this host's name) in --cluster's
- * file, or all of --num-trainers when every --servers URI is a loopback one; else 1. A
+ * trainers whose host is this one (common/net.h zps_net_host_here) in --cluster's file, or
+ * all of --num-trainers when every --servers URI is on this host; else 1. A
  * cluster file that cannot be read counts 1 (the run reports it). */
 int tr_config_local_trainers(const tr_config *c);
 /* The --mode names: local and allreduce, and the PS modes of ps_mode_names (ps/server_config.h). */
