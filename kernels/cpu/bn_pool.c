@@ -31,7 +31,7 @@
 
 int k_cpu_bn_pool_fuses(const k_bn *bn, const k_pool *pool)
 {
-    return bn->blocked == K_BLOCK16 && pool->r == 2 && pool->s == 2 && k_cpu_pool_max2(pool);
+    return bn->blocked == K_BLOCK16 && k_cpu_pool_max2(pool);
 }
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))

@@ -278,12 +278,12 @@ static void s_place_gradients(nn_model *m, int n, s_offsets *o)
                 o->has[t] = 1;
             }
         }
-        /* a fused pool's output gradient is read by its producer's backward (nn_node.fuse) */
-        int out = nd->fuse > 0 ? m->nodes[nd->fuse - 1].out : nd->fuse < 0 ? -1 : nd->out;
-        if (nd->fuse > 0 && o->has[nd->out])
-            s_pa_free(&pa, o->g[nd->out], s_round(nn_tensor_floats(m, nd->out, n)));
-        if (out >= 0 && o->has[out])
-            s_pa_free(&pa, o->g[out], s_round(nn_tensor_floats(m, out, n)));
+        /* a fused pool's output gradient lives on to its producer's backward, which reads it
+         * (nn_node.fuse) */
+        int outs[2] = {nd->fuse < 0 ? -1 : nd->out, nd->fuse > 0 ? m->nodes[nd->fuse - 1].out : -1};
+        for (int k = 0; k < 2; k++)
+            if (outs[k] >= 0 && o->has[outs[k]])
+                s_pa_free(&pa, o->g[outs[k]], s_round(nn_tensor_floats(m, outs[k], n)));
     }
     o->gpool = o->total;
     o->total += pa.peak;

@@ -48,7 +48,7 @@ static zps_status s_node_fwd(nn_model *m, nn_node *nd, int train)
     case NN_MAXPOOL:
         if (train && nd->fuse < 0) /* its producer ran it */
             return ZPS_OK;
-        return k_pool_fwd(be, &nd->pool, x, y);
+        /* fall through */
     case NN_AVGPOOL:
     case NN_GAP:
         return k_pool_fwd(be, &nd->pool, x, y);
