@@ -9,6 +9,10 @@
  *                            its table names ref's functions for every other op
  *   "cuda"  kernels/cuda/    cuDNN/cuBLAS and own kernels in build/lib/libzps_cuda.so,
  *                            reached through kernels/device.c (k_backend_cuda)
+ *   "staged" kernels/cpu/staged.c  cpu's ops behind a device's memory interface: tensors in
+ *                            memory of their own, reached only through the copies, and the
+ *                            asynchronous copies held back until someone waits for them; it
+ *                            lets the CPU suite prove the trainer's device paths (no GPU here)
  *
  * Contract of a table:
  *   - Every entry is set, except the fusions (bn_pool_*), which a back-end may leave NULL: a
@@ -27,6 +31,16 @@
  *     block divides it (the dispatcher refuses them otherwise); an entry that hands a blocked tensor to a plain-layout function of
  *     another back-end is a bug.
  *   - `release` frees whatever the back-end cached in a descriptor's impl slot.
+ *   - Queues (device back-ends, host_memory 0): the ops and copy_in/copy_out run in order on
+ *     the back-end's compute queue; copy_in/copy_out return when their copy is done (and
+ *     with it, the compute work before it). The asynchronous group (host_alloc ...
+ *     event_sync) is all set or all NULL; host back-ends leave it NULL, and their callers
+ *     then alias host mirrors to the tensors instead of copying. Its copies run on a copy
+ *     queue of their own, in order, and nothing orders the two queues but events:
+ *     event_record marks a point of a queue, event_wait makes a queue's later work wait for
+ *     such a point (the host does not wait), event_sync makes the host wait for it. An
+ *     asynchronous copy's host side is host_alloc memory (pinned, so the copy is DMA) and
+ *     must not be touched until an event recorded after the copy completed.
  */
 #ifndef ZPS_KERNELS_BACKEND_H
 #define ZPS_KERNELS_BACKEND_H
@@ -48,6 +62,11 @@ typedef struct k_pool k_pool;
 typedef struct k_dense k_dense;
 
 typedef struct k_backend k_backend;
+
+/* The queues of a device back-end (see the contract above). */
+enum { K_QUEUE_COMPUTE = 0, K_QUEUE_COPY = 1 };
+/* A point in a queue (the back-end's own type: a CUDA event for cuda). */
+typedef struct k_event k_event;
 
 /* The signature of every op entry, one type per entry: the table holds pointers to them, and
  * a back-end declares its functions with them (k_conv2d_fwd_fn k_ref_conv2d_fwd;), so the
@@ -120,6 +139,17 @@ struct k_backend {
     void (*release)(void **impl);                       // frees an op's cached state
     int (*prefers_blocked)(int c);  // the layout it prefers for c channels (K_BLOCK16,
                                     // K_BLOCK8); NULL or 0: plain NCHW only
+
+    /* asynchronous transfers (device back-ends; all NULL on host back-ends) */
+    void *(*host_alloc)(size_t bytes);                  // pinned host memory; NULL on failure
+    void (*host_free)(void *p);                         // NULL is a no-op
+    zps_status (*copy_in_async)(void *dst, const void *host_src, size_t bytes);  // copy queue
+    zps_status (*copy_out_async)(void *host_dst, const void *src, size_t bytes); // copy queue
+    zps_status (*event_new)(k_event **out);
+    void (*event_free)(k_event *e);                     // NULL is a no-op
+    zps_status (*event_record)(k_event *e, int queue);  // e: queue's work so far
+    zps_status (*event_wait)(int queue, k_event *e);    // queue's later work waits for e
+    zps_status (*event_sync)(k_event *e);               // the host waits for e
 
     /* the ops, one entry per k_* dispatcher of kernels.h */
     k_conv2d_fwd_fn *conv2d_fwd;

@@ -24,6 +24,10 @@ static k_cuda_lib s_api;     // valid when s_ok
 static int s_ok;             // the library loaded with every symbol
 static char s_why[320];      // why not, when !s_ok
 static atomic_flag s_told = ATOMIC_FLAG_INIT; // the chosen GPU was logged at info once
+static atomic_int s_gpu;     // the visible device this process uses (k_device_use_gpu)
+
+void k_device_use_gpu(int index) { atomic_store(&s_gpu, index < 0 ? 0 : index); }
+int k_device_gpu(void) { return atomic_load(&s_gpu); }
 
 char *k_device_cuda_lib_path(char *buf, unsigned len)
 {
@@ -117,20 +121,25 @@ zps_status k_device_select(const char *want, k_device_info *out)
     const k_cuda_lib *lib = k_device_cuda_lib(out->reason, sizeof out->reason);
     if (lib) {
         char msg[256] = "";
-        int count = 0;
-        int rc = lib->probe(&count, out->name, sizeof out->name, msg, sizeof msg);
-        if (rc == 0 && count > 0) {
+        int count = 0, gpu = k_device_gpu();
+        int rc = lib->probe(gpu, &count, out->name, sizeof out->name, msg, sizeof msg);
+        out->cuda_devices = rc == 0 ? count : 0;
+        if (rc == 0 && gpu < count) {
             out->kind = K_DEVICE_CUDA;
-            out->cuda_devices = count;
             snprintf(out->reason, sizeof out->reason, "%d CUDA device(s)", count);
             /* the trainer asks, then the CUDA back-end asks again: say it once */
             zps_log(atomic_flag_test_and_set(&s_told) ? ZPS_DEBUG : ZPS_INFO, "device",
-                    "using CUDA device 0 (%s) of %d", out->name, count);
+                    "using CUDA device %d (%s) of %d", gpu, out->name, count);
             return ZPS_OK;
         }
         snprintf(out->name, sizeof out->name, "cpu");
-        snprintf(out->reason, sizeof out->reason, "no CUDA device found (%s)",
-                 msg[0] ? msg : "0 devices");
+        if (rc == 0 && count > 0)
+            snprintf(out->reason, sizeof out->reason, "--gpu %d: %d CUDA device(s) visible "
+                     "(numbered from 0; CUDA_VISIBLE_DEVICES=%s)", gpu, count,
+                     getenv("CUDA_VISIBLE_DEVICES") ? getenv("CUDA_VISIBLE_DEVICES") : "unset");
+        else
+            snprintf(out->reason, sizeof out->reason, "no CUDA device found (%s)",
+                     msg[0] ? msg : "0 devices");
     }
     if (is_cuda) {
         zps_log(ZPS_ERROR, "device", "--device cuda, but %s", out->reason);

@@ -26,7 +26,7 @@ typedef enum k_device_kind {
 
 typedef struct k_device_info {
     k_device_kind kind;   // what was chosen
-    int cuda_devices;     // devices the CUDA library reported (0 when none or not loaded)
+    int cuda_devices;     // visible devices the CUDA library reported (0: none, not loaded)
     char name[128];       // "cpu" or the GPU's name
     char reason[256];     // why CUDA was or was not chosen
 } k_device_info;
@@ -34,6 +34,12 @@ typedef struct k_device_info {
 /* want: "auto", "cpu" or "cuda". "cuda" with no usable device is ZPS_ERR_NO_DEVICE (logged);
  * "auto" never fails for lack of a GPU. Unknown strings are ZPS_ERR_INVALID. */
 zps_status k_device_select(const char *want, k_device_info *out);
+
+/* The visible CUDA device (an index after CUDA_VISIBLE_DEVICES, from 0) this process uses:
+ * the trainer's --gpu N, set before the first k_device_select or k_backend_cuda (a process
+ * uses one device; later changes are not seen by a back-end already made). 0 by default. */
+void k_device_use_gpu(int index);
+int k_device_gpu(void);
 
 /* Every entry point of the CUDA library (cuda_api.h documents them), all non-NULL. */
 typedef struct k_cuda_lib {

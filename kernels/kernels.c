@@ -28,7 +28,7 @@ static void s_cuda_init(void)
         return;
     }
     const k_cuda_lib *lib = k_device_cuda_lib(s_cuda_why, sizeof s_cuda_why);
-    if (lib && !(s_cuda = lib->backend()))
+    if (lib && !(s_cuda = lib->backend(k_device_gpu())))
         snprintf(s_cuda_why, sizeof s_cuda_why, "CUDA back-end failed to initialise: %s",
                  lib->last_error());
 }
@@ -54,6 +54,8 @@ const k_backend *k_backend_by_name(const char *name)
         return k_backend_cpu();
     if (strcmp(name, "cuda") == 0)
         return k_backend_cuda(NULL, 0);
+    if (strcmp(name, "staged") == 0)
+        return k_backend_staged();
     return NULL;
 }
 

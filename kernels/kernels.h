@@ -108,7 +108,13 @@ typedef struct k_dense {
 const k_backend *k_backend_ref(void);
 const k_backend *k_backend_cpu(void);
 const k_backend *k_backend_cuda(char *reason, size_t reason_len);
-/* "ref", "cpu", "cuda", or "auto" (cuda when present, else cpu). NULL when unavailable. */
+/* cpu's ops behind a device's memory interface (backend.h, "staged"), for tests of the
+ * device paths on machines without a GPU. */
+const k_backend *k_backend_staged(void);
+/* 1 when be has the asynchronous group (backend.h): a device back-end's queues and events. */
+static inline int k_backend_async(const k_backend *be) { return be->event_new != NULL; }
+/* "ref", "cpu", "cuda", "staged", or "auto" (cuda when present, else cpu). NULL when
+ * unavailable. */
 const k_backend *k_backend_by_name(const char *name);
 
 /* Shape helpers: fill the derived output size; ZPS_ERR_INVALID when the shape is empty. */

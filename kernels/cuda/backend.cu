@@ -3,8 +3,12 @@
  * and elementwise ops, written to the ref back-end's exact semantics (biased batch variance,
  * unbiased running variance, padding counted by average pooling, the same dropout hash).
  *
- * Everything runs on device 0 in the default stream; tensors are device pointers; losses and
- * reductions come back to the host. Every CUDA, cuDNN and cuBLAS call that an op's result
+ * Everything runs on one device per process (k_cuda_backend's argument, an index among the
+ * devices CUDA_VISIBLE_DEVICES leaves visible): the ops, cuDNN and cuBLAS on the back-end's
+ * compute stream, the asynchronous copies (backend.h's group) on its copy stream, both
+ * non-blocking, ordered against each other by events only; copy_in/copy_out run on the
+ * compute stream and synchronise it. Tensors are device pointers; losses and reductions come
+ * back to the host (synchronising the compute stream). Every CUDA, cuDNN and cuBLAS call that an op's result
  * depends on, and every kernel launch, is checked; the failure's text is kept in s_err (the
  * latest one; this library cannot call zps_log: it is dlopened by binaries that do not export
  * it; k_cuda_last_error returns it) and the call returns ZPS_ERR_CUDA/CUDNN/CUBLAS. Not
@@ -29,6 +33,8 @@
 static char s_err[256];
 static cudnnHandle_t s_cudnn;
 static cublasHandle_t s_cublas;
+static cudaStream_t s_stream; // the compute stream: every op and the synchronous copies
+static cudaStream_t s_copy;   // the copy stream: copy_in_async, copy_out_async
 
 /* Checks a CUDA, cuDNN or cuBLAS call: on failure keeps file:line, the call and the
  * library's own text in s_err (k_cuda_last_error) and returns status. */
@@ -75,12 +81,79 @@ static void s_free(void *p)
 }
 static zps_status s_copy_in(void *dst, const void *src, size_t n)
 {
-    S_CUDA(cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice));
+    S_CUDA(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, s_stream));
+    S_CUDA(cudaStreamSynchronize(s_stream));
     return ZPS_OK;
 }
 static zps_status s_copy_out(void *dst, const void *src, size_t n)
 {
-    S_CUDA(cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost));
+    S_CUDA(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, s_stream));
+    S_CUDA(cudaStreamSynchronize(s_stream));
+    return ZPS_OK;
+}
+
+/* ---- the asynchronous group: pinned host memory, the copy stream, events ---- */
+
+struct k_event {
+    cudaEvent_t ev; // timing disabled: only ordering
+};
+
+static void *s_host_alloc(size_t n)
+{
+    void *p = NULL;
+    return cudaHostAlloc(&p, n ? n : 64, cudaHostAllocDefault) == cudaSuccess ? p : NULL;
+}
+static void s_host_free(void *p)
+{
+    if (p)
+        cudaFreeHost(p);
+}
+static zps_status s_copy_in_async(void *dst, const void *src, size_t n)
+{
+    S_CUDA(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, s_copy));
+    return ZPS_OK;
+}
+static zps_status s_copy_out_async(void *dst, const void *src, size_t n)
+{
+    S_CUDA(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, s_copy));
+    return ZPS_OK;
+}
+static zps_status s_event_new(k_event **out)
+{
+    *out = NULL;
+    k_event *e = (k_event *)calloc(1, sizeof *e);
+    if (!e)
+        return ZPS_ERR_NOMEM;
+    cudaError_t r = cudaEventCreateWithFlags(&e->ev, cudaEventDisableTiming);
+    if (r != cudaSuccess) {
+        snprintf(s_err, sizeof s_err, "cudaEventCreateWithFlags: %s", cudaGetErrorString(r));
+        free(e);
+        return ZPS_ERR_CUDA;
+    }
+    *out = e;
+    return ZPS_OK;
+}
+static void s_event_free(k_event *e)
+{
+    if (e) {
+        cudaEventDestroy(e->ev);
+        free(e);
+    }
+}
+static cudaStream_t s_queue(int q) { return q == K_QUEUE_COPY ? s_copy : s_stream; }
+static zps_status s_event_record(k_event *e, int q)
+{
+    S_CUDA(cudaEventRecord(e->ev, s_queue(q)));
+    return ZPS_OK;
+}
+static zps_status s_event_wait(int q, k_event *e)
+{
+    S_CUDA(cudaStreamWaitEvent(s_queue(q), e->ev, 0));
+    return ZPS_OK;
+}
+static zps_status s_event_sync(k_event *e)
+{
+    S_CUDA(cudaEventSynchronize(e->ev));
     return ZPS_OK;
 }
 
@@ -119,7 +192,7 @@ __global__ void g_dropout(size_t n, uint64_t thr, float keep, uint64_t seed, con
 /* One grid-stride kernel over n elements on the default stream, launch checked. */
 #define S_ELEMWISE(kernel, n, ...)                                                     \
     do {                                                                               \
-        kernel<<<s_blocks(n), S_T>>>((n), __VA_ARGS__);                                \
+        kernel<<<s_blocks(n), S_T, 0, s_stream>>>((n), __VA_ARGS__);                                \
         S_LAUNCHED();                                                                  \
         return ZPS_OK;                                                                 \
     } while (0)
@@ -165,7 +238,7 @@ static zps_status s_relu_bwd(size_t n, const float *y, const float *dy, float *d
 }
 /* Grow-only scratch for the ops whose results come back to the host (reductions, losses):
  * one device and one pinned host buffer, so the step path allocates nothing once the
- * largest batch has been seen. Every op runs on the one default stream, so one buffer of
+ * largest batch has been seen. Every op runs on the one compute stream, so one buffer of
  * each serves all ops in turn (a growth frees the old one: cudaFree waits for the device). */
 static void *s_dscr, *s_hscr;
 static size_t s_dscr_cap, s_hscr_cap;
@@ -198,14 +271,15 @@ static zps_status s_scratch(size_t bytes, void **dev, void **host)
 static zps_status s_dev_zero(double **d)
 {
     S_TRY(s_scratch(sizeof(double), (void **)d, NULL));
-    S_CUDA(cudaMemset(*d, 0, sizeof(double)));
+    S_CUDA(cudaMemsetAsync(*d, 0, sizeof(double), s_stream));
     return ZPS_OK;
 }
 /* After the kernel that accumulated into d: its launch status, then d's value into *out. */
 static zps_status s_dev_take(double *d, double *out)
 {
     S_CUDA(cudaGetLastError());
-    S_CUDA(cudaMemcpy(out, d, sizeof(double), cudaMemcpyDeviceToHost));
+    S_CUDA(cudaMemcpyAsync(out, d, sizeof(double), cudaMemcpyDeviceToHost, s_stream));
+    S_CUDA(cudaStreamSynchronize(s_stream));
     return ZPS_OK;
 }
 static zps_status s_reduce(size_t n, const float *x, int sq, double *out)
@@ -214,7 +288,7 @@ static zps_status s_reduce(size_t n, const float *x, int sq, double *out)
     zps_status st = s_dev_zero(&d);
     if (st != ZPS_OK)
         return st;
-    g_sum<<<s_blocks(n), S_T>>>(n, x, sq, d);
+    g_sum<<<s_blocks(n), S_T, 0, s_stream>>>(n, x, sq, d);
     return s_dev_take(d, out);
 }
 static zps_status s_sum(size_t n, const float *x, double *out) { return s_reduce(n, x, 0, out); }
@@ -242,11 +316,11 @@ static zps_status s_concat(int n, int hw, int nin, const int *c, float *cat, flo
         size_t w = (size_t)c[i] * hw * sizeof(float);
         if (parts[i]) {
             if (split)
-                S_CUDA(cudaMemcpy2D(parts[i], w, (char *)cat + off, pitch, w, (size_t)n,
-                                    cudaMemcpyDeviceToDevice));
+                S_CUDA(cudaMemcpy2DAsync(parts[i], w, (char *)cat + off, pitch, w, (size_t)n,
+                                    cudaMemcpyDeviceToDevice, s_stream));
             else
-                S_CUDA(cudaMemcpy2D((char *)cat + off, pitch, parts[i], w, w, (size_t)n,
-                                    cudaMemcpyDeviceToDevice));
+                S_CUDA(cudaMemcpy2DAsync((char *)cat + off, pitch, parts[i], w, w, (size_t)n,
+                                    cudaMemcpyDeviceToDevice, s_stream));
         }
         off += w;
     }
@@ -359,11 +433,11 @@ static zps_status s_bn_fwd_train(k_bn *d, const float *x, const float *gamma, co
                                  float *y, float *mean, float *var, float *rm, float *rv)
 {
     size_t hw = (size_t)d->h * d->w, total = (size_t)d->n * d->c * hw;
-    g_bn_stats<<<d->c, S_T>>>(d->n, d->c, hw, x, mean, var);
-    g_bn_apply<<<s_blocks(total), S_T>>>(total, d->c, hw, x, gamma, beta, mean, var, d->eps,
+    g_bn_stats<<<d->c, S_T, 0, s_stream>>>(d->n, d->c, hw, x, mean, var);
+    g_bn_apply<<<s_blocks(total), S_T, 0, s_stream>>>(total, d->c, hw, x, gamma, beta, mean, var, d->eps,
                                          d->relu, y);
     float cnt = (float)d->n * hw;
-    g_bn_running<<<(d->c + 127) / 128, 128>>>(d->c, d->momentum, cnt > 1 ? cnt / (cnt - 1) : 1.0f,
+    g_bn_running<<<(d->c + 127) / 128, 128, 0, s_stream>>>(d->c, d->momentum, cnt > 1 ? cnt / (cnt - 1) : 1.0f,
                                               mean, var, rm, rv);
     S_LAUNCHED();
     return ZPS_OK;
@@ -372,7 +446,7 @@ static zps_status s_bn_fwd_infer(k_bn *d, const float *x, const float *gamma, co
                                  const float *rm, const float *rv, float *y)
 {
     size_t hw = (size_t)d->h * d->w, total = (size_t)d->n * d->c * hw;
-    g_bn_apply<<<s_blocks(total), S_T>>>(total, d->c, hw, x, gamma, beta, rm, rv, d->eps,
+    g_bn_apply<<<s_blocks(total), S_T, 0, s_stream>>>(total, d->c, hw, x, gamma, beta, rm, rv, d->eps,
                                          d->relu, y);
     S_LAUNCHED();
     return ZPS_OK;
@@ -397,10 +471,10 @@ static zps_status s_bn_bwd(k_bn *d, const float *x, const float *y, const float 
         S_CUDA(cudaMalloc(&im->sums, sizeof(float) * 2 * (size_t)d->c));
     }
     size_t hw = (size_t)d->h * d->w, total = (size_t)d->n * d->c * hw;
-    g_bn_bwd_sums<<<d->c, S_T>>>(d->n, d->c, hw, x, y, dy, mean, var, d->eps, d->relu, im->sums,
+    g_bn_bwd_sums<<<d->c, S_T, 0, s_stream>>>(d->n, d->c, hw, x, y, dy, mean, var, d->eps, d->relu, im->sums,
                                  im->sums + d->c, dgamma, dbeta);
     if (dx)
-        g_bn_bwd_dx<<<s_blocks(total), S_T>>>(total, d->c, hw, (float)(d->n * hw), x, y, dy,
+        g_bn_bwd_dx<<<s_blocks(total), S_T, 0, s_stream>>>(total, d->c, hw, (float)(d->n * hw), x, y, dy,
                                               gamma, mean, var, d->eps, d->relu, im->sums,
                                               im->sums + d->c, dx);
     S_LAUNCHED();
@@ -484,14 +558,14 @@ __global__ void g_pool_bwd(k_pool d, const float *x, const float *dy, float *dx)
 }
 static zps_status s_pool_fwd(k_pool *d, const float *x, float *y)
 {
-    g_pool_fwd<<<s_blocks((size_t)d->n * d->c * d->oh * d->ow), S_T>>>(*d, x, y);
+    g_pool_fwd<<<s_blocks((size_t)d->n * d->c * d->oh * d->ow), S_T, 0, s_stream>>>(*d, x, y);
     S_LAUNCHED();
     return ZPS_OK;
 }
 static zps_status s_pool_bwd(k_pool *d, const float *x, const float *y, const float *dy, float *dx)
 {
     (void)y;
-    g_pool_bwd<<<s_blocks((size_t)d->n * d->c * d->h * d->w), S_T>>>(*d, x, dy, dx);
+    g_pool_bwd<<<s_blocks((size_t)d->n * d->c * d->h * d->w), S_T, 0, s_stream>>>(*d, x, dy, dx);
     S_LAUNCHED();
     return ZPS_OK;
 }
@@ -518,7 +592,7 @@ static zps_status s_dense_fwd(k_dense *d, const float *x, const float *w, const 
     S_CUBLAS(cublasSgemm(s_cublas, CUBLAS_OP_T, CUBLAS_OP_N, d->out, d->n, d->in, &one, w, d->in,
                          x, d->in, &zero, y, d->out));
     if (b) {
-        g_bias_rows<<<s_blocks((size_t)d->n * d->out), S_T>>>(d->n, d->out, b, y);
+        g_bias_rows<<<s_blocks((size_t)d->n * d->out), S_T, 0, s_stream>>>(d->n, d->out, b, y);
         S_LAUNCHED();
     }
     return ZPS_OK;
@@ -534,7 +608,7 @@ static zps_status s_dense_bwd(k_dense *d, const float *x, const float *w, const 
         S_CUBLAS(cublasSgemm(s_cublas, CUBLAS_OP_N, CUBLAS_OP_T, d->in, d->out, d->n, &one, x,
                              d->in, dy, d->out, &one, dw, d->in));
     if (db) {
-        g_col_sums<<<(d->out + 127) / 128, 128>>>(d->n, d->out, dy, db);
+        g_col_sums<<<(d->out + 127) / 128, 128, 0, s_stream>>>(d->n, d->out, dy, db);
         S_LAUNCHED();
     }
     return ZPS_OK;
@@ -574,16 +648,19 @@ static zps_status s_softmax_xent(int n, int k, const float *z, const int32_t *la
     void *dv, *hv;
     S_TRY(s_scratch(bytes, &dv, &hv));
     int32_t *hl = (int32_t *)hv;
-    S_CUDA(cudaMemcpy(hl, labels, sizeof(int32_t) * (size_t)n, cudaMemcpyDeviceToHost));
+    S_CUDA(cudaMemcpyAsync(hl, labels, sizeof(int32_t) * (size_t)n, cudaMemcpyDeviceToHost,
+                           s_stream));
+    S_CUDA(cudaStreamSynchronize(s_stream));
     for (int i = 0; i < n; i++)
         if (hl[i] < 0 || hl[i] >= k)
             return ZPS_ERR_INVALID;
     float *rl = (float *)dv;
     int *rr = (int *)(rl + n);
-    g_xent<<<(n + 127) / 128, 128>>>(n, k, z, labels, smooth, scale, rl, rr, dz);
+    g_xent<<<(n + 127) / 128, 128, 0, s_stream>>>(n, k, z, labels, smooth, scale, rl, rr, dz);
     S_LAUNCHED();
     float *h = (float *)hv;
-    S_CUDA(cudaMemcpy(h, rl, bytes, cudaMemcpyDeviceToHost));
+    S_CUDA(cudaMemcpyAsync(h, rl, bytes, cudaMemcpyDeviceToHost, s_stream));
+    S_CUDA(cudaStreamSynchronize(s_stream));
     double t = 0;
     int c = 0;
     for (int i = 0; i < n; i++)
@@ -617,7 +694,7 @@ static zps_status s_smooth_l1(size_t n, const float *x, const float *t, float be
     zps_status st = s_dev_zero(&d);
     if (st != ZPS_OK)
         return st;
-    g_smooth_l1<<<s_blocks(n), S_T>>>(n, x, t, beta, scale, d, dx);
+    g_smooth_l1<<<s_blocks(n), S_T, 0, s_stream>>>(n, x, t, beta, scale, d, dx);
     if ((st = s_dev_take(d, &h)) == ZPS_OK)
         *loss = (float)h;
     return st;
@@ -735,17 +812,42 @@ static void s_release(void **impl)
 
 static k_backend s_cuda;
 
-extern "C" const struct k_backend *k_cuda_backend(void)
+/* The device, its two streams, and cuDNN and cuBLAS on the compute stream; 0 on failure
+ * (s_err says which step). */
+static int s_open(int device)
 {
-    static int done, ok;
-    if (done)
-        return ok ? &s_cuda : NULL;
-    done = 1;
-    if (cudaSetDevice(0) != cudaSuccess || cudnnCreate(&s_cudnn) != CUDNN_STATUS_SUCCESS ||
-        cublasCreate(&s_cublas) != CUBLAS_STATUS_SUCCESS) {
-        snprintf(s_err, sizeof s_err, "cannot initialise CUDA device 0, cuDNN or cuBLAS");
-        return NULL;
+    if (cudaSetDevice(device) != cudaSuccess ||
+        cudaStreamCreateWithFlags(&s_stream, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaStreamCreateWithFlags(&s_copy, cudaStreamNonBlocking) != cudaSuccess) {
+        snprintf(s_err, sizeof s_err, "cannot open CUDA device %d or create its streams: %s",
+                 device, cudaGetErrorString(cudaGetLastError()));
+        return 0;
     }
+    if (cudnnCreate(&s_cudnn) != CUDNN_STATUS_SUCCESS ||
+        cudnnSetStream(s_cudnn, s_stream) != CUDNN_STATUS_SUCCESS ||
+        cublasCreate(&s_cublas) != CUBLAS_STATUS_SUCCESS ||
+        cublasSetStream(s_cublas, s_stream) != CUBLAS_STATUS_SUCCESS) {
+        snprintf(s_err, sizeof s_err, "cannot initialise cuDNN or cuBLAS on CUDA device %d",
+                 device);
+        return 0;
+    }
+    return 1;
+}
+
+extern "C" const struct k_backend *k_cuda_backend(int device)
+{
+    static int done, ok, on;
+    if (done) {
+        if (ok && device != on) {
+            snprintf(s_err, sizeof s_err, "the CUDA back-end runs on device %d already; a "
+                     "process uses one device (asked for %d)", on, device);
+            return NULL;
+        }
+        return ok ? &s_cuda : NULL;
+    }
+    done = 1, on = device;
+    if (!s_open(device))
+        return NULL;
     s_cuda.name = "cuda";
     s_cuda.host_memory = 0;
     s_cuda.alloc = s_alloc;
@@ -754,6 +856,15 @@ extern "C" const struct k_backend *k_cuda_backend(void)
     s_cuda.copy_out = s_copy_out;
     s_cuda.release = s_release;
     s_cuda.prefers_blocked = NULL;
+    s_cuda.host_alloc = s_host_alloc;
+    s_cuda.host_free = s_host_free;
+    s_cuda.copy_in_async = s_copy_in_async;
+    s_cuda.copy_out_async = s_copy_out_async;
+    s_cuda.event_new = s_event_new;
+    s_cuda.event_free = s_event_free;
+    s_cuda.event_record = s_event_record;
+    s_cuda.event_wait = s_event_wait;
+    s_cuda.event_sync = s_event_sync;
     s_cuda.conv2d_fwd = s_conv2d_fwd;
     s_cuda.conv2d_bwd = s_conv2d_bwd;
     s_cuda.bn_fwd_train = s_bn_fwd_train;

@@ -10,17 +10,20 @@
 extern "C" {
 #endif
 
-/* Counts devices; fills name with device 0's name and msg with the CUDA error text when
- * none answers. Returns 0 when the query itself worked (count may still be 0). */
-typedef int (*k_cuda_probe_fn)(int *count, char *name, size_t name_len, char *msg,
+/* Counts the visible devices (CUDA_VISIBLE_DEVICES applies); fills name with device
+ * `device`'s name when it exists, and msg with the CUDA error text when none answers.
+ * Returns 0 when the query itself worked (count may still be 0). */
+typedef int (*k_cuda_probe_fn)(int device, int *count, char *name, size_t name_len, char *msg,
                                size_t msg_len);
-int k_cuda_probe(int *count, char *name, size_t name_len, char *msg, size_t msg_len);
+int k_cuda_probe(int device, int *count, char *name, size_t name_len, char *msg,
+                 size_t msg_len);
 
-/* The CUDA op table (kernels.h), initialised on device 0 (cuDNN and cuBLAS handles); NULL
- * when initialisation fails. Defined in kernels/cuda/backend.cu. */
+/* The CUDA op table (kernels.h), initialised on visible device `device` (its streams, cuDNN
+ * and cuBLAS handles) by the first call; NULL when initialisation fails or a later call asks
+ * for another device. Defined in kernels/cuda/backend.cu. */
 struct k_backend;
-typedef const struct k_backend *(*k_cuda_backend_fn)(void);
-const struct k_backend *k_cuda_backend(void);
+typedef const struct k_backend *(*k_cuda_backend_fn)(int device);
+const struct k_backend *k_cuda_backend(int device);
 /* Text of the last CUDA/cuDNN/cuBLAS failure in the library ("" when none). */
 typedef const char *(*k_cuda_last_error_fn)(void);
 const char *k_cuda_last_error(void);

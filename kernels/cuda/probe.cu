@@ -5,7 +5,7 @@
 
 #include "kernels/cuda/cuda_api.h"
 
-extern "C" int k_cuda_probe(int *count, char *name, size_t name_len, char *msg,
+extern "C" int k_cuda_probe(int device, int *count, char *name, size_t name_len, char *msg,
                             size_t msg_len)
 {
     *count = 0;
@@ -20,9 +20,9 @@ extern "C" int k_cuda_probe(int *count, char *name, size_t name_len, char *msg,
         return 0;
     }
     *count = n;
-    if (n > 0) {
+    if (device >= 0 && device < n) {
         cudaDeviceProp prop;
-        e = cudaGetDeviceProperties(&prop, 0);
+        e = cudaGetDeviceProperties(&prop, device);
         if (e != cudaSuccess) {
             snprintf(msg, msg_len, "cudaGetDeviceProperties: %s", cudaGetErrorString(e));
             return -1;

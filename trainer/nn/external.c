@@ -18,6 +18,7 @@
 
 #include "common/check.h"
 #include "common/log.h"
+#include "common/mem.h"
 #include "trainer/nn/nn_int.h"
 
 int nn_model_output(nn_model *m, int t)
@@ -61,18 +62,34 @@ zps_status nn_model_forward_outputs(nn_model *m, const float *x, int n, int trai
     return ZPS_OK;
 }
 
+/* Host floats for a blocked tensor on its way to or from a device back-end (the "staged"
+ * one: cpu's layouts in memory of its own). */
+static float *s_relayout(nn_model *m, size_t n)
+{
+    if (n > m->relayout_cap) {
+        zps_aligned_free(m->relayout);
+        m->relayout = zps_xaligned(64, n * sizeof(float));
+        m->relayout_cap = n;
+    }
+    return m->relayout;
+}
+
 zps_status nn_model_output_read(nn_model *m, int i, float *dst)
 {
     assert(i >= 0 && i < m->nouts);
     const nn_tensor *t = &m->t[m->outs[i]];
     if (m->plan_n == 0)
         return ZPS_ERR_INVALID;
+    size_t n = nn_tensor_floats(m, m->outs[i], m->plan_n);
+    const float *src = t->x;
     if (!m->be->host_memory) {
-        assert(!t->blocked);
-        return m->be->copy_out(dst, t->x, nn_tensor_floats(m, m->outs[i], m->plan_n) *
-                                              sizeof(float));
+        float *host = t->blocked ? s_relayout(m, n) : dst;
+        ZPS_TRY(m->be->copy_out(host, t->x, n * sizeof(float)));
+        if (!t->blocked)
+            return ZPS_OK;
+        src = host;
     }
-    k_from_layout(t->blocked, m->plan_n, t->c, t->h, t->w, t->x, dst);
+    k_from_layout(t->blocked, m->plan_n, t->c, t->h, t->w, src, dst);
     return ZPS_OK;
 }
 
@@ -80,11 +97,15 @@ zps_status nn_model_output_read(nn_model *m, int i, float *dst)
 static zps_status s_inject(nn_model *m, int t, const float *dy)
 {
     nn_tensor *x = &m->t[t];
-    if (!m->be->host_memory) {
-        assert(!x->blocked);
-        ZPS_TRY(m->be->copy_in(x->dx, dy, nn_tensor_floats(m, t, m->plan_n) * sizeof(float)));
-    } else {
+    size_t n = nn_tensor_floats(m, t, m->plan_n);
+    if (m->be->host_memory) {
         k_to_layout(x->blocked, m->plan_n, x->c, x->h, x->w, dy, x->dx);
+    } else if (!x->blocked) {
+        ZPS_TRY(m->be->copy_in(x->dx, dy, n * sizeof(float)));
+    } else {
+        float *host = s_relayout(m, n);
+        k_to_layout(x->blocked, m->plan_n, x->c, x->h, x->w, dy, host);
+        ZPS_TRY(m->be->copy_in(x->dx, host, n * sizeof(float)));
     }
     x->dx_set = 1;
     return ZPS_OK;

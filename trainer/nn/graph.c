@@ -127,6 +127,7 @@ void nn_model_destroy(nn_model **pm)
     free(m->vars);
     free(m->stats);
     zps_aligned_free(m->scratch);
+    zps_aligned_free(m->relayout);
     free(m);
     *pm = NULL;
 }

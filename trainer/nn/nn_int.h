@@ -117,6 +117,8 @@ struct nn_model {
     float bn_momentum;      // > 0: batchnorm momentum of training forwards (0: the 0.1 planned)
     void *scratch;          // nn_model_scratch: host bytes, grown, reused, freed with m
     size_t scratch_cap;
+    float *relayout;        // host floats between a device and a blocked layout (external.c)
+    size_t relayout_cap;    // its capacity in floats (grown, reused, freed with m)
 };
 
 /* Floats of tensor t for n samples. */

@@ -1,0 +1,276 @@
+/* test_k_staged.c — the asynchronous group of the back-end interface (backend.h: pinned host
+ * memory, the copy queue, events) and the "staged" back-end that lets the CPU suite run the
+ * device paths.
+ *
+ *   k_async   an H2D copy, an op waiting for it, a D2H copy waiting for the op, on every
+ *             back-end that has the group: staged always, cuda where a GPU answers (else
+ *             SKIP through ZPS_GPU_SKIP)
+ *   k_staged  what makes staged a strict stand-in for a device: copies held back until an
+ *             event after them is waited for, in order; fresh memory is NaN; the compute
+ *             queue never waits; and whole models (the convnet with heads, the detector's
+ *             outputs in blocked layouts) give the cpu back-end's loss and gradients bit for
+ *             bit when their tensors live in staged memory.
+ * Fresh random inputs every run (seed printed on failure; ZPS_TEST_SEED reproduces).
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "kernels/kernels.h"
+#include "tests/testutil.h"
+#include "trainer/models/models.h"
+#include "trainer/nn/nn.h"
+
+static uint64_t s_seed;
+
+static void s_init(void)
+{
+    s_seed = zt_seed_init();
+    zps_log_set_level(ZPS_LOG_WARN);
+}
+
+/* H2D on the copy queue -> the compute queue waits -> scale by 2 -> the copy queue waits ->
+ * D2H -> the host waits: every byte comes back doubled, exactly. */
+static void s_round_trip(const k_backend *be)
+{
+    cr_assert(k_backend_async(be), "%s lacks the asynchronous group", be->name);
+    size_t n = (size_t)zt_irand(1, 300000);
+    float *a = be->host_alloc(n * sizeof *a), *b = be->host_alloc(n * sizeof *b);
+    float *d = be->alloc(n * sizeof *d);
+    cr_assert(a && b && d);
+    for (size_t i = 0; i < n; i++)
+        a[i] = zt_unif(-10, 10);
+    k_event *in, *op, *out;
+    cr_assert_eq(be->event_new(&in), ZPS_OK);
+    cr_assert_eq(be->event_new(&op), ZPS_OK);
+    cr_assert_eq(be->event_new(&out), ZPS_OK);
+    cr_assert_eq(be->copy_in_async(d, a, n * sizeof *a), ZPS_OK);
+    cr_assert_eq(be->event_record(in, K_QUEUE_COPY), ZPS_OK);
+    cr_assert_eq(be->event_wait(K_QUEUE_COMPUTE, in), ZPS_OK);
+    cr_assert_eq(k_scale(be, n, 2.0f, d), ZPS_OK);
+    cr_assert_eq(be->event_record(op, K_QUEUE_COMPUTE), ZPS_OK);
+    cr_assert_eq(be->event_wait(K_QUEUE_COPY, op), ZPS_OK);
+    cr_assert_eq(be->copy_out_async(b, d, n * sizeof *b), ZPS_OK);
+    cr_assert_eq(be->event_record(out, K_QUEUE_COPY), ZPS_OK);
+    cr_assert_eq(be->event_sync(out), ZPS_OK);
+    for (size_t i = 0; i < n; i++)
+        cr_assert_eq(b[i], 2.0f * a[i], "%s: element %zu of %zu: %g, want %g (seed %llu)",
+                     be->name, i, n, b[i], 2.0f * a[i], (unsigned long long)s_seed);
+    be->event_free(in);
+    be->event_free(op);
+    be->event_free(out);
+    be->free(d);
+    be->host_free(a);
+    be->host_free(b);
+}
+
+Test(k_async, staged_round_trip, .init = s_init, .timeout = 30)
+{
+    s_round_trip(k_backend_staged());
+}
+
+Test(k_async, cuda_round_trip, .init = s_init, .timeout = 60)
+{
+    char why[320] = "";
+    const k_backend *be = k_backend_cuda(why, sizeof why);
+    if (!be)
+        ZPS_GPU_SKIP("no CUDA device: %s", why);
+    s_round_trip(be);
+}
+
+Test(k_async, host_backends_have_no_queues, .init = s_init)
+{
+    cr_assert(!k_backend_async(k_backend_cpu()));
+    cr_assert(!k_backend_async(k_backend_ref()));
+    cr_assert(k_backend_async(k_backend_staged()));
+    cr_assert_eq(k_backend_by_name("staged"), k_backend_staged());
+    cr_assert_eq(k_backend_staged()->host_memory, 0);
+}
+
+/* A copy happens when an event recorded after it is waited for, not before, and the copies
+ * run in the order they were queued (the second write to the same place wins). */
+Test(k_staged, copies_wait_for_an_event, .init = s_init)
+{
+    const k_backend *be = k_backend_staged();
+    float *h = be->host_alloc(4 * sizeof *h), *d = be->alloc(4 * sizeof *d);
+    cr_assert(isnan(h[0]) && isnan(d[3]), "fresh memory is NaN");
+    float one[4] = {1, 2, 3, 4}, two[4] = {5, 6, 7, 8};
+    k_event *e1, *e2;
+    cr_assert_eq(be->event_new(&e1), ZPS_OK);
+    cr_assert_eq(be->event_new(&e2), ZPS_OK);
+    cr_assert_eq(be->copy_in_async(d, one, sizeof one), ZPS_OK);
+    cr_assert_eq(be->event_record(e1, K_QUEUE_COPY), ZPS_OK);
+    cr_assert_eq(be->copy_in_async(d, two, sizeof two), ZPS_OK);
+    cr_assert_eq(be->event_record(e2, K_QUEUE_COPY), ZPS_OK);
+    cr_assert(isnan(d[0]), "nothing waited yet: the copy has not happened");
+    /* the copy queue waiting for the compute queue changes nothing */
+    cr_assert_eq(be->event_wait(K_QUEUE_COPY, e1), ZPS_OK);
+    cr_assert(isnan(d[0]));
+    cr_assert_eq(be->event_wait(K_QUEUE_COMPUTE, e1), ZPS_OK);
+    cr_assert_eq(d[0], 1.0f, "the first copy ran when the compute queue waited for it");
+    cr_assert_eq(d[3], 4.0f);
+    cr_assert_eq(be->copy_out_async(h, d, sizeof one), ZPS_OK);
+    k_event *e3;
+    cr_assert_eq(be->event_new(&e3), ZPS_OK);
+    cr_assert_eq(be->event_record(e3, K_QUEUE_COPY), ZPS_OK);
+    cr_assert(isnan(h[0]), "the copy-out waits too");
+    cr_assert_eq(be->event_sync(e3), ZPS_OK);
+    cr_assert_eq(d[0], 5.0f, "the second copy-in ran before the copy-out queued after it");
+    cr_assert_eq(h[0], 5.0f);
+    cr_assert_eq(h[2], 7.0f);
+    /* compute events are complete at once */
+    cr_assert_eq(be->event_record(e1, K_QUEUE_COMPUTE), ZPS_OK);
+    cr_assert_eq(be->event_sync(e1), ZPS_OK);
+    be->event_free(e1);
+    be->event_free(e2);
+    be->event_free(e3);
+    be->free(d);
+    be->host_free(h);
+}
+
+/* More copies than the queue's first capacity, across a slide and a growth: all in order. */
+Test(k_staged, a_long_backlog_keeps_its_order, .init = s_init)
+{
+    const k_backend *be = k_backend_staged();
+    enum { N = 1500 };
+    float *src = malloc(N * sizeof *src), *d = be->alloc(N * sizeof *d);
+    k_event *e;
+    cr_assert_eq(be->event_new(&e), ZPS_OK);
+    for (int round = 0; round < 3; round++) {
+        for (int i = 0; i < N; i++) {
+            src[i] = (float)(round * N + i);
+            cr_assert_eq(be->copy_in_async(d + i, src + i, sizeof *src), ZPS_OK);
+            if (i == N / 2) { /* half of them run now: the rest slide to the front */
+                cr_assert_eq(be->event_record(e, K_QUEUE_COPY), ZPS_OK);
+                cr_assert_eq(be->event_sync(e), ZPS_OK);
+                cr_assert_eq(d[i], (float)(round * N + i));
+            }
+        }
+        cr_assert_eq(be->event_record(e, K_QUEUE_COPY), ZPS_OK);
+        cr_assert_eq(be->event_sync(e), ZPS_OK);
+        for (int i = 0; i < N; i++)
+            cr_assert_eq(d[i], (float)(round * N + i));
+    }
+    be->event_free(e);
+    be->free(d);
+    free(src);
+}
+
+/* Loss and gradients of one training step of model `name` on the cpu and staged back-ends,
+ * from the same seed and batch: equal bit for bit. */
+static void s_same_step(const char *name, int batch)
+{
+    const k_backend *bes[2] = {k_backend_cpu(), k_backend_staged()};
+    nn_model *m[2];
+    float loss[2];
+    float *g[2];
+    float *x = NULL;
+    int32_t *y = NULL;
+    size_t np = 0;
+    for (int k = 0; k < 2; k++) {
+        nn_model_opts o;
+        nn_model_opts_default(&o, name);
+        o.seed = s_seed;
+        cr_assert_eq(nn_model_create(bes[k], &o, &m[k]), ZPS_OK);
+        np = nn_model_param_count(m[k]);
+        if (!x) {
+            int c, h, w;
+            nn_model_input_shape(m[k], &c, &h, &w);
+            size_t nx = (size_t)batch * c * h * w;
+            x = malloc(nx * sizeof *x);
+            y = malloc((size_t)batch * sizeof *y);
+            for (size_t i = 0; i < nx; i++)
+                x[i] = zt_unif(-1, 1);
+            for (int i = 0; i < batch; i++)
+                y[i] = (int32_t)(zt_rand() % (uint32_t)nn_model_classes(m[k]));
+        }
+        cr_assert_eq(nn_model_forward(m[k], x, y, batch, 1, &loss[k], NULL), ZPS_OK);
+        cr_assert_eq(nn_model_backward(m[k], NULL, NULL), ZPS_OK);
+        g[k] = malloc(np * sizeof(float));
+        cr_assert_eq(bes[k]->copy_out(g[k], nn_model_grads(m[k]), np * sizeof(float)), ZPS_OK);
+    }
+    cr_assert(isfinite(loss[0]));
+    cr_assert_eq(loss[0], loss[1], "%s: loss %.9g on cpu, %.9g staged (seed %llu)", name,
+                 loss[0], loss[1], (unsigned long long)s_seed);
+    cr_assert_eq(memcmp(g[0], g[1], np * sizeof(float)), 0,
+                 "%s: gradients differ between cpu and staged (seed %llu)", name,
+                 (unsigned long long)s_seed);
+    for (int k = 0; k < 2; k++) {
+        nn_model_destroy(&m[k]);
+        free(g[k]);
+    }
+    free(x);
+    free(y);
+}
+
+Test(k_staged, convnet_step_equals_cpu, .init = s_init, .timeout = 60)
+{
+    s_same_step("convnet", 8);
+}
+
+/* The detector's outputs are kept in cpu's blocked layouts: reading them from staged memory
+ * and injecting their gradients go through host relayouts (nn/external.c). */
+Test(k_staged, detector_outputs_equal_cpu, .init = s_init, .timeout = 120)
+{
+    const k_backend *bes[2] = {k_backend_cpu(), k_backend_staged()};
+    nn_model *m[2];
+    float *outs[2][16] = {{0}};
+    float *g[2];
+    float *x = NULL;
+    int batch = 2, nouts = 0, blocked = 0;
+    size_t np = 0, osz[16] = {0};
+    for (int k = 0; k < 2; k++) {
+        nn_model_opts o;
+        nn_model_opts_default(&o, "ssd");
+        o.seed = s_seed;
+        cr_assert_eq(nn_model_create(bes[k], &o, &m[k]), ZPS_OK);
+        np = nn_model_param_count(m[k]);
+        int c, h, w;
+        nn_model_input_shape(m[k], &c, &h, &w);
+        if (!x) {
+            x = malloc((size_t)batch * c * h * w * sizeof *x);
+            for (size_t i = 0; i < (size_t)batch * c * h * w; i++)
+                x[i] = zt_unif(0, 1);
+        }
+        cr_assert_eq(nn_model_forward_outputs(m[k], x, batch, 1), ZPS_OK);
+        nouts = nn_model_outputs(m[k]);
+        const float *dys[16];
+        for (int i = 0; i < nouts; i++) {
+            nn_model_output_shape(m[k], i, &c, &h, &w);
+            osz[i] = (size_t)batch * c * h * w;
+            outs[k][i] = malloc(osz[i] * sizeof(float));
+            cr_assert_eq(nn_model_output_read(m[k], i, outs[k][i]), ZPS_OK);
+            dys[i] = outs[k][i]; /* dL/dy = y: any fixed function of the outputs */
+        }
+        cr_assert_eq(nn_model_backward_outputs(m[k], dys, NULL, NULL), ZPS_OK);
+        g[k] = malloc(np * sizeof(float));
+        cr_assert_eq(bes[k]->copy_out(g[k], nn_model_grads(m[k]), np * sizeof(float)), ZPS_OK);
+    }
+    for (int i = 0; i < nouts; i++) {
+        cr_assert_eq(memcmp(outs[0][i], outs[1][i], osz[i] * sizeof(float)), 0,
+                     "output %d differs between cpu and staged (seed %llu)", i,
+                     (unsigned long long)s_seed);
+        for (int k = 0; k < 2; k++)
+            free(outs[k][i]);
+    }
+    cr_assert_eq(memcmp(g[0], g[1], np * sizeof(float)), 0,
+                 "detector gradients differ between cpu and staged (seed %llu)",
+                 (unsigned long long)s_seed);
+    /* the point of this test: some output really is blocked on both */
+    for (int kind = 0; kind < 2; kind++)
+        for (int i = 0; i < nouts / 2; i++) {
+            char name[96];
+            snprintf(name, sizeof name, "head.%s_head.module_list.%d",
+                     kind ? "regression" : "classification", i);
+            blocked += nn_model_tensor_blocked(m[1], name) != 0;
+        }
+    cr_assert_gt(blocked, 0, "no blocked tensor among the detector's outputs");
+    for (int k = 0; k < 2; k++) {
+        nn_model_destroy(&m[k]);
+        free(g[k]);
+    }
+    free(x);
+}
