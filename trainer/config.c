@@ -129,7 +129,8 @@ static const char *s_push_dtype_show(const void *cfg)
 static const zps_opt_name s_aux[] = {{"auto", -1}, {"on", 1}, {"off", 0}, {NULL, 0}};
 static const zps_opt_name s_shard[] = {
     {"records", TR_SHARD_RECORDS}, {"batch", TR_SHARD_BATCH}, {NULL, 0}};
-static const zps_opt_name s_device[] = {{"auto", 0}, {"cpu", 0}, {"cuda", 0}, {NULL, 0}};
+static const zps_opt_name s_device[] = {{"auto", 0}, {"cpu", 0}, {"cuda", 0}, {"staged", 0},
+                                        {NULL, 0}};
 static const zps_opt_name s_sched[] = {{"constant", PS_SCHED_CONSTANT},
                                        {"exponential", PS_SCHED_EXPONENTIAL},
                                        {"cosine", PS_SCHED_COSINE},
@@ -172,8 +173,12 @@ static const zps_opt s_opt[] = {
              "checksum or do not decode; the N+1st is an error"},
     {.type = ZPS_OPT_TEXT, .help = "where:"},
     {"device", ZPS_OPT_STRING, F(device), .names = s_device,
-     .help = "training runs on the CPU today; auto warns when a GPU\n"
-             "answers, cuda is an error"},
+     .help = "auto: a GPU when one answers, else the CPU; cuda: a GPU\n"
+             "or an error; staged: the CPU behind a device's copies\n"
+             "(tests the GPU paths without a GPU; docs/training.md)"},
+    {"gpu", ZPS_OPT_INT, F(gpu), 0, 1023, .meta = "N",
+     .help = "the visible CUDA device to use, from 0\n"
+             "(after CUDA_VISIBLE_DEVICES; one device per trainer)"},
     {"mode", ZPS_OPT_FUNC, .fn = s_mode, .show = s_mode_show, .meta = "M", .dflt = "local",
      .help = "local | sync | async | ssp | allreduce"},
     {"cluster", ZPS_OPT_STRING, F(cluster), .meta = "FILE",

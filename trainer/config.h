@@ -47,7 +47,8 @@ typedef struct tr_config {
     tr_shard_mode shard;
     int64_t skip_corrupt;     // skip up to this many corrupt training records (0: none)
     /* where and how */
-    char device[16];          // auto | cpu | cuda
+    char device[16];          // auto | cpu | cuda | staged
+    int gpu;                  // --gpu: the visible CUDA device (0..)
     tr_mode mode;
     char cluster[512];        // cluster file ("" = --servers)
     char servers[2048];       // comma-separated tcp:// URIs

@@ -13,6 +13,9 @@
  *                     (trainer/allreduce.h) per bucket of layers on a communication thread
  *                     while backward goes on, the local optimizer fused into each bucket's
  *                     reduction; rank 0 decides when every rank stops
+ *   stage.c           a model on a device back-end (backend.h's queues) under either of
+ *                     the last two: pinned host mirrors of the values and the gradients,
+ *                     moved one layer group at a time on the copy queue (tr_sync_staged_new)
  *   (next: sync_nccl.c, the all-reduce of device gradients, behind the same calls)
  *
  * A step, as train.c calls it:
@@ -29,9 +32,9 @@
  * abandon() instead of whatever of that did not happen, then destroy().
  *
  * Invariants:
- *  - The back-ends read and write host memory only (env.params, env.grads): the trainer
- *    computes on the CPU (train.c, s_backend). Device buffers will come with the NCCL
- *    back-end, behind these same calls.
+ *  - sync_ps and sync_allreduce read and write host memory only (env.params, env.grads);
+ *    with a model on a device, stage.c gives them host mirrors and moves the data.
+ *    sync_local works on env.be's memory, wherever that is (k_optim_apply).
  *  - Gradient accumulation is the loop's business: with --accumulate K > 1 the loop averages
  *    the K micro-batches into env.grads and then calls grads_ready once per variable, last
  *    first; with K = 1 the model's backward calls it per layer. Either way every variable
@@ -57,6 +60,9 @@
 #include "trainer/metrics.h"
 #include "trainer/nn/nn.h"
 
+/* Installs a forward hook for a back-end (nn_model_set_forward_hook's arguments). */
+typedef void (*tr_set_forward_hook_fn)(void *owner, nn_grad_hook hook, void *ctx);
+
 /* What a back-end is built from; everything is borrowed and outlives the back-end. */
 typedef struct tr_sync_env {
     const tr_config *cfg;
@@ -68,6 +74,10 @@ typedef struct tr_sync_env {
     float *params;            // (nparams) the model's values
     float *grads;             // (nparams) the step's mean gradient (the model's own, or the
                               // loop's accumulator with --accumulate > 1)
+    const k_backend *be;      // whose memory params and grads are in (NULL: the model's,
+                              // or cpu without a model)
+    tr_set_forward_hook_fn set_forward_hook; // NULL: nn_model_set_forward_hook on model;
+    void *hook_owner;         // else this is called with hook_owner instead (stage.c)
     const char *const *uris;  // (n_uris) PS servers
     int n_uris;
     const volatile sig_atomic_t *stop; // raised by SIGTERM/SIGINT: network waits end at once
@@ -116,9 +126,24 @@ struct tr_sync {
 };
 
 /* The back-ends. Each logs what failed; *out is the caller's (tr_sync_destroy). */
+typedef zps_status (*tr_sync_new_fn)(const tr_sync_env *env, tr_sync **out);
 zps_status tr_sync_local_new(const tr_sync_env *env, tr_sync **out);
 zps_status tr_sync_ps_new(const tr_sync_env *env, tr_sync **out);
 zps_status tr_sync_allreduce_new(const tr_sync_env *env, tr_sync **out);
+/* inner_new (ps or allreduce) over pinned host mirrors of env's params and grads, which are
+ * in the memory of env->model's device back-end (one with k_backend_async): the mirrors
+ * start as copies of the model's values, and the data moves as stage.c says. */
+zps_status tr_sync_staged_new(const tr_sync_env *env, tr_sync_new_fn inner_new, tr_sync **out);
+
+/* The forward hook as env says (set_forward_hook, or the model's own). */
+static inline void tr_sync_env_forward_hook(const tr_sync_env *env, nn_grad_hook hook,
+                                            void *ctx)
+{
+    if (env->set_forward_hook)
+        env->set_forward_hook(env->hook_owner, hook, ctx);
+    else
+        nn_model_set_forward_hook(env->model, hook, ctx);
+}
 
 static inline void tr_sync_destroy(tr_sync **ps)
 {

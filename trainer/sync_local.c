@@ -81,7 +81,7 @@ zps_status tr_sync_local_init(tr_sync_local *l, const tr_sync_env *env)
 {
     *l = (tr_sync_local){.opt = &env->cfg->opt, .params = env->params, .grads = env->grads,
                          .n = env->nparams};
-    l->be = env->model ? nn_model_backend(env->model) : k_backend_cpu();
+    l->be = env->be ? env->be : env->model ? nn_model_backend(env->model) : k_backend_cpu();
     l->base = (tr_sync){.begin_step = s_begin_step, .params_ready = s_nothing,
                         .grads_ready = s_grads_ready, .end_step = s_end_step,
                         .finish = s_finish, .leave = s_nothing, .destroy = s_destroy,

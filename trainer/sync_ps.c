@@ -70,7 +70,7 @@ typedef struct s_group {
 typedef struct s_ps {
     tr_sync base;             // first: the tr_sync the loop holds
     const tr_config *cfg;
-    nn_model *model;
+    tr_sync_env hook_env;     // model, set_forward_hook, hook_owner: where the pull hook goes
     float *params, *grads;    // (nparams) borrowed from the env
     size_t nvars, nparams;
     ps_plan *plan;
@@ -321,7 +321,7 @@ static void s_groups_known(s_ps *p)
         for (int v = p->buckets[b].first; v < p->buckets[b].first + p->buckets[b].n; v++)
             p->var_pull[v] = b;
     p->groups_known = 1;
-    nn_model_set_forward_hook(p->model, s_pull_hook, p);
+    tr_sync_env_forward_hook(&p->hook_env, s_pull_hook, p);
 }
 
 /* ---- pushes ---- */
@@ -676,7 +676,8 @@ zps_status tr_sync_ps_new(const tr_sync_env *env, tr_sync **out)
     p->cfg = env->cfg;
     p->pushpull = env->cfg->mode == TR_MODE_SYNC;
     p->stop = env->stop;
-    p->model = env->model;
+    p->hook_env = (tr_sync_env){.model = env->model, .set_forward_hook = env->set_forward_hook,
+                                .hook_owner = env->hook_owner};
     p->params = env->params;
     p->grads = env->grads;
     p->nvars = env->nvars;

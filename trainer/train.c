@@ -98,9 +98,14 @@ static void s_job_free(s_job *j)
     (void)tr_trace_finish(&j->trace); /* a failed run's partial window is still worth a look */
     ds_pipeline_destroy(&j->train);
     tr_task_destroy(&j->task);
+    if (j->be) {
+        j->be->free(j->acc);
+        if (k_backend_async(j->be))
+            j->be->host_free(j->images);
+        else
+            zps_aligned_free(j->images);
+    }
     nn_model_destroy(&j->model);
-    zps_aligned_free(j->acc);
-    zps_aligned_free(j->images);
     free(j->labels);
     zps_aligned_free(j->eval_x);
     free(j->eval_y);
@@ -141,26 +146,31 @@ static zps_status s_servers(s_job *j)
     return ZPS_OK;
 }
 
-/* The loop, the sync back-ends and the PS client read parameters and gradients as host
- * memory, and nothing moves device tensors to and from them yet, so the trainer always
- * computes on the CPU (docs/training.md, --device). When a GPU answers, --device auto says
- * so in a warning and goes on; --device cuda is an error. */
+/* Where the model computes (--device, --gpu): the cpu back-end, or the cuda one when a GPU
+ * answers (auto) or is required (cuda), or "staged" (the CPU behind a device's copies, for
+ * tests of the device paths without a GPU). k_device_select logs the choice. */
 static zps_status s_backend(s_job *j)
 {
+    const tr_config *c = j->cfg;
+    if (strcmp(c->device, "staged") == 0) {
+        j->be = k_backend_staged();
+        zps_log(ZPS_INFO, "trainer", "--device staged: the cpu back-end's ops, with every "
+                "tensor behind a device's copies");
+        return ZPS_OK;
+    }
+    k_device_use_gpu(c->gpu);
     k_device_info info;
-    ZPS_TRY(k_device_select(j->cfg->device, &info));
+    ZPS_TRY(k_device_select(c->device, &info));
     j->be = k_backend_cpu();
     if (info.kind != K_DEVICE_CUDA)
         return ZPS_OK;
-    char why[256] = "";
-    const char *reason = k_backend_cuda(why, sizeof why)
-                             ? "the trainer does not yet move device tensors to the servers"
-                             : why;
-    if (strcmp(j->cfg->device, "cuda") == 0) {
-        zps_log(ZPS_ERROR, "trainer", "--device cuda: %s", reason);
-        return ZPS_ERR_UNSUPPORTED;
+    char why[320] = "";
+    const k_backend *cuda = k_backend_cuda(why, sizeof why);
+    if (!cuda) {
+        zps_log(ZPS_ERROR, "trainer", "--device %s: %s", c->device, why);
+        return ZPS_ERR_NO_DEVICE;
     }
-    zps_log(ZPS_WARN, "trainer", "a CUDA device answered, but %s; training on the CPU", reason);
+    j->be = cuda;
     return ZPS_OK;
 }
 
@@ -222,10 +232,17 @@ static zps_status s_model_and_data(s_job *j)
     j->params = nn_model_params(j->model);
     j->grads = nn_model_grads(j->model);
     j->sample_floats = (size_t)j->in_c * (size_t)j->in_h * (size_t)j->in_w;
-    j->images = zps_xaligned(64, (size_t)j->read_batch * j->sample_floats * sizeof(float));
+    size_t image_bytes = (size_t)j->read_batch * j->sample_floats * sizeof(float);
+    j->images = k_backend_async(j->be) ? j->be->host_alloc(image_bytes) /* pinned: DMA */
+                                       : zps_xaligned(64, image_bytes);
     j->labels = zps_xcalloc((size_t)j->read_batch, sizeof *j->labels);
     if (c->accumulate > 1)
-        j->acc = zps_xaligned(64, j->nparams * sizeof(float));
+        j->acc = j->be->alloc(j->nparams * sizeof(float));
+    if (!j->images || (c->accumulate > 1 && !j->acc)) {
+        zps_log(ZPS_ERROR, "trainer", "cannot allocate the batch (%zu MiB pinned) or the "
+                "gradient accumulator on the %s back-end", image_bytes >> 20, j->be->name);
+        return ZPS_ERR_NOMEM;
+    }
     zps_log(ZPS_INFO, "trainer",
             "model %s: %zu variables, %zu parameters, input %dx%dx%d, %d classes; data %s: "
             "%llu records for this trainer",
@@ -344,27 +361,36 @@ static int s_is_evaluator(const s_job *j)
            (j->cfg->mode == TR_MODE_SYNC && j->cfg->stop_accuracy > 0);
 }
 
-/* The mode's back-end, over the model's values and the step's mean gradient. */
+/* The mode's back-end, over the model's values and the step's mean gradient. The PS and
+ * shared-memory all-reduce back-ends read host memory: a model on a device reaches them
+ * through pinned mirrors (stage.c); local training applies its optimizer where the model is. */
 static zps_status s_sync_new(s_job *j)
 {
     tr_sync_env env = {.cfg = j->cfg, .id = j->id, .n_trainers = j->n_trainers,
                        .model = j->model, .vars = j->vars, .nvars = j->nvars,
                        .nparams = j->nparams, .params = j->params,
-                       .grads = j->acc ? j->acc : j->grads,
+                       .grads = j->acc ? j->acc : j->grads, .be = j->be,
                        .uris = (const char *const *)j->uris, .n_uris = j->n_uris,
                        .stop = &s_stop, .trace = j->trace};
+    tr_sync_new_fn host_new = NULL;
     switch (j->cfg->mode) {
     case TR_MODE_LOCAL:
         return tr_sync_local_new(&env, &j->sync);
     case TR_MODE_SYNC:
     case TR_MODE_ASYNC:
     case TR_MODE_SSP:
-        return tr_sync_ps_new(&env, &j->sync);
+        host_new = tr_sync_ps_new;
+        break;
     case TR_MODE_ALLREDUCE:
         /* (the NCCL back-end for device gradients will be chosen here) */
-        return tr_sync_allreduce_new(&env, &j->sync);
+        host_new = tr_sync_allreduce_new;
+        break;
     }
-    return ZPS_ERR_INVALID;
+    if (!host_new)
+        return ZPS_ERR_INVALID;
+    if (j->be->host_memory)
+        return host_new(&env, &j->sync);
+    return tr_sync_staged_new(&env, host_new, &j->sync);
 }
 
 /* A sync job already under way (sync.h, start_step): go on from the fleet's step. */
@@ -564,9 +590,9 @@ static zps_status s_forward_backward(s_job *j, tr_step_record *rec)
         t0 = tr_trace_now(j->trace);
         ZPS_TRY(j->task->backward(j->task, K == 1 ? s_grads_hook : NULL, j->sync));
         tr_trace_span(j->trace, TR_TRACE_MAIN, "backward", t0, -1);
-        if (K > 1 && m == 0)
-            memcpy(j->acc, j->grads, j->nparams * sizeof(float));
-        else if (K > 1)
+        if (K > 1 && m == 0) /* acc = 0 + 1 * grads: the copy, exactly, on any back-end */
+            ZPS_TRY(k_fill(j->be, j->nparams, 0.0f, j->acc));
+        if (K > 1)
             ZPS_TRY(k_axpy(j->be, j->nparams, 1.0f, j->grads, j->acc));
     }
     if (K > 1) {

@@ -1,0 +1,394 @@
+/* stage.c — a model on a device back-end, synchronised by a back-end that reads host memory
+ * (PS, shared-memory all-reduce): the pinned host mirrors between them (sync.h,
+ * tr_sync_staged_new).
+ *
+ * The wrapped ("inner") back-end sees host mirrors of the parameters and of the step's mean
+ * gradient, and the model computes with device copies of them. The transfers go one layer
+ * group at a time on the device's copy queue, ordered by events, so they overlap compute:
+ *
+ *   backward hook (first, n)   the compute queue's point after that layer -> the copy queue
+ *                              waits for it -> gradients D2H into the mirror -> an event,
+ *                              handed to the staging thread; that thread waits for the event
+ *                              and then calls the inner grads_ready(first, n), so pushes
+ *                              leave while the device computes the layers before
+ *   end_step                   waits until the staging thread handed over every group, then
+ *                              the inner end_step; every variable's device copy is now stale
+ *   forward hook (first, n)    for stale variables: the inner forward hook (PS: waits for
+ *                              their pull into the mirror), H2D on the copy queue, and the
+ *                              compute queue waits for it before the layer runs
+ *   params_ready, finish       whatever is still stale goes up the same way
+ *
+ * Invariants:
+ *  - The inner back-end is called from one thread at a time: during backward only the
+ *    staging thread calls it (grads_ready), and the training thread calls it again (end_step
+ *    and everything after) only once the staging thread is idle with an empty queue; the
+ *    mutex hand-off orders their memory.
+ *  - A gradient mirror range is written by its D2H after that step's params_ready, which
+ *    (PS sync) or the previous end_step (async, ssp) waited for the pushes that read it; a
+ *    parameter range's H2D is queued after the previous backward's last D2H on the same copy
+ *    queue, itself ordered after the whole backward: a layer's new values never overwrite
+ *    device values a queued backward still reads.
+ *  - The first failure (of a copy, an event, or an inner grads_ready) is kept; later hooks do
+ *    nothing, and end_step and params_ready return it.
+ *  - Set up once: mirrors, events (one per variable for the hand-offs) and the thread. A step
+ *    allocates nothing.
+ */
+#include "trainer/sync.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/check.h"
+#include "common/log.h"
+#include "common/mem.h"
+
+/* One group handed to the staging thread: its gradients are on their way to the mirror. */
+typedef struct s_handoff {
+    size_t first, n;
+    k_event *done; // recorded on the copy queue after the group's D2H
+} s_handoff;
+
+typedef struct s_stage {
+    tr_sync base;              // first: the tr_sync the loop holds
+    tr_sync *inner;            // the host back-end, over the mirrors
+    const k_backend *be;       // the model's (device) back-end
+    nn_model *model;
+    const nn_var *vars;        // (nvars)
+    size_t nvars, nparams;
+    float *dparams, *dgrads;   // (nparams) the model's values and the step's mean gradient
+    float *hparams, *hgrads;   // (nparams) their pinned host mirrors
+    uint8_t *stale;            // (nvars) the device values are older than the mirror's
+    nn_grad_hook inner_hook;   // the inner back-end's forward hook (PS: waits for pulls)
+    void *inner_ctx;
+    k_event *point;            // a compute-queue point (reused: waited for as recorded)
+    k_event *up;               // the last H2D's end (reused likewise)
+    k_event **ev;              // (nvars) hand-off events, used in turn within a step
+    size_t n_ev;               // used this step
+    zps_status err;            // first failure (training thread's side)
+    /* the staging thread and its queue, under mu */
+    pthread_t thread;
+    int thread_up;
+    pthread_mutex_t mu;
+    pthread_cond_t work, idle;
+    s_handoff *q;              // (nvars) ring of pending hand-offs
+    size_t q_head, q_len;
+    int busy;                  // the thread is handing one over
+    int quit;
+    zps_status thread_err;     // first failure of the thread's side
+} s_stage;
+
+static size_t s_span_floats(const s_stage *s, size_t first, size_t n)
+{
+    const nn_var *last = &s->vars[first + n - 1];
+    return last->offset + last->count - s->vars[first].offset;
+}
+
+static void s_fail(s_stage *s, zps_status st, const char *what)
+{
+    if (st == ZPS_OK || s->err != ZPS_OK)
+        return;
+    s->err = st;
+    zps_log(ZPS_ERROR, "trainer", "device staging: %s: %s", what, zps_strerror(st));
+}
+
+/* ---- gradients: device -> mirror -> inner ---- */
+
+static void *s_thread(void *arg)
+{
+    s_stage *s = arg;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        while (!s->q_len && !s->quit)
+            pthread_cond_wait(&s->work, &s->mu);
+        if (!s->q_len)
+            break;
+        s_handoff h = s->q[s->q_head];
+        s->q_head = (s->q_head + 1) % s->nvars;
+        s->q_len--;
+        s->busy = 1;
+        zps_status failed = s->thread_err;
+        pthread_mutex_unlock(&s->mu);
+        zps_status st = failed;
+        if (st == ZPS_OK)
+            st = s->be->event_sync(h.done);
+        if (st == ZPS_OK)
+            st = s->inner->grads_ready(s->inner, h.first, h.n);
+        pthread_mutex_lock(&s->mu);
+        if (st != ZPS_OK && s->thread_err == ZPS_OK)
+            s->thread_err = st;
+        s->busy = 0;
+        if (!s->q_len)
+            pthread_cond_broadcast(&s->idle);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+/* Waits until every hand-off of the step reached the inner back-end; its first failure. */
+static zps_status s_drain(s_stage *s)
+{
+    pthread_mutex_lock(&s->mu);
+    while (s->q_len || s->busy)
+        pthread_cond_wait(&s->idle, &s->mu);
+    zps_status st = s->thread_err;
+    pthread_mutex_unlock(&s->mu);
+    s->n_ev = 0;
+    return st;
+}
+
+static zps_status s_grads_ready(tr_sync *b, size_t first, size_t n)
+{
+    s_stage *s = (s_stage *)b;
+    if (s->err != ZPS_OK)
+        return s->err;
+    if (s->n_ev == s->nvars) { /* more groups than variables: cannot happen (sync.h) */
+        s_fail(s, ZPS_ERR_INVALID, "more gradient groups than variables in one step");
+        return s->err;
+    }
+    size_t off = s->vars[first].offset, bytes = s_span_floats(s, first, n) * sizeof(float);
+    k_event *done = s->ev[s->n_ev++];
+    zps_status st = s->be->event_record(s->point, K_QUEUE_COMPUTE);
+    if (st == ZPS_OK)
+        st = s->be->event_wait(K_QUEUE_COPY, s->point);
+    if (st == ZPS_OK)
+        st = s->be->copy_out_async(s->hgrads + off, s->dgrads + off, bytes);
+    if (st == ZPS_OK)
+        st = s->be->event_record(done, K_QUEUE_COPY);
+    if (st != ZPS_OK) {
+        s_fail(s, st, "gradients to the host");
+        return st;
+    }
+    pthread_mutex_lock(&s->mu);
+    s->q[(s->q_head + s->q_len) % s->nvars] = (s_handoff){.first = first, .n = n, .done = done};
+    s->q_len++;
+    pthread_cond_signal(&s->work);
+    pthread_mutex_unlock(&s->mu);
+    return ZPS_OK;
+}
+
+/* ---- values: inner -> mirror -> device ---- */
+
+/* The stale variables of [first, first + n) up to the device; the compute queue waits. */
+static zps_status s_upload(s_stage *s, size_t first, size_t n)
+{
+    int any = 0;
+    for (size_t v = first; v < first + n; v++) {
+        if (!s->stale[v])
+            continue;
+        size_t run = 1; /* a run of stale variables: one copy */
+        while (v + run < first + n && s->stale[v + run])
+            run++;
+        size_t off = s->vars[v].offset;
+        ZPS_TRY(s->be->copy_in_async(s->dparams + off, s->hparams + off,
+                                     s_span_floats(s, v, run) * sizeof(float)));
+        memset(s->stale + v, 0, run);
+        v += run - 1;
+        any = 1;
+    }
+    if (!any)
+        return ZPS_OK;
+    ZPS_TRY(s->be->event_record(s->up, K_QUEUE_COPY));
+    return s->be->event_wait(K_QUEUE_COMPUTE, s->up);
+}
+
+static void s_forward_hook(void *ctx, size_t first, size_t n)
+{
+    s_stage *s = ctx;
+    if (s->err != ZPS_OK)
+        return;
+    int any = 0;
+    for (size_t v = first; v < first + n && !any; v++)
+        any = s->stale[v];
+    if (!any)
+        return;
+    if (s->inner_hook)
+        s->inner_hook(s->inner_ctx, first, n);
+    s_fail(s, s_upload(s, first, n), "values to the device");
+}
+
+/* The inner back-end's forward hook, kept for s_forward_hook to call first. */
+static void s_set_inner_hook(void *owner, nn_grad_hook hook, void *ctx)
+{
+    s_stage *s = owner;
+    s->inner_hook = hook;
+    s->inner_ctx = ctx;
+}
+
+static void s_all_stale(s_stage *s) { memset(s->stale, 1, s->nvars); }
+
+/* After an inner call: what the loop reads from the back-end. */
+static zps_status s_mirror(s_stage *s, zps_status st)
+{
+    s->base.net_wait = s->inner->net_wait;
+    s->base.redo_from = s->inner->redo_from;
+    if (s->base.redo_from >= 0) /* the servers' older values are in the mirror */
+        s_all_stale(s);
+    return st;
+}
+
+/* ---- the calls ---- */
+
+static zps_status s_begin_step(tr_sync *b, int64_t step, int *stop)
+{
+    s_stage *s = (s_stage *)b;
+    return s_mirror(s, s->inner->begin_step(s->inner, step, stop));
+}
+
+static zps_status s_params_ready(tr_sync *b)
+{
+    s_stage *s = (s_stage *)b;
+    if (s->err != ZPS_OK)
+        return s->err;
+    zps_status st = s_mirror(s, s->inner->params_ready(s->inner));
+    if (st == ZPS_OK)
+        s_fail(s, st = s_upload(s, 0, s->nvars), "values to the device");
+    return st;
+}
+
+static zps_status s_end_step(tr_sync *b, tr_step_record *rec)
+{
+    s_stage *s = (s_stage *)b;
+    zps_status handed = s_drain(s);
+    if (s->err != ZPS_OK)
+        return s->err;
+    if (handed != ZPS_OK) /* the inner back-end logged it */
+        return s->err = handed;
+    zps_status st = s->inner->end_step(s->inner, rec);
+    s_all_stale(s);
+    return s_mirror(s, st);
+}
+
+static zps_status s_finish(tr_sync *b, int *fresh)
+{
+    s_stage *s = (s_stage *)b;
+    ZPS_TRY(s_drain(s));
+    zps_status st = s->inner->finish(s->inner, fresh);
+    if (st != ZPS_OK)
+        return s_mirror(s, st);
+    s_all_stale(s);
+    ZPS_TRY(s_upload(s, 0, s->nvars));
+    return s_mirror(s, ZPS_OK);
+}
+
+static zps_status s_leave(tr_sync *b)
+{
+    s_stage *s = (s_stage *)b;
+    return s->inner->leave(s->inner);
+}
+
+static void s_stop_thread(s_stage *s)
+{
+    if (!s->thread_up)
+        return;
+    pthread_mutex_lock(&s->mu);
+    s->quit = 1;
+    pthread_cond_signal(&s->work);
+    pthread_mutex_unlock(&s->mu);
+    pthread_join(s->thread, NULL);
+    s->thread_up = 0;
+}
+
+static void s_abandon(tr_sync *b)
+{
+    s_stage *s = (s_stage *)b;
+    s_stop_thread(s); /* the queued hand-offs are handed first: nothing is half-sent */
+    if (s->inner && s->inner->abandon)
+        s->inner->abandon(s->inner);
+}
+
+static void s_destroy(tr_sync *b)
+{
+    s_stage *s = (s_stage *)b;
+    s_stop_thread(s);
+    nn_model_set_forward_hook(s->model, NULL, NULL);
+    tr_sync_destroy(&s->inner);
+    for (size_t v = 0; s->ev && v < s->nvars; v++)
+        s->be->event_free(s->ev[v]);
+    s->be->event_free(s->point);
+    s->be->event_free(s->up);
+    s->be->host_free(s->hparams);
+    s->be->host_free(s->hgrads);
+    free(s->ev);
+    free(s->q);
+    free(s->stale);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->work);
+    pthread_cond_destroy(&s->idle);
+    free(s);
+}
+
+/* Mirrors (holding the model's initial values), events, the thread. */
+static zps_status s_setup(s_stage *s)
+{
+    const k_backend *be = s->be;
+    s->hparams = be->host_alloc(s->nparams * sizeof(float));
+    s->hgrads = be->host_alloc(s->nparams * sizeof(float));
+    if (!s->hparams || !s->hgrads) {
+        zps_log(ZPS_ERROR, "trainer", "cannot allocate %zu MiB of pinned host memory for the "
+                "%s back-end's mirrors", (2 * s->nparams * sizeof(float)) >> 20, be->name);
+        return ZPS_ERR_NOMEM;
+    }
+    ZPS_TRY(be->copy_out(s->hparams, s->dparams, s->nparams * sizeof(float)));
+    ZPS_TRY(be->event_new(&s->point));
+    ZPS_TRY(be->event_new(&s->up));
+    for (size_t v = 0; v < s->nvars; v++)
+        ZPS_TRY(be->event_new(&s->ev[v]));
+    sigset_t all, old; /* signals stay with the training thread */
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    int rc = pthread_create(&s->thread, NULL, s_thread, s);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc != 0) {
+        zps_log(ZPS_ERROR, "trainer", "cannot start the staging thread: error %d", rc);
+        return ZPS_ERR_SYS;
+    }
+    s->thread_up = 1;
+    return ZPS_OK;
+}
+
+zps_status tr_sync_staged_new(const tr_sync_env *env, tr_sync_new_fn inner_new, tr_sync **out)
+{
+    *out = NULL;
+    const k_backend *be = nn_model_backend(env->model);
+    if (!k_backend_async(be)) {
+        zps_log(ZPS_ERROR, "trainer", "the %s back-end has no copy queue to stage through",
+                be->name);
+        return ZPS_ERR_UNSUPPORTED;
+    }
+    s_stage *s = zps_xcalloc(1, sizeof *s);
+    *s = (s_stage){.be = be, .model = env->model, .vars = env->vars, .nvars = env->nvars,
+                   .nparams = env->nparams, .dparams = env->params, .dgrads = env->grads};
+    s->base = (tr_sync){.begin_step = s_begin_step, .params_ready = s_params_ready,
+                        .grads_ready = s_grads_ready, .end_step = s_end_step,
+                        .finish = s_finish, .leave = s_leave, .abandon = s_abandon,
+                        .destroy = s_destroy, .redo_from = -1};
+    s->stale = zps_xcalloc(s->nvars, 1);
+    s->ev = zps_xcalloc(s->nvars, sizeof *s->ev);
+    s->q = zps_xcalloc(s->nvars, sizeof *s->q);
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->work, NULL);
+    pthread_cond_init(&s->idle, NULL);
+    zps_status st = s_setup(s);
+    if (st == ZPS_OK) {
+        tr_sync_env host = *env;
+        host.be = k_backend_cpu();
+        host.params = s->hparams;
+        host.grads = s->hgrads;
+        host.set_forward_hook = s_set_inner_hook;
+        host.hook_owner = s;
+        st = inner_new(&host, &s->inner);
+    }
+    if (st != ZPS_OK) {
+        s_destroy(&s->base);
+        return st;
+    }
+    s->base.start_step = s->inner->start_step;
+    s_all_stale(s); /* the inner set-up may have pulled or broadcast new values */
+    nn_model_set_forward_hook(s->model, s_forward_hook, s);
+    zps_log(ZPS_INFO, "trainer", "%s back-end: values and gradients staged through %zu MiB "
+            "of pinned host mirrors", be->name, (2 * s->nparams * sizeof(float)) >> 20);
+    *out = &s->base;
+    return ZPS_OK;
+}
