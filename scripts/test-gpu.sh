@@ -68,15 +68,18 @@ if [ "${ZPS_GPU_SANITIZE:-1}" != 0 ] && command -v compute-sanitizer >/dev/null;
   tmp=$(mktemp -d /tmp/zps-sanitize.XXXXXX)
   "$B/bin/zps-data" convert fashion-mnist --out "$tmp/fm" --limit 512 --shards 1 >/dev/null 2>&1 ||
     echo "test-gpu: cannot convert the data for the sanitizer run" >&2
-  for tool in memcheck racecheck; do
+  # memcheck over local training (the optimizer on the device) and a one-rank all-reduce (the
+  # pinned mirrors, the copy stream and the staging thread of trainer/stage.c); racecheck once
+  for run in memcheck:local memcheck:allreduce racecheck:local; do
+    tool=${run%%:*} mode=${run#*:}
     if compute-sanitizer --tool "$tool" --error-exitcode 99 --target-processes all \
-         "$B/bin/zps-trainer" --device cuda --data "$tmp/fm" --model convnet --mode local \
+         "$B/bin/zps-trainer" --device cuda --data "$tmp/fm" --model convnet --mode "$mode" \
          --steps 3 --batch-size 8 --eval-batches 1 --no-progress --threads 0 \
-         >"$tmp/$tool.log" 2>&1; then
-      echo "test-gpu: compute-sanitizer $tool: clean ($(grep -c 'ERROR SUMMARY: 0' "$tmp/$tool.log") summaries)"
+         --job "san$$" >"$tmp/$tool-$mode.log" 2>&1; then
+      echo "test-gpu: compute-sanitizer $tool, --mode $mode: clean ($(grep -c 'ERROR SUMMARY: 0' "$tmp/$tool-$mode.log") summaries)"
       passed=$((passed + 1))
     else
-      echo "test-gpu: compute-sanitizer $tool FAILED; last lines:"; tail -30 "$tmp/$tool.log"
+      echo "test-gpu: compute-sanitizer $tool, --mode $mode FAILED; last lines:"; tail -30 "$tmp/$tool-$mode.log"
       failed=$((failed + 1))
     fi
   done
