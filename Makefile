@@ -10,6 +10,7 @@
 #   make fuzz       libFuzzer targets under tests/fuzz (clang)
 #   make gpu-bundle build here and pack bin, libs, tests and data for a GPU machine (.gpu/)
 #   make test-gpu   on a GPU machine: the GPU suite from that bundle (docs/gpu.md)
+#   make bench-gpu  on a GPU machine: the GPU benchmarks from that bundle (docs/gpu.md)
 #   make SAN=address|undefined ...   sanitizer build in build-SAN/
 #   make CUDA=0     never build the CUDA library (default CUDA=auto)
 #   make install    libzps.so, include/zps, zps.pc, zps-server, zps-ctl into PREFIX (DESTDIR)
@@ -78,7 +79,7 @@ TEST_BIN := $(B)/tests/zps-tests
 TEST_JOBS ?= 2
 TEST_ARGS ?=
 
-.PHONY: all deps test test-unit soak bench bench-peers demo fuzz clean parts gpu-bundle test-gpu py-venv
+.PHONY: all deps test test-unit soak bench bench-peers demo fuzz clean parts gpu-bundle test-gpu bench-gpu py-venv
 .DEFAULT_GOAL := all
 .DELETE_ON_ERROR:
 
@@ -255,6 +256,9 @@ gpu-bundle: $(B)/.deps-ok
 
 test-gpu:
 	bash scripts/test-gpu.sh $(GPU_BUNDLE)
+
+bench-gpu:
+	bash scripts/bench-gpu.sh $(GPU_BUNDLE)
 
 FUZZ_SRC := $(wildcard tests/fuzz/fuzz_*.c)
 fuzz: $(B)/.deps-ok $(GEN_H) $(B)/gen/zps_git.h

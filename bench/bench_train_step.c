@@ -48,6 +48,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/omp_env.h"
+#include "kernels/device.h"
 #include "ps/optim.h"
 #include "trainer/models/models.h"
 
@@ -56,13 +57,33 @@ typedef struct s_case {
     const char *model;
     float width;
     int channels, classes, size, batch, aux;
+    int cuda;           // --device cuda: zps and PyTorch on the GPU
+    double peak_tflops; // --peak-tflops (0: from the GPU's name, in the child)
 } s_case;
 
 /* What one side measured in one round. */
 typedef struct s_side {
     double ips, params; // params: the trainable parameter count it printed
     double cpu_ips;     // batch / median CPU time of a step (all the process's threads)
+    double flops;       // zps: forward FLOPs per image of its convolutions and dense layers
+    double peak;        // zps on a GPU: its dense TF32 peak in TFLOP/s (0: unknown)
 } s_side;
+
+/* Dense TF32 tensor-core peaks (TFLOP/s, NVIDIA's data sheets, without sparsity) by name;
+ * 0 for a GPU not listed (--peak-tflops then). Only the child touches CUDA: a parent that
+ * initialised it could not fork a child that uses it. */
+static double s_peak_by_name(const char *name)
+{
+    static const struct {
+        const char *part;
+        double tflops;
+    } peaks[] = {{"H200", 494.7}, {"H100 PCIe", 378.0}, {"H100 NVL", 417.5}, {"H100", 494.7},
+                 {"A100", 156.0}, {"L40S", 183.0}, {"A10", 62.5}};
+    for (size_t i = 0; i < sizeof peaks / sizeof *peaks; i++)
+        if (strstr(name, peaks[i].part))
+            return peaks[i].tflops;
+    return 0;
+}
 
 static double s_clock(clockid_t id)
 {
@@ -71,21 +92,64 @@ static double s_clock(clockid_t id)
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
-static nn_model *s_model(const s_case *c)
+static nn_model *s_model(const s_case *c, const k_backend *be)
 {
     nn_model_opts o;
     nn_model_opts_default(&o, c->model);
     o.in_size = c->size, o.aux = c->aux, o.in_channels = c->channels, o.classes = c->classes;
     o.width = c->width;
     nn_model *m;
-    return nn_model_create(k_backend_cpu(), &o, &m) == ZPS_OK ? m : NULL;
+    return nn_model_create(be, &o, &m) == ZPS_OK ? m : NULL;
+}
+
+/* The GPU's step: the batch from pinned memory, forward, backward, SGD momentum through
+ * k_optim_apply on the device (the trainer's local update), and a 4-byte read of the values
+ * so the step's time includes its last kernel. Writes the median step time into *t. */
+static int s_cuda_steps(const s_case *c, nn_model *m, const float *x_src, const int32_t *y,
+                        int warmup, int steps, double *t, double *cpu)
+{
+    const k_backend *be = nn_model_backend(m);
+    size_t nx = (size_t)c->batch * (size_t)c->channels * (size_t)c->size * (size_t)c->size;
+    size_t np = nn_model_param_count(m);
+    float *x = be->host_alloc(nx * sizeof *x), *mom = be->alloc(np * sizeof *mom), probe;
+    if (!x || !mom || k_fill(be, np, 0.0f, mom) != ZPS_OK)
+        return 1;
+    memcpy(x, x_src, nx * sizeof *x);
+    ps_optim_config opt;
+    ps_optim_default(&opt);
+    opt.kind = PS_OPT_MOMENTUM, opt.lr = 0.001, opt.momentum = 0.9;
+    for (int s = 0; s < warmup + steps; s++) {
+        double t0 = s_clock(CLOCK_MONOTONIC), c0 = s_clock(CLOCK_PROCESS_CPUTIME_ID);
+        float loss;
+        zps_optim_step st;
+        ps_optim_prepare(&opt, (uint64_t)s, &st);
+        if (nn_model_forward(m, x, y, c->batch, 1, &loss, NULL) != ZPS_OK ||
+            nn_model_backward(m, NULL, NULL) != ZPS_OK ||
+            k_optim_apply(be, &st, np, nn_model_params(m), mom, NULL, nn_model_grads(m)) !=
+                ZPS_OK ||
+            be->copy_out(&probe, nn_model_params(m), sizeof probe) != ZPS_OK)
+            return 1;
+        if (s >= warmup) {
+            t[s - warmup] = s_clock(CLOCK_MONOTONIC) - t0;
+            cpu[s - warmup] = s_clock(CLOCK_PROCESS_CPUTIME_ID) - c0;
+        }
+    }
+    be->free(mom);
+    be->host_free(x);
+    return 0;
 }
 
 /* Child: times the zps steps and writes its s_side to fd. Returns the
  * exit code. */
 static int s_zps_child(const s_case *c, int warmup, int steps, int fd)
 {
-    nn_model *m = s_model(c);
+    char why[320] = "";
+    const k_backend *be = c->cuda ? k_backend_cuda(why, sizeof why) : k_backend_cpu();
+    if (!be) {
+        fprintf(stderr, "zps-bench train-step: --device cuda: %s\n", why);
+        return 1;
+    }
+    nn_model *m = s_model(c, be);
     if (!m)
         return 1;
     size_t nx = (size_t)c->batch * (size_t)c->channels * (size_t)c->size * (size_t)c->size;
@@ -105,7 +169,9 @@ static int s_zps_child(const s_case *c, int warmup, int steps, int fd)
     size_t np = nn_model_param_count(m);
     float *mom = calloc(np, sizeof *mom);
     double *t = calloc(2 * (size_t)steps, sizeof *t), *cpu = t + steps;
-    for (int s = 0; s < warmup + steps; s++) {
+    if (c->cuda && s_cuda_steps(c, m, x, y, warmup, steps, t, cpu) != 0)
+        return 1;
+    for (int s = 0; s < (c->cuda ? 0 : warmup + steps); s++) {
         double t0 = s_clock(CLOCK_MONOTONIC), c0 = s_clock(CLOCK_PROCESS_CPUTIME_ID);
         float loss;
         if (nn_model_forward(m, x, y, c->batch, 1, &loss, NULL) != ZPS_OK ||
@@ -118,7 +184,13 @@ static int s_zps_child(const s_case *c, int warmup, int steps, int fd)
         }
     }
     s_side out = {c->batch / bench_median(t, (size_t)steps), (double)np,
-                  c->batch / bench_median(cpu, (size_t)steps)};
+                  c->batch / bench_median(cpu, (size_t)steps), nn_model_flops_per_sample(m),
+                  c->peak_tflops};
+    if (c->cuda && !out.peak) {
+        k_device_info info;
+        if (k_device_select("cuda", &info) == ZPS_OK)
+            out.peak = s_peak_by_name(info.name);
+    }
     if (write(fd, &out, sizeof out) != (ssize_t)sizeof out)
         return 1;
     free(t), free(x), free(y), free(mom);
@@ -191,6 +263,16 @@ static const char *s_root(void)
 static int s_run_torch(const s_case *c, int threads, int warmup, int steps, s_side *out)
 {
     char cmd[8192];
+    if (c->cuda) { /* the GPU machine's python (with CUDA PyTorch): $ZPS_PYTHON, else python3 */
+        const char *py = getenv("ZPS_PYTHON");
+        snprintf(cmd, sizeof cmd,
+                 "%s %s %s/tests/ref/train_step_ref.py --device cuda --model %s --width %g "
+                 "--channels %d --classes %d --size %d --batch %d --aux %d --warmup %d "
+                 "--steps %d --threads %d",
+                 s_peer_env(), py && *py ? py : "python3", s_root(), c->model, (double)c->width,
+                 c->channels, c->classes, c->size, c->batch, c->aux, warmup, steps, threads);
+        return s_run_peer(cmd, "\"ips\": ", out);
+    }
     snprintf(cmd, sizeof cmd,
              "%s LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2 "
              "MALLOC_CONF=dirty_decay_ms:-1,muzzy_decay_ms:-1 /usr/bin/python3 "
@@ -231,6 +313,8 @@ typedef struct s_cfg {
     int channels, classes, threads; // 0: the model's default; threads 0: zps all cores
     int steps, warmup, pairs;
     int torch, tf, append; // run PyTorch, run TF, add to train_step.json
+    int cuda;              // --device: 0 cpu, 1 cuda
+    double peak_tflops;    // the GPU's dense TF32 peak (0: from its name)
 } s_cfg;
 
 static void s_defaults(void *p)
@@ -240,6 +324,7 @@ static void s_defaults(void *p)
 }
 
 static const zps_opt_name s_models[] = {{"inception_v3", 0}, {"convnet", 1}, {NULL, 0}};
+static const zps_opt_name s_devices[] = {{"cpu", 0}, {"cuda", 1}, {NULL, 0}};
 
 static const zps_opt s_opt[] = {
     {"model", ZPS_OPT_ENUM, ZPS_OPT_FIELD(s_cfg, convnet), .names = s_models,
@@ -267,6 +352,13 @@ static const zps_opt s_opt[] = {
      .dflt = "BENCH_DIR/../peers-venv/bin/python", .help = "python with tensorflow-cpu"},
     {"append", ZPS_OPT_SET, ZPS_OPT_FIELD(s_cfg, append),
      .help = "add the records to train_step.json instead of replacing it"},
+    {"device", ZPS_OPT_ENUM, ZPS_OPT_FIELD(s_cfg, cuda), .names = s_devices, .dflt = "cpu",
+     .help = "cuda: zps and PyTorch ($ZPS_PYTHON or python3) on the GPU,\n"
+             "f32 with TF32 convolutions (both sides' defaults); no TF"},
+    {"peak-tflops", ZPS_OPT_DOUBLE, ZPS_OPT_FIELD(s_cfg, peak_tflops), 0, 1e6, .meta = "T",
+     .dflt = "from the GPU's name",
+     .help = "the GPU's dense TF32 tensor peak, for the fraction of it\n"
+             "the convolutions reach"},
     {.type = ZPS_OPT_END},
 };
 
@@ -275,6 +367,7 @@ static const zps_opts s_spec = BENCH_OPTS("train-step", s_cfg, s_opt, s_defaults
 /* The medians of one shape's rounds; NAN where a side did not run. */
 typedef struct s_result {
     double zps, torch, tf, ratio, tf_ratio, rss, params;
+    double flops, peak; // zps's forward FLOPs per image; the GPU's TF32 peak (TFLOP/s)
     double zps_cpu, torch_cpu, tf_cpu, cpu_ratio, tf_cpu_ratio; // per CPU-second
 } s_result;
 
@@ -330,6 +423,7 @@ static int s_rounds(const s_cfg *cfg, const s_case *c, const char *tf_py, s_resu
             return 1;
         fails += (tf_py && frc != 0) + (cfg->torch && trc != 0);
         zi[nz] = z.ips, zc[nz++] = z.cpu_ips, res->params = z.params;
+        res->flops = z.flops, res->peak = z.peak;
         bad = s_peer_round("PyTorch", trc, &z, &t, &pt) | s_peer_round("TF", frc, &z, &f, &pf);
     }
     if (fails)
@@ -359,7 +453,8 @@ static int s_one_shape(const s_cfg *cfg, const char *tf_py, const char *tok, FIL
 {
     int convnet = cfg->convnet;
     s_case c = {s_models[convnet].name, (float)cfg->width, cfg->channels ? cfg->channels : convnet ? 1 : 3,
-                cfg->classes ? cfg->classes : convnet ? 10 : 1000, 0, 0, 0};
+                cfg->classes ? cfg->classes : convnet ? 10 : 1000, 0, 0, 0, cfg->cuda,
+                cfg->peak_tflops};
     if (sscanf(tok, "%dx%d", &c.size, &c.batch) != 2 || c.size < (convnet ? 1 : 75) ||
         c.batch < 1) {
         fprintf(stderr, "zps-bench train-step: bad shape '%s' (want SIZExBATCH)\n", tok);
@@ -370,7 +465,7 @@ static int s_one_shape(const s_cfg *cfg, const char *tf_py, const char *tok, FIL
     double before = -1, after = -1;
     s_result r = {0};
     bench_loadavg(&before);
-    if (s_rounds(cfg, &c, c.aux ? NULL : tf_py, &r) != 0) {
+    if (s_rounds(cfg, &c, c.aux || c.cuda ? NULL : tf_py, &r) != 0) {
         fprintf(stderr, "zps-bench train-step: %s %s failed\n", c.model, tok);
         return 1;
     }
@@ -382,6 +477,14 @@ static int s_one_shape(const s_cfg *cfg, const char *tf_py, const char *tok, FIL
            s_num(fb, 32, r.tf), s_num(qb, 32, r.tf_ratio), s_num(rc, 32, r.cpu_ratio),
            s_num(qc, 32, r.tf_cpu_ratio), r.rss, before, after,
            busy ? "  BUSY: discard this line" : "");
+    /* training ~ 3 x the forward's FLOPs (forward, input gradients, weight gradients) */
+    double tflops = 3 * r.flops * r.zps * 1e-12, torch_tflops = 3 * r.flops * r.torch * 1e-12;
+    double frac = r.peak > 0 ? tflops / r.peak : NAN;
+    char pk[32], fr[32], tt[32];
+    if (c.cuda)
+        printf("%-22s zps %.1f TFLOP/s, PyTorch %s, of a %s TFLOP/s TF32 peak: zps %s\n", "",
+               tflops, s_num(tt, 32, torch_tflops), s_num(pk, 32, r.peak > 0 ? r.peak : NAN),
+               s_num(fr, 32, frac));
     fflush(stdout);
     fprintf(out,
             "%s\n  {\"shape\": \"%dx%dx%d\", \"batch\": %d, \"aux\": %d, \"zps_ips\": %.3f, "
@@ -390,12 +493,16 @@ static int s_one_shape(const s_cfg *cfg, const char *tf_py, const char *tok, FIL
             "\"load_after\": %.2f, \"busy\": %s, \"model\": \"%s\", \"width\": %g, "
             "\"classes\": %d, \"threads\": %d, \"omp_num_threads\": \"%s\", \"params\": %.0f, "
             "\"tf_ips\": %s, \"tf_ratio\": %s, \"pairs\": %d, \"zps_cpu_ips\": %.3f, "
-            "\"torch_cpu_ips\": %s, \"tf_cpu_ips\": %s, \"cpu_ratio\": %s, \"tf_cpu_ratio\": %s}",
+            "\"torch_cpu_ips\": %s, \"tf_cpu_ips\": %s, \"cpu_ratio\": %s, \"tf_cpu_ratio\": %s, "
+            "\"device\": \"%s\", \"train_flops_per_image\": %.0f, \"zps_tflops\": %.3f, "
+            "\"torch_tflops\": %s, \"peak_tflops\": %s, \"zps_peak_fraction\": %s}",
             first ? "" : ",", c.channels, c.size, c.size, c.batch, c.aux, r.zps, tb, rb, r.rss,
             policy ? policy : "", sysconf(_SC_NPROCESSORS_ONLN), before, after,
             busy ? "true" : "false", c.model, (double)c.width, c.classes, cfg->threads,
             nth ? nth : "", r.params, fb, qb, cfg->pairs, r.zps_cpu, s_num(tc, 32, r.torch_cpu),
-            s_num(fc, 32, r.tf_cpu), rc, qc);
+            s_num(fc, 32, r.tf_cpu), rc, qc, c.cuda ? "cuda" : "cpu", 3 * r.flops, tflops,
+            s_num(tt, 32, torch_tflops), s_num(pk, 32, r.peak > 0 ? r.peak : NAN),
+            s_num(fr, 32, frac));
     return 0;
 }
 

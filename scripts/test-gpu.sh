@@ -14,41 +14,7 @@
 #   ZPS_GPU_SANITIZE 0 skips the compute-sanitizer runs
 set -uo pipefail
 cd "$(dirname "$0")/.."
-dir=${1:-.gpu}
-tarball=$dir/zps-gpu.tar.xz
-[ -f "$tarball" ] || { echo "test-gpu: no $tarball: run scripts/gpu-bundle on the build machine first" >&2; exit 2; }
-if [ ! -f "$dir/bundle/COMMIT" ] || [ "$tarball" -nt "$dir/bundle/COMMIT" ]; then
-  rm -rf "$dir/bundle" && tar -C "$dir" -xJf "$tarball" || { echo "test-gpu: cannot unpack $tarball" >&2; exit 2; }
-fi
-B=$(cd "$dir/bundle" && pwd)
-echo "test-gpu: bundle of commit $(cut -c1-12 "$B/COMMIT"), tree at $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
-
-# The CUDA libraries libzps_cuda.so needs, wherever this machine keeps them.
-cuda_dirs=()
-py=$(command -v python3 || true)
-for lib in libcudnn.so.9 libcublas.so.13 libcublasLt.so.13 libnccl.so.2; do
-  found=$(ldconfig -p 2>/dev/null | awk -v l="$lib" '$1 == l {print $NF; exit}')
-  if [ -z "$found" ]; then
-    for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/lib/x86_64-linux-gnu; do
-      [ -e "$d/$lib" ] && { found=$d/$lib; break; }
-    done
-  fi
-  if [ -z "$found" ] && [ -n "$py" ]; then
-    found=$("$py" - "$lib" <<'PY' 2>/dev/null
-import glob, site, sys
-for p in site.getsitepackages() + [site.getusersitepackages()]:
-    for f in glob.glob(p + "/nvidia/*/lib/" + sys.argv[1]):
-        print(f); raise SystemExit
-PY
-)
-  fi
-  [ -n "$found" ] || { echo "test-gpu: $lib not found on this machine (loader, /usr/local/cuda, Python wheels)" >&2; exit 2; }
-  cuda_dirs+=("$(dirname "$found")")
-done
-ld=$(printf '%s\n' "$B/sys" "${cuda_dirs[@]}" | awk '!seen[$0]++' | paste -sd:)
-export LD_LIBRARY_PATH=$ld${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export ZPS_BIN=$B/bin ZPS_ROOT=$PWD ZPS_CUDA_LIB=$B/lib/libzps_cuda.so ZPS_REQUIRE_GPU=1
-export ZPS_FASHION_MNIST_DIR=$B/fashion-mnist ZPS_PYTHON=${ZPS_PYTHON:-$py}
+source scripts/gpu-env.sh "${1:-.gpu}" test-gpu || exit 2
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 "$B/bin/zps-bench" env || true
 

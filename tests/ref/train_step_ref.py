@@ -2,7 +2,10 @@
 """train_step_ref.py - PyTorch's side of `zps-bench train-step` (bench/bench_train_step.c).
 
 Times forward + backward + SGD-momentum step on the CPU with torch.set_num_threads(THREADS),
-training mode, random input. Models:
+training mode, random input; with --device cuda on the GPU instead: the batch copied each step
+from pinned memory (as a DataLoader with pin_memory feeds it), cuDNN in PyTorch's defaults
+(TF32 convolutions allowed, no benchmark search), the step's time taken after
+torch.cuda.synchronize(); --precision bf16 runs forward and loss under bf16 autocast. Models:
   inception_v3 at width 1 with 3 channels: torchvision's Inception-v3; loss = CE + 0.4 *
       CE(aux) when the aux head is on;
   inception_v3 at another width or channel count: zps's Inception-v3 (trainer/models/models.c,
@@ -17,6 +20,7 @@ trainable parameter count (the benchmark checks it against zps's).
 Run it with jemalloc preloaded (the benchmark does) as PyTorch is run at its best.
 """
 import argparse
+import contextlib
 import json
 import time
 
@@ -184,34 +188,47 @@ def main():
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--precision", default="f32", choices=("f32", "bf16"))
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     if a.threads == 1:
         torch.set_num_interop_threads(1)
     torch.manual_seed(0)
-    model = build(a)
+    cuda = a.device == "cuda"
+    dev = torch.device(a.device)
+    model = build(a).to(dev)
     model.train()
     params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     opt = torch.optim.SGD(model.parameters(), lr=0.001, momentum=0.9)
-    x = torch.randn(a.batch, a.channels, a.size, a.size)
-    y = torch.randint(0, a.classes, (a.batch,))
+    x_host = torch.randn(a.batch, a.channels, a.size, a.size)
+    if cuda:
+        x_host = x_host.pin_memory()
+    y = torch.randint(0, a.classes, (a.batch,)).to(dev)
+    autocast = (torch.autocast(a.device, dtype=torch.bfloat16) if a.precision == "bf16"
+                else contextlib.nullcontext())
     times, cpu = [], []
     for step in range(a.warmup + a.steps):
         t0, c0 = time.perf_counter(), time.process_time()
+        x = x_host.to(dev, non_blocking=True)
         opt.zero_grad(set_to_none=False)
-        out = model(x)
-        if a.aux and hasattr(out, "aux_logits"):
-            loss = (F.cross_entropy(out.logits, y) + 0.4 * F.cross_entropy(out.aux_logits, y))
-        else:
-            logits = out.logits if hasattr(out, "logits") else out
-            loss = F.cross_entropy(logits, y)
+        with autocast:
+            out = model(x)
+            if a.aux and hasattr(out, "aux_logits"):
+                loss = (F.cross_entropy(out.logits, y) + 0.4 * F.cross_entropy(out.aux_logits, y))
+            else:
+                logits = out.logits if hasattr(out, "logits") else out
+                loss = F.cross_entropy(logits, y)
         loss.backward()
         opt.step()
+        if cuda:
+            torch.cuda.synchronize()
         dt, dc = time.perf_counter() - t0, time.process_time() - c0
         if step >= a.warmup:
             times.append(dt)
             cpu.append(dc)
     print(json.dumps({"model": a.model, "size": a.size, "batch": a.batch, "aux": a.aux,
+                      "device": a.device, "precision": a.precision,
                       "params": params, "ips": a.batch / median(times),
                       "cpu_ips": a.batch / median(cpu), "step_s": times}))
 
