@@ -73,9 +73,11 @@ static int s_same_file(const char *a, const char *b)
 }
 
 /* A fleet of n trainers in mode (with servers when uris is set), on devices dev[r], each
- * with extra args; trainer 0 exports to out. Asserts every trainer logged `want`. */
+ * with the extra args (NULL-terminated, or NULL); trainer 0 exports to out. Asserts every
+ * trainer not on the cpu logged `want`. */
 static void s_fleet(const char *tag, const char *mode, int n, const char *const *dev,
-                    const char *uris, const char *extra, const char *out, const char *want)
+                    const char *uris, const char *const *extra, const char *out,
+                    const char *want)
 {
     const char *common[S_NC];
     memcpy(common, s_common, sizeof common);
@@ -87,13 +89,13 @@ static void s_fleet(const char *tag, const char *mode, int n, const char *const 
     snprintf(job, sizeof job, "st%d%s", (int)getpid(), tag);
     for (int r = 0; r < n; r++) {
         snprintf(id[r], sizeof id[r], "%d", r);
-        const char *more[24] = {"--mode", mode, "--device", dev[r], "--num-trainers", num,
+        const char *more[40] = {"--mode", mode, "--device", dev[r], "--num-trainers", num,
                                 "--trainer-id", id[r], "--job", job, "--export", out};
         int k = 12;
         if (uris)
             more[k++] = "--servers", more[k++] = uris;
-        if (extra)
-            more[k++] = extra, more[k++] = "2";
+        for (int e = 0; extra && extra[e]; e++)
+            more[k++] = extra[e];
         more[k] = NULL;
         char name[32];
         snprintf(name, sizeof name, "%s-%d", tag, r);
@@ -107,10 +109,11 @@ static void s_fleet(const char *tag, const char *mode, int n, const char *const 
     }
 }
 
-/* The same fleet on cpu and on the devices dev_b, with servers of smode when given: the same
- * weights, byte for byte where exact, else within trt_compare's tolerance. */
-static void s_same(const char *mode, int n, const char *smode, const char *extra,
-                   const char *const *dev_b, int exact)
+/* The same fleet on cpu and on the devices dev_b, with servers of smode when given, extra
+ * args on both sides and extra_b on dev_b's only: the same weights, byte for byte where
+ * exact, else within trt_compare's tolerance. */
+static void s_same(const char *mode, int n, const char *smode, const char *const *extra,
+                   const char *const *extra_b, const char *const *dev_b, int exact)
 {
     static const char *cpu[2] = {"cpu", "cpu"};
     char a[700], b[700], init[700];
@@ -129,7 +132,13 @@ static void s_same(const char *mode, int n, const char *smode, const char *extra
             const char *sargs[] = {"--mode", smode, "--num-trainers", nt, NULL};
             trt_servers(srv, sargs, uris, sizeof uris);
         }
-        s_fleet(run ? "b" : "a", mode, n, run ? dev_b : cpu, smode ? uris : NULL, extra,
+        const char *args[16] = {0};
+        int k = 0;
+        for (int e = 0; extra && extra[e]; e++)
+            args[k++] = extra[e];
+        for (int e = 0; run && extra_b && extra_b[e]; e++)
+            args[k++] = extra_b[e];
+        s_fleet(run ? "b" : "a", mode, n, run ? dev_b : cpu, smode ? uris : NULL, args,
                 run ? b : a, run ? staged_line : NULL);
         if (smode)
             for (int s = 0; s < 2; s++)
@@ -156,32 +165,40 @@ static void s_same(const char *mode, int n, const char *smode, const char *extra
 }
 
 static const char *s_staged2[2] = {"staged", "staged"};
+static const char *s_accumulate[] = {"--accumulate", "2", NULL};
 
 Test(it_staged, local_with_accumulation_equals_cpu)
 {
-    s_same("local", 1, NULL, "--accumulate", s_staged2, 1);
+    s_same("local", 1, NULL, s_accumulate, NULL, s_staged2, 1);
+}
+
+/* --recompute on the device side only: gradient checkpointing changes no bit either. */
+Test(it_staged, recompute_equals_cpu_without)
+{
+    static const char *recompute[] = {"--recompute", NULL};
+    s_same("local", 1, NULL, NULL, recompute, s_staged2, 1);
 }
 
 Test(it_staged, sync_ps_fleet_equals_cpu)
 {
-    s_same("sync", 2, "sync", NULL, s_staged2, 1);
+    s_same("sync", 2, "sync", NULL, NULL, s_staged2, 1);
 }
 
 /* One trainer of each kind in one sync fleet: the servers cannot tell them apart. */
 Test(it_staged, mixed_sync_fleet_equals_cpu)
 {
     static const char *mixed[2] = {"staged", "cpu"};
-    s_same("sync", 2, "sync", NULL, mixed, 1);
+    s_same("sync", 2, "sync", NULL, NULL, mixed, 1);
 }
 
 Test(it_staged, async_ps_equals_cpu)
 {
-    s_same("async", 1, "async", NULL, s_staged2, 1);
+    s_same("async", 1, "async", NULL, NULL, s_staged2, 1);
 }
 
 Test(it_staged, allreduce_fleet_equals_cpu)
 {
-    s_same("allreduce", 2, NULL, NULL, s_staged2, 1);
+    s_same("allreduce", 2, NULL, NULL, NULL, s_staged2, 1);
 }
 
 /* ---- on a GPU ---- */
@@ -201,20 +218,27 @@ TestSuite(it_gpu, .init = s_gpu_init, .fini = s_cleanup, .timeout = 300);
 
 Test(it_gpu, local_with_accumulation_close_to_cpu)
 {
-    s_same("local", 1, NULL, "--accumulate", s_cuda2, 0);
+    s_same("local", 1, NULL, s_accumulate, NULL, s_cuda2, 0);
 }
 
 Test(it_gpu, sync_ps_fleet_close_to_cpu)
 {
-    s_same("sync", 2, "sync", NULL, s_cuda2, 0);
+    s_same("sync", 2, "sync", NULL, NULL, s_cuda2, 0);
 }
 
 Test(it_gpu, async_ps_close_to_cpu)
 {
-    s_same("async", 1, "async", NULL, s_cuda2, 0);
+    s_same("async", 1, "async", NULL, NULL, s_cuda2, 0);
 }
 
 Test(it_gpu, allreduce_fleet_close_to_cpu)
 {
-    s_same("allreduce", 2, NULL, NULL, s_cuda2, 0);
+    s_same("allreduce", 2, NULL, NULL, NULL, s_cuda2, 0);
+}
+
+/* Recompute on the GPU: the same training within the tolerance, and less memory. */
+Test(it_gpu, recompute_close_to_cpu_without)
+{
+    static const char *recompute[] = {"--recompute", NULL};
+    s_same("local", 1, NULL, NULL, recompute, s_cuda2, 0);
 }

@@ -225,6 +225,10 @@ static const zps_opt s_opt[] = {
      .help = "epochs of this trainer's share"},
     {"accumulate", ZPS_OPT_INT, F(accumulate), 1, 4096, .meta = "K",
      .help = "micro-batches of --batch-size per step"},
+    {"recompute", ZPS_OPT_SET, F(recompute),
+     .help = "gradient checkpointing: keep ~sqrt(layers) activations,\n"
+             "recompute the rest in backward (same gradients, less\n"
+             "memory, about one more forward per step)"},
     {"time-limit", ZPS_OPT_DOUBLE, F(time_limit_s), 0, 1e9, .meta = "SEC", .dflt = "",
      .help = "stop after SEC seconds"},
     {"stop-accuracy", ZPS_OPT_DOUBLE, F(stop_accuracy), 0, 1, .meta = "A", .dflt = "",

@@ -70,6 +70,7 @@ typedef struct tr_config {
     int64_t steps;            // steps to run (0: use epochs)
     double epochs;            // epochs of this trainer's share (when steps == 0)
     int accumulate;           // micro-batches per step (gradient accumulation)
+    int recompute;            // --recompute: gradient checkpointing (nn_model_set_recompute)
     double time_limit_s;      // stop after this many seconds (0: none)
     double stop_accuracy;     // stop once test accuracy (ssd: mAP@0.5) reaches this (0: never)
     /* optimizer (PS: sent to the servers at INIT; local/allreduce: applied here) */

@@ -88,6 +88,7 @@ typedef struct s_job {
     int64_t last_eval_step;      // steps done when it was measured (-1: none)
     int reached;                 // last_acc reached --stop-accuracy (a target mAP: detector)
     int64_t skipped;             // corrupt training records skipped (--skip-corrupt)
+    size_t act_bytes;            // the training batch's planned activation block (nn.h)
 } s_job;
 
 static void s_job_free(s_job *j)
@@ -225,6 +226,7 @@ static zps_status s_model_and_data(s_job *j)
         j->classes = 10;
     mo.classes = j->classes;
     ZPS_TRY(nn_model_create(j->be, &mo, &j->model));
+    nn_model_set_recompute(j->model, c->recompute);
     ZPS_TRY(tr_task_new(c, j->model, j->classes, &j->task));
     j->score_map = strcmp(j->task->score_name, "map") == 0;
     j->vars = nn_model_vars(j->model, &j->nvars);
@@ -640,6 +642,8 @@ static zps_status s_train(s_job *j)
             break;
         tr_step_record rec = tr_step_record_empty(j->step + 1);
         zps_status st = s_forward_backward(j, &rec);
+        if (!j->act_bytes) /* before an evaluation re-plans for its batch */
+            j->act_bytes = nn_model_activation_bytes(j->model);
         uint64_t t_end = tr_trace_now(j->trace);
         if (st == ZPS_OK)
             st = j->sync->end_step(j->sync, &rec);
@@ -674,6 +678,10 @@ static zps_status s_wrap_up(s_job *j, tr_result *res)
         ZPS_TRY(s_evaluate(j, &j->last_acc, &j->last_loss));
         j->last_eval_step = j->step;
     }
+    if (j->act_bytes)
+        zps_log(ZPS_INFO, "trainer", "activations and their gradients: %.1f MiB for a batch "
+                "of %d%s", (double)j->act_bytes / (1 << 20), c->batch,
+                c->recompute ? " (--recompute)" : "");
     res->steps = j->step;
     res->accuracy = j->last_acc;
     res->test_loss = j->last_loss;

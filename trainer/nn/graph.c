@@ -399,6 +399,10 @@ zps_status nn_model_tensor(nn_model *m, const char *name, float **data, int *n, 
 {
     for (int i = 0; i < m->nt; i++)
         if (strcmp(m->t[i].name, name) == 0) {
+            if (m->t[i].local) { /* recompute.c: a later segment may have overwritten it */
+                zps_log(ZPS_ERROR, "nn", "tensor %s is not kept with recompute on", name);
+                return ZPS_ERR_INVALID;
+            }
             *data = m->t[i].x;
             *n = m->plan_n, *c = m->t[i].c, *h = m->t[i].h, *w = m->t[i].w;
             return ZPS_OK;

@@ -188,7 +188,9 @@ typedef struct s_offsets {
     size_t *x;      // (nt) activations
     size_t *g;      // (nt) gradients, from the start of the gradient pool
     char *has;      // (nt) the tensor gets a gradient buffer
-    size_t *node;   // (nn) conv+bn scratch
+    size_t *node;   // (nn) conv+bn batch mean and variance
+    size_t *pre;    // (nn) conv+bn pre-batchnorm map
+    size_t tmp_stats; // recompute: running statistics of a rerun (2 x the widest batchnorm)
     size_t tmp_pre; // conv+bn gradient before batchnorm
     size_t tmp_acc; // gradient of a tensor already set
     size_t gpool;   // the gradient pool
@@ -197,33 +199,83 @@ typedef struct s_offsets {
 
 static void s_offsets_free(s_offsets *o)
 {
-    free(o->x), free(o->g), free(o->has), free(o->node);
+    free(o->x), free(o->g), free(o->has), free(o->node), free(o->pre);
 }
 
-/* Activations, then the nodes' descriptors and scratch, then the two step scratches. */
-static zps_status s_place_forward(nn_model *m, int n, s_offsets *o)
+/* The segments' shared region (recompute.c): every local tensor and pre-batchnorm map of a
+ * segment from the region's start, the region as large as the largest segment. */
+static void s_place_local(nn_model *m, int n, s_offsets *o)
 {
-    size_t max_pre = 0, max_t = 0;
+    size_t region = 0;
+    for (int s = 0; s < m->nseg; s++) {
+        size_t at = o->total;
+        for (int i = 0; i < m->nn; i++) {
+            nn_node *nd = &m->nodes[i];
+            if (nd->seg != s)
+                continue;
+            if (m->t[nd->out].local) {
+                o->x[nd->out] = at;
+                at += s_round(nn_tensor_floats(m, nd->out, n));
+            }
+            if (nd->kind == NN_CONV_BN) {
+                o->pre[i] = at;
+                at += s_round(nn_tensor_floats(m, nd->out, n));
+            }
+        }
+        if (at - o->total > region)
+            region = at - o->total;
+    }
+    o->total += region;
+}
+
+/* Activations (the kept ones: all, without recompute), the nodes' scratch, the segments'
+ * region, then the step scratches; after the descriptors and fusions (segments never part a
+ * fused pair: its conv+bn node writes the pool's output). */
+static void s_place_forward(nn_model *m, int n, s_offsets *o)
+{
+    size_t max_pre = 0, max_t = 0, max_k = 0;
+    if (m->recompute)
+        nn_segments(m, n);
+    else
+        nn_segments_clear(m);
     for (int t = 0; t < m->nt; t++) {
-        o->x[t] = o->total;
-        o->total += s_round(nn_tensor_floats(m, t, n));
         if (nn_tensor_floats(m, t, n) > max_t)
             max_t = nn_tensor_floats(m, t, n);
+        if (m->t[t].local)
+            continue;
+        o->x[t] = o->total;
+        o->total += s_round(nn_tensor_floats(m, t, n));
     }
     for (int i = 0; i < m->nn; i++) {
         nn_node *nd = &m->nodes[i];
         o->node[i] = o->total;
-        ZPS_TRY(s_describe(m, nd, n));
         if (nd->kind != NN_CONV_BN)
             continue;
-        o->total += s_round(nn_tensor_floats(m, nd->out, n)) + 2 * s_round((size_t)nd->k);
+        o->total += 2 * s_round((size_t)nd->k);
+        if (!m->recompute) {
+            o->pre[i] = o->total;
+            o->total += s_round(nn_tensor_floats(m, nd->out, n));
+        }
         if (nn_tensor_floats(m, nd->out, n) > max_pre)
             max_pre = nn_tensor_floats(m, nd->out, n);
+        if ((size_t)nd->k > max_k)
+            max_k = (size_t)nd->k;
     }
+    if (m->recompute)
+        s_place_local(m, n, o);
+    o->tmp_stats = o->total;
+    o->total += m->recompute ? 2 * s_round(max_k) : 0;
     o->tmp_pre = o->total;
     o->total += s_round(max_pre);
     o->tmp_acc = o->total;
     o->total += s_round(max_t);
+}
+
+/* Every node's op descriptors for n samples. */
+static zps_status s_describe_all(nn_model *m, int n)
+{
+    for (int i = 0; i < m->nn; i++)
+        ZPS_TRY(s_describe(m, &m->nodes[i], n));
     return ZPS_OK;
 }
 
@@ -312,7 +364,7 @@ static zps_status s_take_block(nn_model *m, int n, size_t bytes, float **base)
     return ZPS_OK;
 }
 
-static void s_bind(nn_model *m, int n, const s_offsets *o, float *base)
+static void s_bind(nn_model *m, const s_offsets *o, float *base)
 {
     for (int t = 0; t < m->nt; t++) {
         m->t[t].x = base + o->x[t];
@@ -322,11 +374,12 @@ static void s_bind(nn_model *m, int n, const s_offsets *o, float *base)
     for (int i = 0; i < m->nn; i++) {
         nn_node *nd = &m->nodes[i];
         if (nd->kind == NN_CONV_BN) {
-            nd->pre = base + o->node[i];
-            nd->mean = nd->pre + s_round(nn_tensor_floats(m, nd->out, n));
+            nd->pre = base + o->pre[i];
+            nd->mean = base + o->node[i];
             nd->var = nd->mean + s_round((size_t)nd->k);
         }
     }
+    m->tmp_stats = base + o->tmp_stats;
     m->tmp_pre = base + o->tmp_pre;
     m->tmp_acc = base + o->tmp_acc;
 }
@@ -343,22 +396,24 @@ zps_status nn_plan(nn_model *m, int n)
         .g = zps_xcalloc((size_t)m->nt, sizeof(size_t)),
         .has = zps_xcalloc((size_t)m->nt, 1),
         .node = zps_xcalloc((size_t)m->nn, sizeof(size_t)),
+        .pre = zps_xcalloc((size_t)m->nn, sizeof(size_t)),
     };
-    zps_status st = s_place_forward(m, n, &o);
+    zps_status st = s_describe_all(m, n);
     float *base = NULL;
     size_t bytes = 0;
     if (st == ZPS_OK) {
         s_fuse(m);
+        s_place_forward(m, n, &o);
         s_place_gradients(m, n, &o);
         bytes = o.total * sizeof(float) + 64;
         st = s_take_block(m, n, bytes, &base);
     }
     if (st == ZPS_OK) {
-        s_bind(m, n, &o, base);
+        s_bind(m, &o, base);
         m->plan_n = n;
         m->plan_bytes = bytes;
-        zps_log(ZPS_DEBUG, "nn", "planned batch %d: %.1f MiB of activations and gradients", n,
-                (double)bytes / (1 << 20));
+        zps_log(ZPS_DEBUG, "nn", "planned batch %d: %.1f MiB of activations and gradients%s", n,
+                (double)bytes / (1 << 20), m->nseg > 1 ? " (recompute)" : "");
     }
     s_offsets_free(&o);
     return st;

@@ -22,7 +22,7 @@
 
 /* ---- forward ---- */
 
-static zps_status s_node_fwd(nn_model *m, nn_node *nd, int train)
+zps_status nn_node_fwd(nn_model *m, nn_node *nd, int train)
 {
     const k_backend *be = m->be;
     float *x = m->t[nd->in[0]].x, *y = m->t[nd->out].x;
@@ -33,6 +33,8 @@ static zps_status s_node_fwd(nn_model *m, nn_node *nd, int train)
         const float *g = p + w[1].offset, *b = p + w[2].offset;
         float *rm = m->statbuf + m->stats[nd->stat0].offset;
         float *rv = m->statbuf + m->stats[nd->stat0 + 1].offset;
+        if (m->recomputing) /* recompute.c: the forward updated them already */
+            rm = m->tmp_stats, rv = m->tmp_stats + nd->k;
         ZPS_TRY(k_conv2d_fwd(be, &nd->conv, x, p + w->offset, NULL, nd->pre));
         if (train && m->bn_momentum > 0) /* a descriptor is re-planned with 0.1 */
             nd->bn.momentum = m->bn_momentum;
@@ -150,7 +152,7 @@ zps_status nn_forward_nodes(nn_model *m, int train)
             continue;
         if (m->fwd_hook && nd->nvars)
             m->fwd_hook(m->fwd_ctx, nd->var0, nd->nvars);
-        zps_status st = s_node_fwd(m, nd, train);
+        zps_status st = nn_node_fwd(m, nd, train);
         if (st != ZPS_OK) {
             zps_log(ZPS_ERROR, "nn", "forward of %s failed: %s", nd->name, zps_strerror(st));
             return st;
@@ -302,29 +304,37 @@ static zps_status s_node_bwd(nn_model *m, nn_node *nd)
     return ZPS_ERR_INTERNAL;
 }
 
+zps_status nn_node_backward(nn_model *m, nn_node *nd, nn_grad_hook hook, void *ctx)
+{
+    if (nd->nvars) {
+        const nn_var *first = &m->vars[nd->var0], *last = &m->vars[nd->var0 + nd->nvars - 1];
+        ZPS_TRY(k_fill(m->be, last->offset + last->count - first->offset, 0.0f,
+                       m->grads + first->offset));
+    }
+    if (m->t[nd->out].dx_set) {
+        zps_status st = s_node_bwd(m, nd);
+        if (st != ZPS_OK) {
+            zps_log(ZPS_ERROR, "nn", "backward of %s failed: %s", nd->name, zps_strerror(st));
+            return st;
+        }
+    }
+    if (nd->nvars && hook)
+        hook(ctx, nd->var0, nd->nvars);
+    return ZPS_OK;
+}
+
 zps_status nn_model_backward(nn_model *m, nn_grad_hook hook, void *ctx)
 {
     if (!m->have_forward) {
         zps_log(ZPS_ERROR, "nn", "backward without a training forward");
         return ZPS_ERR_INVALID;
     }
-    for (int i = m->nn - 1; i >= 0; i--) {
-        nn_node *nd = &m->nodes[i];
-        if (nd->nvars) {
-            const nn_var *first = &m->vars[nd->var0], *last = &m->vars[nd->var0 + nd->nvars - 1];
-            ZPS_TRY(k_fill(m->be, last->offset + last->count - first->offset, 0.0f,
-                           m->grads + first->offset));
-        }
-        if (m->t[nd->out].dx_set) {
-            zps_status st = s_node_bwd(m, nd);
-            if (st != ZPS_OK) {
-                zps_log(ZPS_ERROR, "nn", "backward of %s failed: %s", nd->name, zps_strerror(st));
-                return st;
-            }
-        }
-        if (nd->nvars && hook)
-            hook(ctx, nd->var0, nd->nvars);
-    }
-    m->have_forward = 0;
-    return ZPS_OK;
+    zps_status st = ZPS_OK;
+    if (m->nseg > 1) /* recompute.c */
+        st = nn_backward_segments(m, hook, ctx);
+    for (int i = m->nn - 1; m->nseg <= 1 && i >= 0 && st == ZPS_OK; i--)
+        st = nn_node_backward(m, &m->nodes[i], hook, ctx);
+    if (st == ZPS_OK)
+        m->have_forward = 0;
+    return st;
 }

@@ -123,7 +123,8 @@ float *nn_model_statbuf(nn_model *m); // (stat_count) running statistics
 void nn_model_input_shape(const nn_model *m, int *c, int *h, int *w);
 int nn_model_classes(const nn_model *m);
 /* The output of the layer called name after the last forward (a feature map for detector
- * heads): data in back-end memory, shape (n, c, h, w). ZPS_ERR_NOT_FOUND for unknown names. */
+ * heads): data in back-end memory, shape (n, c, h, w). ZPS_ERR_NOT_FOUND for unknown names,
+ * ZPS_ERR_INVALID for a tensor that recompute does not keep (nn_model_set_recompute). */
 zps_status nn_model_tensor(nn_model *m, const char *name, float **data, int *n, int *c, int *h,
                            int *w);
 /* The layout that tensor is kept in (kernels.h: K_BLOCK16 or K_BLOCK8 on the cpu back-end,
@@ -134,6 +135,16 @@ int nn_model_tensor_blocked(const nn_model *m, const char *name);
  * (kernels.h, k_bn_pool_fwd: the back-end fuses the pair and nothing else reads the layer's
  * output); known once a batch size is planned (a forward ran). 0 otherwise. */
 int nn_model_layer_fused(const nn_model *m, const char *name);
+/* Gradient checkpointing (trainer/nn/recompute.c): on, a training forward keeps only the
+ * activations at segment boundaries (about sqrt(layers) segments, cut where one tensor is
+ * live) and backward recomputes each segment's forward before its backward. Gradients,
+ * losses and running statistics are the same as without (bit for bit on a deterministic
+ * back-end); the activation block shrinks and a step costs about one more forward. After a
+ * forward, only boundary tensors, heads and marked outputs hold values (nn_model_tensor).
+ * Changing it re-plans at the next forward. nn_model_segments: the plan's segments (1:
+ * none; 0 before a forward). */
+void nn_model_set_recompute(nn_model *m, int on);
+int nn_model_segments(const nn_model *m);
 /* Bytes of the activation block planned for the current batch size (0 before a forward). */
 size_t nn_model_activation_bytes(const nn_model *m);
 /* Forward FLOPs per sample of the convolutions and dense layers. */

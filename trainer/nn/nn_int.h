@@ -4,6 +4,7 @@
  *              introspection, destroy;
  *   memplan.c  the memory plan: layouts, op descriptors, activation and gradient buffers for
  *              one batch size;
+ *   recompute.c gradient checkpointing: the segments and the backward that reruns them;
  *   nn.c       the step: forward, loss heads, backward with its gradient hooks;
  *   weights.c  the weights file format and model save/load;
  *   external.c outputs whose loss is computed outside nn: marking, the forward without
@@ -50,6 +51,7 @@ typedef struct nn_tensor {
     int dx_set;      // gradient written this backward
     int has_dx;      // the plan gave it a gradient buffer
     int blocked;     // kept in the back-end's blocked layout (kernels.h)
+    int local;       // recompute: lives in its segment's shared region (recompute.c)
 } nn_tensor;
 
 typedef struct nn_node {
@@ -75,6 +77,7 @@ typedef struct nn_node {
     float *pre;         // conv output before batchnorm (n, k, oh, ow)
     float *mean, *var;  // batch statistics (k)
     uint64_t seed;      // dropout seed of the last forward
+    int seg;            // recompute: its segment (recompute.c; 0 without)
 } nn_node;
 
 typedef struct nn_head {
@@ -108,6 +111,10 @@ struct nn_model {
     float *tmp_pre;         // conv+bn: gradient before batchnorm
     float *tmp_acc;         // gradient of a tensor already set, before adding
     int32_t *labels;        // device copy of labels (non-host back-ends)
+    int recompute;          // nn_model_set_recompute: plan with segments (recompute.c)
+    int nseg;               // segments of the plan (1: no recompute)
+    float *tmp_stats;       // recompute: running statistics a rerun writes and nobody reads
+    int recomputing;        // a segment's forward is running again
     /* step (nn.c) */
     int have_forward;       // a training forward ran since the last backward
     uint64_t step;          // forward counter (dropout seeds)
@@ -134,6 +141,16 @@ zps_status nn_plan(nn_model *m, int n);
 zps_status nn_forward_nodes(nn_model *m, int train);
 /* memplan.c: everything the plans took (descriptors, block, label buffer); for destroy. */
 void nn_plan_free(nn_model *m);
+/* nn.c: one node's forward (train: batch statistics, dropout, the fused pool); one node's
+ * backward: its gradient range zeroed, its ops where a gradient reached its output, then the
+ * hook. */
+zps_status nn_node_fwd(nn_model *m, nn_node *nd, int train);
+zps_status nn_node_backward(nn_model *m, nn_node *nd, nn_grad_hook hook, void *ctx);
+/* recompute.c: the segments of a plan for n samples (nodes' seg, tensors' local, nseg), or
+ * none (nseg 1); the backward of a plan with segments. */
+void nn_segments(nn_model *m, int n);
+void nn_segments_clear(nn_model *m);
+zps_status nn_backward_segments(nn_model *m, nn_grad_hook hook, void *ctx);
 
 /* Weights files are written whole or not at all: to PATH.tmp (tmp, 4096 bytes), renamed
  * over PATH at the end. nn_file_begin opens it (NULL: logged); nn_file_end closes it and,
