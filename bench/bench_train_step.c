@@ -59,6 +59,7 @@ typedef struct s_case {
     int channels, classes, size, batch, aux;
     int cuda;           // --device cuda: zps and PyTorch on the GPU
     double peak_tflops; // --peak-tflops (0: from the GPU's name, in the child)
+    int recompute;      // --recompute: zps with gradient checkpointing
 } s_case;
 
 /* What one side measured in one round. */
@@ -67,6 +68,7 @@ typedef struct s_side {
     double cpu_ips;     // batch / median CPU time of a step (all the process's threads)
     double flops;       // zps: forward FLOPs per image of its convolutions and dense layers
     double peak;        // zps on a GPU: its dense TF32 peak in TFLOP/s (0: unknown)
+    double act_mib;     // zps: its planned activation block (nn_model_activation_bytes)
 } s_side;
 
 /* Dense TF32 tensor-core peaks (TFLOP/s, NVIDIA's data sheets, without sparsity) by name;
@@ -152,6 +154,7 @@ static int s_zps_child(const s_case *c, int warmup, int steps, int fd)
     nn_model *m = s_model(c, be);
     if (!m)
         return 1;
+    nn_model_set_recompute(m, c->recompute);
     size_t nx = (size_t)c->batch * (size_t)c->channels * (size_t)c->size * (size_t)c->size;
     float *x = malloc(nx * sizeof *x);
     int32_t *y = malloc(sizeof(int32_t) * (size_t)c->batch);
@@ -185,7 +188,7 @@ static int s_zps_child(const s_case *c, int warmup, int steps, int fd)
     }
     s_side out = {c->batch / bench_median(t, (size_t)steps), (double)np,
                   c->batch / bench_median(cpu, (size_t)steps), nn_model_flops_per_sample(m),
-                  c->peak_tflops};
+                  c->peak_tflops, nn_model_activation_bytes(m) / 1048576.0};
     if (c->cuda && !out.peak) {
         k_device_info info;
         if (k_device_select("cuda", &info) == ZPS_OK)
@@ -315,6 +318,7 @@ typedef struct s_cfg {
     int torch, tf, append; // run PyTorch, run TF, add to train_step.json
     int cuda;              // --device: 0 cpu, 1 cuda
     double peak_tflops;    // the GPU's dense TF32 peak (0: from its name)
+    int recompute;         // zps with --recompute
 } s_cfg;
 
 static void s_defaults(void *p)
@@ -355,6 +359,8 @@ static const zps_opt s_opt[] = {
     {"device", ZPS_OPT_ENUM, ZPS_OPT_FIELD(s_cfg, cuda), .names = s_devices, .dflt = "cpu",
      .help = "cuda: zps and PyTorch ($ZPS_PYTHON or python3) on the GPU,\n"
              "f32 with TF32 convolutions (both sides' defaults); no TF"},
+    {"recompute", ZPS_OPT_SET, ZPS_OPT_FIELD(s_cfg, recompute),
+     .help = "zps with gradient checkpointing (zps-trainer --recompute)"},
     {"peak-tflops", ZPS_OPT_DOUBLE, ZPS_OPT_FIELD(s_cfg, peak_tflops), 0, 1e6, .meta = "T",
      .dflt = "from the GPU's name",
      .help = "the GPU's dense TF32 tensor peak, for the fraction of it\n"
@@ -368,6 +374,7 @@ static const zps_opts s_spec = BENCH_OPTS("train-step", s_cfg, s_opt, s_defaults
 typedef struct s_result {
     double zps, torch, tf, ratio, tf_ratio, rss, params;
     double flops, peak; // zps's forward FLOPs per image; the GPU's TF32 peak (TFLOP/s)
+    double act_mib;     // zps's activation block
     double zps_cpu, torch_cpu, tf_cpu, cpu_ratio, tf_cpu_ratio; // per CPU-second
 } s_result;
 
@@ -423,7 +430,7 @@ static int s_rounds(const s_cfg *cfg, const s_case *c, const char *tf_py, s_resu
             return 1;
         fails += (tf_py && frc != 0) + (cfg->torch && trc != 0);
         zi[nz] = z.ips, zc[nz++] = z.cpu_ips, res->params = z.params;
-        res->flops = z.flops, res->peak = z.peak;
+        res->flops = z.flops, res->peak = z.peak, res->act_mib = z.act_mib;
         bad = s_peer_round("PyTorch", trc, &z, &t, &pt) | s_peer_round("TF", frc, &z, &f, &pf);
     }
     if (fails)
@@ -454,7 +461,7 @@ static int s_one_shape(const s_cfg *cfg, const char *tf_py, const char *tok, FIL
     int convnet = cfg->convnet;
     s_case c = {s_models[convnet].name, (float)cfg->width, cfg->channels ? cfg->channels : convnet ? 1 : 3,
                 cfg->classes ? cfg->classes : convnet ? 10 : 1000, 0, 0, 0, cfg->cuda,
-                cfg->peak_tflops};
+                cfg->peak_tflops, cfg->recompute};
     if (sscanf(tok, "%dx%d", &c.size, &c.batch) != 2 || c.size < (convnet ? 1 : 75) ||
         c.batch < 1) {
         fprintf(stderr, "zps-bench train-step: bad shape '%s' (want SIZExBATCH)\n", tok);
@@ -485,6 +492,8 @@ static int s_one_shape(const s_cfg *cfg, const char *tf_py, const char *tok, FIL
         printf("%-22s zps %.1f TFLOP/s, PyTorch %s, of a %s TFLOP/s TF32 peak: zps %s\n", "",
                tflops, s_num(tt, 32, torch_tflops), s_num(pk, 32, r.peak > 0 ? r.peak : NAN),
                s_num(fr, 32, frac));
+    printf("%-22s zps activations and gradients: %.1f MiB%s\n", "", r.act_mib,
+           c.recompute ? " (--recompute)" : "");
     fflush(stdout);
     fprintf(out,
             "%s\n  {\"shape\": \"%dx%dx%d\", \"batch\": %d, \"aux\": %d, \"zps_ips\": %.3f, "
@@ -495,14 +504,15 @@ static int s_one_shape(const s_cfg *cfg, const char *tf_py, const char *tok, FIL
             "\"tf_ips\": %s, \"tf_ratio\": %s, \"pairs\": %d, \"zps_cpu_ips\": %.3f, "
             "\"torch_cpu_ips\": %s, \"tf_cpu_ips\": %s, \"cpu_ratio\": %s, \"tf_cpu_ratio\": %s, "
             "\"device\": \"%s\", \"train_flops_per_image\": %.0f, \"zps_tflops\": %.3f, "
-            "\"torch_tflops\": %s, \"peak_tflops\": %s, \"zps_peak_fraction\": %s}",
+            "\"torch_tflops\": %s, \"peak_tflops\": %s, \"zps_peak_fraction\": %s, "
+            "\"recompute\": %d, \"zps_activation_mib\": %.1f}",
             first ? "" : ",", c.channels, c.size, c.size, c.batch, c.aux, r.zps, tb, rb, r.rss,
             policy ? policy : "", sysconf(_SC_NPROCESSORS_ONLN), before, after,
             busy ? "true" : "false", c.model, (double)c.width, c.classes, cfg->threads,
             nth ? nth : "", r.params, fb, qb, cfg->pairs, r.zps_cpu, s_num(tc, 32, r.torch_cpu),
             s_num(fc, 32, r.tf_cpu), rc, qc, c.cuda ? "cuda" : "cpu", 3 * r.flops, tflops,
             s_num(tt, 32, torch_tflops), s_num(pk, 32, r.peak > 0 ? r.peak : NAN),
-            s_num(fr, 32, frac));
+            s_num(fr, 32, frac), c.recompute, r.act_mib);
     return 0;
 }
 

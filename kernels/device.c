@@ -83,6 +83,8 @@ static int s_load(void)
     S_SYM(nccl_unique_id, k_nccl_unique_id);
     S_SYM(nccl_init, k_nccl_init);
     S_SYM(nccl_allreduce, k_nccl_allreduce);
+    S_SYM(nccl_allreduce_async, k_nccl_allreduce_async);
+    S_SYM(nccl_join, k_nccl_join);
     S_SYM(nccl_host_allreduce, k_nccl_host_allreduce);
     S_SYM(nccl_destroy, k_nccl_destroy);
     return 1;
@@ -122,7 +124,8 @@ zps_status k_device_select(const char *want, k_device_info *out)
     if (lib) {
         char msg[256] = "";
         int count = 0, gpu = k_device_gpu();
-        int rc = lib->probe(gpu, &count, out->name, sizeof out->name, msg, sizeof msg);
+        int rc = lib->probe(gpu, &count, out->name, sizeof out->name, out->uuid, msg,
+                            sizeof msg);
         out->cuda_devices = rc == 0 ? count : 0;
         if (rc == 0 && gpu < count) {
             out->kind = K_DEVICE_CUDA;

@@ -28,6 +28,7 @@ typedef struct k_device_info {
     k_device_kind kind;   // what was chosen
     int cuda_devices;     // visible devices the CUDA library reported (0: none, not loaded)
     char name[128];       // "cpu" or the GPU's name
+    unsigned char uuid[16]; // the GPU's UUID (zeros for the CPU): the same GPU in any process
     char reason[256];     // why CUDA was or was not chosen
 } k_device_info;
 
@@ -49,6 +50,8 @@ typedef struct k_cuda_lib {
     k_nccl_unique_id_fn nccl_unique_id;         // NCCL all-reduce (nccl_allreduce.cu) ...
     k_nccl_init_fn nccl_init;
     k_nccl_allreduce_fn nccl_allreduce;
+    k_nccl_allreduce_async_fn nccl_allreduce_async;
+    k_nccl_join_fn nccl_join;
     k_nccl_host_allreduce_fn nccl_host_allreduce;
     k_nccl_destroy_fn nccl_destroy;
 } k_cuda_lib;

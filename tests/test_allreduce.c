@@ -7,7 +7,9 @@
  * across many calls with sizes that do not fill a slice or wrap the ring; average,
  * broadcast and barrier; a peer that dies makes the others fail at once instead of hanging,
  * and one that is alive but silent makes every other rank time out;
- * a segment left by a crashed job is reused; the NCCL variant (SKIP without a GPU).
+ * a segment left by a crashed job is reused; the NCCL variant (SKIP without a GPU): host
+ * buffers, and device buffers queued between two ops of the cuda back-end's compute stream
+ * (the ordering sync_nccl.c relies on).
  * Inputs are fresh random numbers of mixed magnitude (so summation order shows in the
  * bits); the seed is printed on failure.
  */
@@ -29,6 +31,8 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "tests/testutil.h"
+#include "kernels/device.h"
+#include "kernels/kernels.h"
 #include "trainer/allreduce.h"
 
 static uint64_t s_mix(uint64_t x)
@@ -516,6 +520,7 @@ static int s_nccl_child(int rank, void *p)
 {
     s_seq_ctx *c = p;
     zps_log_set_level(ZPS_LOG_OFF);
+    k_device_use_gpu(rank); /* the back-end's device is the communicator's */
     tr_allreduce *ar = NULL;
     if (tr_allreduce_new(c->job, rank, c->n, 1 << 16, NULL, &ar) != ZPS_OK)
         return 1;
@@ -530,14 +535,31 @@ static int s_nccl_child(int rank, void *p)
     float buf[4096];
     for (int i = 0; i < 4096; i++)
         buf[i] = s_val(c->seed, 0, rank, (size_t)i);
+    float dbl[4096];
+    for (int i = 0; i < 4096; i++)
+        dbl[i] = 2 * buf[i];
     int rc = tr_nccl_sum_host(nc, buf, 4096, 0) == ZPS_OK ? 0 : 3;
+    /* the queued variant on device memory, ordered by the compute stream both ways: x 2 on
+     * the compute stream, then the sum, then x 0.5 on the compute stream */
+    const k_backend *be = k_backend_cuda(NULL, 0);
+    float *d = be ? be->alloc(sizeof dbl) : NULL;
+    if (!rc && (!d || be->copy_in(d, dbl, sizeof dbl) != ZPS_OK ||
+                k_scale(be, 4096, 0.5f, d) != ZPS_OK ||
+                tr_nccl_sum_device_async(nc, d, 4096, 0) != ZPS_OK ||
+                tr_nccl_join(nc) != ZPS_OK || k_scale(be, 4096, 2.0f, d) != ZPS_OK ||
+                be->copy_out(dbl, d, sizeof dbl) != ZPS_OK))
+        rc = 5;
     for (int i = 0; i < 4096 && !rc; i++) {
         float want = 0;
         for (int r = 0; r < c->n; r++)
             want += s_val(c->seed, 0, r, (size_t)i);
         if (fabsf(buf[i] - want) > 1e-5f + 1e-5f * fabsf(want))
             rc = 4;
+        if (fabsf(dbl[i] - 2 * want) > 2e-5f + 1e-5f * fabsf(2 * want))
+            rc = 6;
     }
+    if (d)
+        be->free(d);
     tr_nccl_destroy(&nc);
     tr_allreduce_destroy(&ar);
     return rc;

@@ -231,6 +231,12 @@ Test(it_gpu, async_ps_close_to_cpu)
     s_same("async", 1, "async", NULL, NULL, s_cuda2, 0);
 }
 
+/* One rank: NCCL itself (two ranks on one GPU sum through the host, below). */
+Test(it_gpu, allreduce_nccl_close_to_cpu)
+{
+    s_same("allreduce", 1, NULL, NULL, NULL, s_cuda2, 0);
+}
+
 Test(it_gpu, allreduce_fleet_close_to_cpu)
 {
     s_same("allreduce", 2, NULL, NULL, NULL, s_cuda2, 0);

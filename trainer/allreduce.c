@@ -466,6 +466,21 @@ zps_status tr_nccl_sum_device(tr_nccl *nc, float *dev_buf, size_t n, int average
     return s_nccl_sum(nc, nc->lib->nccl_allreduce, dev_buf, n, average, "");
 }
 
+zps_status tr_nccl_sum_device_async(tr_nccl *nc, float *dev_buf, size_t n, int average)
+{
+    return s_nccl_sum(nc, nc->lib->nccl_allreduce_async, dev_buf, n, average, "queued ");
+}
+
+zps_status tr_nccl_join(tr_nccl *nc)
+{
+    char msg[256] = "";
+    if (nc->lib->nccl_join(nc->comm, msg, sizeof msg) != 0) {
+        zps_log(ZPS_ERROR, "allreduce", "waiting for NCCL on the compute stream: %s", msg);
+        return ZPS_ERR_NCCL;
+    }
+    return ZPS_OK;
+}
+
 zps_status tr_nccl_sum_host(tr_nccl *nc, float *buf, size_t n, int average)
 {
     return s_nccl_sum(nc, nc->lib->nccl_host_allreduce, buf, n, average, "host ");

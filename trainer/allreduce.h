@@ -105,9 +105,14 @@ typedef struct tr_nccl tr_nccl;
 zps_status tr_nccl_new(tr_allreduce *ar, int device, tr_nccl **out);
 /* dev_buf: n floats in device memory; sum or mean over ranks, on the communicator's own
  * non-blocking CUDA stream, synchronised before return. That stream does not wait for the
- * default stream, where the cuda back-end queues its ops: the caller synchronises the work
- * that wrote dev_buf first (cudaDeviceSynchronize, or a copy_out, which is synchronous). */
+ * cuda back-end's compute stream: the caller synchronises the work that wrote dev_buf first
+ * (a copy_out, which is synchronous). */
 zps_status tr_nccl_sum_device(tr_nccl *nc, float *dev_buf, size_t n, int average);
+/* The same, ordered after the work the cuda back-end's compute stream holds so far by an
+ * event (the host does not wait); tr_nccl_join makes the compute stream's later work wait
+ * for every sum queued so far. What sync_nccl.c builds a step from. */
+zps_status tr_nccl_sum_device_async(tr_nccl *nc, float *dev_buf, size_t n, int average);
+zps_status tr_nccl_join(tr_nccl *nc);
 /* Host buffer: copied to the device, reduced, copied back (tests, small buffers). */
 zps_status tr_nccl_sum_host(tr_nccl *nc, float *buf, size_t n, int average);
 void tr_nccl_destroy(tr_nccl **pnc);

@@ -16,7 +16,9 @@
  *   stage.c           a model on a device back-end (backend.h's queues) under either of
  *                     the last two: pinned host mirrors of the values and the gradients,
  *                     moved one layer group at a time on the copy queue (tr_sync_staged_new)
- *   (next: sync_nccl.c, the all-reduce of device gradients, behind the same calls)
+ *   sync_nccl.c       --mode allreduce with the model on a GPU: NCCL sums the device
+ *                     gradients per bucket on its own stream, ordered by events, and the
+ *                     optimizer runs on the device
  *
  * A step, as train.c calls it:
  *
@@ -130,6 +132,7 @@ typedef zps_status (*tr_sync_new_fn)(const tr_sync_env *env, tr_sync **out);
 zps_status tr_sync_local_new(const tr_sync_env *env, tr_sync **out);
 zps_status tr_sync_ps_new(const tr_sync_env *env, tr_sync **out);
 zps_status tr_sync_allreduce_new(const tr_sync_env *env, tr_sync **out);
+zps_status tr_sync_nccl_new(const tr_sync_env *env, tr_sync **out);
 /* inner_new (ps or allreduce) over pinned host mirrors of env's params and grads, which are
  * in the memory of env->model's device back-end (one with k_backend_async): the mirrors
  * start as copies of the model's values, and the data moves as stage.c says. */

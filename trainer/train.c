@@ -365,7 +365,8 @@ static int s_is_evaluator(const s_job *j)
 
 /* The mode's back-end, over the model's values and the step's mean gradient. The PS and
  * shared-memory all-reduce back-ends read host memory: a model on a device reaches them
- * through pinned mirrors (stage.c); local training applies its optimizer where the model is. */
+ * through pinned mirrors (stage.c); local training applies its optimizer where the model is,
+ * and all-reduce on a GPU is NCCL's (sync_nccl.c). */
 static zps_status s_sync_new(s_job *j)
 {
     tr_sync_env env = {.cfg = j->cfg, .id = j->id, .n_trainers = j->n_trainers,
@@ -384,7 +385,8 @@ static zps_status s_sync_new(s_job *j)
         host_new = tr_sync_ps_new;
         break;
     case TR_MODE_ALLREDUCE:
-        /* (the NCCL back-end for device gradients will be chosen here) */
+        if (strcmp(j->be->name, "cuda") == 0) /* device gradients: NCCL on the GPU */
+            return tr_sync_nccl_new(&env, &j->sync);
         host_new = tr_sync_allreduce_new;
         break;
     }

@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "kernels/cuda/cuda_api.h"
+#include "kernels/cuda/cuda_int.h"
 #include "kernels/kernels.h"
 
 static char s_err[256];
@@ -35,6 +36,8 @@ static cudnnHandle_t s_cudnn;
 static cublasHandle_t s_cublas;
 static cudaStream_t s_stream; // the compute stream: every op and the synchronous copies
 static cudaStream_t s_copy;   // the copy stream: copy_in_async, copy_out_async
+
+cudaStream_t k_cuda_compute_stream(void) { return s_stream; }
 
 /* Checks a CUDA, cuDNN or cuBLAS call: on failure keeps file:line, the call and the
  * library's own text in s_err (k_cuda_last_error) and returns status. */

@@ -10,13 +10,13 @@
 extern "C" {
 #endif
 
-/* Counts the visible devices (CUDA_VISIBLE_DEVICES applies); fills name with device
- * `device`'s name when it exists, and msg with the CUDA error text when none answers.
+/* Counts the visible devices (CUDA_VISIBLE_DEVICES applies); fills name and uuid (16 bytes)
+ * with device `device`'s when it exists, and msg with the CUDA error text when none answers.
  * Returns 0 when the query itself worked (count may still be 0). */
-typedef int (*k_cuda_probe_fn)(int device, int *count, char *name, size_t name_len, char *msg,
-                               size_t msg_len);
-int k_cuda_probe(int device, int *count, char *name, size_t name_len, char *msg,
-                 size_t msg_len);
+typedef int (*k_cuda_probe_fn)(int device, int *count, char *name, size_t name_len,
+                               unsigned char *uuid, char *msg, size_t msg_len);
+int k_cuda_probe(int device, int *count, char *name, size_t name_len, unsigned char *uuid,
+                 char *msg, size_t msg_len);
 
 /* The CUDA op table (kernels.h), initialised on visible device `device` (its streams, cuDNN
  * and cuBLAS handles) by the first call; NULL when initialisation fails or a later call asks
@@ -29,7 +29,8 @@ typedef const char *(*k_cuda_last_error_fn)(void);
 const char *k_cuda_last_error(void);
 
 /* ---- NCCL all-reduce (nccl_allreduce.cu); used by trainer/allreduce.c (tr_nccl_*) ----
- * Each call works on the communicator's own CUDA stream and synchronises it before returning.
+ * Each call works on the communicator's own CUDA stream; all but the _async and join calls
+ * synchronise it before returning.
  * Every function returns 0 on success, else non-zero with the NCCL/CUDA error text in msg. */
 #define K_NCCL_ID_BYTES 128 /* sizeof(ncclUniqueId) */
 /* Rank 0 makes the id that every rank passes to k_nccl_init. */
@@ -45,6 +46,15 @@ typedef int (*k_nccl_allreduce_fn)(void *comm, float *dev_buf, size_t n, int ave
                                    char *msg, size_t msg_len);
 int k_nccl_allreduce(void *comm, float *dev_buf, size_t n, int average, char *msg,
                      size_t msg_len);
+/* In place on n floats of device memory, ordered after everything the back-end's compute
+ * stream holds so far (an event, not the host); returns at once. k_nccl_join makes the
+ * compute stream's later work wait for every all-reduce queued so far. */
+typedef int (*k_nccl_allreduce_async_fn)(void *comm, float *dev_buf, size_t n, int average,
+                                         char *msg, size_t msg_len);
+int k_nccl_allreduce_async(void *comm, float *dev_buf, size_t n, int average, char *msg,
+                           size_t msg_len);
+typedef int (*k_nccl_join_fn)(void *comm, char *msg, size_t msg_len);
+int k_nccl_join(void *comm, char *msg, size_t msg_len);
 /* The same on host memory (copied to the device and back). */
 typedef int (*k_nccl_host_allreduce_fn)(void *comm, float *buf, size_t n, int average,
                                         char *msg, size_t msg_len);

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "kernels/cuda/cuda_api.h"
+#include "kernels/cuda/cuda_int.h"
 
 static_assert(sizeof(ncclUniqueId) == K_NCCL_ID_BYTES, "K_NCCL_ID_BYTES != sizeof(ncclUniqueId)");
 
@@ -22,6 +23,8 @@ struct k_nccl_comm {
     int device;          // CUDA device it runs on
     float *staging;      // device buffer for k_nccl_host_allreduce, grown on demand
     size_t staging_n;    // its capacity in floats
+    cudaEvent_t after;   // a point of the compute stream the NCCL stream waits for
+    cudaEvent_t done;    // a point of the NCCL stream the compute stream waits for
 };
 
 #define S_CUDA(call)                                                                   \
@@ -69,9 +72,18 @@ extern "C" int k_nccl_init(void **comm, int n_ranks, int rank, const void *id, i
         free(c);
         return -1;
     }
+    if (cudaEventCreateWithFlags(&c->after, cudaEventDisableTiming) != cudaSuccess ||
+        cudaEventCreateWithFlags(&c->done, cudaEventDisableTiming) != cudaSuccess) {
+        snprintf(msg, msg_len, "cudaEventCreate: %s", cudaGetErrorString(cudaGetLastError()));
+        cudaStreamDestroy(c->stream);
+        free(c);
+        return -1;
+    }
     ncclResult_t r = ncclCommInitRank(&c->comm, n_ranks, u, rank);
     if (r != ncclSuccess) {
         snprintf(msg, msg_len, "ncclCommInitRank: %s", ncclGetErrorString(r));
+        cudaEventDestroy(c->after);
+        cudaEventDestroy(c->done);
         cudaStreamDestroy(c->stream);
         free(c);
         return -1;
@@ -88,6 +100,26 @@ extern "C" int k_nccl_allreduce(void *comm, float *dev_buf, size_t n, int averag
     S_NCCL(ncclAllReduce(dev_buf, dev_buf, n, ncclFloat32, average ? ncclAvg : ncclSum, c->comm,
                          c->stream));
     S_CUDA(cudaStreamSynchronize(c->stream));
+    return 0;
+}
+
+/* Ordered against the back-end's compute stream (backend.cu) by events, never by the host. */
+extern "C" int k_nccl_allreduce_async(void *comm, float *dev_buf, size_t n, int average,
+                                      char *msg, size_t msg_len)
+{
+    k_nccl_comm *c = (k_nccl_comm *)comm;
+    S_CUDA(cudaEventRecord(c->after, k_cuda_compute_stream()));
+    S_CUDA(cudaStreamWaitEvent(c->stream, c->after, 0));
+    S_NCCL(ncclAllReduce(dev_buf, dev_buf, n, ncclFloat32, average ? ncclAvg : ncclSum, c->comm,
+                         c->stream));
+    return 0;
+}
+
+extern "C" int k_nccl_join(void *comm, char *msg, size_t msg_len)
+{
+    k_nccl_comm *c = (k_nccl_comm *)comm;
+    S_CUDA(cudaEventRecord(c->done, c->stream));
+    S_CUDA(cudaStreamWaitEvent(k_cuda_compute_stream(), c->done, 0));
     return 0;
 }
 
@@ -123,6 +155,8 @@ extern "C" int k_nccl_destroy(void *comm)
     if (c->staging)
         cudaFree(c->staging);
     ncclCommDestroy(c->comm);
+    cudaEventDestroy(c->after);
+    cudaEventDestroy(c->done);
     cudaStreamDestroy(c->stream);
     free(c);
     return 0;

@@ -2,11 +2,12 @@
 #include <cuda_runtime.h>
 #include <cudnn.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "kernels/cuda/cuda_api.h"
 
-extern "C" int k_cuda_probe(int device, int *count, char *name, size_t name_len, char *msg,
-                            size_t msg_len)
+extern "C" int k_cuda_probe(int device, int *count, char *name, size_t name_len,
+                            unsigned char *uuid, char *msg, size_t msg_len)
 {
     *count = 0;
     if (name_len)
@@ -28,6 +29,7 @@ extern "C" int k_cuda_probe(int device, int *count, char *name, size_t name_len,
             return -1;
         }
         snprintf(name, name_len, "%s (cuDNN %zu)", prop.name, (size_t)cudnnGetVersion());
+        memcpy(uuid, prop.uuid.bytes, 16);
     }
     return 0;
 }

@@ -1,0 +1,210 @@
+/* sync_nccl.c — --mode allreduce with the model on a GPU: NCCL sums the device gradients (see
+ * sync.h, allreduce.h's tr_nccl).
+ *
+ * The local back-end (sync_local.c: the optimizer through k_optim_apply on the device) with
+ * four calls replaced, as sync_allreduce.c does for host memory:
+ *   begin_step  rank 0's stop decision, broadcast over the node's shared-memory segment (a
+ *               few bytes; the segment also carried NCCL's unique id at set-up)
+ *   grads_ready the reported gradients gather into a bucket; a full bucket is queued as one
+ *               NCCL all-reduce (mean) of that device range, ordered after the compute
+ *               stream's work so far by an event, so it runs on NCCL's stream while the
+ *               compute stream goes on with the layers below. The host never waits
+ *   end_step    queues the rest, makes the compute stream wait for NCCL's stream, and queues
+ *               the optimizer on the compute stream: the next step's forward follows it
+ *   destroy
+ * Every rank starts from rank 0's values (copied through the host once at set-up). Ranks that
+ * share one GPU (two trainers on a one-GPU machine: NCCL refuses that) sum the whole gradient
+ * through the host and the segment at end_step instead, without overlap, and say so.
+ *
+ * Invariants:
+ *  - Every rank makes the same collective calls in the same order: the stop broadcast per
+ *    step begun, then the step's buckets, whose edges depend only on the model (the
+ *    variables and the hook order), so they are the same on every rank.
+ *  - A bucket's range is final when it is queued (its layers' backward ran on the compute
+ *    stream before the event the all-reduce waits for), and nothing writes it again before
+ *    the optimizer, which the compute stream runs after the join.
+ *  - Nothing is allocated per step.
+ * Not run yet on a GPU (no session had one): it_gpu's all-reduce fleet is its test.
+ */
+#include "trainer/sync.h"
+
+#include <stdlib.h>
+
+#include "common/check.h"
+#include "common/log.h"
+#include "common/mem.h"
+#include "kernels/device.h"
+#include "ps/optim.h"
+#include "trainer/allreduce.h"
+
+/* About S_BUCKETS buckets a step, none under S_BUCKET_MIN floats: NCCL's launch costs a few
+ * microseconds, small against a GPU layer's backward, so more and earlier buckets than the
+ * shared-memory back-end's four overlap more. */
+#define S_BUCKETS 16
+#define S_BUCKET_MIN 262144
+
+typedef struct s_nccl {
+    tr_sync_local local;      // first: the local back-end this one extends
+    tr_allreduce *ar;         // the node's segment: NCCL's id and the stop decisions
+    tr_nccl *nc;
+    const nn_var *vars;       // (nvars) the model's, to find a variable's floats
+    size_t nvars;
+    size_t bucket_floats;
+    size_t pend_lo, pend_hi;  // reported this step and not yet queued
+    zps_status err;           // the first failure (hooks cannot return one)
+    float *host;              // (n) ranks sharing a GPU: the gradient's way through the host
+} s_nccl;
+
+/* Queues [lo, pend_hi) as one all-reduce (mean). */
+static void s_post(s_nccl *a, size_t lo)
+{
+    if (a->pend_hi > lo && a->err == ZPS_OK)
+        a->err = tr_nccl_sum_device_async(a->nc, a->local.grads + lo, a->pend_hi - lo, 1);
+    a->pend_hi = a->pend_lo = lo;
+}
+
+static zps_status s_begin_step(tr_sync *s, int64_t step, int *stop)
+{
+    s_nccl *a = (s_nccl *)s;
+    int32_t flag = *stop;
+    ZPS_TRY(a->err);
+    ZPS_TRY(tr_allreduce_broadcast(a->ar, &flag, sizeof flag, 0));
+    *stop = flag;
+    tr_sync_local_begin(&a->local, step);
+    a->pend_lo = a->pend_hi = a->local.n;
+    s->net_wait = 0;
+    return ZPS_OK;
+}
+
+static zps_status s_grads_ready(tr_sync *s, size_t first, size_t n)
+{
+    s_nccl *a = (s_nccl *)s;
+    if (a->err != ZPS_OK || n == 0 || a->host)
+        return a->err;
+    const nn_var *top = &a->vars[first + n - 1];
+    if (first + n > a->nvars || top->offset + top->count > a->pend_lo) {
+        zps_log(ZPS_ERROR, "allreduce", "variables %zu..%zu reported out of order", first,
+                first + n - 1);
+        return a->err = ZPS_ERR_INTERNAL;
+    }
+    a->pend_lo = a->vars[first].offset;
+    if (a->pend_hi - a->pend_lo >= a->bucket_floats)
+        s_post(a, a->pend_lo);
+    return a->err;
+}
+
+/* Ranks that share a GPU: the whole mean gradient through the host and the segment. */
+static zps_status s_host_sum(s_nccl *a)
+{
+    const k_backend *be = a->local.be;
+    size_t bytes = a->local.n * sizeof(float);
+    ZPS_TRY(be->copy_out(a->host, a->local.grads, bytes));
+    ZPS_TRY(tr_allreduce_sum(a->ar, a->host, a->local.n, 1));
+    return be->copy_in(a->local.grads, a->host, bytes);
+}
+
+static zps_status s_end_step(tr_sync *s, tr_step_record *rec)
+{
+    s_nccl *a = (s_nccl *)s;
+    if (a->host && a->err == ZPS_OK)
+        a->err = s_host_sum(a);
+    else if (a->err == ZPS_OK) {
+        s_post(a, 0);
+        if (a->err == ZPS_OK)
+            a->err = tr_nccl_join(a->nc);
+    }
+    ZPS_TRY(a->err);
+    rec->bytes_pushed = rec->bytes_pulled = a->local.n * sizeof(float);
+    rec->net_wait_s = s->net_wait;
+    return tr_sync_local_apply(&a->local, rec);
+}
+
+static void s_destroy(tr_sync *s)
+{
+    s_nccl *a = (s_nccl *)s;
+    tr_nccl_destroy(&a->nc);
+    tr_allreduce_destroy(&a->ar);
+    tr_sync_local_free(&a->local);
+    free(a->host);
+    free(a);
+}
+
+/* Rank 0's values everywhere: through the host, once. */
+static zps_status s_broadcast_values(s_nccl *a)
+{
+    const k_backend *be = a->local.be;
+    size_t bytes = a->local.n * sizeof(float);
+    float *host = zps_xmalloc(bytes);
+    zps_status st = be->copy_out(host, a->local.params, bytes);
+    if (st == ZPS_OK)
+        st = tr_allreduce_broadcast(a->ar, host, bytes, 0);
+    if (st == ZPS_OK)
+        st = be->copy_in(a->local.params, host, bytes);
+    free(host);
+    return st;
+}
+
+/* *shared = 1 when two ranks of the node hold the same GPU (by UUID): NCCL wants one GPU
+ * per rank, so they sum through the host instead. */
+static zps_status s_shared_gpu(s_nccl *a, int rank, int n_ranks, int *shared)
+{
+    k_device_info info;
+    ZPS_TRY(k_device_select("cuda", &info));
+    uint32_t h = 2166136261u; /* FNV-1a, cut to 24 bits: exact in a float */
+    for (int i = 0; i < 16; i++)
+        h = (h ^ info.uuid[i]) * 16777619u;
+    float *ids = zps_xcalloc((size_t)n_ranks, sizeof *ids);
+    ids[rank] = (float)((h & 0xffffffu) | 1u);
+    zps_status st = tr_allreduce_sum(a->ar, ids, (size_t)n_ranks, 0);
+    *shared = 0;
+    for (int i = 0; i < n_ranks && st == ZPS_OK; i++)
+        for (int j = i + 1; j < n_ranks; j++)
+            *shared |= ids[i] == ids[j];
+    free(ids);
+    return st;
+}
+
+zps_status tr_sync_nccl_new(const tr_sync_env *env, tr_sync **out)
+{
+    *out = NULL;
+    s_nccl *a = zps_xcalloc(1, sizeof *a);
+    zps_status st = tr_sync_local_init(&a->local, env);
+    if (st != ZPS_OK) {
+        free(a);
+        return st;
+    }
+    a->local.base.begin_step = s_begin_step;
+    a->local.base.grads_ready = s_grads_ready;
+    a->local.base.end_step = s_end_step;
+    a->local.base.destroy = s_destroy;
+    a->vars = env->vars, a->nvars = env->nvars;
+    a->bucket_floats = env->nparams / S_BUCKETS > S_BUCKET_MIN ? env->nparams / S_BUCKETS
+                                                               : S_BUCKET_MIN;
+    if (env->bucket_floats)
+        a->bucket_floats = env->bucket_floats;
+    /* the segment carries NCCL's id, the starting values and the stop flags */
+    st = tr_allreduce_new(env->cfg->job, env->id, env->n_trainers, env->nparams, NULL, &a->ar);
+    int shared = 0;
+    if (st == ZPS_OK)
+        st = s_shared_gpu(a, env->id, env->n_trainers, &shared);
+    if (st == ZPS_OK && shared)
+        a->host = zps_xmalloc(env->nparams * sizeof(float));
+    else if (st == ZPS_OK)
+        st = tr_nccl_new(a->ar, k_device_gpu(), &a->nc);
+    if (st == ZPS_OK)
+        st = s_broadcast_values(a);
+    if (st != ZPS_OK) {
+        s_destroy(&a->local.base);
+        return st;
+    }
+    if (shared)
+        zps_log(ZPS_WARN, "trainer", "all-reduce rank %d of %d: trainers of this node share a "
+                "GPU, which NCCL cannot run on: the gradients are summed through the host "
+                "(one trainer per GPU: --gpu N, or zps-launch --gpus)", env->id,
+                env->n_trainers);
+    else
+        zps_log(ZPS_INFO, "trainer", "all-reduce rank %d of %d over NCCL on GPU %d (buckets "
+                "of %zu floats)", env->id, env->n_trainers, k_device_gpu(), a->bucket_floats);
+    *out = &a->local.base;
+    return ZPS_OK;
+}
