@@ -254,6 +254,39 @@ Test(it_launch, slurm_and_ssh_command_lines, .timeout = 10)
     lt_cleanup(&r);
 }
 
+/* --gpus G: the k-th trainer of a host runs with the GPU k mod G of that host
+ * (CUDA_VISIBLE_DEVICES through the wrapper the Slurm placement uses), servers untouched. */
+Test(it_launch, gpus_place_trainers_round_robin, .timeout = 10)
+{
+    lt_run r;
+    lt_setup(&r, 1);
+    const char *args[] = {"--servers", "1", "--trainers", "3", "--gpus", "2", "--dry-run",
+                          "--run-dir", "run", NULL};
+    lt_launch(&r, 0, NULL, args);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    const char *want[3] = {"zps-gpu 0 ", "zps-gpu 1 ", "zps-gpu 0 "};
+    for (int t = 0; t < 3; t++) {
+        char head[64];
+        snprintf(head, sizeof head, "trainer %d on 127.0.0.1: /bin/sh -c ", t);
+        const char *line = strstr(r.out, head);
+        cr_assert(line, "%s", r.out);
+        const char *end = strchr(line, '\n');
+        const char *at = strstr(line, want[t]);
+        cr_assert(at && (!end || at < end), "trainer %d: want '%s' in\n%s", t, want[t], r.out);
+        cr_assert(strstr(line, "CUDA_VISIBLE_DEVICES"), "%s", r.out);
+    }
+    const char *srv = strstr(r.out, "server 0 on");
+    cr_assert(srv, "%s", r.out);
+    const char *srv_end = strchr(srv, '\n'), *gpu = strstr(srv, "zps-gpu");
+    cr_assert(!gpu || (srv_end && gpu > srv_end), "a server was placed on a GPU:\n%s", r.out);
+    const char *bad[] = {"--servers", "1", "--trainers", "1", "--gpus", "-1", "--dry-run",
+                         "--run-dir", "run2", NULL};
+    lt_launch(&r, 0, NULL, bad);
+    cr_assert_neq(r.code, 0, "%s", r.out);
+    cr_assert(strstr(r.out, "--gpus must be >= 0"), "%s", r.out);
+    lt_cleanup(&r);
+}
+
 /* r exited 0 printing PROG's version line: "PROG VERSION (git HASH)". */
 static void s_assert_version(const lt_run *r, const char *prog)
 {

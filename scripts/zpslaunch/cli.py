@@ -101,6 +101,10 @@ def parser():
                      help="N servers on 127.0.0.1 (no cluster file); 0 for an all-reduce fleet")
     src.add_argument("--trainers", type=int, help="M trainers on 127.0.0.1 (no cluster file)")
     src.add_argument("--job", help="job name (default: the cluster file's, else 'zps')")
+    src.add_argument("--gpus", type=int, default=0, metavar="G",
+                     help="GPUs per host: the k-th trainer of a host runs on its GPU k mod G "
+                          "(CUDA_VISIBLE_DEVICES; one trainer per GPU is --trainers G); "
+                          "under Slurm the allocation says (default 0: no placement)")
     ap.add_argument("--launcher", choices=("local", "ssh", "slurm"), default="local")
     ap.add_argument("--bin-dir", default=os.environ.get("ZPS_BIN") or "build/bin",
                     help="where zps-server/zps-trainer are (default $ZPS_BIN, else build/bin)")
@@ -193,6 +197,16 @@ def fleet_hosts(args):
     else:
         fleet.servers = [("127.0.0.1", p) for p in free_ports(args.servers)]
         fleet.trainers = ["127.0.0.1"] * args.trainers
+    if args.gpus < 0:
+        raise ValueError("--gpus must be >= 0")
+    if args.gpus and fleet.gpu:
+        raise ValueError("--gpus: under Slurm the allocation says which GPUs a node has")
+    if args.gpus:  # the k-th trainer of each host on GPU k mod G
+        seen = {}
+        fleet.gpu = []
+        for h in fleet.trainers:
+            fleet.gpu.append(seen.get(h, 0) % args.gpus)
+            seen[h] = seen.get(h, 0) + 1
     fleet.gpu = fleet.gpu or [None] * len(fleet.trainers)
     return fleet
 
