@@ -1,8 +1,9 @@
 /* test_train.c — zps-trainer end to end (suite it_train: real processes on 127.0.0.1).
  *
- * equivalence: sync PS with 2 trainers of batch b, all-reduce with 2 trainers of batch b and
- * one local trainer of batch 2b end with the same weights after 20 steps (SGD and
- * momentum), for the MLP and the small convnet. All read the same global batch stream
+ * equivalence: sync PS with 2 trainers of batch b, sync PS with the same 2 trainers as one
+ * node (--node-trainers 2: they all-reduce, trainer 0 pushes for both), all-reduce with 2
+ * trainers of batch b and one local trainer of batch 2b end with the same weights after 20
+ * steps (SGD and momentum), for the MLP and the small convnet. All read the same global batch stream
  * (--shard batch), dropout is off, and the convnet's local run sees its 2b images as two
  * micro-batches of b (--accumulate 2) so batchnorm normalises over the same b images as
  * each trainer does; the only difference left is float summation order.
@@ -118,10 +119,33 @@ static void s_equivalence(const char *model, const char *opt)
     for (int s = 0; s < 2; s++)
         pst_kill(&srv[s], SIGTERM);
 
+    /* sync PS through one node of 2 trainers (--node-trainers 2): the servers see 1 */
+    char nw[700];
+    snprintf(nw, sizeof nw, "%s/node.w", s_tmp);
+    const char *nargs[] = {"--mode", "sync", "--num-trainers", "1", NULL};
+    trt_servers(srv, nargs, servers, sizeof servers);
+    snprintf(job, sizeof job, "nd%d", (int)getpid());
+    for (int r = 0; r < 2; r++) {
+        const char *more[] = {"--mode", "sync", "--lr", "0.05", "--batch-size", "16",
+                              "--num-trainers", "2", "--trainer-id", id[r], "--servers",
+                              servers, "--node-trainers", "2", "--job", job, "--export", nw,
+                              NULL};
+        char name[16];
+        snprintf(name, sizeof name, "node%d", r);
+        trt_trainer(&t[r], s_tmp, name, logs[r], sizeof logs[r], common, nc, more);
+    }
+    for (int r = 0; r < 2; r++)
+        trt_expect_ok(&t[r], logs[r], 120);
+    cr_assert(zt_file_has(logs[0], "pushes and pulls for the node"), "trainer 0 led no node");
+    cr_assert(zt_file_has(logs[1], "all-reduces with the node"), "trainer 1 was no member");
+    for (int s = 0; s < 2; s++)
+        pst_kill(&srv[s], SIGTERM);
+
     double moved = trt_max_diff(lw, iw);
     cr_assert(moved > 1e-3, "20 steps moved no weight by more than %g", moved);
     trt_compare(lw, aw, "all-reduce 2 x b");
     trt_compare(lw, pw, "sync PS 2 x b");
+    trt_compare(lw, nw, "sync PS through a node of 2 x b");
 }
 
 TestSuite(it_train, .fini = s_cleanup, .timeout = 300);

@@ -126,10 +126,16 @@ static void s_same(const char *mode, int n, const char *smode, const char *const
     for (int run = 0; run < 2; run++) {
         pst_server srv[2];
         char uris[600] = "";
-        if (smode) {
-            char nt[4];
-            snprintf(nt, sizeof nt, "%d", n);
-            const char *sargs[] = {"--mode", smode, "--num-trainers", nt, NULL};
+        if (smode) { /* "MODE" or "MODE/T": the servers expect T trainers (default n) */
+            char nt[8], sm[16];
+            snprintf(sm, sizeof sm, "%s", smode);
+            char *slash = strchr(sm, '/');
+            snprintf(nt, sizeof nt, "%s", slash ? slash + 1 : "");
+            if (slash)
+                *slash = 0;
+            else
+                snprintf(nt, sizeof nt, "%d", n);
+            const char *sargs[] = {"--mode", sm, "--num-trainers", nt, NULL};
             trt_servers(srv, sargs, uris, sizeof uris);
         }
         const char *args[16] = {0};
@@ -182,6 +188,14 @@ Test(it_staged, recompute_equals_cpu_without)
 Test(it_staged, sync_ps_fleet_equals_cpu)
 {
     s_same("sync", 2, "sync", NULL, NULL, s_staged2, 1);
+}
+
+/* A node of two staged trainers (--node-trainers 2): the leader's PS back-end and the node's
+ * all-reduce behind the mirrors; the servers see one trainer. */
+Test(it_staged, node_sync_fleet_equals_cpu)
+{
+    static const char *node[] = {"--node-trainers", "2", NULL};
+    s_same("sync", 2, "sync/1", node, NULL, s_staged2, 1);
 }
 
 /* One trainer of each kind in one sync fleet: the servers cannot tell them apart. */

@@ -190,6 +190,14 @@ Test(tr_config, value_flags_land_in_their_fields)
     cr_assert_eq(c.opt.staircase, 1);
     cr_assert_eq(c.steps, 1000);
     cr_assert_eq(c.in_channels, 3);
+    const char *g[] = {"--data", "/d", "--device", "staged", "--gpu", "3", "--recompute",
+                       "--mode", "async", "--servers", "tcp://127.0.0.1:1", "--node-trainers",
+                       "4", NULL};
+    cr_assert_eq(s_parse(&c, g, &st), -1);
+    cr_assert_str_eq(c.device, "staged");
+    cr_assert_eq(c.gpu, 3);
+    cr_assert_eq(c.recompute, 1);
+    cr_assert_eq(c.node_trainers, 4);
     const char *d[] = {"--data", "/d", NULL};
     cr_assert_eq(s_parse(&c, d, &st), -1);
     cr_assert_eq(c.aux, -1, "auto");
@@ -222,6 +230,9 @@ static const struct {
     {{"--data", "/d", "--lr-schedule", "step", NULL}, "--lr-schedule wants constant, exponential or cosine"},
     {{"--data", "/d", "--log-level", "loud", NULL}, "--log-level wants"},
     {{"--data", "/d", "--in-channels", "4", NULL}, "--in-channels wants an integer in [1, 3], got '4'"},
+    {{"--data", "/d", "--node-trainers", "2", NULL}, "--node-trainers groups the trainers of a PS job"},
+    {{"--data", "/d", "--gpu", "-1", NULL}, "--gpu wants an integer in [0, 1023]"},
+    {{"--data", "/d", "--device", "staged", "--recompute", "--node-trainers", "0", NULL}, "--node-trainers wants an integer in [1, 4096]"},
 };
 
 Test(tr_config, bad_command_lines_exit_2_and_name_the_flag, .init = cr_redirect_stderr)

@@ -189,6 +189,10 @@ static const zps_opt s_opt[] = {
      .help = "this trainer's index"},
     {"num-trainers", ZPS_OPT_INT, F(num_trainers), 1, 4096, .meta = "N",
      .dflt = "the cluster file's trainers, else 1", .help = "trainers in the job"},
+    {"node-trainers", ZPS_OPT_INT, F(node_trainers), 1, 4096, .meta = "G", .dflt = "1",
+     .help = "PS modes: trainers i with the same i / G are a node: they\n"
+             "all-reduce their gradients, and the node's first trainer\n"
+             "pushes and pulls for it (servers: --num-trainers N / G)"},
     {"replicas-to-aggregate", ZPS_OPT_UINT, F(replicas_to_aggregate), 1, 4096, .meta = "R",
      .dflt = "all trainers", .help = "sync: pushes per step"},
     {"staleness", ZPS_OPT_UINT, F(staleness), 0, 1000000, .meta = "S", .help = "ssp bound"},
@@ -322,6 +326,10 @@ static zps_status s_check(tr_config *c, int *exit_code)
         return zps_opts_fail(&s_spec, exit_code, "--dump-detections draws a detector's boxes: "
                              "it needs --model ssd");
     int ps_mode = c->mode == TR_MODE_SYNC || c->mode == TR_MODE_ASYNC || c->mode == TR_MODE_SSP;
+    if (c->node_trainers > 1 && !ps_mode)
+        return zps_opts_fail(&s_spec, exit_code, "--node-trainers groups the trainers of a PS "
+                             "job (--mode sync, async or ssp), not --mode %s",
+                             tr_mode_name(c->mode));
     if (ps_mode && !c->cluster[0] && !c->servers[0])
         return zps_opts_fail(&s_spec, exit_code, "--mode %s needs --cluster FILE or --servers "
                              "URI,...", tr_mode_name(c->mode));

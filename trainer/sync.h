@@ -13,6 +13,8 @@
  *                     (trainer/allreduce.h) per bucket of layers on a communication thread
  *                     while backward goes on, the local optimizer fused into each bucket's
  *                     reduction; rank 0 decides when every rank stops
+ *   sync_node.c       --node-trainers G (PS modes): a node's G trainers all-reduce their
+ *                     gradients and one of them runs sync_ps.c for the node
  *   stage.c           a model on a device back-end (backend.h's queues) under either of
  *                     the last two: pinned host mirrors of the values and the gradients,
  *                     moved one layer group at a time on the copy queue (tr_sync_staged_new)
@@ -133,6 +135,7 @@ zps_status tr_sync_local_new(const tr_sync_env *env, tr_sync **out);
 zps_status tr_sync_ps_new(const tr_sync_env *env, tr_sync **out);
 zps_status tr_sync_allreduce_new(const tr_sync_env *env, tr_sync **out);
 zps_status tr_sync_nccl_new(const tr_sync_env *env, tr_sync **out);
+zps_status tr_sync_node_new(const tr_sync_env *env, tr_sync **out);
 /* inner_new (ps or allreduce) over pinned host mirrors of env's params and grads, which are
  * in the memory of env->model's device back-end (one with k_backend_async): the mirrors
  * start as copies of the model's values, and the data moves as stage.c says. */

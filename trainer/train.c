@@ -382,7 +382,7 @@ static zps_status s_sync_new(s_job *j)
     case TR_MODE_SYNC:
     case TR_MODE_ASYNC:
     case TR_MODE_SSP:
-        host_new = tr_sync_ps_new;
+        host_new = j->cfg->node_trainers > 1 ? tr_sync_node_new : tr_sync_ps_new;
         break;
     case TR_MODE_ALLREDUCE:
         if (strcmp(j->be->name, "cuda") == 0) /* device gradients: NCCL on the GPU */

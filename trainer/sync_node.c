@@ -1,0 +1,212 @@
+/* sync_node.c — --node-trainers G in the PS modes: the trainers of a node all-reduce their
+ * gradients first, and one of them (the node's leader, its local rank 0) pushes and pulls for
+ * the node (BytePS's and TF's "replicated" layout). The servers see one trainer per node, so
+ * the PS traffic is 1/G of the flat layout's (see sync.h; docs/training.md).
+ *
+ * Trainer i is local rank i mod G of node i / G; the node's ranks meet in the shared-memory
+ * segment "<job>-node<k>" (trainer/allreduce.h) and the leader runs the PS back-end
+ * (sync_ps.c) as trainer k of N / G, over the same parameter and gradient buffers. A step:
+ *
+ *   begin_step  the leader's begin_step, its stop decision (and the PS back-end's) broadcast
+ *               to the node
+ *   backward    nothing leaves per layer (no overlap in this first version)
+ *   end_step    every rank: the node's mean gradient (one sum in rank order, so every rank
+ *               has the same bits). The leader hands it to the PS back-end (every variable,
+ *               last first, as a backward would), ends the step there and waits for the new
+ *               values; then it broadcasts them with the step's outcome (status, redo_from),
+ *               so every rank of the node computes the next step from the same values, or
+ *               goes back to the same step after a servers' rollback
+ *   finish      the leader's final values, broadcast
+ *
+ * Invariants:
+ *  - Every rank of a node makes the same collective calls in the same order: the stop
+ *    broadcast per step begun, then per step the gradient sum and the values broadcast.
+ *  - Only the leader talks to the servers; the servers must expect N / G trainers
+ *    (zps-server --num-trainers, or none: they take the trainers' word).
+ *  - Nothing is allocated per step.
+ * A model on a device reaches this back-end through stage.c's mirrors, like sync_ps.c.
+ */
+#include "trainer/sync.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/check.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/mem.h"
+#include "trainer/allreduce.h"
+
+typedef struct s_node {
+    tr_sync base;             // first: the tr_sync the loop holds
+    tr_sync *ps;              // the leader's PS back-end (NULL on the other ranks)
+    tr_allreduce *ar;         // the node's segment
+    int rank, group;          // local rank, ranks per node
+    float *params, *grads;    // (n) the model's (host memory)
+    size_t n, nvars;
+} s_node;
+
+/* What the leader tells its node after a step or at the start. */
+typedef struct s_word {
+    int32_t status;           // zps_status of the leader's step
+    int32_t stop;             // begin_step: the node stops now
+    int64_t redo_from;        // the PS back-end's (sync rollback), -1 otherwise
+    int64_t start_step;       // at set-up: the job's step (a job under way)
+    int32_t fresh;            // finish: the final values may differ from the last step's
+    int32_t pad;
+} s_word;
+
+static zps_status s_share(s_node *s, s_word *w)
+{
+    return tr_allreduce_broadcast(s->ar, w, sizeof *w, 0);
+}
+
+static zps_status s_begin_step(tr_sync *b, int64_t step, int *stop)
+{
+    s_node *s = (s_node *)b;
+    s_word w = {.stop = *stop, .redo_from = -1};
+    if (s->ps)
+        w.status = s->ps->begin_step(s->ps, step, stop), w.stop = *stop;
+    ZPS_TRY(s_share(s, &w));
+    *stop = w.stop;
+    b->net_wait = 0;
+    b->redo_from = -1;
+    return w.status;
+}
+
+static zps_status s_params_ready(tr_sync *b)
+{
+    (void)b; /* end_step left the node's values in place */
+    return ZPS_OK;
+}
+
+static zps_status s_grads_ready(tr_sync *b, size_t first, size_t n)
+{
+    (void)b, (void)first, (void)n; /* the whole gradient goes at end_step */
+    return ZPS_OK;
+}
+
+/* The leader's part of a step: the node's mean to the servers, the new values back. */
+static zps_status s_lead(s_node *s, tr_step_record *rec)
+{
+    zps_status st = ZPS_OK;
+    for (size_t v = s->nvars; v-- > 0 && st == ZPS_OK;)
+        st = s->ps->grads_ready(s->ps, v, 1);
+    if (st == ZPS_OK)
+        st = s->ps->end_step(s->ps, rec);
+    if (st == ZPS_OK)
+        st = s->ps->params_ready(s->ps);
+    s->base.net_wait = s->ps->net_wait;
+    return st;
+}
+
+static zps_status s_end_step(tr_sync *b, tr_step_record *rec)
+{
+    s_node *s = (s_node *)b;
+    uint64_t t0 = zps_now_ns();
+    ZPS_TRY(tr_allreduce_sum(s->ar, s->grads, s->n, 1));
+    s_word w = {.redo_from = -1};
+    if (s->ps) {
+        w.status = s_lead(s, rec);
+        w.redo_from = s->ps->redo_from;
+    }
+    ZPS_TRY(s_share(s, &w));
+    if (w.status == ZPS_OK || w.redo_from >= 0) /* a rollback left the older values */
+        ZPS_TRY(tr_allreduce_broadcast(s->ar, s->params, s->n * sizeof(float), 0));
+    b->redo_from = w.redo_from;
+    if (!s->ps) {
+        b->net_wait = (double)(zps_now_ns() - t0) * 1e-9;
+        rec->net_wait_s = b->net_wait;
+    }
+    return w.status;
+}
+
+static zps_status s_finish(tr_sync *b, int *fresh)
+{
+    s_node *s = (s_node *)b;
+    s_word w = {.redo_from = -1};
+    *fresh = 0;
+    if (s->ps)
+        w.status = s->ps->finish(s->ps, fresh), w.fresh = *fresh;
+    ZPS_TRY(s_share(s, &w));
+    if (w.status == ZPS_OK)
+        ZPS_TRY(tr_allreduce_broadcast(s->ar, s->params, s->n * sizeof(float), 0));
+    *fresh = w.fresh;
+    return w.status;
+}
+
+static zps_status s_leave(tr_sync *b)
+{
+    s_node *s = (s_node *)b;
+    return s->ps ? s->ps->leave(s->ps) : ZPS_OK;
+}
+
+static void s_abandon(tr_sync *b)
+{
+    s_node *s = (s_node *)b;
+    if (s->ps && s->ps->abandon)
+        s->ps->abandon(s->ps);
+}
+
+static void s_destroy(tr_sync *b)
+{
+    s_node *s = (s_node *)b;
+    tr_sync_destroy(&s->ps);
+    tr_allreduce_destroy(&s->ar);
+    free(s);
+}
+
+/* The node's segment; the leader's PS back-end; its values and job step to every rank. */
+static zps_status s_setup(s_node *s, const tr_sync_env *env, int group)
+{
+    int node = env->id / group, nodes = env->n_trainers / group;
+    char name[160];
+    snprintf(name, sizeof name, "%s-node%d", env->cfg->job[0] ? env->cfg->job : "zps", node);
+    ZPS_TRY(tr_allreduce_new(name, s->rank, group, env->nparams, NULL, &s->ar));
+    s_word w = {.redo_from = -1};
+    if (s->rank == 0) {
+        tr_sync_env lead = *env;
+        lead.id = node;
+        lead.n_trainers = nodes;
+        w.status = tr_sync_ps_new(&lead, &s->ps);
+        if (s->ps)
+            w.start_step = s->ps->start_step;
+    }
+    ZPS_TRY(s_share(s, &w));
+    if (w.status != ZPS_OK) {
+        if (s->rank != 0)
+            zps_log(ZPS_ERROR, "trainer", "node %d's leader (trainer %d) could not join the "
+                    "servers: %s", node, node * group, zps_strerror((zps_status)w.status));
+        return (zps_status)w.status;
+    }
+    s->base.start_step = w.start_step;
+    return tr_allreduce_broadcast(s->ar, s->params, s->n * sizeof(float), 0);
+}
+
+zps_status tr_sync_node_new(const tr_sync_env *env, tr_sync **out)
+{
+    *out = NULL;
+    int group = env->cfg->node_trainers;
+    if (group < 1 || env->n_trainers % group != 0) {
+        zps_log(ZPS_ERROR, "trainer", "--node-trainers %d does not divide the job's %d "
+                "trainers", group, env->n_trainers);
+        return ZPS_ERR_CONFIG;
+    }
+    s_node *s = zps_xcalloc(1, sizeof *s);
+    *s = (s_node){.rank = env->id % group, .group = group, .params = env->params,
+                  .grads = env->grads, .n = env->nparams, .nvars = env->nvars};
+    s->base = (tr_sync){.begin_step = s_begin_step, .params_ready = s_params_ready,
+                        .grads_ready = s_grads_ready, .end_step = s_end_step,
+                        .finish = s_finish, .leave = s_leave, .abandon = s_abandon,
+                        .destroy = s_destroy, .redo_from = -1};
+    zps_status st = s_setup(s, env, group);
+    if (st != ZPS_OK) {
+        s_destroy(&s->base);
+        return st;
+    }
+    zps_log(ZPS_INFO, "trainer", "node %d, rank %d of %d: %s", env->id / group, s->rank,
+            group, s->ps ? "pushes and pulls for the node" : "all-reduces with the node");
+    *out = &s->base;
+    return ZPS_OK;
+}
