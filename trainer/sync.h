@@ -141,6 +141,27 @@ zps_status tr_sync_node_new(const tr_sync_env *env, tr_sync **out);
  * start as copies of the model's values, and the data moves as stage.c says. */
 zps_status tr_sync_staged_new(const tr_sync_env *env, tr_sync_new_fn inner_new, tr_sync **out);
 
+/* The buckets of the all-reduce back-ends (sync_buckets.c; sync_allreduce.c, sync_nccl.c):
+ * backward reports variables last first, the floats reported since the last bucket left are
+ * [lo, hi), and a bucket leaves once it holds `floats`; the rest at end_step. */
+typedef struct tr_buckets {
+    const nn_var *vars;       // (nvars) the model's (NULL: everything leaves at the end)
+    size_t nvars, n;          // variables, floats
+    size_t floats;            // a full bucket
+    size_t lo, hi;            // reported, not yet sent
+} tr_buckets;
+struct tr_allreduce;
+/* About per_step buckets a step, none under min floats; env->bucket_floats overrides. */
+void tr_buckets_init(tr_buckets *b, const tr_sync_env *env, size_t per_step, size_t min);
+/* A step begins: *stop in, this rank's wish; out, rank 0's, broadcast to every rank (a rank
+ * that stopped alone would leave the others waiting in the next sum). */
+zps_status tr_buckets_begin(tr_buckets *b, struct tr_allreduce *ar, int *stop);
+/* Variables [first, first + n) are final: 1 with the full bucket [*lo, *hi) to send now, 0
+ * when none is full, -1 (logged) when they came out of order. */
+int tr_buckets_report(tr_buckets *b, size_t first, size_t n, size_t *lo, size_t *hi);
+/* end_step: 1 with what is left, [*lo, *hi) = [0, hi); 0 when nothing is. */
+int tr_buckets_rest(tr_buckets *b, size_t *lo, size_t *hi);
+
 /* The forward hook as env says (set_forward_hook, or the model's own). */
 static inline void tr_sync_env_forward_hook(const tr_sync_env *env, nn_grad_hook hook,
                                             void *ctx)
@@ -177,6 +198,9 @@ typedef struct tr_sync_local {
 /* Makes *l a local back-end (its calls in l->base), its optimizer slots allocated; a
  * back-end that extends it then replaces some of them. On failure nothing is left to free. */
 zps_status tr_sync_local_init(tr_sync_local *l, const tr_sync_env *env);
+/* tr_sync_local_init for a back-end that extends the local one: then its own begin_step,
+ * grads_ready, end_step and destroy (those of `own`) replace the local ones. */
+zps_status tr_sync_local_extend(tr_sync_local *l, const tr_sync_env *env, const tr_sync *own);
 /* Step `step` begins: its optimizer constants into l->st. */
 void tr_sync_local_begin(tr_sync_local *l, int64_t step);
 /* Applies step l->step of the mean gradient in grads; rec->lr = its learning rate. */

@@ -62,10 +62,7 @@ typedef struct s_ar {
     tr_sync_local local;      // first: the local back-end this one extends
     tr_allreduce *ar;
     struct tr_trace *trace;   // --trace (NULL: none): each bucket's reduction is a span
-    const nn_var *vars;       // (nvars) the model's, to find a variable's floats
-    size_t nvars;
-    size_t bucket_floats;
-    size_t pend_lo, pend_hi;  // reported this step and not yet queued
+    tr_buckets buckets;       // this step's (sync.h)
     s_bucket *q;              // (nq_max) this step's buckets
     size_t nq_max;
     /* shared with the thread, under mu */
@@ -115,27 +112,21 @@ static void *s_thread(void *p)
     return NULL;
 }
 
-/* Queues [lo, pend_hi) and starts the next bucket below it. */
-static void s_post(s_ar *a, size_t lo)
+/* Queues [lo, hi) for the thread. */
+static void s_post(s_ar *a, size_t lo, size_t hi)
 {
-    if (a->pend_hi <= lo)
-        return;
     pthread_mutex_lock(&a->mu);
-    a->q[a->posted++] = (s_bucket){lo, a->pend_hi, tr_trace_now(a->trace)};
+    a->q[a->posted++] = (s_bucket){lo, hi, tr_trace_now(a->trace)};
     pthread_cond_signal(&a->work);
     pthread_mutex_unlock(&a->mu);
-    a->pend_hi = a->pend_lo = lo;
 }
 
 static zps_status s_begin_step(tr_sync *s, int64_t step, int *stop)
 {
     s_ar *a = (s_ar *)s;
-    int32_t flag = *stop;
     ZPS_TRY(a->err);
-    ZPS_TRY(tr_allreduce_broadcast(a->ar, &flag, sizeof flag, 0));
-    *stop = flag;
+    ZPS_TRY(tr_buckets_begin(&a->buckets, a->ar, stop));
     tr_sync_local_begin(&a->local, step);
-    a->pend_lo = a->pend_hi = a->local.n;
     a->posted = a->done = 0; // the thread is idle: end_step waited for it
     s->net_wait = 0;
     return ZPS_OK;
@@ -147,21 +138,18 @@ static zps_status s_grads_ready(tr_sync *s, size_t first, size_t n)
     pthread_mutex_lock(&a->mu);
     zps_status err = a->err;
     pthread_mutex_unlock(&a->mu);
-    if (err != ZPS_OK || !a->vars || n == 0 || first + n > a->nvars)
-        return err; // without the variables' places, end_step sends everything
-    size_t lo = a->vars[first].offset;
-    const nn_var *top = &a->vars[first + n - 1];
-    if (top->offset + top->count > a->pend_lo || a->posted + 1 >= a->nq_max) {
-        zps_log(ZPS_ERROR, "allreduce", "variables %zu..%zu reported out of order", first,
-                first + n - 1);
+    if (err != ZPS_OK)
+        return err;
+    size_t lo, hi;
+    int full = tr_buckets_report(&a->buckets, first, n, &lo, &hi);
+    if (full < 0 || a->posted + 1 >= a->nq_max) {
         pthread_mutex_lock(&a->mu);
         a->err = a->err != ZPS_OK ? a->err : ZPS_ERR_INTERNAL;
         pthread_mutex_unlock(&a->mu);
         return ZPS_ERR_INTERNAL;
     }
-    a->pend_lo = lo;
-    if (a->pend_hi - a->pend_lo >= a->bucket_floats)
-        s_post(a, lo);
+    if (full)
+        s_post(a, lo, hi);
     return ZPS_OK;
 }
 
@@ -169,7 +157,9 @@ static zps_status s_end_step(tr_sync *s, tr_step_record *rec)
 {
     s_ar *a = (s_ar *)s;
     uint64_t t0 = zps_now_ns(), tt = tr_trace_now(a->trace);
-    s_post(a, 0);
+    size_t lo, hi;
+    if (tr_buckets_rest(&a->buckets, &lo, &hi))
+        s_post(a, lo, hi);
     pthread_mutex_lock(&a->mu);
     while (a->done < a->posted)
         pthread_cond_wait(&a->done_cv, &a->mu);
@@ -207,23 +197,16 @@ static void s_destroy(tr_sync *s)
 static s_ar *s_alloc(const tr_sync_env *env)
 {
     s_ar *a = zps_xcalloc(1, sizeof *a);
-    if (tr_sync_local_init(&a->local, env) != ZPS_OK) {
+    const tr_sync own = {.begin_step = s_begin_step, .grads_ready = s_grads_ready,
+                         .end_step = s_end_step, .destroy = s_destroy};
+    if (tr_sync_local_extend(&a->local, env, &own) != ZPS_OK) {
         free(a);
         return NULL;
     }
-    a->local.base.begin_step = s_begin_step;
-    a->local.base.grads_ready = s_grads_ready;
-    a->local.base.end_step = s_end_step;
-    a->local.base.destroy = s_destroy;
-    a->vars = env->vars, a->nvars = env->nvars;
     a->trace = env->trace;
-    a->bucket_floats = env->nparams / S_BUCKETS > S_BUCKET_MIN ? env->nparams / S_BUCKETS
-                                                               : S_BUCKET_MIN;
-    if (env->bucket_floats)
-        a->bucket_floats = env->bucket_floats;
+    tr_buckets_init(&a->buckets, env, S_BUCKETS, S_BUCKET_MIN);
     a->nq_max = env->nvars + 2;
     a->q = zps_xcalloc(a->nq_max, sizeof *a->q);
-    a->pend_lo = a->pend_hi = env->nparams;
     pthread_mutex_init(&a->mu, NULL);
     pthread_cond_init(&a->work, NULL);
     pthread_cond_init(&a->done_cv, NULL);

@@ -93,6 +93,16 @@ zps_status tr_sync_local_init(tr_sync_local *l, const tr_sync_env *env)
     return st;
 }
 
+zps_status tr_sync_local_extend(tr_sync_local *l, const tr_sync_env *env, const tr_sync *own)
+{
+    ZPS_TRY(tr_sync_local_init(l, env));
+    l->base.begin_step = own->begin_step;
+    l->base.grads_ready = own->grads_ready;
+    l->base.end_step = own->end_step;
+    l->base.destroy = own->destroy;
+    return ZPS_OK;
+}
+
 zps_status tr_sync_local_apply(tr_sync_local *l, tr_step_record *rec)
 {
     rec->lr = ps_optim_lr(l->opt, (uint64_t)l->step);

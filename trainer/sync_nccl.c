@@ -47,31 +47,24 @@ typedef struct s_nccl {
     tr_sync_local local;      // first: the local back-end this one extends
     tr_allreduce *ar;         // the node's segment: NCCL's id and the stop decisions
     tr_nccl *nc;
-    const nn_var *vars;       // (nvars) the model's, to find a variable's floats
-    size_t nvars;
-    size_t bucket_floats;
-    size_t pend_lo, pend_hi;  // reported this step and not yet queued
+    tr_buckets buckets;       // this step's (sync.h)
     zps_status err;           // the first failure (hooks cannot return one)
     float *host;              // (n) ranks sharing a GPU: the gradient's way through the host
 } s_nccl;
 
-/* Queues [lo, pend_hi) as one all-reduce (mean). */
-static void s_post(s_nccl *a, size_t lo)
+/* Queues [lo, hi) as one all-reduce (mean). */
+static void s_post(s_nccl *a, size_t lo, size_t hi)
 {
-    if (a->pend_hi > lo && a->err == ZPS_OK)
-        a->err = tr_nccl_sum_device_async(a->nc, a->local.grads + lo, a->pend_hi - lo, 1);
-    a->pend_hi = a->pend_lo = lo;
+    if (a->err == ZPS_OK)
+        a->err = tr_nccl_sum_device_async(a->nc, a->local.grads + lo, hi - lo, 1);
 }
 
 static zps_status s_begin_step(tr_sync *s, int64_t step, int *stop)
 {
     s_nccl *a = (s_nccl *)s;
-    int32_t flag = *stop;
     ZPS_TRY(a->err);
-    ZPS_TRY(tr_allreduce_broadcast(a->ar, &flag, sizeof flag, 0));
-    *stop = flag;
+    ZPS_TRY(tr_buckets_begin(&a->buckets, a->ar, stop));
     tr_sync_local_begin(&a->local, step);
-    a->pend_lo = a->pend_hi = a->local.n;
     s->net_wait = 0;
     return ZPS_OK;
 }
@@ -79,17 +72,14 @@ static zps_status s_begin_step(tr_sync *s, int64_t step, int *stop)
 static zps_status s_grads_ready(tr_sync *s, size_t first, size_t n)
 {
     s_nccl *a = (s_nccl *)s;
-    if (a->err != ZPS_OK || n == 0 || a->host)
+    size_t lo, hi;
+    if (a->err != ZPS_OK || a->host)
         return a->err;
-    const nn_var *top = &a->vars[first + n - 1];
-    if (first + n > a->nvars || top->offset + top->count > a->pend_lo) {
-        zps_log(ZPS_ERROR, "allreduce", "variables %zu..%zu reported out of order", first,
-                first + n - 1);
+    int full = tr_buckets_report(&a->buckets, first, n, &lo, &hi);
+    if (full < 0)
         return a->err = ZPS_ERR_INTERNAL;
-    }
-    a->pend_lo = a->vars[first].offset;
-    if (a->pend_hi - a->pend_lo >= a->bucket_floats)
-        s_post(a, a->pend_lo);
+    if (full)
+        s_post(a, lo, hi);
     return a->err;
 }
 
@@ -109,7 +99,9 @@ static zps_status s_end_step(tr_sync *s, tr_step_record *rec)
     if (a->host && a->err == ZPS_OK)
         a->err = s_host_sum(a);
     else if (a->err == ZPS_OK) {
-        s_post(a, 0);
+        size_t lo, hi;
+        if (tr_buckets_rest(&a->buckets, &lo, &hi))
+            s_post(a, lo, hi);
         if (a->err == ZPS_OK)
             a->err = tr_nccl_join(a->nc);
     }
@@ -168,20 +160,14 @@ zps_status tr_sync_nccl_new(const tr_sync_env *env, tr_sync **out)
 {
     *out = NULL;
     s_nccl *a = zps_xcalloc(1, sizeof *a);
-    zps_status st = tr_sync_local_init(&a->local, env);
+    const tr_sync own = {.begin_step = s_begin_step, .grads_ready = s_grads_ready,
+                         .end_step = s_end_step, .destroy = s_destroy};
+    zps_status st = tr_sync_local_extend(&a->local, env, &own);
     if (st != ZPS_OK) {
         free(a);
         return st;
     }
-    a->local.base.begin_step = s_begin_step;
-    a->local.base.grads_ready = s_grads_ready;
-    a->local.base.end_step = s_end_step;
-    a->local.base.destroy = s_destroy;
-    a->vars = env->vars, a->nvars = env->nvars;
-    a->bucket_floats = env->nparams / S_BUCKETS > S_BUCKET_MIN ? env->nparams / S_BUCKETS
-                                                               : S_BUCKET_MIN;
-    if (env->bucket_floats)
-        a->bucket_floats = env->bucket_floats;
+    tr_buckets_init(&a->buckets, env, S_BUCKETS, S_BUCKET_MIN);
     /* the segment carries NCCL's id, the starting values and the stop flags */
     st = tr_allreduce_new(env->cfg->job, env->id, env->n_trainers, env->nparams, NULL, &a->ar);
     int shared = 0;
@@ -204,7 +190,7 @@ zps_status tr_sync_nccl_new(const tr_sync_env *env, tr_sync **out)
                 env->n_trainers);
     else
         zps_log(ZPS_INFO, "trainer", "all-reduce rank %d of %d over NCCL on GPU %d (buckets "
-                "of %zu floats)", env->id, env->n_trainers, k_device_gpu(), a->bucket_floats);
+                "of %zu floats)", env->id, env->n_trainers, k_device_gpu(), a->buckets.floats);
     *out = &a->local.base;
     return ZPS_OK;
 }

@@ -1,0 +1,55 @@
+/* sync_buckets.c — what the all-reduce back-ends share (sync.h, tr_buckets): the buckets
+ * backward's reports gather into, and rank 0's stop decision at the start of a step.
+ *
+ * sync_allreduce.c (shared memory, on its communication thread) and sync_nccl.c (NCCL on the
+ * GPU) both send the gradient in buckets of consecutive variables, last first, as backward
+ * makes them final. The edges depend only on the model (its variables and the hook order) and
+ * the bucket size, so every rank cuts the same buckets and the collective calls match.
+ */
+#include "trainer/sync.h"
+
+#include "common/check.h"
+#include "common/log.h"
+#include "trainer/allreduce.h"
+
+void tr_buckets_init(tr_buckets *b, const tr_sync_env *env, size_t per_step, size_t min)
+{
+    *b = (tr_buckets){.vars = env->vars, .nvars = env->nvars, .n = env->nparams};
+    b->floats = env->nparams / per_step > min ? env->nparams / per_step : min;
+    if (env->bucket_floats)
+        b->floats = env->bucket_floats;
+    b->lo = b->hi = b->n;
+}
+
+zps_status tr_buckets_begin(tr_buckets *b, struct tr_allreduce *ar, int *stop)
+{
+    int32_t flag = *stop;
+    ZPS_TRY(tr_allreduce_broadcast(ar, &flag, sizeof flag, 0));
+    *stop = flag;
+    b->lo = b->hi = b->n;
+    return ZPS_OK;
+}
+
+/* [lo, hi) leaves; the next bucket starts below it. */
+static int s_take(tr_buckets *b, size_t lo, size_t *out_lo, size_t *out_hi)
+{
+    *out_lo = lo, *out_hi = b->hi;
+    b->hi = b->lo = lo;
+    return *out_hi > lo;
+}
+
+int tr_buckets_report(tr_buckets *b, size_t first, size_t n, size_t *lo, size_t *hi)
+{
+    if (!b->vars || n == 0)
+        return 0; /* without the variables' places everything leaves at the end */
+    const nn_var *top = &b->vars[first + n - 1];
+    if (first + n > b->nvars || top->offset + top->count > b->lo) {
+        zps_log(ZPS_ERROR, "allreduce", "variables %zu..%zu reported out of order", first,
+                first + n - 1);
+        return -1;
+    }
+    b->lo = b->vars[first].offset;
+    return b->hi - b->lo >= b->floats ? s_take(b, b->lo, lo, hi) : 0;
+}
+
+int tr_buckets_rest(tr_buckets *b, size_t *lo, size_t *hi) { return s_take(b, 0, lo, hi); }
