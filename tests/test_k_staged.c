@@ -10,9 +10,10 @@
  *             queue never waits; and whole models (the convnet with heads, the detector's
  *             outputs in blocked layouts) give the cpu back-end's loss and gradients bit for
  *             bit when their tensors live in staged memory.
- *   gpu_model one training step of the convnet and of Inception-v3 (w0.25 at 75x75) on the
- *             cuda back-end against the cpu's, within 2% of each variable's gradient scale
- *             (SKIP without a GPU; the GPU suite requires it).
+ *   gpu_model one training step of the convnet and of Inception-v3 (w0.25 at 139x139) on
+ *             the cuda back-end against the cpu's, in full f32, each variable within 1e-3
+ *             relative L2 plus 4 x the cpu's own sensitivity to a 1e-5 input change (SKIP
+ *             without a GPU; the GPU suite requires it).
  * Fresh random inputs every run (seed printed on failure; ZPS_TEST_SEED reproduces).
  */
 #include <criterion/criterion.h>
@@ -162,64 +163,88 @@ Test(k_staged, a_long_backlog_keeps_its_order, .init = s_init)
     free(src);
 }
 
-/* Loss and gradients of one training step of model `name` (options o) on the cpu and on
- * back-end be, from the same seed and batch. tol 0: equal bit for bit. Else per variable:
- * max |be - cpu| <= tol * max |cpu| of that variable (its gradient's scale), and the losses
- * within tol relative. */
+/* One training step of a fresh model (options o) on back-end be: its loss and gradients
+ * (host copies, the caller frees *g). */
+static float s_step(const nn_model_opts *o, const k_backend *be, const float *x,
+                    const int32_t *y, int batch, float **g, const nn_var **vars, size_t *nv)
+{
+    nn_model *m;
+    cr_assert_eq(nn_model_create(be, o, &m), ZPS_OK);
+    size_t np = nn_model_param_count(m);
+    float loss;
+    cr_assert_eq(nn_model_forward(m, x, y, batch, 1, &loss, NULL), ZPS_OK);
+    cr_assert_eq(nn_model_backward(m, NULL, NULL), ZPS_OK);
+    *g = malloc(np * sizeof(float));
+    cr_assert_eq(be->copy_out(*g, nn_model_grads(m), np * sizeof(float)), ZPS_OK);
+    if (vars) { /* the table outlives the model: copy it */
+        const nn_var *t = nn_model_vars(m, nv);
+        nn_var *c = malloc(*nv * sizeof *c);
+        memcpy(c, t, *nv * sizeof *c);
+        *vars = c;
+    }
+    nn_model_destroy(&m);
+    return loss;
+}
+
+/* Relative L2 distance of variable v's gradients a and b from a's (NaN: infinite). */
+static double s_rel(const nn_var *v, const float *a, const float *b, double *worst, size_t *at)
+{
+    double d2 = 0, r2 = 0;
+    *worst = 0, *at = v->offset;
+    for (size_t i = v->offset; i < v->offset + v->count; i++) {
+        double d = (double)b[i] - a[i];
+        d2 += d * d, r2 += (double)a[i] * a[i];
+        if (!(fabs(d) <= *worst)) /* NaN counts as worst */
+            *worst = fabs(d), *at = i;
+    }
+    return isnan(d2) ? INFINITY : r2 > 0 ? sqrt(d2 / r2) : sqrt(d2);
+}
+
+/* One training step of model o on the cpu and on back-end be, from the same seed and batch.
+ * tol 0: loss and gradients equal bit for bit. Else each variable's gradient within
+ * tol + 4 x how far the cpu's own gradient moves when the input moves by 1e-5 (relative L2;
+ * test_nn_inception.c's rule: deep nets flip ReLU masks and amplify rounding, so a fixed
+ * bound is either loose for the last layers or broken for the stem), and the loss within
+ * tol relative. */
 static void s_same_step(const nn_model_opts *o, int batch, const k_backend *be, double tol)
 {
-    const k_backend *bes[2] = {k_backend_cpu(), be};
-    nn_model *m[2];
-    float loss[2];
-    float *g[2];
-    float *x = NULL;
-    int32_t *y = NULL;
-    size_t np = 0;
-    for (int k = 0; k < 2; k++) {
-        cr_assert_eq(nn_model_create(bes[k], o, &m[k]), ZPS_OK);
-        np = nn_model_param_count(m[k]);
-        if (!x) {
-            int c, h, w;
-            nn_model_input_shape(m[k], &c, &h, &w);
-            size_t nx = (size_t)batch * c * h * w;
-            x = malloc(nx * sizeof *x);
-            y = malloc((size_t)batch * sizeof *y);
-            for (size_t i = 0; i < nx; i++)
-                x[i] = zt_unif(-1, 1);
-            for (int i = 0; i < batch; i++)
-                y[i] = (int32_t)(zt_rand() % (uint32_t)nn_model_classes(m[k]));
-        }
-        cr_assert_eq(nn_model_forward(m[k], x, y, batch, 1, &loss[k], NULL), ZPS_OK);
-        cr_assert_eq(nn_model_backward(m[k], NULL, NULL), ZPS_OK);
-        g[k] = malloc(np * sizeof(float));
-        cr_assert_eq(bes[k]->copy_out(g[k], nn_model_grads(m[k]), np * sizeof(float)), ZPS_OK);
-    }
-    cr_assert(isfinite(loss[0]));
-    cr_assert(fabsf(loss[0] - loss[1]) <= tol * fabsf(loss[0]),
-              "%s: loss %.9g on cpu, %.9g on %s (seed %llu)", o->name, loss[0], loss[1],
-              be->name, (unsigned long long)s_seed);
+    nn_model_opts probe = *o;
+    nn_model *shape;
+    cr_assert_eq(nn_model_create(k_backend_cpu(), &probe, &shape), ZPS_OK);
+    int c, h, w;
+    nn_model_input_shape(shape, &c, &h, &w);
+    int classes = nn_model_classes(shape);
+    nn_model_destroy(&shape);
+    size_t nx = (size_t)batch * c * h * w;
+    float *x = malloc(nx * sizeof *x), *xp = malloc(nx * sizeof *xp);
+    int32_t *y = malloc((size_t)batch * sizeof *y);
+    for (size_t i = 0; i < nx; i++)
+        x[i] = zt_unif(-1, 1), xp[i] = x[i] * (1 + 1e-5f * zt_unif(-1, 1));
+    for (int i = 0; i < batch; i++)
+        y[i] = (int32_t)(zt_rand() % (uint32_t)classes);
+    float *g0, *g1, *gp = NULL;
+    const nn_var *vars;
     size_t nv;
-    const nn_var *vars = nn_model_vars(m[0], &nv);
+    float l0 = s_step(o, k_backend_cpu(), x, y, batch, &g0, &vars, &nv);
+    float l1 = s_step(o, be, x, y, batch, &g1, NULL, NULL);
+    if (tol > 0)
+        (void)s_step(o, k_backend_cpu(), xp, y, batch, &gp, NULL, NULL);
+    cr_assert(isfinite(l0));
+    cr_assert(fabsf(l0 - l1) <= tol * fabsf(l0), "%s: loss %.9g on cpu, %.9g on %s (seed %llu)",
+              o->name, l0, l1, be->name, (unsigned long long)s_seed);
     for (size_t v = 0; v < nv; v++) {
-        double scale = 0, worst = 0;
-        size_t at = 0;
-        for (size_t i = vars[v].offset; i < vars[v].offset + vars[v].count; i++) {
-            scale = fmax(scale, fabs(g[0][i]));
-            double d = fabs((double)g[0][i] - g[1][i]);
-            if (!(d <= worst)) /* NaN counts as worst */
-                worst = d, at = i;
-        }
-        cr_assert(worst <= tol * scale, "%s: gradient of %s differs on %s by %g at %zu (cpu "
-                  "%g, %s %g; the variable's scale %g; seed %llu)", o->name, vars[v].name,
-                  be->name, worst, at - vars[v].offset, g[0][at], be->name, g[1][at], scale,
-                  (unsigned long long)s_seed);
+        double worst, wp;
+        size_t at, atp;
+        double rel = s_rel(&vars[v], g0, g1, &worst, &at);
+        double allowed = tol > 0 ? tol + 4 * s_rel(&vars[v], g0, gp, &wp, &atp) : 0;
+        cr_assert(tol > 0 ? rel <= allowed : worst == 0,
+                  "%s: gradient of %s differs on %s: relative L2 %g, allowed %g, worst at %zu "
+                  "(cpu %g, %s %g; seed %llu)", o->name, vars[v].name, be->name, rel, allowed,
+                  at - vars[v].offset, g0[at], be->name, g1[at], (unsigned long long)s_seed);
     }
-    for (int k = 0; k < 2; k++) {
-        nn_model_destroy(&m[k]);
-        free(g[k]);
-    }
-    free(x);
-    free(y);
+    free((void *)vars);
+    free(g0), free(g1), free(gp);
+    free(x), free(xp), free(y);
 }
 
 static void s_opts(nn_model_opts *o, const char *name)
@@ -236,10 +261,14 @@ Test(k_staged, convnet_step_equals_cpu, .init = s_init, .timeout = 60)
     s_same_step(&o, 8, k_backend_staged(), 0);
 }
 
-/* A GPU training step against the cpu's: within the op tolerances (docs/kernels.md: cuDNN may
- * use TF32, 10-bit mantissas, as PyTorch lets it by default), compounded through the net. */
+/* A GPU training step against the cpu's, in full f32 (NVIDIA_TF32_OVERRIDE=0: cuDNN and
+ * cuBLAS would otherwise use TF32's 10-bit mantissas, as PyTorch lets them by default): the
+ * op tolerances compounded through the net: 1e-3 relative L2 per variable plus 4 x the cpu's
+ * own sensitivity to a 1e-5 input change (s_same_step). Inception at 139x139 and batch 8, so
+ * that Mixed_7's batchnorm still sees 32 values a channel. */
 static const k_backend *s_cuda_or_skip(void)
 {
+    setenv("NVIDIA_TF32_OVERRIDE", "0", 1); /* before the libraries start */
     char why[320] = "";
     const k_backend *be = k_backend_cuda(why, sizeof why);
     if (!be)
@@ -252,7 +281,7 @@ Test(gpu_model, convnet_step_close_to_cpu, .init = s_init, .timeout = 120)
     const k_backend *be = s_cuda_or_skip();
     nn_model_opts o;
     s_opts(&o, "convnet");
-    s_same_step(&o, 16, be, 2e-2);
+    s_same_step(&o, 16, be, 1e-3);
 }
 
 Test(gpu_model, inception_v3_step_close_to_cpu, .init = s_init, .timeout = 300)
@@ -260,9 +289,9 @@ Test(gpu_model, inception_v3_step_close_to_cpu, .init = s_init, .timeout = 300)
     const k_backend *be = s_cuda_or_skip();
     nn_model_opts o;
     s_opts(&o, "inception_v3");
-    o.in_size = 75; /* the smallest input the stem and the grids take */
+    o.in_size = 139;
     o.width = 0.25f;
-    s_same_step(&o, 4, be, 2e-2);
+    s_same_step(&o, 8, be, 1e-3);
 }
 
 /* The detector's outputs are kept in cpu's blocked layouts: reading them from staged memory
