@@ -14,14 +14,15 @@
 #    local), in img/s from each run's metrics summary, ZPS_GPU_STEPS (100) steps each; the
 #    goal is at least 0.9 (the per-layer copies and pushes hidden behind compute).
 #    JSON: BENCH_DIR/gpu_ps.json.
-# BENCH_DIR: $OUT when set (the device tool brings it back), else build/bench.
+# BENCH_DIR (ZPS_BENCH_DIR): $OUT when set (a folder a remote runner copies back), else
+# build/bench.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu-env.sh "${1:-.gpu}" bench-gpu || exit 2
 unset ZPS_REQUIRE_GPU
 bench=${OUT:-build/bench}
 mkdir -p "$bench"
-export BENCH_DIR=$bench
+export ZPS_BENCH_DIR=$bench
 pairs=${ZPS_GPU_PAIRS:-3} steps=${ZPS_GPU_STEPS:-100}
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 rc=0
