@@ -37,6 +37,7 @@
 #include "kernels/device.h"
 #include "kernels/kernels.h"
 #include "trainer/bn_recal.h"
+#include "trainer/input.h"
 #include "trainer/metrics.h"
 #include "trainer/models/models.h"
 #include "trainer/sync.h"
@@ -67,9 +68,7 @@ typedef struct s_job {
     ds_pipeline *train;
     int in_c, in_h, in_w, classes;
     size_t sample_floats;
-    int read_batch;              // images per ds_pipeline_next (batch, or batch * n)
-    float *images;               // (read_batch, c, h, w)
-    int32_t *labels;             // (read_batch)
+    tr_input *input;             // the training batches (input.h)
     float *eval_x;               // cached test split (eval_n, c, h, w)
     int32_t *eval_y;
     int eval_n;
@@ -87,7 +86,6 @@ typedef struct s_job {
     double last_acc, last_loss;  // last evaluation's score (accuracy or mAP; < 0: none yet)
     int64_t last_eval_step;      // steps done when it was measured (-1: none)
     int reached;                 // last_acc reached --stop-accuracy (a target mAP: detector)
-    int64_t skipped;             // corrupt training records skipped (--skip-corrupt)
     size_t act_bytes;            // the training batch's planned activation block (nn.h)
 } s_job;
 
@@ -99,15 +97,10 @@ static void s_job_free(s_job *j)
     (void)tr_trace_finish(&j->trace); /* a failed run's partial window is still worth a look */
     ds_pipeline_destroy(&j->train);
     tr_task_destroy(&j->task);
-    if (j->be) {
+    tr_input_destroy(&j->input);
+    if (j->be)
         j->be->free(j->acc);
-        if (k_backend_async(j->be))
-            j->be->host_free(j->images);
-        else
-            zps_aligned_free(j->images);
-    }
     nn_model_destroy(&j->model);
-    free(j->labels);
     zps_aligned_free(j->eval_x);
     free(j->eval_y);
     free(j->eval_boxes);
@@ -211,8 +204,8 @@ static zps_status s_model_and_data(s_job *j)
     int by_batch = c->shard == TR_SHARD_BATCH;
     po.trainer_index = by_batch ? 0 : j->id;
     po.n_trainers = by_batch ? 1 : j->n_trainers;
-    j->read_batch = c->batch * (by_batch ? j->n_trainers : 1);
-    po.batch = j->read_batch;
+    int read_batch = c->batch * (by_batch ? j->n_trainers : 1);
+    po.batch = read_batch;
     po.augment = c->augment;
     po.skip_corrupt = c->skip_corrupt > 0;
     zps_status st = ds_pipeline_new(&po, &j->train);
@@ -234,15 +227,12 @@ static zps_status s_model_and_data(s_job *j)
     j->params = nn_model_params(j->model);
     j->grads = nn_model_grads(j->model);
     j->sample_floats = (size_t)j->in_c * (size_t)j->in_h * (size_t)j->in_w;
-    size_t image_bytes = (size_t)j->read_batch * j->sample_floats * sizeof(float);
-    j->images = k_backend_async(j->be) ? j->be->host_alloc(image_bytes) /* pinned: DMA */
-                                       : zps_xaligned(64, image_bytes);
-    j->labels = zps_xcalloc((size_t)j->read_batch, sizeof *j->labels);
-    if (c->accumulate > 1)
-        j->acc = j->be->alloc(j->nparams * sizeof(float));
-    if (!j->images || (c->accumulate > 1 && !j->acc)) {
-        zps_log(ZPS_ERROR, "trainer", "cannot allocate the batch (%zu MiB pinned) or the "
-                "gradient accumulator on the %s back-end", image_bytes >> 20, j->be->name);
+    ZPS_TRY(tr_input_new(j->train, j->model, read_batch, j->sample_floats,
+                         by_batch ? j->id * c->batch : 0, c->batch, c->skip_corrupt,
+                         &j->input));
+    if (c->accumulate > 1 && !(j->acc = j->be->alloc(j->nparams * sizeof(float)))) {
+        zps_log(ZPS_ERROR, "trainer", "cannot allocate the gradient accumulator (%zu MiB on "
+                "the %s back-end)", (j->nparams * sizeof(float)) >> 20, j->be->name);
         return ZPS_ERR_NOMEM;
     }
     zps_log(ZPS_INFO, "trainer",
@@ -407,7 +397,7 @@ static zps_status s_join_under_way(s_job *j)
         at = j->total;
     zps_log(ZPS_INFO, "trainer", "the job is at step %lld of %lld (the servers' version): "
             "going on from there", (long long)at, (long long)j->total);
-    ds_pipeline_seek(j->train, at * j->cfg->accumulate);
+    tr_input_seek(j->input, at * j->cfg->accumulate);
     j->step = at;
     return ZPS_OK;
 }
@@ -506,39 +496,6 @@ static zps_status s_setup(s_job *j, tr_result *res, int *done)
 
 /* ---- the loop ---- */
 
-/* Reads the next batch; b is this trainer's slice of it (its box pointers are the
- * pipeline's, valid until the next read). The pipeline logs each corrupt record it skips
- * (--skip-corrupt N); the N+1st is an error. */
-static zps_status s_next_batch(s_job *j, tr_task_batch *b)
-{
-    ds_batch_info info;
-    zps_status st = ds_pipeline_next(j->train, j->images, j->labels, &info);
-    if (st != ZPS_OK) {
-        zps_log(ZPS_ERROR, "trainer", "reading training data: %s%s", zps_strerror(st),
-                st == ZPS_ERR_CORRUPT && !j->cfg->skip_corrupt
-                    ? " (--skip-corrupt N skips up to N such records)"
-                    : "");
-        return st;
-    }
-    if (info.skipped) {
-        j->skipped += info.skipped;
-        if (j->skipped > j->cfg->skip_corrupt) {
-            zps_log(ZPS_ERROR, "trainer", "%lld corrupt training records, more than "
-                    "--skip-corrupt %lld", (long long)j->skipped,
-                    (long long)j->cfg->skip_corrupt);
-            return ZPS_ERR_CORRUPT;
-        }
-        zps_log(ZPS_WARN, "trainer", "step %lld: skipped %lld corrupt training record(s), %lld "
-                "of at most %lld so far", (long long)j->step + 1, (long long)info.skipped,
-                (long long)j->skipped, (long long)j->cfg->skip_corrupt);
-    }
-    size_t off = j->cfg->shard == TR_SHARD_BATCH ? (size_t)j->id * (size_t)j->cfg->batch : 0;
-    *b = (tr_task_batch){.x = j->images + off * j->sample_floats, .labels = j->labels + off,
-                         .boxes = info.boxes, .box_start = info.box_start + off,
-                         .n = j->cfg->batch};
-    return ZPS_OK;
-}
-
 /* This trainer's wish to stop before the next step: a signal, the accuracy target reached,
  * the time limit. */
 static int s_want_stop(const s_job *j, uint64_t t_start)
@@ -574,7 +531,7 @@ static zps_status s_forward_backward(s_job *j, tr_step_record *rec)
     for (int m = 0; m < K; m++) {
         tr_task_batch b;
         uint64_t t0 = tr_trace_now(j->trace);
-        ZPS_TRY(s_next_batch(j, &b));
+        ZPS_TRY(tr_input_next(j->input, &b, j->step + 1));
         tr_trace_span(j->trace, TR_TRACE_MAIN, "input", t0, -1);
         float loss;
         t0 = tr_trace_now(j->trace);
@@ -594,6 +551,7 @@ static zps_status s_forward_backward(s_job *j, tr_step_record *rec)
         t0 = tr_trace_now(j->trace);
         ZPS_TRY(j->task->backward(j->task, K == 1 ? s_grads_hook : NULL, j->sync));
         tr_trace_span(j->trace, TR_TRACE_MAIN, "backward", t0, -1);
+        ZPS_TRY(tr_input_done(j->input, j->step + 1 == j->total && m == K - 1, j->step + 1));
         if (K > 1 && m == 0) /* acc = 0 + 1 * grads: the copy, exactly, on any back-end */
             ZPS_TRY(k_fill(j->be, j->nparams, 0.0f, j->acc));
         if (K > 1)
@@ -651,7 +609,7 @@ static zps_status s_train(s_job *j)
             st = j->sync->end_step(j->sync, &rec);
         tr_trace_span(j->trace, TR_TRACE_MAIN, "end of step", t_end, -1);
         if (st != ZPS_OK && j->sync->redo_from >= 0) { /* sync rollback: redo, same input */
-            ds_pipeline_seek(j->train, j->sync->redo_from * c->accumulate);
+            tr_input_seek(j->input, j->sync->redo_from * c->accumulate);
             j->step = j->sync->redo_from - 1;
             continue;
         }
@@ -696,7 +654,8 @@ static zps_status s_wrap_up(s_job *j, tr_result *res)
         ZPS_TRY(s_dump(j));
     ZPS_TRY(tr_trace_finish(&j->trace));
     ZPS_TRY(j->sync->leave(j->sync));
-    tr_metrics_set_end(j->metrics, s_stop ? TR_END_SIGNAL : TR_END_DONE, j->skipped);
+    tr_metrics_set_end(j->metrics, s_stop ? TR_END_SIGNAL : TR_END_DONE,
+                       tr_input_skipped(j->input));
     ZPS_TRY(tr_metrics_finish(j->metrics));
     tr_metrics_totals tot;
     tr_metrics_get_totals(j->metrics, &tot);
@@ -720,7 +679,7 @@ static zps_status s_stop_early(s_job *j, zps_status st)
         j->sync->abandon(j->sync);
     if (j->metrics) {
         tr_metrics_set_end(j->metrics, by_signal || by_shutdown ? TR_END_SIGNAL : TR_END_ERROR,
-                           j->skipped);
+                           j->input ? tr_input_skipped(j->input) : 0);
         tr_metrics_finish(j->metrics);
     }
     if (by_shutdown) {

@@ -55,7 +55,7 @@ zps_status nn_model_forward_outputs(nn_model *m, const float *x, int n, int trai
         return ZPS_ERR_INVALID;
     }
     ZPS_TRY(nn_plan(m, n));
-    ZPS_TRY(m->be->copy_in(m->t[0].x, x, nn_tensor_floats(m, 0, n) * sizeof(float)));
+    ZPS_TRY(nn_input_in(m, x, n));
     m->have_forward = 0;
     ZPS_TRY(nn_forward_nodes(m, train));
     m->have_forward = train;

@@ -379,6 +379,7 @@ static void s_bind(nn_model *m, const s_offsets *o, float *base)
             nd->var = nd->mean + s_round((size_t)nd->k);
         }
     }
+    m->input_plan = m->t[0].x;
     m->tmp_stats = base + o->tmp_stats;
     m->tmp_pre = base + o->tmp_pre;
     m->tmp_acc = base + o->tmp_acc;

@@ -105,12 +105,25 @@ static zps_status s_check_labels(const nn_model *m, const int32_t *labels, int n
     return ZPS_OK;
 }
 
+void nn_model_set_input(nn_model *m, const float *x) { m->input_next = x; }
+
+zps_status nn_input_in(nn_model *m, const float *x, int n)
+{
+    if (m->input_next) { /* tensor 0 is only ever read: the caller's buffer serves as it */
+        m->t[0].x = (float *)m->input_next;
+        m->input_next = NULL;
+        return ZPS_OK;
+    }
+    m->t[0].x = m->input_plan;
+    return m->be->copy_in(m->t[0].x, x, nn_tensor_floats(m, 0, n) * sizeof(float));
+}
+
 /* The batch into tensor 0 and, on back-ends with their own memory, the labels into the
  * planned label buffer; *lab is where the loss reads them. */
 static zps_status s_batch_in(nn_model *m, const float *x, const int32_t *labels, int n,
                              const int32_t **lab)
 {
-    ZPS_TRY(m->be->copy_in(m->t[0].x, x, nn_tensor_floats(m, 0, n) * sizeof(float)));
+    ZPS_TRY(nn_input_in(m, x, n));
     *lab = labels;
     if (!m->be->host_memory) {
         ZPS_TRY(m->be->copy_in(m->labels, labels, sizeof(int32_t) * (size_t)n));

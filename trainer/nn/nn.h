@@ -158,6 +158,14 @@ double nn_model_flops_per_sample(const nn_model *m);
  * layers' values are still arriving). NULL removes it. */
 void nn_model_set_forward_hook(nn_model *m, nn_grad_hook hook, void *ctx);
 
+/* The next forward (of either kind) reads its batch from x, (n, c, h, w) floats already in
+ * the back-end's memory, in place, instead of copying its x argument (which it then
+ * ignores): a batch the caller copied in itself (a device's copy queue, ahead of time) or a
+ * host batch on a host back-end (no copy at all). x must not change until that forward's
+ * backward is done (on a device: until the work it queued ran). Once: the forward after
+ * copies again. */
+void nn_model_set_input(nn_model *m, const float *x);
+
 /* The batchnorm momentum of the training forwards from now on, in (0, 1] (PyTorch's
  * convention: run = (1 - momentum) * run + momentum * batch; 0.1 until set). Recalibrating
  * the running statistics (torch.optim.swa_utils.update_bn) sets 1 / (k + 1) before batch k,

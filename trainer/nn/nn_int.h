@@ -111,6 +111,8 @@ struct nn_model {
     float *tmp_pre;         // conv+bn: gradient before batchnorm
     float *tmp_acc;         // gradient of a tensor already set, before adding
     int32_t *labels;        // device copy of labels (non-host back-ends)
+    float *input_plan;      // the plan's own input buffer (tensor 0's x when copying in)
+    const float *input_next; // nn_model_set_input: the next forward reads its batch here
     int recompute;          // nn_model_set_recompute: plan with segments (recompute.c)
     int nseg;               // segments of the plan (1: no recompute)
     float *tmp_stats;       // recompute: running statistics a rerun writes and nobody reads
@@ -145,6 +147,9 @@ void nn_plan_free(nn_model *m);
  * backward: its gradient range zeroed, its ops where a gradient reached its output, then the
  * hook. */
 zps_status nn_node_fwd(nn_model *m, nn_node *nd, int train);
+/* nn.c: the batch of a forward (plan made) into tensor 0: read in place from what
+ * nn_model_set_input gave (once), else copied from host x into the plan's buffer. */
+zps_status nn_input_in(nn_model *m, const float *x, int n);
 zps_status nn_node_backward(nn_model *m, nn_node *nd, nn_grad_hook hook, void *ctx);
 /* recompute.c: the segments of a plan for n samples (nodes' seg, tensors' local, nseg), or
  * none (nseg 1); the backward of a plan with segments. */
