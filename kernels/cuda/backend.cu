@@ -740,13 +740,20 @@ static zps_status s_conv_get(k_conv2d *d, s_conv_impl **out)
     S_CUDNN(cudnnSetFilter4dDescriptor(im->w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, d->k, d->c, d->r, d->s));
     S_CUDNN(cudnnSetConvolution2dDescriptor(im->conv, d->pad_h, d->pad_w, d->stride_h, d->stride_w,
                                             1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
-    int got = 0;
+    int got[3] = {0, 0, 0};
     cudnnConvolutionFwdAlgoPerf_t fp;
     cudnnConvolutionBwdDataAlgoPerf_t dp;
     cudnnConvolutionBwdFilterAlgoPerf_t wp;
-    S_CUDNN(cudnnGetConvolutionForwardAlgorithm_v7(s_cudnn, im->x, im->w, im->conv, im->y, 1, &got, &fp));
-    S_CUDNN(cudnnGetConvolutionBackwardDataAlgorithm_v7(s_cudnn, im->w, im->y, im->conv, im->x, 1, &got, &dp));
-    S_CUDNN(cudnnGetConvolutionBackwardFilterAlgorithm_v7(s_cudnn, im->x, im->y, im->conv, im->w, 1, &got, &wp));
+    S_CUDNN(cudnnGetConvolutionForwardAlgorithm_v7(s_cudnn, im->x, im->w, im->conv, im->y, 1, &got[0], &fp));
+    S_CUDNN(cudnnGetConvolutionBackwardDataAlgorithm_v7(s_cudnn, im->w, im->y, im->conv, im->x, 1, &got[1], &dp));
+    S_CUDNN(cudnnGetConvolutionBackwardFilterAlgorithm_v7(s_cudnn, im->x, im->y, im->conv, im->w, 1, &got[2], &wp));
+    if (got[0] < 1 || got[1] < 1 || got[2] < 1 || fp.status != CUDNN_STATUS_SUCCESS ||
+        dp.status != CUDNN_STATUS_SUCCESS || wp.status != CUDNN_STATUS_SUCCESS) {
+        snprintf(s_err, sizeof s_err, "%s:%d cuDNN has no algorithm for the convolution "
+                 "%dx%dx%dx%d * %dx%dx%d (stride %d, pad %d)", __FILE__, __LINE__, d->n, d->c,
+                 d->h, d->w, d->k, d->r, d->s, d->stride_h, d->pad_h);
+        return ZPS_ERR_CUDNN;
+    }
     im->fa = fp.algo, im->da = dp.algo, im->wa = wp.algo;
     size_t a = 0, b = 0, c = 0;
     S_CUDNN(cudnnGetConvolutionForwardWorkspaceSize(s_cudnn, im->x, im->w, im->conv, im->y, im->fa, &a));
