@@ -261,3 +261,62 @@ Test(tr_sync, allreduce_reduces_each_bucket_while_backward_goes_on)
                      "rank %d: not one mean and one update", i);
     }
 }
+
+/* The all-reduce back-ends' buckets (tr_buckets): groups reported last first, of random sizes,
+ * leave as buckets that cover every float exactly once, in order, each full but the last;
+ * the same reports cut the same edges (every rank's buckets must match); a group reported out
+ * of order is refused. */
+static int s_cut(const tr_sync_env *env, const int *first, const int *n, int ng, size_t *edges)
+{
+    tr_buckets b;
+    tr_buckets_init(&b, env, 4, 1000);
+    size_t expect_hi = env->nparams, lo, hi;
+    int ne = 0;
+    for (int g = 0; g < ng; g++) {
+        int full = tr_buckets_report(&b, (size_t)first[g], (size_t)n[g], &lo, &hi);
+        cr_assert_geq(full, 0);
+        if (!full)
+            continue;
+        cr_assert_eq(hi, expect_hi, "a bucket leaves a gap");
+        cr_assert_geq(hi - lo, b.floats, "a bucket left before it was full");
+        expect_hi = edges[ne++] = lo;
+    }
+    if (tr_buckets_rest(&b, &lo, &hi)) {
+        cr_assert(hi == expect_hi && lo == 0);
+        expect_hi = edges[ne++] = 0;
+    }
+    cr_assert_eq(expect_hi, 0u, "floats [0, %zu) never left", expect_hi);
+    return ne;
+}
+
+Test(tr_sync, buckets_cover_every_float_once_and_refuse_disorder)
+{
+    uint64_t seed = zt_seed_init();
+    enum { NV = 40 };
+    nn_var vars[NV];
+    size_t off = 0;
+    for (int v = 0; v < NV; v++) {
+        vars[v] = (nn_var){.offset = off, .count = (size_t)zt_irand(1, 5000)};
+        off += vars[v].count;
+    }
+    s_fixture f;
+    s_fixture_init(&f, 0, 1);
+    f.env.vars = vars, f.env.nvars = NV, f.env.nparams = off;
+    int first[NV], n[NV], ng = 0;
+    for (int v = NV; v > 0; v = first[ng++]) { /* groups of 1-3 variables, last first */
+        n[ng] = zt_irand(1, v < 3 ? v : 3);
+        first[ng] = v - n[ng];
+    }
+    size_t e1[NV + 1], e2[NV + 1];
+    int n1 = s_cut(&f.env, first, n, ng, e1), n2 = s_cut(&f.env, first, n, ng, e2);
+    cr_assert_gt(n1, 1, "one bucket only: nothing would overlap (seed %llu)",
+                 (unsigned long long)seed);
+    cr_assert(n1 == n2 && !memcmp(e1, e2, (size_t)n1 * sizeof *e1),
+              "the same reports cut other edges (seed %llu)", (unsigned long long)seed);
+    tr_buckets b;
+    tr_buckets_init(&b, &f.env, 4, 1000);
+    size_t lo, hi;
+    zps_log_set_level(ZPS_LOG_OFF);
+    cr_assert_geq(tr_buckets_report(&b, 10, 2, &lo, &hi), 0);
+    cr_assert_eq(tr_buckets_report(&b, 20, 1, &lo, &hi), -1, "a higher group after a lower one");
+}
