@@ -338,7 +338,17 @@ static zps_status s_concat_bwd(int n, int hw, int nin, const int *c, const float
     return s_concat(n, hw, nin, c, (float *)dy, dxs, 1);
 }
 
-/* ---- batchnorm: one block per channel ---- */
+/* ---- batchnorm ----
+ * Statistics and gradient sums: a grid of (channel, split) blocks, each summing its channel
+ * over a run of images in double, its partials written to the descriptor's scratch; one
+ * thread per channel then adds a channel's partials in split order (deterministic: no
+ * atomics) into the mean and biased variance, or the two gradient sums. Splits are chosen so
+ * that the grid has about S_BN_BLOCKS blocks even for a few channels of large maps (the
+ * stem's 32 channels at 147x147), where one block per channel would leave most of the GPU
+ * idle. Elementwise passes run one block per (image, channel) plane, so no thread divides an
+ * index by the map size. */
+
+#define S_BN_BLOCKS 2048
 
 /* Each thread's a and b summed over the block into s1[0] and s2[0] (shared arrays of
  * blockDim.x, a power of two), the same tree in both statistics and gradient sums. */
@@ -353,33 +363,80 @@ __device__ void d_block_sum2(double *s1, double *s2, double a, double b)
     }
 }
 
-__global__ void g_bn_stats(int n, int c, size_t hw, const float *x, float *mean, float *var)
+/* Block (ch, split): images [split * per, +per) of channel ch. mode 0: sums of x and x^2;
+ * mode 1: sums of g and g * xhat, g = dy masked by y > 0 where relu. Partials at
+ * part[ch * splits + split] and part[(c + ch) * splits + split]. */
+__global__ void g_bn_part(int mode, int n, int c, int hw, int per, const float *x,
+                          const float *y, const float *dy, const float *mean, const float *var,
+                          float eps, int relu, double *part)
 {
-    int ch = blockIdx.x;
+    int ch = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
     __shared__ double s1[S_T], s2[S_T];
-    double a = 0, b = 0;
-    size_t cnt = (size_t)n * hw;
-    for (size_t i = threadIdx.x; i < cnt; i += blockDim.x) {
-        double v = x[((i / hw) * c + ch) * hw + i % hw];
-        a += v;
-        b += v * v;
+    double a = 0, b = 0, m = 0, inv = 0;
+    if (mode)
+        m = mean[ch], inv = rsqrt((double)var[ch] + eps);
+    int n0 = split * per, n1 = n0 + per < n ? n0 + per : n;
+    for (int img = n0; img < n1; img++) {
+        size_t base = ((size_t)img * c + ch) * hw;
+        for (int i = threadIdx.x; i < hw; i += blockDim.x) {
+            double v = x[base + i];
+            if (!mode) {
+                a += v, b += v * v;
+                continue;
+            }
+            double gv = relu && !(y[base + i] > 0) ? 0.0 : dy[base + i];
+            a += gv, b += gv * (v - m) * inv;
+        }
     }
     d_block_sum2(s1, s2, a, b);
-    if (threadIdx.x == 0) {
-        double m = s1[0] / cnt, v = s2[0] / cnt - m * m;
-        mean[ch] = (float)m;
-        var[ch] = (float)(v > 0 ? v : 0);
-    }
+    if (threadIdx.x == 0)
+        part[(size_t)ch * splits + split] = s1[0], part[(size_t)(c + ch) * splits + split] = s2[0];
 }
-__global__ void g_bn_apply(size_t total, int c, size_t hw, const float *x, const float *g,
-                           const float *b, const float *mean, const float *var, float eps,
-                           int relu, float *y)
+/* A channel's partials in split order: its two sums. */
+__device__ void d_bn_total(const double *part, int c, int splits, int ch, double *a, double *b)
 {
-    S_LOOP(i, total)
-    {
-        int ch = (int)((i / hw) % c);
-        float v = g[ch] * (x[i] - mean[ch]) * rsqrtf(var[ch] + eps) + b[ch];
-        y[i] = relu && v < 0 ? 0.0f : v;
+    *a = 0, *b = 0;
+    for (int s = 0; s < splits; s++)
+        *a += part[(size_t)ch * splits + s], *b += part[(size_t)(c + ch) * splits + s];
+}
+__global__ void g_bn_stats_fin(int c, int splits, double cnt, const double *part, float *mean,
+                               float *var)
+{
+    int ch = blockIdx.x * blockDim.x + threadIdx.x;
+    if (ch >= c)
+        return;
+    double a, b;
+    d_bn_total(part, c, splits, ch, &a, &b);
+    double m = a / cnt, v = b / cnt - m * m;
+    mean[ch] = (float)m;
+    var[ch] = (float)(v > 0 ? v : 0);
+}
+__global__ void g_bn_grad_fin(int c, int splits, const double *part, float *sg, float *sgx,
+                              float *dgamma, float *dbeta)
+{
+    int ch = blockIdx.x * blockDim.x + threadIdx.x;
+    if (ch >= c)
+        return;
+    double a, b;
+    d_bn_total(part, c, splits, ch, &a, &b);
+    sg[ch] = (float)a, sgx[ch] = (float)b;
+    if (dbeta)
+        dbeta[ch] += (float)a;
+    if (dgamma)
+        dgamma[ch] += (float)b;
+}
+/* One block per (image, channel) plane. */
+__global__ void g_bn_apply(int c, int hw, const float *x, const float *g, const float *b,
+                           const float *mean, const float *var, float eps, int relu, float *y)
+{
+    size_t plane = blockIdx.x;
+    int ch = (int)(plane % c);
+    float m = mean[ch], inv = rsqrtf(var[ch] + eps), gg = g[ch], bb = b[ch];
+    const float *px = x + plane * hw;
+    float *py = y + plane * hw;
+    for (int i = threadIdx.x; i < hw; i += blockDim.x) {
+        float v = gg * (px[i] - m) * inv + bb;
+        py[i] = relu && v < 0 ? 0.0f : v;
     }
 }
 __global__ void g_bn_running(int c, float m, float unbias, const float *mean, const float *var,
@@ -393,76 +450,32 @@ __global__ void g_bn_running(int c, float m, float unbias, const float *mean, co
             rv[ch] = (1.0f - m) * rv[ch] + m * var[ch] * unbias;
     }
 }
-/* Per channel: sum of g and of g * xhat (g = dy masked by y > 0 when relu). */
-__global__ void g_bn_bwd_sums(int n, int c, size_t hw, const float *x, const float *y,
-                              const float *dy, const float *mean, const float *var, float eps,
-                              int relu, float *sg, float *sgx, float *dgamma, float *dbeta)
+__global__ void g_bn_bwd_dx(int c, int hw, float cnt, const float *x, const float *y,
+                            const float *dy, const float *gamma, const float *mean,
+                            const float *var, float eps, int relu, const float *sg,
+                            const float *sgx, float *dx)
 {
-    int ch = blockIdx.x;
-    __shared__ double s1[S_T], s2[S_T];
-    double a = 0, b = 0, inv = rsqrt((double)var[ch] + eps);
-    size_t cnt = (size_t)n * hw;
-    for (size_t i = threadIdx.x; i < cnt; i += blockDim.x) {
-        size_t k = ((i / hw) * c + ch) * hw + i % hw;
-        double gv = relu && !(y[k] > 0) ? 0.0 : dy[k];
-        a += gv;
-        b += gv * (x[k] - mean[ch]) * inv;
-    }
-    d_block_sum2(s1, s2, a, b);
-    if (threadIdx.x == 0) {
-        sg[ch] = (float)s1[0], sgx[ch] = (float)s2[0];
-        if (dbeta)
-            dbeta[ch] += (float)s1[0];
-        if (dgamma)
-            dgamma[ch] += (float)s2[0];
-    }
-}
-__global__ void g_bn_bwd_dx(size_t total, int c, size_t hw, float cnt, const float *x,
-                            const float *y, const float *dy, const float *gamma,
-                            const float *mean, const float *var, float eps, int relu,
-                            const float *sg, const float *sgx, float *dx)
-{
-    S_LOOP(i, total)
-    {
-        int ch = (int)((i / hw) % c);
-        float inv = rsqrtf(var[ch] + eps);
-        float gv = relu && !(y[i] > 0) ? 0.0f : dy[i];
-        float xh = (x[i] - mean[ch]) * inv;
-        dx[i] = gamma[ch] * inv * (gv - sg[ch] / cnt - xh * sgx[ch] / cnt);
+    size_t plane = blockIdx.x, base = plane * hw;
+    int ch = (int)(plane % c);
+    float inv = rsqrtf(var[ch] + eps), m = mean[ch], k = gamma[ch] * inv;
+    float mg = sg[ch] / cnt, mgx = sgx[ch] / cnt;
+    for (int i = threadIdx.x; i < hw; i += blockDim.x) {
+        float gv = relu && !(y[base + i] > 0) ? 0.0f : dy[base + i];
+        float xh = (x[base + i] - m) * inv;
+        dx[base + i] = k * (gv - mg - xh * mgx);
     }
 }
 
-static zps_status s_bn_fwd_train(k_bn *d, const float *x, const float *gamma, const float *beta,
-                                 float *y, float *mean, float *var, float *rm, float *rv)
-{
-    size_t hw = (size_t)d->h * d->w, total = (size_t)d->n * d->c * hw;
-    g_bn_stats<<<d->c, S_T, 0, s_stream>>>(d->n, d->c, hw, x, mean, var);
-    g_bn_apply<<<s_blocks(total), S_T, 0, s_stream>>>(total, d->c, hw, x, gamma, beta, mean, var, d->eps,
-                                         d->relu, y);
-    float cnt = (float)d->n * hw;
-    g_bn_running<<<(d->c + 127) / 128, 128, 0, s_stream>>>(d->c, d->momentum, cnt > 1 ? cnt / (cnt - 1) : 1.0f,
-                                              mean, var, rm, rv);
-    S_LAUNCHED();
-    return ZPS_OK;
-}
-static zps_status s_bn_fwd_infer(k_bn *d, const float *x, const float *gamma, const float *beta,
-                                 const float *rm, const float *rv, float *y)
-{
-    size_t hw = (size_t)d->h * d->w, total = (size_t)d->n * d->c * hw;
-    g_bn_apply<<<s_blocks(total), S_T, 0, s_stream>>>(total, d->c, hw, x, gamma, beta, rm, rv, d->eps,
-                                         d->relu, y);
-    S_LAUNCHED();
-    return ZPS_OK;
-}
-
+/* A descriptor's scratch, made on first use (forward or backward) for its shape. */
 typedef struct s_bn_impl {
     int kind;     // 2
-    float *sums;  // (2c) device scratch
+    int splits;   // blocks per channel in the sums
+    int per;      // images per split
+    double *part; // (2 c splits) device partial sums
+    float *sums;  // (2c) device: the gradient sums sg, sgx
 } s_bn_impl;
 
-static zps_status s_bn_bwd(k_bn *d, const float *x, const float *y, const float *dy,
-                           const float *gamma, const float *mean, const float *var, float *dx,
-                           float *dgamma, float *dbeta)
+static zps_status s_bn_get(k_bn *d, s_bn_impl **out)
 {
     s_bn_impl *im = (s_bn_impl *)d->impl;
     if (!im) {
@@ -471,15 +484,65 @@ static zps_status s_bn_bwd(k_bn *d, const float *x, const float *y, const float 
             return ZPS_ERR_NOMEM;
         im->kind = 2;
         d->impl = im;
+        int want = (S_BN_BLOCKS + d->c - 1) / d->c;
+        im->splits = want < 1 ? 1 : want > d->n ? d->n : want;
+        im->per = (d->n + im->splits - 1) / im->splits;
+        im->splits = (d->n + im->per - 1) / im->per; /* none empty */
+        S_CUDA(cudaMalloc(&im->part, sizeof(double) * 2 * (size_t)d->c * im->splits));
         S_CUDA(cudaMalloc(&im->sums, sizeof(float) * 2 * (size_t)d->c));
     }
-    size_t hw = (size_t)d->h * d->w, total = (size_t)d->n * d->c * hw;
-    g_bn_bwd_sums<<<d->c, S_T, 0, s_stream>>>(d->n, d->c, hw, x, y, dy, mean, var, d->eps, d->relu, im->sums,
-                                 im->sums + d->c, dgamma, dbeta);
+    *out = im;
+    return ZPS_OK;
+}
+
+/* Threads for a block that walks hw values: a warp multiple, at most S_T. */
+static unsigned s_plane_threads(int hw) { return hw >= S_T ? S_T : (unsigned)((hw + 31) / 32 * 32); }
+
+static zps_status s_bn_fwd_train(k_bn *d, const float *x, const float *gamma, const float *beta,
+                                 float *y, float *mean, float *var, float *rm, float *rv)
+{
+    s_bn_impl *im;
+    S_TRY(s_bn_get(d, &im));
+    int hw = d->h * d->w;
+    double cnt = (double)d->n * hw;
+    g_bn_part<<<dim3(d->c, im->splits), S_T, 0, s_stream>>>(0, d->n, d->c, hw, im->per, x, NULL,
+                                                            NULL, NULL, NULL, 0, 0, im->part);
+    g_bn_stats_fin<<<(d->c + 127) / 128, 128, 0, s_stream>>>(d->c, im->splits, cnt, im->part,
+                                                             mean, var);
+    g_bn_apply<<<(unsigned)((size_t)d->n * d->c), s_plane_threads(hw), 0, s_stream>>>(
+        d->c, hw, x, gamma, beta, mean, var, d->eps, d->relu, y);
+    g_bn_running<<<(d->c + 127) / 128, 128, 0, s_stream>>>(
+        d->c, d->momentum, cnt > 1 ? (float)(cnt / (cnt - 1)) : 1.0f, mean, var, rm, rv);
+    S_LAUNCHED();
+    return ZPS_OK;
+}
+static zps_status s_bn_fwd_infer(k_bn *d, const float *x, const float *gamma, const float *beta,
+                                 const float *rm, const float *rv, float *y)
+{
+    int hw = d->h * d->w;
+    g_bn_apply<<<(unsigned)((size_t)d->n * d->c), s_plane_threads(hw), 0, s_stream>>>(
+        d->c, hw, x, gamma, beta, rm, rv, d->eps, d->relu, y);
+    S_LAUNCHED();
+    return ZPS_OK;
+}
+
+static zps_status s_bn_bwd(k_bn *d, const float *x, const float *y, const float *dy,
+                           const float *gamma, const float *mean, const float *var, float *dx,
+                           float *dgamma, float *dbeta)
+{
+    s_bn_impl *im;
+    S_TRY(s_bn_get(d, &im));
+    int hw = d->h * d->w;
+    g_bn_part<<<dim3(d->c, im->splits), S_T, 0, s_stream>>>(1, d->n, d->c, hw, im->per, x, y,
+                                                            dy, mean, var, d->eps, d->relu,
+                                                            im->part);
+    g_bn_grad_fin<<<(d->c + 127) / 128, 128, 0, s_stream>>>(d->c, im->splits, im->part,
+                                                            im->sums, im->sums + d->c, dgamma,
+                                                            dbeta);
     if (dx)
-        g_bn_bwd_dx<<<s_blocks(total), S_T, 0, s_stream>>>(total, d->c, hw, (float)(d->n * hw), x, y, dy,
-                                              gamma, mean, var, d->eps, d->relu, im->sums,
-                                              im->sums + d->c, dx);
+        g_bn_bwd_dx<<<(unsigned)((size_t)d->n * d->c), s_plane_threads(hw), 0, s_stream>>>(
+            d->c, hw, (float)((double)d->n * hw), x, y, dy, gamma, mean, var, d->eps, d->relu,
+            im->sums, im->sums + d->c, dx);
     S_LAUNCHED();
     return ZPS_OK;
 }
@@ -814,6 +877,7 @@ static void s_release(void **impl)
         if (im->ws)
             cudaFree(im->ws);
     } else if (*kind == 2) {
+        cudaFree(((s_bn_impl *)*impl)->part);
         cudaFree(((s_bn_impl *)*impl)->sums);
     }
     free(*impl);
