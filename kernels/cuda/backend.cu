@@ -688,6 +688,10 @@ __global__ void g_xent(int n, int k, const float *z, const int32_t *labels, floa
     int b = blockIdx.x * blockDim.x + threadIdx.x;
     if (b >= n)
         return;
+    if (labels[b] < 0 || labels[b] >= k) { /* the host refuses the call: -1 says why */
+        rowloss[b] = 0, right[b] = -1;
+        return;
+    }
     const float *r = z + (size_t)b * k;
     int arg = 0;
     for (int j = 1; j < k; j++)
@@ -709,17 +713,11 @@ __global__ void g_xent(int n, int k, const float *z, const int32_t *labels, floa
 static zps_status s_softmax_xent(int n, int k, const float *z, const int32_t *labels, float smooth,
                                  float scale, float *loss, int *correct, float *dz)
 {
-    /* per row: a float loss and an int verdict, on the device and back on the host */
+    /* per row: a float loss and an int verdict (-1: a label outside [0, k)), on the device
+     * and back on the host: one wait for the stream, after the kernel */
     size_t bytes = (sizeof(float) + sizeof(int)) * (size_t)n;
     void *dv, *hv;
     S_TRY(s_scratch(bytes, &dv, &hv));
-    int32_t *hl = (int32_t *)hv;
-    S_CUDA(cudaMemcpyAsync(hl, labels, sizeof(int32_t) * (size_t)n, cudaMemcpyDeviceToHost,
-                           s_stream));
-    S_CUDA(cudaStreamSynchronize(s_stream));
-    for (int i = 0; i < n; i++)
-        if (hl[i] < 0 || hl[i] >= k)
-            return ZPS_ERR_INVALID;
     float *rl = (float *)dv;
     int *rr = (int *)(rl + n);
     g_xent<<<(n + 127) / 128, 128, 0, s_stream>>>(n, k, z, labels, smooth, scale, rl, rr, dz);
@@ -729,8 +727,12 @@ static zps_status s_softmax_xent(int n, int k, const float *z, const int32_t *la
     S_CUDA(cudaStreamSynchronize(s_stream));
     double t = 0;
     int c = 0;
-    for (int i = 0; i < n; i++)
-        t += h[i], c += ((int *)(h + n))[i];
+    for (int i = 0; i < n; i++) {
+        int r = ((int *)(h + n))[i];
+        if (r < 0)
+            return ZPS_ERR_INVALID;
+        t += h[i], c += r;
+    }
     *loss = (float)(t / n);
     if (correct)
         *correct = c;
