@@ -287,6 +287,33 @@ Test(it_launch, gpus_place_trainers_round_robin, .timeout = 10)
     lt_cleanup(&r);
 }
 
+/* --node-trainers G in the trainers' arguments: the servers are told N / G trainers (unless
+ * the server arguments name a count), and a G that does not divide N is a usage error. */
+Test(it_launch, node_trainers_tell_the_servers, .timeout = 10)
+{
+    lt_run r;
+    lt_setup(&r, 1);
+    const char *args[] = {"--servers", "2", "--trainers", "4", "--trainer-args",
+                          "--node-trainers 2 --mode sync", "--dry-run", "--run-dir", "run",
+                          NULL};
+    lt_launch(&r, 0, NULL, args);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    for (int s = 0; s < 2; s++) {
+        char head[32];
+        snprintf(head, sizeof head, "server %d on", s);
+        const char *line = strstr(r.out, head), *end = line ? strchr(line, '\n') : NULL;
+        const char *nt = line ? strstr(line, "--num-trainers 2") : NULL;
+        cr_assert(nt && (!end || nt < end), "server %d is not told 2 trainers:\n%s", s, r.out);
+    }
+    const char *bad[] = {"--servers", "1", "--trainers", "3", "--trainer-args=--node-trainers=2",
+                         "--dry-run", "--run-dir", "run2", NULL};
+    lt_launch(&r, 0, NULL, bad);
+    cr_assert_eq(r.code, 2, "%s", r.out);
+    cr_assert(strstr(r.out, "--node-trainers 2 does not divide the fleet's 3 trainers"), "%s",
+              r.out);
+    lt_cleanup(&r);
+}
+
 /* r exited 0 printing PROG's version line: "PROG VERSION (git HASH)". */
 static void s_assert_version(const lt_run *r, const char *prog)
 {

@@ -233,6 +233,28 @@ def server_metrics(args, values):
     return ["--metrics", root + ext], ["--metrics", root + ".restart-{restart}" + ext]
 
 
+def node_servers(args, n_trainers):
+    """zps-trainer --node-trainers G in --trainer-args: the servers expect one trainer per node
+    (N / G), unless --server-args names a count itself. Raises ValueError when G does not
+    divide N."""
+    words = shlex.split(args.trainer_args or "")
+    g = 1
+    for i, w in enumerate(words):
+        if w == "--node-trainers" and i + 1 < len(words):
+            g = words[i + 1]
+        elif w.startswith("--node-trainers="):
+            g = w.split("=", 1)[1]
+    try:
+        g = int(g)
+    except ValueError:
+        return []  # zps-trainer names the bad value itself
+    if g <= 1 or "--num-trainers" in (args.server_args or ""):
+        return []
+    if n_trainers % g:
+        raise ValueError(f"--node-trainers {g} does not divide the fleet's {n_trainers} trainers")
+    return ["--num-trainers", str(n_trainers // g)]
+
+
 def make_procs(args, run_dir, job, fleet, curve, env):
     """The fleet's Procs (servers, then trainers) and the template values; env is the
     fleet's environment (env.fleet_env)."""
@@ -251,13 +273,15 @@ def make_procs(args, run_dir, job, fleet, curve, env):
     # cluster file names its address
     node = (lambda h: fleet.alloc.node_of.get(h, h)) if fleet.alloc else (lambda h: h)
     procs = []
+    nodes = node_servers(args, len(trainer_hosts))
     for i, (h, port) in enumerate(servers):
         v = dict(common, index=i, host=h, port=port)
         metrics, again = server_metrics(args, v)
-        argv = build_argv(args.server_cmd, args.server_args, v, curve_server + ckpt + metrics)
+        argv = build_argv(args.server_cmd, args.server_args, v,
+                          curve_server + ckpt + metrics + nodes)
         p = Proc("server", i, h, port, argv, os.path.join(run_dir, f"server-{i}.log"))
         p.restart_cmd = build_argv(args.server_cmd, args.server_args, v,
-                                   curve_server + ckpt + again) + ["--restore"]
+                                   curve_server + ckpt + again + nodes) + ["--restore"]
         procs.append(p)
     for i, h in enumerate(trainer_hosts):
         v = dict(common, index=i, host=h, port="")
@@ -285,6 +309,7 @@ def start_fleet(args):
     try:
         fleet = fleet_hosts(args)
         args.x_env = parse_x(args.export, os.environ)
+        node_servers(args, len(fleet.trainers))  # --node-trainers must divide the fleet
     except ValueError as e:
         return fail(EXIT_USAGE, e)
     except RuntimeError as e:
