@@ -12,7 +12,9 @@
 # 2. A PS fleet on the GPU: one GPU trainer (Inception-v3 w1 at 299, batch 32, 3 channels from
 #    Fashion-MNIST resized) with 2 sync servers, against the same trainer alone (--mode
 #    local), in img/s from each run's metrics summary, ZPS_GPU_STEPS (100) steps each; the
-#    goal is at least 0.9 (the per-layer copies and pushes hidden behind compute).
+#    goal is at least 0.9 (the per-layer copies and pushes hidden behind compute). The fleet
+#    fails fast (no trainer restarts) and its servers write no checkpoints, which the lone
+#    trainer does not pay for either.
 #    JSON: BENCH_DIR/gpu_ps.json.
 # BENCH_DIR (ZPS_BENCH_DIR): $OUT when set (a folder a remote runner copies back), else
 # build/bench.
@@ -42,6 +44,7 @@ for l in open(sys.argv[1]):
 "$B/bin/zps-trainer" $targs --mode local --metrics "$tmp/alone.jsonl" >"$tmp/alone.log" 2>&1 ||
   { echo "bench-gpu: the lone trainer failed:"; tail -20 "$tmp/alone.log"; rc=1; }
 ZPS_BIN=$B/bin python3 scripts/zps-launch --servers 2 --trainers 1 --run-dir "$tmp/fleet" \
+  --on-trainer-exit stop --checkpoint-every-versions 0 \
   --quiet --trainer-args "$targs --mode sync --metrics $tmp/fleet.jsonl" >"$tmp/fleet.log" 2>&1 ||
   { echo "bench-gpu: the PS fleet failed:"; tail -20 "$tmp/fleet.log"; rc=1; }
 alone=$(ips "$tmp/alone.jsonl" 2>/dev/null) fleet=$(ips "$tmp/fleet.jsonl" 2>/dev/null)
