@@ -231,6 +231,7 @@ static const struct {
     {{"--data", "/d", "--log-level", "loud", NULL}, "--log-level wants"},
     {{"--data", "/d", "--in-channels", "4", NULL}, "--in-channels wants an integer in [1, 3], got '4'"},
     {{"--data", "/d", "--node-trainers", "2", NULL}, "--node-trainers groups the trainers of a PS job"},
+    {{"--data", "/d", "--node-trainers", "3", "--num-trainers", "4", NULL}, "--node-trainers 3 does not divide the job's 4 trainers"},
     {{"--data", "/d", "--gpu", "-1", NULL}, "--gpu wants an integer in [0, 1023]"},
     {{"--data", "/d", "--device", "staged", "--recompute", "--node-trainers", "0", NULL}, "--node-trainers wants an integer in [1, 4096]"},
 };
@@ -313,4 +314,39 @@ Test(it_cli, trainer_tells_each_failure_once, .timeout = 30)
     cr_assert_eq(zt_count(out, "No such file or directory"), 1, "%s", out);
     cr_assert_eq(zt_count(out, "\n"), 1, "one line:\n%s", out);
     free(out);
+}
+
+/* The device and node flags' run-time refusals, each with its reason: --device cuda where no
+ * GPU answers (before the data is opened), and --node-trainers that does not divide a cluster
+ * file's trainers (an explicit --num-trainers is refused at parse time, above). */
+Test(it_cli, trainer_device_and_node_refusals_say_why, .timeout = 60)
+{
+    k_device_info info;
+    cr_assert_eq(k_device_select("auto", &info), ZPS_OK);
+    char *out;
+    if (info.kind == K_DEVICE_CPU) {
+        const char *a[] = {"--data", "/nonexistent/zps-data", "--device", "cuda", "--gpu", "1",
+                           NULL};
+        cr_assert_eq(zt_run_tmp("zps-trainer", a, NULL, 20, &out), 1);
+        cr_assert_not_null(strstr(out, "--device cuda, but "), "%s", out);
+        cr_assert_null(strstr(out, "/nonexistent"), "the data was opened first:\n%s", out);
+        free(out);
+    }
+    /* a cluster file's trainer count is known only at run time */
+    char dir[256], data[300], log[300], cluster[300];
+    zt_mktmp(dir, sizeof dir, "zps-cli-node");
+    snprintf(data, sizeof data, "%s/fm", dir);
+    snprintf(log, sizeof log, "%s/data.log", dir);
+    snprintf(cluster, sizeof cluster, "%s/cluster.txt", dir);
+    zt_make_fashion(data, 64, 1, log);
+    const char text[] = "server = 127.0.0.1:1\ntrainer = 127.0.0.1\ntrainer = 127.0.0.1\n"
+                        "trainer = 127.0.0.1\ntrainer = 127.0.0.1\n";
+    zt_write_file(cluster, text, sizeof text - 1);
+    const char *n[] = {"--data", data, "--mode", "sync", "--cluster", cluster,
+                       "--node-trainers", "3", "--batch-size", "4", "--steps", "1", NULL};
+    cr_assert_eq(zt_run_tmp("zps-trainer", n, NULL, 30, &out), 1);
+    cr_assert_not_null(strstr(out, "--node-trainers 3 does not divide the job's 4 trainers"),
+                       "%s", out);
+    free(out);
+    zt_rmtmp(dir);
 }

@@ -326,6 +326,9 @@ static zps_status s_check(tr_config *c, int *exit_code)
         return zps_opts_fail(&s_spec, exit_code, "--dump-detections draws a detector's boxes: "
                              "it needs --model ssd");
     int ps_mode = c->mode == TR_MODE_SYNC || c->mode == TR_MODE_ASYNC || c->mode == TR_MODE_SSP;
+    if (c->node_trainers > 1 && c->num_trainers && c->num_trainers % c->node_trainers)
+        return zps_opts_fail(&s_spec, exit_code, "--node-trainers %d does not divide the job's "
+                             "%d trainers (--num-trainers)", c->node_trainers, c->num_trainers);
     if (c->node_trainers > 1 && !ps_mode)
         return zps_opts_fail(&s_spec, exit_code, "--node-trainers groups the trainers of a PS "
                              "job (--mode sync, async or ssp), not --mode %s",
