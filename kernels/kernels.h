@@ -65,8 +65,25 @@ typedef struct k_conv2d {
     int pad_h, pad_w;          // zero padding on each side
     int oh, ow;                // output size, filled by k_conv2d_init
     int x_blocked, y_blocked;  // input / output (and their gradients) in the blocked layout
+    int bf16;                  // 1: bf16 compute (k_bf16 below): the products read x, w and
+                               // (backward) dy rounded to bfloat16 and are summed in float; db
+                               // is the float sum of dy; every tensor stays float32 in memory
     void *impl;                // back-end state (k_op_release)
 } k_conv2d;
+
+/* x rounded to bfloat16 (to nearest, ties to even; NaN stays NaN) and widened back: what a
+ * bf16 convolution multiplies. The product of two such values is exact in float. */
+static inline float k_bf16(float x)
+{
+    union {
+        float f;
+        uint32_t u;
+    } v = {x};
+    if ((v.u & 0x7fffffffu) > 0x7f800000u)
+        return x;
+    v.u = (v.u + 0x7fffu + ((v.u >> 16) & 1u)) & 0xffff0000u;
+    return v.f;
+}
 
 /* Batchnorm over (n, h, w) per channel c, optionally followed by a fused ReLU. */
 typedef struct k_bn {

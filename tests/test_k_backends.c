@@ -117,11 +117,14 @@ static void s_check_scalar(const char *what, double got, double ref, double atol
 /* ---- the cases: every op of the table ---- */
 
 /* Values are sums of products of size ~1: atol grows with sqrt of the terms summed. */
-S_CASE(conv2d_matches_ref)
+/* Forward and backward of random convolutions against ref's; bf16: both sides in bf16
+ * compute (k_conv2d.bf16), and ref's float result must differ from it (the flag is obeyed). */
+static void s_conv_case(const s_tol *t, const k_backend *ref, int bf16)
 {
     for (int iter = 0; iter < 12; iter++) {
         k_conv2d d, dr;
         zt_k_random_conv(&d, 1);
+        d.bf16 = bf16;
         dr = d;
         int bias = iter % 2;
         size_t nx = (size_t)d.n * d.c * d.h * d.w, nw = (size_t)d.k * d.c * d.r * d.s;
@@ -148,12 +151,34 @@ S_CASE(conv2d_matches_ref)
         s_check("conv dw", gdw, dwr, nw, t->conv * sqrt(tdw), 1e-3);
         if (bias)
             s_check("conv db", gdb, dbr, nk, t->conv * sqrt(tdw), 1e-3);
+        if (bf16) { /* float compute is further from it than the two back-ends are */
+            k_conv2d df = dr;
+            df.bf16 = 0;
+            float *yf = zt_k_zeros(ny);
+            k_conv2d_fwd(ref, &df, x, w, bias ? b : NULL, yf);
+            double far = 0;
+            for (size_t i = 0; i < ny; i++)
+                far = fmax(far, fabs((double)yf[i] - yr[i]));
+            cr_assert_gt(far, 1e-6, "bf16 compute gave float's results (seed %llu)",
+                         (unsigned long long)s_seed);
+            free(yf);
+        }
         k_op_release(s_be, &d.impl);
         cr_assert_null(d.impl);
         s_dev_free_all();
         free(x), free(w), free(b), free(yr), free(dy), free(dxr), free(dw), free(dwr);
         free(db), free(dbr);
     }
+}
+
+S_CASE(conv2d_matches_ref)
+{
+    s_conv_case(t, ref, 0);
+}
+
+S_CASE(conv2d_bf16_matches_ref)
+{
+    s_conv_case(t, ref, 1);
 }
 
 /* Training forward (y, batch statistics, running averages), backward, inference forward. */

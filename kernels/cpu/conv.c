@@ -13,6 +13,11 @@
  * layouts oneDNN picks and x, y, dy, dx are reordered at the convolution's edges, through the
  * thread's scratch (s_conv_create, s_edge); there dx keeps x's 8-channel blocks where oneDNN
  * would pad its channels to 16 (s_bwd_data_src).
+ *
+ * bf16 (k_conv2d.bf16): the primitives read x, w and dy as bfloat16 (oneDNN's bf16 kernels,
+ * native with AVX512_BF16) and write y, dx and dw as float, so the edges always reorder the
+ * inputs, converting as they go (round to nearest even, k_bf16's rounding), and the outputs
+ * only where the layouts differ. Always in the layouts oneDNN picks; never Winograd.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -84,6 +89,8 @@ static void s_edge_free(s_edge *e) { k_cpu_prim_free(&e->r.p); }
 
 typedef struct s_conv {
     int has_bias;           // bias given at the first forward (fixed afterwards)
+    int wbias;              // backward weights computes the bias gradient too (not in bf16:
+                            // oneDNN's bf16 diff_bias is coarser than float dy's sum)
     k_cpu_prim fwd;         // args: src, weights, [bias], dst
     k_cpu_prim bwd_data;    // args: diff_dst, weights, diff_src
     k_cpu_prim bwd_weights; // args: src, diff_dst, diff_weights, [diff_bias]
@@ -110,6 +117,9 @@ static float *s_layout_buf(const s_reorder *r, const k_cpu_prim *p, dnnl_query_t
 /* The memory descriptors and geometry the three convolution primitives share. */
 typedef struct s_conv_shape {
     dnnl_memory_desc_t src, wei, wplain, bia, dst; // wei: any layout; wplain: KCRS
+    dnnl_memory_desc_t ddst, dsrc, dwei; // diff_dst, diff_src, diff_weights: dst, src, wei's,
+                                         // in float where bf16 makes those bfloat16 (and dy
+                                         // bfloat16 where dst is float)
     dnnl_memory_desc_t xt, yt; // x and y in the tensors' layouts (src, dst: the primitives')
     dnnl_dims_t strides, pl, pr;                    // strides, padding left/top, right/bottom
 } s_conv_shape;
@@ -149,6 +159,13 @@ static zps_status s_conv_shape_init(const k_conv2d *d, int any, s_conv_shape *g)
         ZPS_TRY(k_cpu_md4(&g->src, d->n, d->c, d->h, d->w, dnnl_format_tag_any));
         ZPS_TRY(k_cpu_md4(&g->dst, d->n, d->k, d->oh, d->ow, dnnl_format_tag_any));
     }
+    if (d->bf16) { /* 16-channel blocks on both sides: see the file's top */
+        ZPS_TRY(k_cpu_md4(&g->src, d->n, d->c, d->h, d->w, dnnl_nChw16c));
+        ZPS_TRY(k_cpu_md4(&g->dst, d->n, d->k, d->oh, d->ow, dnnl_nChw16c));
+    }
+    g->ddst = g->dst, g->dsrc = g->src, g->dwei = g->wei;
+    if (d->bf16) /* the products' inputs; outputs and gradients' results stay float */
+        g->src.data_type = g->wei.data_type = g->ddst.data_type = dnnl_bf16;
     g->strides[0] = d->stride_h, g->strides[1] = d->stride_w;
     g->pl[0] = d->pad_h, g->pl[1] = d->pad_w;
     g->pr[0] = (d->oh - 1) * d->stride_h + d->r - d->h - d->pad_h;
@@ -169,7 +186,7 @@ static const dnnl_memory_desc_t *s_md(const k_cpu_prim *p, dnnl_query_t q)
  * data and weights stay direct: oneDNN's Winograd there was no faster on these shapes. */
 static int s_wino_pays(const k_conv2d *d)
 {
-    return d->r == 3 && d->s == 3 && d->stride_h == 1 && d->stride_w == 1 && d->c >= 16 &&
+    return !d->bf16 && d->r == 3 && d->s == 3 && d->stride_h == 1 && d->stride_w == 1 && d->c >= 16 &&
            d->oh >= 12 && d->ow >= 12 && d->oh <= 32 && d->ow <= 32;
 }
 
@@ -223,14 +240,14 @@ static zps_status s_conv_fwd_create(const k_conv2d *d, s_conv *s, s_conv_shape *
 static const dnnl_memory_desc_t *s_bwd_data_src(const k_conv2d *d, const s_conv_shape *g)
 {
     int c16 = (d->c + 15) / 16 * 16;
-    return d->x_blocked && c16 * 2 > d->c * 3 ? &g->xt : &g->src;
+    return d->x_blocked && c16 * 2 > d->c * 3 ? &g->xt : &g->dsrc;
 }
 
 static zps_status s_conv_bwd_data_create(const k_conv2d *d, s_conv *s, s_conv_shape *g)
 {
     dnnl_convolution_desc_t cd;
     K_CPU_DNNL(dnnl_convolution_backward_data_desc_init(&cd, dnnl_convolution_direct,
-                                                        s_bwd_data_src(d, g), &g->wei, &g->dst,
+                                                        s_bwd_data_src(d, g), &g->wei, &g->ddst,
                                                         g->strides, g->pl, g->pr));
     ZPS_TRY(k_cpu_prim_create(&s->bwd_data, &cd, s->fwd.pd));
     ZPS_TRY(k_cpu_prim_arg(&s->bwd_data, DNNL_ARG_DIFF_DST, dnnl_query_diff_dst_md));
@@ -250,14 +267,14 @@ static zps_status s_conv_bwd_weights_create(s_conv *s, s_conv_shape *g)
 {
     dnnl_convolution_desc_t cd;
     K_CPU_DNNL(dnnl_convolution_backward_weights_desc_init(
-        &cd, dnnl_convolution_direct, &g->src, &g->wei, s->has_bias ? &g->bia : NULL, &g->dst,
+        &cd, dnnl_convolution_direct, &g->src, &g->dwei, s->wbias ? &g->bia : NULL, &g->ddst,
         g->strides, g->pl, g->pr));
     k_cpu_prim *p = &s->bwd_weights;
     ZPS_TRY(k_cpu_prim_create(p, &cd, s->fwd.pd));
     ZPS_TRY(k_cpu_prim_arg(p, DNNL_ARG_SRC, dnnl_query_src_md));
     ZPS_TRY(k_cpu_prim_arg(p, DNNL_ARG_DIFF_DST, dnnl_query_diff_dst_md));
     ZPS_TRY(k_cpu_prim_arg(p, DNNL_ARG_DIFF_WEIGHTS, dnnl_query_diff_weights_md));
-    if (s->has_bias)
+    if (s->wbias)
         ZPS_TRY(k_cpu_prim_arg_at(p, DNNL_ARG_DIFF_BIAS, dnnl_query_diff_weights_md, 1));
     ZPS_TRY(s_reorder_create(&s->dw_back, s_md(p, dnnl_query_diff_weights_md), &g->wplain, 1));
     s->dwb = s_layout_buf(&s->dw_back, p, dnnl_query_diff_weights_md);
@@ -281,6 +298,7 @@ static zps_status s_conv_try(k_conv2d *d, int has_bias, int any, s_conv **out)
 {
     s_conv *s = zps_xcalloc(1, sizeof *s);
     s->has_bias = has_bias;
+    s->wbias = has_bias && !d->bf16;
     *out = s;
     s_conv_shape g;
     ZPS_TRY(s_conv_shape_init(d, any, &g));
@@ -295,7 +313,7 @@ static zps_status s_conv_try(k_conv2d *d, int has_bias, int any, s_conv **out)
 static zps_status s_conv_create(k_conv2d *d, int has_bias, s_conv **out)
 {
     ZPS_TRY(k_cpu_ready());
-    if (s_native(d)) {
+    if (s_native(d) && !d->bf16) { /* bf16: the edges convert anyway */
         zps_status st = s_conv_try(d, has_bias, 0, out);
         if (st == ZPS_OK && !s_is_ref(&(*out)->fwd) && !s_is_ref(&(*out)->bwd_data) &&
             !s_is_ref(&(*out)->bwd_weights))
@@ -362,19 +380,17 @@ zps_status k_cpu_conv2d_fwd(k_conv2d *d, const float *x, const float *w, const f
     return s_edge_out(&s->y_out, yb, y);
 }
 
-/* db of a convolution created without bias (its primitive has no diff_bias): summed here,
- * from plain NCHW dy only. */
+/* db where the backward-weights primitive does not sum it (a convolution created without
+ * bias, or bf16): summed here from float dy, in its layout (channel blocks of bs). */
 static zps_status s_bias_grad(const k_conv2d *d, const float *dy, float *db)
 {
-    if (d->y_blocked)
-        return ZPS_ERR_INVALID;
-    size_t ohw = (size_t)d->oh * d->ow;
+    size_t ohw = (size_t)d->oh * d->ow, bs = (size_t)k_block_size(d->y_blocked);
     for (int n = 0; n < d->n; n++)
         for (int k = 0; k < d->k; k++) {
-            const float *p = dy + ((size_t)n * d->k + k) * ohw;
+            const float *p = dy + (((size_t)n * (d->k / bs) + k / bs) * ohw) * bs + k % bs;
             float acc = 0;
             for (size_t i = 0; i < ohw; i++)
-                acc += p[i];
+                acc += p[i * bs];
             db[k] += acc;
         }
     return ZPS_OK;
@@ -407,20 +423,17 @@ zps_status k_cpu_conv2d_bwd(k_conv2d *d, const float *x, const float *w, const f
         ZPS_TRY(s_edge_in(&s->x_in_w, xb, x, &xp));
         ZPS_TRY(s_edge_in(&s->dy_in_w, dyb, dy, &dyp));
         const void *ptrs[4] = {xp, dyp, s->dwb ? s->dwb : sw, sw + nw};
-        ZPS_TRY(k_cpu_prim_run(&s->bwd_weights, ptrs, s->has_bias ? 4 : 3));
+        ZPS_TRY(k_cpu_prim_run(&s->bwd_weights, ptrs, s->wbias ? 4 : 3));
         if (s->dwb && dw) { /* back to KCRS, added into dw by the reorder itself */
             const void *rp[2] = {s->dwb, dw};
             ZPS_TRY(k_cpu_prim_run(&s->dw_back.p, rp, 2));
         } else if (dw) {
             k_cpu_acc(nw, sw, dw);
         }
-        if (db) {
-            if (s->has_bias) {
-                k_cpu_acc((size_t)d->k, sw + nw, db);
-            } else {
-                ZPS_TRY(s_bias_grad(d, dy, db));
-            }
-        }
+        if (db && s->wbias)
+            k_cpu_acc((size_t)d->k, sw + nw, db);
+        else if (db)
+            ZPS_TRY(s_bias_grad(d, dy, db));
     }
     return ZPS_OK;
 }

@@ -25,6 +25,9 @@ zps_status k_ref_copy(void *dst, const void *src, size_t n)
 /* ref caches nothing in a descriptor's impl. */
 static void s_release(void **impl) { *impl = NULL; }
 
+/* An input of a product: as it is, or rounded to bfloat16 for a bf16 convolution. */
+static inline double s_in(const k_conv2d *d, float v) { return d->bf16 ? k_bf16(v) : v; }
+
 zps_status k_ref_conv2d_fwd(k_conv2d *d, const float *x, const float *w, const float *b,
                             float *y)
 {
@@ -42,8 +45,8 @@ zps_status k_ref_conv2d_fwd(k_conv2d *d, const float *x, const float *w, const f
                                 int ix = ox * d->stride_w - d->pad_w + s;
                                 if (ix < 0 || ix >= d->w)
                                     continue;
-                                acc += (double)x[((size_t)(n * d->c + c) * d->h + iy) * d->w + ix] *
-                                       w[((size_t)(k * d->c + c) * d->r + r) * d->s + s];
+                                acc += s_in(d, x[((size_t)(n * d->c + c) * d->h + iy) * d->w + ix]) *
+                                       s_in(d, w[((size_t)(k * d->c + c) * d->r + r) * d->s + s]);
                             }
                         }
                     y[((size_t)(n * d->k + k) * d->oh + oy) * d->ow + ox] = (float)acc;
@@ -61,8 +64,9 @@ zps_status k_ref_conv2d_bwd(k_conv2d *d, const float *x, const float *w, const f
             for (int oy = 0; oy < d->oh; oy++)
                 for (int ox = 0; ox < d->ow; ox++) {
                     float g = dy[((size_t)(n * d->k + k) * d->oh + oy) * d->ow + ox];
-                    if (db)
+                    if (db) /* a plain sum, not a product: float dy even in bf16 */
                         db[k] += g;
+                    g = (float)s_in(d, g);
                     for (int c = 0; c < d->c; c++)
                         for (int r = 0; r < d->r; r++) {
                             int iy = oy * d->stride_h - d->pad_h + r;
@@ -75,9 +79,9 @@ zps_status k_ref_conv2d_bwd(k_conv2d *d, const float *x, const float *w, const f
                                 size_t xi = ((size_t)(n * d->c + c) * d->h + iy) * d->w + ix;
                                 size_t wi = ((size_t)(k * d->c + c) * d->r + r) * d->s + s;
                                 if (dw)
-                                    dw[wi] += g * x[xi];
+                                    dw[wi] += g * (float)s_in(d, x[xi]);
                                 if (dx)
-                                    dx[xi] += g * w[wi];
+                                    dx[xi] += g * (float)s_in(d, w[wi]);
                             }
                         }
                 }
