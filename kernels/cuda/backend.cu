@@ -831,12 +831,56 @@ static zps_status s_conv_get(k_conv2d *d, s_conv_impl **out)
     return ZPS_OK;
 }
 
+/* ---- bf16 convolutions (k_conv2d.bf16) ----
+ * Emulated for now: x, w and dy are rounded to bfloat16 (k_bf16's rounding) into a grow-only
+ * scratch and the float convolution runs on them. The products of bf16 values are exact in
+ * float and in TF32, so the results are bf16 compute's; the speed is float's (cuDNN's BF16
+ * tensor-core path is the next step). */
+__global__ void g_bf16(size_t n, const float *x, float *y)
+{
+    S_LOOP(i, n)
+    {
+        unsigned u = __float_as_uint(x[i]);
+        if ((u & 0x7fffffffu) <= 0x7f800000u)
+            u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+        y[i] = __uint_as_float(u);
+    }
+}
+static float *s_bscr;
+static size_t s_bscr_cap;
+/* The inputs of a bf16 convolution, rounded: each (src, n) pair into its own stretch of the
+ * scratch; *out[i] = the rounded copy (or NULL for a NULL src). */
+static zps_status s_bf16_inputs(int k, const float *const *src, const size_t *n, const float **out)
+{
+    size_t total = 0;
+    for (int i = 0; i < k; i++)
+        total += src[i] ? (n[i] + 63) / 64 * 64 : 0;
+    S_TRY(s_grow((void **)&s_bscr, &s_bscr_cap, total * sizeof(float), 0));
+    float *at = s_bscr;
+    for (int i = 0; i < k; i++) {
+        out[i] = NULL;
+        if (!src[i])
+            continue;
+        g_bf16<<<s_blocks(n[i]), S_T, 0, s_stream>>>(n[i], src[i], at);
+        S_LAUNCHED();
+        out[i] = at;
+        at += (n[i] + 63) / 64 * 64;
+    }
+    return ZPS_OK;
+}
+
 static zps_status s_conv2d_fwd(k_conv2d *d, const float *x, const float *w, const float *b, float *y)
 {
     s_conv_impl *im;
     zps_status st = s_conv_get(d, &im);
     if (st != ZPS_OK)
         return st;
+    if (d->bf16) {
+        const float *in[2] = {x, w}, *r[2];
+        size_t n[2] = {(size_t)d->n * d->c * d->h * d->w, (size_t)d->k * d->c * d->r * d->s};
+        S_TRY(s_bf16_inputs(2, in, n, r));
+        x = r[0], w = r[1];
+    }
     float one = 1, zero = 0;
     S_CUDNN(cudnnConvolutionForward(s_cudnn, &one, im->x, x, im->w, w, im->conv, im->fa, im->ws,
                                     im->ws_bytes, &zero, im->y, y));
@@ -853,6 +897,16 @@ static zps_status s_conv2d_bwd(k_conv2d *d, const float *x, const float *w, cons
     if (st != ZPS_OK)
         return st;
     float one = 1, zero = 0;
+    if (db) /* the float sum of dy, bf16 or not */
+        S_CUDNN(cudnnConvolutionBackwardBias(s_cudnn, &one, im->y, dy, &one, im->b, db));
+    db = NULL;
+    if (d->bf16) {
+        const float *in[3] = {dx ? w : NULL, dw ? x : NULL, dy}, *r[3];
+        size_t n[3] = {(size_t)d->k * d->c * d->r * d->s, (size_t)d->n * d->c * d->h * d->w,
+                       (size_t)d->n * d->k * d->oh * d->ow};
+        S_TRY(s_bf16_inputs(3, in, n, r));
+        w = r[0], x = r[1], dy = r[2];
+    }
     if (dx)
         S_CUDNN(cudnnConvolutionBackwardData(s_cudnn, &one, im->w, w, im->y, dy, im->conv, im->da,
                                              im->ws, im->ws_bytes, &zero, im->x, dx));
