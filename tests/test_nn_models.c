@@ -292,6 +292,34 @@ Test(nn_models, convnet_runs_blocked_and_equals_ref, .init = s_init, .timeout = 
     nn_model_destroy(&a), nn_model_destroy(&b);
 }
 
+/* --precision bf16 (nn_model_set_bf16): the convnet's convolutions in bf16 compute on the cpu
+ * back-end (oneDNN's bf16 kernels, or float ones on rounded copies for its 1-channel first
+ * layer) equal ref's bf16 model as closely as float models equal each other, and differ from
+ * float compute (the flag reaches the convolutions). */
+Test(nn_models, bf16_convnet_equals_ref_bf16_and_differs_from_f32, .init = s_init, .timeout = 60)
+{
+    nn_model_opts o;
+    nn_model_opts_default(&o, "convnet");
+    o.seed = zt_rand(), o.dropout = 0;
+    nn_model *a, *b, *f;
+    cr_assert_eq(nn_model_create(k_backend_cpu(), &o, &a), ZPS_OK);
+    cr_assert_eq(nn_model_create(k_backend_ref(), &o, &b), ZPS_OK);
+    cr_assert_eq(nn_model_create(k_backend_cpu(), &o, &f), ZPS_OK);
+    nn_model_set_bf16(a, 1);
+    nn_model_set_bf16(b, 1);
+    s_cmp_models(a, b, 8, 1e-3, NULL);
+    float *x;
+    int32_t *labels;
+    s_batch(a, 8, &x, &labels);
+    float la, lf;
+    cr_assert_eq(nn_model_forward(a, x, labels, 8, 1, &la, NULL), ZPS_OK);
+    cr_assert_eq(nn_model_forward(f, x, labels, 8, 1, &lf, NULL), ZPS_OK);
+    cr_assert(la != lf, "bf16 and float compute gave the same loss %.9g", la);
+    cr_assert(fabsf(la - lf) < 2e-2f * fabsf(lf), "bf16 loss %g far from float's %g", la, lf);
+    free(x), free(labels);
+    nn_model_destroy(&a), nn_model_destroy(&b), nn_model_destroy(&f);
+}
+
 /* The demo's thin Inception-v3 (width 0.25, 75x75): channel counts of 8, 12, 20, 24, ... so
  * the cpu back-end keeps each concat group in the 8- or 16-channel blocks all its members
  * allow, leaves 12 and 20 NCHW (convolutions reorder at their edges), and still gives ref's

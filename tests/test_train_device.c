@@ -178,6 +178,13 @@ Test(it_staged, local_with_accumulation_equals_cpu)
     s_same("local", 1, NULL, s_accumulate, NULL, s_staged2, 1);
 }
 
+/* --precision bf16 on both sides: the device path changes no bit of bf16 training either. */
+Test(it_staged, bf16_equals_cpu_bf16)
+{
+    static const char *bf16[] = {"--precision", "bf16", NULL};
+    s_same("local", 1, NULL, bf16, NULL, s_staged2, 1);
+}
+
 /* --recompute on the device side only: gradient checkpointing changes no bit either. */
 Test(it_staged, recompute_equals_cpu_without)
 {

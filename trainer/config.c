@@ -129,6 +129,7 @@ static const char *s_push_dtype_show(const void *cfg)
 static const zps_opt_name s_aux[] = {{"auto", -1}, {"on", 1}, {"off", 0}, {NULL, 0}};
 static const zps_opt_name s_shard[] = {
     {"records", TR_SHARD_RECORDS}, {"batch", TR_SHARD_BATCH}, {NULL, 0}};
+static const zps_opt_name s_precision[] = {{"f32", 0}, {"bf16", 1}, {NULL, 0}};
 static const zps_opt_name s_device[] = {{"auto", 0}, {"cpu", 0}, {"cuda", 0}, {"staged", 0},
                                         {NULL, 0}};
 static const zps_opt_name s_sched[] = {{"constant", PS_SCHED_CONSTANT},
@@ -229,6 +230,9 @@ static const zps_opt s_opt[] = {
      .help = "epochs of this trainer's share"},
     {"accumulate", ZPS_OPT_INT, F(accumulate), 1, 4096, .meta = "K",
      .help = "micro-batches of --batch-size per step"},
+    {"precision", ZPS_OPT_ENUM, F(bf16), .names = s_precision, .dflt = "f32",
+     .help = "f32; bf16: convolutions compute in bfloat16 (float master\n"
+             "weights, float activations; no loss scaling)"},
     {"recompute", ZPS_OPT_SET, F(recompute),
      .help = "gradient checkpointing: keep ~sqrt(layers) activations,\n"
              "recompute the rest in backward (same gradients, less\n"

@@ -72,6 +72,7 @@ typedef struct tr_config {
     double epochs;            // epochs of this trainer's share (when steps == 0)
     int accumulate;           // micro-batches per step (gradient accumulation)
     int recompute;            // --recompute: gradient checkpointing (nn_model_set_recompute)
+    int bf16;                 // --precision bf16: convolutions in bf16 (nn_model_set_bf16)
     double time_limit_s;      // stop after this many seconds (0: none)
     double stop_accuracy;     // stop once test accuracy (ssd: mAP@0.5) reaches this (0: never)
     /* optimizer (PS: sent to the servers at INIT; local/allreduce: applied here) */

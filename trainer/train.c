@@ -220,6 +220,7 @@ static zps_status s_model_and_data(s_job *j)
     mo.classes = j->classes;
     ZPS_TRY(nn_model_create(j->be, &mo, &j->model));
     nn_model_set_recompute(j->model, c->recompute);
+    nn_model_set_bf16(j->model, c->bf16);
     ZPS_TRY(tr_task_new(c, j->model, j->classes, &j->task));
     j->score_map = strcmp(j->task->score_name, "map") == 0;
     j->vars = nn_model_vars(j->model, &j->nvars);

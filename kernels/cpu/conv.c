@@ -17,7 +17,11 @@
  * bf16 (k_conv2d.bf16): the primitives read x, w and dy as bfloat16 (oneDNN's bf16 kernels,
  * native with AVX512_BF16) and write y, dx and dw as float, so the edges always reorder the
  * inputs, converting as they go (round to nearest even, k_bf16's rounding), and the outputs
- * only where the layouts differ. Always in the layouts oneDNN picks; never Winograd.
+ * only where the layouts differ. In 16-channel blocks on both sides (oneDNN 2.6's plain-layout
+ * bf16 forward wrote garbage at the right padding of a 1x5 kernel over 15 channels); never
+ * Winograd. Where oneDNN has no bf16 kernel for a shape (its thin layers, under 16 channels)
+ * the float primitives run on copies of x, w and dy rounded to bfloat16 ("emulate"): the
+ * same results, as products of bf16 values are exact in float.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -91,6 +95,7 @@ typedef struct s_conv {
     int has_bias;           // bias given at the first forward (fixed afterwards)
     int wbias;              // backward weights computes the bias gradient too (not in bf16:
                             // oneDNN's bf16 diff_bias is coarser than float dy's sum)
+    int emulate;            // bf16 asked, no bf16 kernel: float kernels on rounded copies
     k_cpu_prim fwd;         // args: src, weights, [bias], dst
     k_cpu_prim bwd_data;    // args: diff_dst, weights, diff_src
     k_cpu_prim bwd_weights; // args: src, diff_dst, diff_weights, [diff_bias]
@@ -310,13 +315,34 @@ static zps_status s_conv_try(k_conv2d *d, int has_bias, int any, s_conv **out)
 /* The tensors' own layouts where oneDNN runs them directly (s_native) with no reference
  * implementation among the three primitives (some shapes have no direct backward-weights
  * kernel for 8-channel blocks or a plain first layer); otherwise the layouts oneDNN picks. */
+static int s_any_ref(const s_conv *s)
+{
+    return s_is_ref(&s->fwd) || s_is_ref(&s->bwd_data) || s_is_ref(&s->bwd_weights);
+}
+
+static zps_status s_conv_create_f32(k_conv2d *d, int has_bias, s_conv **out);
+
 static zps_status s_conv_create(k_conv2d *d, int has_bias, s_conv **out)
 {
     ZPS_TRY(k_cpu_ready());
-    if (s_native(d) && !d->bf16) { /* bf16: the edges convert anyway */
+    if (!d->bf16)
+        return s_conv_create_f32(d, has_bias, out);
+    zps_status st = s_conv_try(d, has_bias, 1, out);
+    if (st == ZPS_OK && !s_any_ref(*out))
+        return ZPS_OK;
+    s_conv_free(*out); /* no bf16 kernel for this shape: float ones on rounded copies */
+    k_conv2d f = *d;
+    f.bf16 = 0;
+    ZPS_TRY(s_conv_create_f32(&f, has_bias, out));
+    (*out)->emulate = 1;
+    return ZPS_OK;
+}
+
+static zps_status s_conv_create_f32(k_conv2d *d, int has_bias, s_conv **out)
+{
+    if (s_native(d)) {
         zps_status st = s_conv_try(d, has_bias, 0, out);
-        if (st == ZPS_OK && !s_is_ref(&(*out)->fwd) && !s_is_ref(&(*out)->bwd_data) &&
-            !s_is_ref(&(*out)->bwd_weights))
+        if (st == ZPS_OK && !s_any_ref(*out))
             return ZPS_OK;
         s_conv_free(*out);
         *out = NULL;
@@ -359,6 +385,20 @@ static zps_status s_weights(s_reorder *r, const float *w, float *buf, const floa
     return ZPS_OK;
 }
 
+/* Floats rounded up to 64 bytes. */
+static size_t s_r16(size_t n) { return (n + 15) & ~(size_t)15; }
+
+/* emulate: the inputs of a product rounded to bfloat16 into the scratch at *at (advanced). */
+static const float *s_rounded(const s_conv *s, const float *t, size_t n, float **at)
+{
+    if (!s->emulate)
+        return t;
+    float *r = *at;
+    k_cpu_round_bf16(n, t, r);
+    *at += s_r16(n);
+    return r;
+}
+
 zps_status k_cpu_conv2d_fwd(k_conv2d *d, const float *x, const float *w, const float *b,
                             float *y)
 {
@@ -366,11 +406,14 @@ zps_status k_cpu_conv2d_fwd(k_conv2d *d, const float *x, const float *w, const f
     ZPS_TRY(s_conv_get(d, b != NULL, &s));
     if (s->has_bias != (b != NULL))
         return ZPS_ERR_INVALID;
-    const float *wl;
-    ZPS_TRY(s_weights(&s->w_fwd, w, s->wf, &wl));
-    s->wf_src = w;
+    size_t nx = (size_t)d->n * d->c * d->h * d->w, nw = (size_t)d->k * d->c * d->r * d->s;
     float *xb, *yb;
-    s_edge_scratch(&s->x_in, &s->y_out, 0, &xb, &yb);
+    float *at = s_edge_scratch(&s->x_in, &s->y_out, s->emulate ? s_r16(nx) + s_r16(nw) : 0,
+                               &xb, &yb);
+    x = s_rounded(s, x, nx, &at);
+    const float *wr = s_rounded(s, w, nw, &at), *wl;
+    ZPS_TRY(s_weights(&s->w_fwd, wr, s->wf, &wl));
+    s->wf_src = s->emulate ? NULL : w; /* a rounded copy cannot be told apart by address */
     ZPS_TRY(s_edge_in(&s->x_in, xb, x, &x));
     float *yp = s_edge_dst(&s->y_out, yb, y);
     const void *ptrs[4] = {x, wl, b, yp};
@@ -401,27 +444,31 @@ zps_status k_cpu_conv2d_bwd(k_conv2d *d, const float *x, const float *w, const f
 {
     s_conv *s;
     ZPS_TRY(s_conv_get(d, db != NULL, &s));
+    size_t nx = (size_t)d->n * d->c * d->h * d->w, nw = (size_t)d->k * d->c * d->r * d->s;
+    size_t ny = (size_t)d->n * d->k * d->oh * d->ow;
     if (dx) {
-        const float *wl;
+        const float *wl, *dyp;
+        float *dyb, *dxb;
+        float *at = s_edge_scratch(&s->dy_in, &s->dx_out,
+                                   s->emulate ? s_r16(nw) + s_r16(ny) : 0, &dyb, &dxb);
         if (s->same_w && s->wf && s->wf_src == w) /* reordered by this step's forward */
             wl = s->wf;
         else
-            ZPS_TRY(s_weights(&s->w_bwd, w, s->wb, &wl));
-        const float *dyp;
-        float *dyb, *dxb;
-        s_edge_scratch(&s->dy_in, &s->dx_out, 0, &dyb, &dxb);
-        ZPS_TRY(s_edge_in(&s->dy_in, dyb, dy, &dyp));
+            ZPS_TRY(s_weights(&s->w_bwd, s_rounded(s, w, nw, &at), s->wb, &wl));
+        ZPS_TRY(s_edge_in(&s->dy_in, dyb, s_rounded(s, dy, ny, &at), &dyp));
         const void *ptrs[3] = {dyp, wl, s_edge_dst(&s->dx_out, dxb, dx)};
         ZPS_TRY(k_cpu_prim_run(&s->bwd_data, ptrs, 3));
         ZPS_TRY(s_edge_out(&s->dx_out, dxb, dx));
     }
     if (dw || db) {
-        size_t nw = (size_t)d->k * d->c * d->r * d->s;
         const float *xp, *dyp;
         float *xb, *dyb;
-        float *sw = s_edge_scratch(&s->x_in_w, &s->dy_in_w, nw + (size_t)d->k, &xb, &dyb);
-        ZPS_TRY(s_edge_in(&s->x_in_w, xb, x, &xp));
-        ZPS_TRY(s_edge_in(&s->dy_in_w, dyb, dy, &dyp));
+        size_t own = s_r16(nw + (size_t)d->k); /* dw and db, where no reorder gives them */
+        float *sw = s_edge_scratch(&s->x_in_w, &s->dy_in_w,
+                                   own + (s->emulate ? s_r16(nx) + s_r16(ny) : 0), &xb, &dyb);
+        float *at = sw + own;
+        ZPS_TRY(s_edge_in(&s->x_in_w, xb, s_rounded(s, x, nx, &at), &xp));
+        ZPS_TRY(s_edge_in(&s->dy_in_w, dyb, s_rounded(s, dy, ny, &at), &dyp));
         const void *ptrs[4] = {xp, dyp, s->dwb ? s->dwb : sw, sw + nw};
         ZPS_TRY(k_cpu_prim_run(&s->bwd_weights, ptrs, s->wbias ? 4 : 3));
         if (s->dwb && dw) { /* back to KCRS, added into dw by the reorder itself */
@@ -430,7 +477,7 @@ zps_status k_cpu_conv2d_bwd(k_conv2d *d, const float *x, const float *w, const f
         } else if (dw) {
             k_cpu_acc(nw, sw, dw);
         }
-        if (db && s->wbias)
+        if (db && s->wbias && !s->emulate) /* emulate's primitive summed the rounded dy */
             k_cpu_acc((size_t)d->k, sw + nw, db);
         else if (db)
             ZPS_TRY(s_bias_grad(d, dy, db));

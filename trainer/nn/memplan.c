@@ -139,6 +139,7 @@ static zps_status s_describe(nn_model *m, nn_node *nd, int n)
                               nd->sw, nd->ph, nd->pw));
         nd->conv.x_blocked = x->blocked;
         nd->conv.y_blocked = m->t[nd->out].blocked;
+        nd->conv.bf16 = m->bf16;
         nd->bn = (k_bn){.n = n, .c = nd->k, .h = nd->conv.oh, .w = nd->conv.ow,
                         .eps = 0.001f, .momentum = 0.1f, .relu = 1,
                         .blocked = m->t[nd->out].blocked};
@@ -148,6 +149,7 @@ static zps_status s_describe(nn_model *m, nn_node *nd, int n)
                               nd->sw, nd->ph, nd->pw));
         nd->conv.x_blocked = x->blocked;
         nd->conv.y_blocked = m->t[nd->out].blocked;
+        nd->conv.bf16 = m->bf16;
         return ZPS_OK;
     case NN_MAXPOOL:
     case NN_AVGPOOL:

@@ -80,6 +80,13 @@ zps_status nn_node_fwd(nn_model *m, nn_node *nd, int train)
     return ZPS_ERR_INTERNAL;
 }
 
+void nn_model_set_bf16(nn_model *m, int on)
+{
+    if (m->bf16 != !!on)
+        m->plan_n = 0; /* the descriptors change: re-planned at the next forward */
+    m->bf16 = !!on;
+}
+
 void nn_model_set_bn_momentum(nn_model *m, float momentum)
 {
     m->bn_momentum = momentum;

@@ -144,6 +144,12 @@ int nn_model_layer_fused(const nn_model *m, const char *name);
  * Changing it re-plans at the next forward. nn_model_segments: the plan's segments (1:
  * none; 0 before a forward). */
 void nn_model_set_recompute(nn_model *m, int on);
+/* Mixed precision (--precision bf16): the convolutions compute in bf16 (kernels.h,
+ * k_conv2d.bf16: inputs read as bfloat16, products summed in float) while parameters,
+ * gradients, activations and the optimizer stay float32 (the master weights). No loss
+ * scaling: bf16 has float's range. Dense layers, batchnorm and the losses stay float.
+ * Changing it re-plans at the next forward. */
+void nn_model_set_bf16(nn_model *m, int on);
 int nn_model_segments(const nn_model *m);
 /* Bytes of the activation block planned for the current batch size (0 before a forward). */
 size_t nn_model_activation_bytes(const nn_model *m);

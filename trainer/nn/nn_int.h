@@ -114,6 +114,7 @@ struct nn_model {
     float *input_plan;      // the plan's own input buffer (tensor 0's x when copying in)
     const float *input_next; // nn_model_set_input: the next forward reads its batch here
     int recompute;          // nn_model_set_recompute: plan with segments (recompute.c)
+    int bf16;               // nn_model_set_bf16: convolutions in bf16 compute
     int nseg;               // segments of the plan (1: no recompute)
     float *tmp_stats;       // recompute: running statistics a rerun writes and nobody reads
     int recomputing;        // a segment's forward is running again
