@@ -60,6 +60,7 @@ typedef struct s_case {
     int cuda;           // --device cuda: zps and PyTorch on the GPU
     double peak_tflops; // --peak-tflops (0: from the GPU's name, in the child)
     int recompute;      // --recompute: zps with gradient checkpointing
+    int bf16;           // --precision bf16: zps's convolutions, PyTorch's autocast
 } s_case;
 
 /* What one side measured in one round. */
@@ -155,6 +156,7 @@ static int s_zps_child(const s_case *c, int warmup, int steps, int fd)
     if (!m)
         return 1;
     nn_model_set_recompute(m, c->recompute);
+    nn_model_set_bf16(m, c->bf16);
     size_t nx = (size_t)c->batch * (size_t)c->channels * (size_t)c->size * (size_t)c->size;
     float *x = malloc(nx * sizeof *x);
     int32_t *y = malloc(sizeof(int32_t) * (size_t)c->batch);
@@ -271,18 +273,19 @@ static int s_run_torch(const s_case *c, int threads, int warmup, int steps, s_si
         snprintf(cmd, sizeof cmd,
                  "%s %s %s/tests/ref/train_step_ref.py --device cuda --model %s --width %g "
                  "--channels %d --classes %d --size %d --batch %d --aux %d --warmup %d "
-                 "--steps %d --threads %d",
+                 "--steps %d --threads %d --precision %s",
                  s_peer_env(), py && *py ? py : "python3", s_root(), c->model, (double)c->width,
-                 c->channels, c->classes, c->size, c->batch, c->aux, warmup, steps, threads);
+                 c->channels, c->classes, c->size, c->batch, c->aux, warmup, steps, threads,
+                 c->bf16 ? "bf16" : "f32");
         return s_run_peer(cmd, "\"ips\": ", out);
     }
     snprintf(cmd, sizeof cmd,
              "%s LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2 "
              "MALLOC_CONF=dirty_decay_ms:-1,muzzy_decay_ms:-1 /usr/bin/python3 "
              "%s/tests/ref/train_step_ref.py --model %s --width %g --channels %d --classes %d "
-             "--size %d --batch %d --aux %d --warmup %d --steps %d --threads %d",
+             "--size %d --batch %d --aux %d --warmup %d --steps %d --threads %d --precision %s",
              s_peer_env(), s_root(), c->model, (double)c->width, c->channels, c->classes,
-             c->size, c->batch, c->aux, warmup, steps, threads);
+             c->size, c->batch, c->aux, warmup, steps, threads, c->bf16 ? "bf16" : "f32");
     return s_run_peer(cmd, "\"ips\": ", out);
 }
 
@@ -319,6 +322,7 @@ typedef struct s_cfg {
     int cuda;              // --device: 0 cpu, 1 cuda
     double peak_tflops;    // the GPU's dense TF32 peak (0: from its name)
     int recompute;         // zps with --recompute
+    int bf16;              // --precision bf16
 } s_cfg;
 
 static void s_defaults(void *p)
@@ -329,6 +333,7 @@ static void s_defaults(void *p)
 
 static const zps_opt_name s_models[] = {{"inception_v3", 0}, {"convnet", 1}, {NULL, 0}};
 static const zps_opt_name s_devices[] = {{"cpu", 0}, {"cuda", 1}, {NULL, 0}};
+static const zps_opt_name s_precisions[] = {{"f32", 0}, {"bf16", 1}, {NULL, 0}};
 
 static const zps_opt s_opt[] = {
     {"model", ZPS_OPT_ENUM, ZPS_OPT_FIELD(s_cfg, convnet), .names = s_models,
@@ -359,6 +364,10 @@ static const zps_opt s_opt[] = {
     {"device", ZPS_OPT_ENUM, ZPS_OPT_FIELD(s_cfg, cuda), .names = s_devices, .dflt = "cpu",
      .help = "cuda: zps and PyTorch ($ZPS_PYTHON or python3) on the GPU,\n"
              "f32 with TF32 convolutions (both sides' defaults); no TF"},
+    {"precision", ZPS_OPT_ENUM, ZPS_OPT_FIELD(s_cfg, bf16), .names = s_precisions,
+     .dflt = "f32",
+     .help = "bf16: zps's convolutions in bf16 (zps-trainer --precision), PyTorch\n"
+             "under bf16 autocast; no TF side"},
     {"recompute", ZPS_OPT_SET, ZPS_OPT_FIELD(s_cfg, recompute),
      .help = "zps with gradient checkpointing (zps-trainer --recompute)"},
     {"peak-tflops", ZPS_OPT_DOUBLE, ZPS_OPT_FIELD(s_cfg, peak_tflops), 0, 1e6, .meta = "T",
@@ -461,7 +470,7 @@ static int s_one_shape(const s_cfg *cfg, const char *tf_py, const char *tok, FIL
     int convnet = cfg->convnet;
     s_case c = {s_models[convnet].name, (float)cfg->width, cfg->channels ? cfg->channels : convnet ? 1 : 3,
                 cfg->classes ? cfg->classes : convnet ? 10 : 1000, 0, 0, 0, cfg->cuda,
-                cfg->peak_tflops, cfg->recompute};
+                cfg->peak_tflops, cfg->recompute, cfg->bf16};
     if (sscanf(tok, "%dx%d", &c.size, &c.batch) != 2 || c.size < (convnet ? 1 : 75) ||
         c.batch < 1) {
         fprintf(stderr, "zps-bench train-step: bad shape '%s' (want SIZExBATCH)\n", tok);
@@ -472,7 +481,7 @@ static int s_one_shape(const s_cfg *cfg, const char *tf_py, const char *tok, FIL
     double before = -1, after = -1;
     s_result r = {0};
     bench_loadavg(&before);
-    if (s_rounds(cfg, &c, c.aux || c.cuda ? NULL : tf_py, &r) != 0) {
+    if (s_rounds(cfg, &c, c.aux || c.cuda || c.bf16 ? NULL : tf_py, &r) != 0) {
         fprintf(stderr, "zps-bench train-step: %s %s failed\n", c.model, tok);
         return 1;
     }
@@ -505,14 +514,14 @@ static int s_one_shape(const s_cfg *cfg, const char *tf_py, const char *tok, FIL
             "\"torch_cpu_ips\": %s, \"tf_cpu_ips\": %s, \"cpu_ratio\": %s, \"tf_cpu_ratio\": %s, "
             "\"device\": \"%s\", \"train_flops_per_image\": %.0f, \"zps_tflops\": %.3f, "
             "\"torch_tflops\": %s, \"peak_tflops\": %s, \"zps_peak_fraction\": %s, "
-            "\"recompute\": %d, \"zps_activation_mib\": %.1f}",
+            "\"recompute\": %d, \"zps_activation_mib\": %.1f, \"precision\": \"%s\"}",
             first ? "" : ",", c.channels, c.size, c.size, c.batch, c.aux, r.zps, tb, rb, r.rss,
             policy ? policy : "", sysconf(_SC_NPROCESSORS_ONLN), before, after,
             busy ? "true" : "false", c.model, (double)c.width, c.classes, cfg->threads,
             nth ? nth : "", r.params, fb, qb, cfg->pairs, r.zps_cpu, s_num(tc, 32, r.torch_cpu),
             s_num(fc, 32, r.tf_cpu), rc, qc, c.cuda ? "cuda" : "cpu", 3 * r.flops, tflops,
             s_num(tt, 32, torch_tflops), s_num(pk, 32, r.peak > 0 ? r.peak : NAN),
-            s_num(fr, 32, frac), c.recompute, r.act_mib);
+            s_num(fr, 32, frac), c.recompute, r.act_mib, c.bf16 ? "bf16" : "f32");
     return 0;
 }
 
