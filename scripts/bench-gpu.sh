@@ -8,7 +8,9 @@
 #    299, 1000 classes) at batch 32 and 128 against PyTorch eager on the same GPU in the same
 #    run (the machine's python3 or $ZPS_PYTHON), f32 with TF32 convolutions on both sides,
 #    medians of ZPS_GPU_PAIRS (3) alternating rounds; also the TFLOP/s the training step
-#    reaches and its fraction of the GPU's TF32 peak. JSON: BENCH_DIR/train_step.json.
+#    reaches and its fraction of the GPU's TF32 peak. Then the same in bf16: zps's
+#    --precision bf16 (emulated on cuda so far) against PyTorch's bf16 autocast.
+#    JSON: BENCH_DIR/train_step.json.
 # 2. A PS fleet on the GPU: one GPU trainer (Inception-v3 w1 at 299, batch 32, 3 channels from
 #    Fashion-MNIST resized) with 2 sync servers, against the same trainer alone (--mode
 #    local), in img/s from each run's metrics summary, ZPS_GPU_STEPS (100) steps each; the
@@ -31,6 +33,8 @@ rc=0
 
 "$B/bin/zps-bench" train-step --device cuda --model inception_v3 --shapes 299x32,299x128 \
   --pairs "$pairs" --steps 10 --warmup 3 || rc=1
+"$B/bin/zps-bench" train-step --device cuda --model inception_v3 --shapes 299x32,299x128 \
+  --pairs "$pairs" --steps 10 --warmup 3 --precision bf16 --append || rc=1
 
 tmp=$(mktemp -d /tmp/zps-bench-gpu.XXXXXX)
 "$B/bin/zps-data" convert fashion-mnist --out "$tmp/fm" --limit 8192 --shards 2 >/dev/null 2>&1 ||
