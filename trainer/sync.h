@@ -15,8 +15,8 @@
  *                     reduction; rank 0 decides when every rank stops
  *   sync_node.c       --node-trainers G (PS modes): a node's G trainers all-reduce their
  *                     gradients and one of them runs sync_ps.c for the node
- *   stage.c           a model on a device back-end (backend.h's queues) under either of
- *                     the last two: pinned host mirrors of the values and the gradients,
+ *   stage.c           a model on a device back-end (backend.h's queues) under any of the
+ *                     last three: pinned host mirrors of the values and the gradients,
  *                     moved one layer group at a time on the copy queue (tr_sync_staged_new)
  *   sync_nccl.c       --mode allreduce with the model on a GPU: NCCL sums the device
  *                     gradients per bucket on its own stream, ordered by events, and the
@@ -36,9 +36,11 @@
  * abandon() instead of whatever of that did not happen, then destroy().
  *
  * Invariants:
- *  - sync_ps and sync_allreduce read and write host memory only (env.params, env.grads);
- *    with a model on a device, stage.c gives them host mirrors and moves the data.
- *    sync_local works on env.be's memory, wherever that is (k_optim_apply).
+ *  - sync_ps, sync_allreduce and sync_node read and write host memory only (env.params,
+ *    env.grads); with a model on a device, stage.c gives them host mirrors and moves the
+ *    data. sync_local and sync_nccl work on env.be's memory, wherever that is (k_optim_apply,
+ *    NCCL on device buffers); they move nothing between the host and a device but sync_nccl's
+ *    starting values (and its sum through the host when trainers share a GPU).
  *  - Gradient accumulation is the loop's business: with --accumulate K > 1 the loop averages
  *    the K micro-batches into env.grads and then calls grads_ready once per variable, last
  *    first; with K = 1 the model's backward calls it per layer. Either way every variable
