@@ -14,6 +14,8 @@
  * rewind their input and redo the steps after the restored version. What it proves: the
  * exported model equals, bit for bit, that of the same fleet run without a fault (the redo
  * replays the same batches on the same values), and STATS accounts for every version once.
+ * staged_trainers_redo_after_a_server_restore: the fault run's trainers on the staged device
+ * back-end (pinned mirrors, trainer/stage.c), against the clean run on the cpu.
  *
  * failover_resends_at_once, restored_server_answers_a_waiting_pull: a request the dead
  * server never answered is resent as soon as the restarted server accepts the connection,
@@ -450,9 +452,10 @@ static void s_expect_ok(pst_server *p, const char *log, double timeout_s)
     }
 }
 
-/* One fleet run; with kill_at > 0, server 1 dies once trainer 1 logged that step and comes
- * back with --restore. The model goes to tag.bin; the servers' STATS are checked. */
-static void s_run(const char *tag, int kill_at)
+/* One fleet run of trainers on `device`; with kill_at > 0, server 1 dies once trainer 1
+ * logged that step and comes back with --restore. The model goes to tag.bin; the servers'
+ * STATS are checked. */
+static void s_run(const char *tag, int kill_at, const char *device)
 {
     char ck[700], logs[2][700], tlog[2][700], met[2][700], out[700], servers[600];
     snprintf(ck, sizeof ck, "%s/ck-%s", s_tmp, tag);
@@ -476,7 +479,7 @@ static void s_run(const char *tag, int kill_at)
                            "--trainer-id", idx[r], "--no-progress", "--metrics", met[r],
                            "--threads", "0", "--mode", "sync", "--model", "mlp", "--steps",
                            TSTEPS, "--eval-batches", "1", "--timeout-ms", "30000",
-                           r == 0 ? "--export" : NULL, out, NULL};
+                           "--device", device, r == 0 ? "--export" : NULL, out, NULL};
         pst_spawn_prog(&tr[r], "zps-trainer", tlog[r], a);
     }
     double restarted = 0;
@@ -520,7 +523,8 @@ static void s_run(const char *tag, int kill_at)
         pst_kill(&srv[i], SIGTERM);
 }
 
-Test(it_ps_recover, trainers_redo_after_a_server_restore, .timeout = 300)
+/* The clean run on the cpu against a fault run on `device`: the same model, bit for bit. */
+static void s_redo(const char *device)
 {
     pst_tmpdir(s_tmp, sizeof s_tmp);
     snprintf(s_data, sizeof s_data, "%s/fm", s_tmp);
@@ -531,8 +535,8 @@ Test(it_ps_recover, trainers_redo_after_a_server_restore, .timeout = 300)
                           "--shards", "2", NULL};
     pst_spawn_prog(&p, "zps-data", log, args);
     s_expect_ok(&p, log, 60);
-    s_run("clean", 0);
-    s_run("fault", 27);
+    s_run("clean", 0, "cpu");
+    s_run("fault", 27, device);
     char a[700], b[700];
     snprintf(a, sizeof a, "%s/clean.bin", s_tmp);
     snprintf(b, sizeof b, "%s/fault.bin", s_tmp);
@@ -553,4 +557,13 @@ Test(it_ps_recover, trainers_redo_after_a_server_restore, .timeout = 300)
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", s_tmp);
     int rc = system(cmd);
     (void)rc;
+}
+
+Test(it_ps_recover, trainers_redo_after_a_server_restore, .timeout = 300) { s_redo("cpu"); }
+
+/* The same through the device path (trainer/stage.c on the staged back-end): the rollback's
+ * older values reach the device copy, and the hand-offs go on after the failed step. */
+Test(it_ps_recover, staged_trainers_redo_after_a_server_restore, .timeout = 300)
+{
+    s_redo("staged");
 }

@@ -15,8 +15,11 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "common/mem.h"
+#include "kernels/kernels.h"
 #include "ps/optim.h"
 #include "tests/testutil.h"
+#include "trainer/models/models.h"
 #include "trainer/sync.h"
 
 #define S_N 1000
@@ -319,4 +322,112 @@ Test(tr_sync, buckets_cover_every_float_once_and_refuse_disorder)
     zps_log_set_level(ZPS_LOG_OFF);
     cr_assert_geq(tr_buckets_report(&b, 10, 2, &lo, &hi), 0);
     cr_assert_eq(tr_buckets_report(&b, 20, 1, &lo, &hi), -1, "a higher group after a lower one");
+}
+
+/* ---- the device stager (trainer/stage.c) over a scripted inner back-end ---- */
+
+/* The inner back-end: records the groups handed to it; its grads_ready fails from group
+ * `fail_at` on (as sync_ps's does after a push failure), and its end_step then "recovers" as
+ * sync PS does after a servers' rollback (redo_from, ZPS_ERR_STALE). */
+typedef struct s_script {
+    tr_sync base;
+    int handed, fail_at, ends;
+    zps_status pushed; // the failure grads_ready reported
+} s_script;
+static s_script *s_scripted; // the one made by s_script_new (a test has one)
+
+static zps_status s_sc_begin(tr_sync *b, int64_t step, int *stop)
+{
+    (void)step, (void)stop;
+    s_script *s = (s_script *)b;
+    s->pushed = ZPS_OK, s->base.redo_from = -1;
+    return ZPS_OK;
+}
+static zps_status s_sc_ok(tr_sync *b)
+{
+    (void)b;
+    return ZPS_OK;
+}
+static zps_status s_sc_grads(tr_sync *b, size_t first, size_t n)
+{
+    (void)first, (void)n;
+    s_script *s = (s_script *)b;
+    if (s->pushed == ZPS_OK && ++s->handed == s->fail_at)
+        s->pushed = ZPS_ERR_TIMEOUT;
+    return s->pushed;
+}
+static zps_status s_sc_end(tr_sync *b, tr_step_record *rec)
+{
+    (void)rec;
+    s_script *s = (s_script *)b;
+    s->ends++;
+    if (s->pushed == ZPS_OK)
+        return ZPS_OK;
+    s->base.redo_from = 7;
+    return ZPS_ERR_STALE;
+}
+static zps_status s_sc_finish(tr_sync *b, int *fresh)
+{
+    (void)b;
+    *fresh = 0;
+    return ZPS_OK;
+}
+static void s_sc_destroy(tr_sync *b) { free(b); }
+static zps_status s_script_new(const tr_sync_env *env, tr_sync **out)
+{
+    (void)env;
+    s_script *s = zps_xcalloc(1, sizeof *s);
+    s->base = (tr_sync){.begin_step = s_sc_begin, .params_ready = s_sc_ok,
+                        .grads_ready = s_sc_grads, .end_step = s_sc_end,
+                        .finish = s_sc_finish, .leave = s_sc_ok, .destroy = s_sc_destroy,
+                        .redo_from = -1};
+    s->fail_at = 2;
+    *out = &s->base;
+    s_scripted = s;
+    return ZPS_OK;
+}
+
+/* A hand-off that fails is the inner back-end's to judge in its end_step: the stager still
+ * calls it and passes on its recovery (redo_from), and the next step's hand-offs go through
+ * again. */
+Test(tr_sync, staged_hand_off_failure_reaches_the_inner_end_step)
+{
+    zt_seed_init();
+    zps_log_set_level(ZPS_LOG_OFF);
+    nn_model_opts o;
+    nn_model_opts_default(&o, "mlp");
+    nn_model *m;
+    cr_assert_eq(nn_model_create(k_backend_staged(), &o, &m), ZPS_OK);
+    s_fixture f;
+    s_fixture_init(&f, 0, 1);
+    size_t nvars;
+    f.env.model = m;
+    f.env.vars = nn_model_vars(m, &nvars);
+    f.env.nvars = nvars;
+    f.env.nparams = nn_model_param_count(m);
+    f.env.params = nn_model_params(m);
+    f.env.grads = nn_model_grads(m);
+    tr_sync *s;
+    cr_assert_eq(tr_sync_staged_new(&f.env, s_script_new, &s), ZPS_OK);
+    for (int step = 0; step < 2; step++) {
+        int stop = 0;
+        cr_assert_eq(s->begin_step(s, step, &stop), ZPS_OK);
+        cr_assert_eq(s->params_ready(s), ZPS_OK);
+        for (size_t v = nvars; v-- > 0;) /* one group per variable, last first */
+            cr_assert_eq(s->grads_ready(s, v, 1), ZPS_OK);
+        tr_step_record rec = tr_step_record_empty(step + 1);
+        zps_status st = s->end_step(s, &rec);
+        cr_assert_eq(s_scripted->ends, step + 1, "the inner end_step was not called");
+        if (step == 0) {
+            cr_assert_eq(st, ZPS_ERR_STALE, "step 0: %s", zps_strerror(st));
+            cr_assert_eq(s->redo_from, 7);
+            s_scripted->fail_at = -1; /* the redo goes through */
+        } else {
+            cr_assert_eq(st, ZPS_OK, "step 1: %s", zps_strerror(st));
+            cr_assert_eq(s->redo_from, -1);
+        }
+    }
+    cr_assert_eq(s_scripted->handed, 2 + (int)nvars, "every group of the second step handed");
+    tr_sync_destroy(&s);
+    nn_model_destroy(&m);
 }

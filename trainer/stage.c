@@ -28,8 +28,10 @@
  *    parameter range's H2D is queued after the previous backward's last D2H on the same copy
  *    queue, itself ordered after the whole backward: a layer's new values never overwrite
  *    device values a queued backward still reads.
- *  - The first failure (of a copy, an event, or an inner grads_ready) is kept; later hooks do
- *    nothing, and end_step and params_ready return it.
+ *  - The stager's own first failure (a copy, an event) is kept; later hooks do nothing, and
+ *    end_step and params_ready return it. An inner grads_ready's failure stops the step's
+ *    hand-offs and is the inner back-end's to report or recover from in its end_step, as
+ *    without a device; the next step starts clean.
  *  - Set up once: mirrors, events (one per variable for the hand-offs) and the thread. A step
  *    allocates nothing.
  */
@@ -233,6 +235,8 @@ static zps_status s_mirror(s_stage *s, zps_status st)
 static zps_status s_begin_step(tr_sync *b, int64_t step, int *stop)
 {
     s_stage *s = (s_stage *)b;
+    s->thread_err = ZPS_OK; /* the thread is idle (end_step drained it); the inner back-end
+                             * judged last step's failure already (a redo goes on) */
     return s_mirror(s, s->inner->begin_step(s->inner, step, stop));
 }
 
@@ -250,11 +254,10 @@ static zps_status s_params_ready(tr_sync *b)
 static zps_status s_end_step(tr_sync *b, tr_step_record *rec)
 {
     s_stage *s = (s_stage *)b;
-    zps_status handed = s_drain(s);
+    (void)s_drain(s); /* a hand-off's failure is the inner back-end's: its end_step returns
+                       * it, or recovers from it (PS sync: a rollback, redo_from) */
     if (s->err != ZPS_OK)
         return s->err;
-    if (handed != ZPS_OK) /* the inner back-end logged it */
-        return s->err = handed;
     zps_status st = s->inner->end_step(s->inner, rec);
     s_all_stale(s);
     return s_mirror(s, st);
