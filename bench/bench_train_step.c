@@ -105,41 +105,48 @@ static nn_model *s_model(const s_case *c, const k_backend *be)
     return nn_model_create(be, &o, &m) == ZPS_OK ? m : NULL;
 }
 
-/* The GPU's step: the batch from pinned memory, forward, backward, SGD momentum through
- * k_optim_apply on the device (the trainer's local update), and a 4-byte read of the values
- * so the step's time includes its last kernel. Writes the median step time into *t. */
-static int s_cuda_steps(const s_case *c, nn_model *m, const float *x_src, const int32_t *y,
-                        int warmup, int steps, double *t, double *cpu)
+/* The timed steps on the model's back-end: forward, backward and SGD momentum through
+ * k_optim_apply (the trainer's local update, ps_optim_apply's arithmetic), then a 4-byte read
+ * of the values, so that a device's step time includes its last kernel. On a device the
+ * batch comes from pinned memory each step, as the trainer's does. Median-able times of the
+ * last `steps` into t and cpu; 0, or 1 on a failure. */
+static int s_steps(const s_case *c, nn_model *m, const float *x_src, const int32_t *y,
+                   int warmup, int steps, double *t, double *cpu)
 {
     const k_backend *be = nn_model_backend(m);
     size_t nx = (size_t)c->batch * (size_t)c->channels * (size_t)c->size * (size_t)c->size;
     size_t np = nn_model_param_count(m);
-    float *x = be->host_alloc(nx * sizeof *x), *mom = be->alloc(np * sizeof *mom), probe;
-    if (!x || !mom || k_fill(be, np, 0.0f, mom) != ZPS_OK)
+    int dev = k_backend_async(be);
+    float *pinned = dev ? be->host_alloc(nx * sizeof *pinned) : NULL;
+    float *mom = be->alloc(np * sizeof *mom), probe;
+    if ((dev && !pinned) || !mom || k_fill(be, np, 0.0f, mom) != ZPS_OK)
         return 1;
-    memcpy(x, x_src, nx * sizeof *x);
+    if (dev)
+        memcpy(pinned, x_src, nx * sizeof *pinned);
+    const float *x = dev ? pinned : x_src;
     ps_optim_config opt;
     ps_optim_default(&opt);
     opt.kind = PS_OPT_MOMENTUM, opt.lr = 0.001, opt.momentum = 0.9;
-    for (int s = 0; s < warmup + steps; s++) {
+    int rc = 0;
+    for (int s = 0; s < warmup + steps && !rc; s++) {
         double t0 = s_clock(CLOCK_MONOTONIC), c0 = s_clock(CLOCK_PROCESS_CPUTIME_ID);
         float loss;
         zps_optim_step st;
         ps_optim_prepare(&opt, (uint64_t)s, &st);
-        if (nn_model_forward(m, x, y, c->batch, 1, &loss, NULL) != ZPS_OK ||
-            nn_model_backward(m, NULL, NULL) != ZPS_OK ||
-            k_optim_apply(be, &st, np, nn_model_params(m), mom, NULL, nn_model_grads(m)) !=
-                ZPS_OK ||
-            be->copy_out(&probe, nn_model_params(m), sizeof probe) != ZPS_OK)
-            return 1;
+        rc = nn_model_forward(m, x, y, c->batch, 1, &loss, NULL) != ZPS_OK ||
+             nn_model_backward(m, NULL, NULL) != ZPS_OK ||
+             k_optim_apply(be, &st, np, nn_model_params(m), mom, NULL, nn_model_grads(m)) !=
+                 ZPS_OK ||
+             be->copy_out(&probe, nn_model_params(m), sizeof probe) != ZPS_OK;
         if (s >= warmup) {
             t[s - warmup] = s_clock(CLOCK_MONOTONIC) - t0;
             cpu[s - warmup] = s_clock(CLOCK_PROCESS_CPUTIME_ID) - c0;
         }
     }
     be->free(mom);
-    be->host_free(x);
-    return 0;
+    if (dev)
+        be->host_free(pinned);
+    return rc;
 }
 
 /* Child: times the zps steps and writes its s_side to fd. Returns the
@@ -167,27 +174,10 @@ static int s_zps_child(const s_case *c, int warmup, int steps, int fd)
     }
     for (int i = 0; i < c->batch; i++)
         y[i] = i % c->classes;
-    /* SGD momentum through the one optimizer (ps/optim.c), as the trainer applies it */
-    ps_optim_config opt;
-    ps_optim_default(&opt);
-    opt.kind = PS_OPT_MOMENTUM, opt.lr = 0.001, opt.momentum = 0.9;
     size_t np = nn_model_param_count(m);
-    float *mom = calloc(np, sizeof *mom);
     double *t = calloc(2 * (size_t)steps, sizeof *t), *cpu = t + steps;
-    if (c->cuda && s_cuda_steps(c, m, x, y, warmup, steps, t, cpu) != 0)
+    if (s_steps(c, m, x, y, warmup, steps, t, cpu) != 0)
         return 1;
-    for (int s = 0; s < (c->cuda ? 0 : warmup + steps); s++) {
-        double t0 = s_clock(CLOCK_MONOTONIC), c0 = s_clock(CLOCK_PROCESS_CPUTIME_ID);
-        float loss;
-        if (nn_model_forward(m, x, y, c->batch, 1, &loss, NULL) != ZPS_OK ||
-            nn_model_backward(m, NULL, NULL) != ZPS_OK)
-            return 1;
-        ps_optim_apply(&opt, (uint64_t)s, nn_model_params(m), &mom, nn_model_grads(m), np);
-        if (s >= warmup) {
-            t[s - warmup] = s_clock(CLOCK_MONOTONIC) - t0;
-            cpu[s - warmup] = s_clock(CLOCK_PROCESS_CPUTIME_ID) - c0;
-        }
-    }
     s_side out = {c->batch / bench_median(t, (size_t)steps), (double)np,
                   c->batch / bench_median(cpu, (size_t)steps), nn_model_flops_per_sample(m),
                   c->peak_tflops, nn_model_activation_bytes(m) / 1048576.0};
@@ -198,7 +188,7 @@ static int s_zps_child(const s_case *c, int warmup, int steps, int fd)
     }
     if (write(fd, &out, sizeof out) != (ssize_t)sizeof out)
         return 1;
-    free(t), free(x), free(y), free(mom);
+    free(t), free(x), free(y);
     nn_model_destroy(&m);
     return 0;
 }
