@@ -897,9 +897,8 @@ static zps_status s_conv2d_bwd(k_conv2d *d, const float *x, const float *w, cons
     if (st != ZPS_OK)
         return st;
     float one = 1, zero = 0;
-    if (db) /* the float sum of dy, bf16 or not */
+    if (db) /* the float sum of dy, bf16 or not: before dy is rounded */
         S_CUDNN(cudnnConvolutionBackwardBias(s_cudnn, &one, im->y, dy, &one, im->b, db));
-    db = NULL;
     if (d->bf16) {
         const float *in[3] = {dx ? w : NULL, dw ? x : NULL, dy}, *r[3];
         size_t n[3] = {(size_t)d->k * d->c * d->r * d->s, (size_t)d->n * d->c * d->h * d->w,
@@ -913,8 +912,6 @@ static zps_status s_conv2d_bwd(k_conv2d *d, const float *x, const float *w, cons
     if (dw) /* beta = 1: accumulate */
         S_CUDNN(cudnnConvolutionBackwardFilter(s_cudnn, &one, im->x, x, im->y, dy, im->conv,
                                                im->wa, im->ws, im->ws_bytes, &one, im->w, dw));
-    if (db)
-        S_CUDNN(cudnnConvolutionBackwardBias(s_cudnn, &one, im->y, dy, &one, im->b, db));
     return ZPS_OK;
 }
 
