@@ -333,3 +333,40 @@ Test(it_train, sync_pulls_ride_on_the_pushes)
     cr_assert_leq(pulls, 2 * 2 * 2, "plain pulls: %ld (one per group and step?)", pulls);
     s_fleet_stop(&f);
 }
+
+/* A node whose leader the servers refuse (they expect 2 trainers, the node counts as 1): both
+ * of its trainers fail, each saying why (the member cannot see the servers itself). */
+Test(it_train, node_leader_refused_fails_every_rank_with_the_reason)
+{
+    s_convert("256", 60);
+    pst_server srv[2], t[2];
+    const char *sargs[] = {"--mode", "sync", "--num-trainers", "2", NULL};
+    char servers[600], logs[2][700], id[2][4], job[64];
+    trt_servers(srv, sargs, servers, sizeof servers);
+    snprintf(job, sizeof job, "nr%d", (int)getpid());
+    const char *common[] = {"--data", s_data, "--model", "mlp", "--steps", "2", "--no-progress",
+                            "--threads", "0", "--batch-size", "16", "--eval-batches", "1"};
+    for (int r = 0; r < 2; r++) {
+        snprintf(id[r], sizeof id[r], "%d", r);
+        const char *more[] = {"--mode", "sync", "--num-trainers", "2", "--trainer-id", id[r],
+                              "--servers", servers, "--node-trainers", "2", "--job", job,
+                              NULL};
+        char name[16];
+        snprintf(name, sizeof name, "refused%d", r);
+        trt_trainer(&t[r], s_tmp, name, logs[r], sizeof logs[r], common,
+                    sizeof common / sizeof common[0], more);
+    }
+    for (int r = 0; r < 2; r++) {
+        int st = pst_wait(&t[r], 60);
+        cr_assert(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) != 0,
+                  "trainer %d did not fail (wait status %d)", r, st);
+    }
+    cr_assert(zt_file_has(logs[0], "REGISTER"), "the leader does not say the servers refused it");
+    cr_assert(zt_file_has(logs[0], "the servers must expect 1 trainer(s), one per node"),
+              "the leader does not say what to change");
+    cr_assert(zt_file_has(logs[1], "node 0's leader (trainer 0) could not join the servers"),
+              "the member does not say why");
+    for (int s = 0; s < 2; s++)
+        pst_kill(&srv[s], SIGTERM);
+}
+

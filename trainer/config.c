@@ -59,6 +59,7 @@ void tr_config_default(tr_config *c)
     c->batch = 64;
     c->epochs = 1.0;
     c->accumulate = 1;
+    c->node_trainers = 1;
     ps_optim_default(&c->opt);
     c->opt.lr = 0.05;
     c->progress = 1;

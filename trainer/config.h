@@ -54,7 +54,8 @@ typedef struct tr_config {
     char servers[2048];       // comma-separated tcp:// URIs
     int trainer_id;
     int num_trainers;         // 0: from the cluster file, else 1
-    int node_trainers;        // --node-trainers G: PS through one trainer per G (sync_node.c)
+    int node_trainers;        // --node-trainers G: PS through one trainer per G (sync_node.c;
+                              // 1: every trainer talks to the servers)
     uint32_t replicas_to_aggregate; // sync; 0: num_trainers
     uint32_t staleness;       // ssp
     uint64_t chunk_bytes;     // PS chunk size (default PS_DEFAULT_CHUNK_BYTES)
