@@ -292,6 +292,35 @@ Test(nn_models, convnet_runs_blocked_and_equals_ref, .init = s_init, .timeout = 
     nn_model_destroy(&a), nn_model_destroy(&b);
 }
 
+/* nn_model_set_input: the next forward reads that buffer in place (the same loss as copying
+ * it in), once; a forward that fails early (a bad label) uses it up too, so the one after
+ * reads its own argument again. */
+Test(nn_models, set_input_serves_one_forward, .init = s_init, .timeout = 30)
+{
+    nn_model_opts o;
+    nn_model_opts_default(&o, "convnet");
+    o.seed = zt_rand(), o.dropout = 0;
+    nn_model *m;
+    cr_assert_eq(nn_model_create(k_backend_cpu(), &o, &m), ZPS_OK);
+    float *x, *other;
+    int32_t *labels, *bad;
+    s_batch(m, 4, &x, &labels);
+    s_batch(m, 4, &other, &bad);
+    float want, got, again;
+    cr_assert_eq(nn_model_forward(m, x, labels, 4, 0, &want, NULL), ZPS_OK);
+    nn_model_set_input(m, x);
+    cr_assert_eq(nn_model_forward(m, other, labels, 4, 0, &got, NULL), ZPS_OK);
+    cr_assert_eq(got, want, "the forward did not read the buffer it was given");
+    nn_model_set_input(m, other);
+    bad[0] = nn_model_classes(m); /* out of range: refused before anything runs */
+    zps_log_set_level(ZPS_LOG_OFF);
+    cr_assert_eq(nn_model_forward(m, other, bad, 4, 0, &got, NULL), ZPS_ERR_INVALID);
+    cr_assert_eq(nn_model_forward(m, x, labels, 4, 0, &again, NULL), ZPS_OK);
+    cr_assert_eq(again, want, "a buffer given before a failed forward was read by the next");
+    free(x), free(other), free(labels), free(bad);
+    nn_model_destroy(&m);
+}
+
 /* --precision bf16 (nn_model_set_bf16): the convnet's convolutions in bf16 compute on the cpu
  * back-end (oneDNN's bf16 kernels, or float ones on rounded copies for its 1-channel first
  * layer) equal ref's bf16 model as closely as float models equal each other, and differ from

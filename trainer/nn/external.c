@@ -50,12 +50,13 @@ void nn_model_output_shape(const nn_model *m, int i, int *c, int *h, int *w)
 zps_status nn_model_forward_outputs(nn_model *m, const float *x, int n, int train)
 {
     assert(m->finished);
+    const float *in_place = nn_input_take(m); /* for this forward only, whatever happens */
     if (n <= 0 || m->nouts == 0) {
         zps_log(ZPS_ERROR, "nn", "forward_outputs: %s", n <= 0 ? "empty batch" : "no outputs");
         return ZPS_ERR_INVALID;
     }
     ZPS_TRY(nn_plan(m, n));
-    ZPS_TRY(nn_input_in(m, x, n));
+    ZPS_TRY(nn_input_in(m, x, in_place, n));
     m->have_forward = 0;
     ZPS_TRY(nn_forward_nodes(m, train));
     m->have_forward = train;

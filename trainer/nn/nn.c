@@ -114,11 +114,17 @@ static zps_status s_check_labels(const nn_model *m, const int32_t *labels, int n
 
 void nn_model_set_input(nn_model *m, const float *x) { m->input_next = x; }
 
-zps_status nn_input_in(nn_model *m, const float *x, int n)
+const float *nn_input_take(nn_model *m)
 {
-    if (m->input_next) { /* tensor 0 is only ever read: the caller's buffer serves as it */
-        m->t[0].x = (float *)m->input_next;
-        m->input_next = NULL;
+    const float *x = m->input_next;
+    m->input_next = NULL;
+    return x;
+}
+
+zps_status nn_input_in(nn_model *m, const float *x, const float *in_place, int n)
+{
+    if (in_place) { /* tensor 0 is only ever read: the caller's buffer serves as it */
+        m->t[0].x = (float *)in_place;
         return ZPS_OK;
     }
     m->t[0].x = m->input_plan;
@@ -127,10 +133,10 @@ zps_status nn_input_in(nn_model *m, const float *x, int n)
 
 /* The batch into tensor 0 and, on back-ends with their own memory, the labels into the
  * planned label buffer; *lab is where the loss reads them. */
-static zps_status s_batch_in(nn_model *m, const float *x, const int32_t *labels, int n,
-                             const int32_t **lab)
+static zps_status s_batch_in(nn_model *m, const float *x, const float *in_place,
+                             const int32_t *labels, int n, const int32_t **lab)
 {
-    ZPS_TRY(nn_input_in(m, x, n));
+    ZPS_TRY(nn_input_in(m, x, in_place, n));
     *lab = labels;
     if (!m->be->host_memory) {
         ZPS_TRY(m->be->copy_in(m->labels, labels, sizeof(int32_t) * (size_t)n));
@@ -185,6 +191,7 @@ zps_status nn_model_forward(nn_model *m, const float *x, const int32_t *labels, 
                             float *loss, int *correct)
 {
     assert(m->finished);
+    const float *in_place = nn_input_take(m); /* for this forward only, whatever happens */
     if (n <= 0)
         return ZPS_ERR_INVALID;
     if (m->nheads == 0) {
@@ -194,7 +201,7 @@ zps_status nn_model_forward(nn_model *m, const float *x, const int32_t *labels, 
     ZPS_TRY(s_check_labels(m, labels, n));
     ZPS_TRY(nn_plan(m, n));
     const int32_t *lab;
-    ZPS_TRY(s_batch_in(m, x, labels, n, &lab));
+    ZPS_TRY(s_batch_in(m, x, in_place, labels, n, &lab));
     ZPS_TRY(nn_forward_nodes(m, train));
     ZPS_TRY(s_heads(m, lab, n, train, loss, correct));
     m->have_forward = train;

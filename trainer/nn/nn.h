@@ -168,8 +168,8 @@ void nn_model_set_forward_hook(nn_model *m, nn_grad_hook hook, void *ctx);
  * the back-end's memory, in place, instead of copying its x argument (which it then
  * ignores): a batch the caller copied in itself (a device's copy queue, ahead of time) or a
  * host batch on a host back-end (no copy at all). x must not change until that forward's
- * backward is done (on a device: until the work it queued ran). Once: the forward after
- * copies again. */
+ * backward is done (on a device: until the work it queued ran). Once: the next forward
+ * takes it even when it fails early, and the one after copies again. */
 void nn_model_set_input(nn_model *m, const float *x);
 
 /* The batchnorm momentum of the training forwards from now on, in (0, 1] (PyTorch's

@@ -148,9 +148,11 @@ void nn_plan_free(nn_model *m);
  * backward: its gradient range zeroed, its ops where a gradient reached its output, then the
  * hook. */
 zps_status nn_node_fwd(nn_model *m, nn_node *nd, int train);
-/* nn.c: the batch of a forward (plan made) into tensor 0: read in place from what
- * nn_model_set_input gave (once), else copied from host x into the plan's buffer. */
-zps_status nn_input_in(nn_model *m, const float *x, int n);
+/* nn.c: what nn_model_set_input gave (NULL: nothing), taken by a forward at its start so
+ * that it serves that forward only, even one that fails early; then the batch (plan made)
+ * into tensor 0: in_place read as it is, else host x copied into the plan's buffer. */
+const float *nn_input_take(nn_model *m);
+zps_status nn_input_in(nn_model *m, const float *x, const float *in_place, int n);
 zps_status nn_node_backward(nn_model *m, nn_node *nd, nn_grad_hook hook, void *ctx);
 /* recompute.c: the segments of a plan for n samples (nodes' seg, tensors' local, nseg), or
  * none (nseg 1); the backward of a plan with segments. */
