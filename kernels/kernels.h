@@ -41,6 +41,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/bf16.h"
 #include "common/status.h"
 #include "kernels/backend.h"
 
@@ -71,19 +72,9 @@ typedef struct k_conv2d {
     void *impl;                // back-end state (k_op_release)
 } k_conv2d;
 
-/* x rounded to bfloat16 (to nearest, ties to even; NaN stays NaN) and widened back: what a
+/* x rounded to bfloat16 and widened back (common/bf16.h, the PS wire's rounding): what a
  * bf16 convolution multiplies. The product of two such values is exact in float. */
-static inline float k_bf16(float x)
-{
-    union {
-        float f;
-        uint32_t u;
-    } v = {x};
-    if ((v.u & 0x7fffffffu) > 0x7f800000u)
-        return x;
-    v.u = (v.u + 0x7fffu + ((v.u >> 16) & 1u)) & 0xffff0000u;
-    return v.f;
-}
+static inline float k_bf16(float x) { return zps_bf16_round(x); }
 
 /* Batchnorm over (n, h, w) per channel c, optionally followed by a fused ReLU. */
 typedef struct k_bn {

@@ -4,6 +4,7 @@
 
 #include <string.h>
 
+#include "common/bf16.h"
 #include "common/simd.h"
 
 const char *ps_dtype_name(ps_dtype d)
@@ -27,13 +28,7 @@ void ps_f32_to_bf16(void *dst, const float *src, size_t n)
 {
     uint8_t *d = dst;
     for (size_t i = 0; i < n; i++) {
-        uint32_t u;
-        memcpy(&u, src + i, 4);
-        /* NaN: keep the sign and set the quiet bit (rounding could carry it into Inf);
-         * otherwise add half an ulp of bfloat16, plus one when the kept part is odd */
-        uint32_t nan = (u & 0x7fffffffu) > 0x7f800000u;
-        uint32_t r = nan ? (u | 0x00400000u) : u + 0x7fffu + ((u >> 16) & 1u);
-        uint16_t h = (uint16_t)(r >> 16);
+        uint16_t h = zps_bf16_bits(src[i]); /* common/bf16.h: nearest, ties to even */
         memcpy(d + 2 * i, &h, 2);
     }
 }

@@ -832,19 +832,13 @@ static zps_status s_conv_get(k_conv2d *d, s_conv_impl **out)
 }
 
 /* ---- bf16 convolutions (k_conv2d.bf16) ----
- * Emulated for now: x, w and dy are rounded to bfloat16 (k_bf16's rounding) into a grow-only
+ * Emulated for now: x, w and dy are rounded to bfloat16 (common/bf16.h's rounding) into a grow-only
  * scratch and the float convolution runs on them. The products of bf16 values are exact in
  * float and in TF32, so the results are bf16 compute's; the speed is float's (cuDNN's BF16
  * tensor-core path is the next step). */
 __global__ void g_bf16(size_t n, const float *x, float *y)
 {
-    S_LOOP(i, n)
-    {
-        unsigned u = __float_as_uint(x[i]);
-        if ((u & 0x7fffffffu) <= 0x7f800000u)
-            u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-        y[i] = __uint_as_float(u);
-    }
+    S_LOOP(i, n) y[i] = zps_bf16_round(x[i]); /* common/bf16.h, the host's rounding */
 }
 static float *s_bscr;
 static size_t s_bscr_cap;
