@@ -37,20 +37,12 @@
  */
 #include "trainer/sync.h"
 
-#include <pthread.h>
-#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/check.h"
 #include "common/log.h"
 #include "common/mem.h"
-
-/* One group handed to the staging thread: its gradients are on their way to the mirror. */
-typedef struct s_handoff {
-    size_t first, n;
-    k_event *done; // recorded on the copy queue after the group's D2H
-} s_handoff;
 
 typedef struct s_stage {
     tr_sync base;              // first: the tr_sync the loop holds
@@ -69,16 +61,7 @@ typedef struct s_stage {
     k_event **ev;              // (nvars) hand-off events, used in turn within a step
     size_t n_ev;               // used this step
     zps_status err;            // first failure (training thread's side)
-    /* the staging thread and its queue, under mu */
-    pthread_t thread;
-    int thread_up;
-    pthread_mutex_t mu;
-    pthread_cond_t work, idle;
-    s_handoff *q;              // (nvars) ring of pending hand-offs
-    size_t q_head, q_len;
-    int busy;                  // the thread is handing one over
-    int quit;
-    zps_status thread_err;     // first failure of the thread's side
+    tr_worker worker;          // the staging thread: one job per hand-off
 } s_stage;
 
 static size_t s_span_floats(const s_stage *s, size_t first, size_t n)
@@ -97,47 +80,21 @@ static void s_fail(s_stage *s, zps_status st, const char *what)
 
 /* ---- gradients: device -> mirror -> inner ---- */
 
-static void *s_thread(void *arg)
+/* A hand-off, on the staging thread: once the group's copy landed, to the inner back-end. */
+static zps_status s_hand_off(void *ctx, const tr_job *h, zps_status failed)
 {
-    s_stage *s = arg;
-    pthread_mutex_lock(&s->mu);
-    for (;;) {
-        while (!s->q_len && !s->quit)
-            pthread_cond_wait(&s->work, &s->mu);
-        if (!s->q_len)
-            break;
-        s_handoff h = s->q[s->q_head];
-        s->q_head = (s->q_head + 1) % s->nvars;
-        s->q_len--;
-        s->busy = 1;
-        zps_status failed = s->thread_err;
-        pthread_mutex_unlock(&s->mu);
-        zps_status st = failed;
-        if (st == ZPS_OK)
-            st = s->be->event_sync(h.done);
-        if (st == ZPS_OK)
-            st = s->inner->grads_ready(s->inner, h.first, h.n);
-        pthread_mutex_lock(&s->mu);
-        if (st != ZPS_OK && s->thread_err == ZPS_OK)
-            s->thread_err = st;
-        s->busy = 0;
-        if (!s->q_len)
-            pthread_cond_broadcast(&s->idle);
-    }
-    pthread_mutex_unlock(&s->mu);
-    return NULL;
+    s_stage *s = ctx;
+    if (failed != ZPS_OK) /* the step's hand-offs stop at the first failure */
+        return failed;
+    ZPS_TRY(s->be->event_sync(h->ev));
+    return s->inner->grads_ready(s->inner, h->first, h->n);
 }
 
 /* Waits until every hand-off of the step reached the inner back-end; its first failure. */
 static zps_status s_drain(s_stage *s)
 {
-    pthread_mutex_lock(&s->mu);
-    while (s->q_len || s->busy)
-        pthread_cond_wait(&s->idle, &s->mu);
-    zps_status st = s->thread_err;
-    pthread_mutex_unlock(&s->mu);
     s->n_ev = 0;
-    return st;
+    return tr_worker_wait(&s->worker);
 }
 
 static zps_status s_grads_ready(tr_sync *b, size_t first, size_t n)
@@ -162,12 +119,7 @@ static zps_status s_grads_ready(tr_sync *b, size_t first, size_t n)
         s_fail(s, st, "gradients to the host");
         return st;
     }
-    pthread_mutex_lock(&s->mu);
-    s->q[(s->q_head + s->q_len) % s->nvars] = (s_handoff){.first = first, .n = n, .done = done};
-    s->q_len++;
-    pthread_cond_signal(&s->work);
-    pthread_mutex_unlock(&s->mu);
-    return ZPS_OK;
+    return tr_worker_post(&s->worker, &(tr_job){.first = first, .n = n, .ev = done});
 }
 
 /* ---- values: inner -> mirror -> device ---- */
@@ -235,8 +187,8 @@ static zps_status s_mirror(s_stage *s, zps_status st)
 static zps_status s_begin_step(tr_sync *b, int64_t step, int *stop)
 {
     s_stage *s = (s_stage *)b;
-    s->thread_err = ZPS_OK; /* the thread is idle (end_step drained it); the inner back-end
-                             * judged last step's failure already (a redo goes on) */
+    tr_worker_clear(&s->worker); /* idle (end_step drained it); the inner back-end judged
+                                  * last step's failure already (a redo goes on) */
     return s_mirror(s, s->inner->begin_step(s->inner, step, stop));
 }
 
@@ -281,22 +233,11 @@ static zps_status s_leave(tr_sync *b)
     return s->inner->leave(s->inner);
 }
 
-static void s_stop_thread(s_stage *s)
-{
-    if (!s->thread_up)
-        return;
-    pthread_mutex_lock(&s->mu);
-    s->quit = 1;
-    pthread_cond_signal(&s->work);
-    pthread_mutex_unlock(&s->mu);
-    pthread_join(s->thread, NULL);
-    s->thread_up = 0;
-}
-
 static void s_abandon(tr_sync *b)
 {
     s_stage *s = (s_stage *)b;
-    s_stop_thread(s); /* the queued hand-offs are handed first: nothing is half-sent */
+    tr_worker_stop(&s->worker); /* the queued hand-offs are handed first: nothing is
+                                 * half-sent */
     if (s->inner && s->inner->abandon)
         s->inner->abandon(s->inner);
 }
@@ -304,7 +245,7 @@ static void s_abandon(tr_sync *b)
 static void s_destroy(tr_sync *b)
 {
     s_stage *s = (s_stage *)b;
-    s_stop_thread(s);
+    tr_worker_stop(&s->worker);
     nn_model_set_forward_hook(s->model, NULL, NULL);
     tr_sync_destroy(&s->inner);
     for (size_t v = 0; s->ev && v < s->nvars; v++)
@@ -314,11 +255,7 @@ static void s_destroy(tr_sync *b)
     s->be->host_free(s->hparams);
     s->be->host_free(s->hgrads);
     free(s->ev);
-    free(s->q);
     free(s->stale);
-    pthread_mutex_destroy(&s->mu);
-    pthread_cond_destroy(&s->work);
-    pthread_cond_destroy(&s->idle);
     free(s);
 }
 
@@ -338,17 +275,7 @@ static zps_status s_setup(s_stage *s)
     ZPS_TRY(be->event_new(&s->up));
     for (size_t v = 0; v < s->nvars; v++)
         ZPS_TRY(be->event_new(&s->ev[v]));
-    sigset_t all, old; /* signals stay with the training thread */
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    int rc = pthread_create(&s->thread, NULL, s_thread, s);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    if (rc != 0) {
-        zps_log(ZPS_ERROR, "trainer", "cannot start the staging thread: error %d", rc);
-        return ZPS_ERR_SYS;
-    }
-    s->thread_up = 1;
-    return ZPS_OK;
+    return tr_worker_start(&s->worker, s->nvars, s_hand_off, s, "trainer");
 }
 
 zps_status tr_sync_staged_new(const tr_sync_env *env, tr_sync_new_fn inner_new, tr_sync **out)
@@ -369,10 +296,6 @@ zps_status tr_sync_staged_new(const tr_sync_env *env, tr_sync_new_fn inner_new, 
                         .destroy = s_destroy, .redo_from = -1};
     s->stale = zps_xcalloc(s->nvars, 1);
     s->ev = zps_xcalloc(s->nvars, sizeof *s->ev);
-    s->q = zps_xcalloc(s->nvars, sizeof *s->q);
-    pthread_mutex_init(&s->mu, NULL);
-    pthread_cond_init(&s->work, NULL);
-    pthread_cond_init(&s->idle, NULL);
     zps_status st = s_setup(s);
     if (st == ZPS_OK) {
         tr_sync_env host = *env;

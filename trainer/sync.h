@@ -57,6 +57,7 @@
 #ifndef ZPS_TRAINER_SYNC_H
 #define ZPS_TRAINER_SYNC_H
 
+#include <pthread.h>
 #include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -163,6 +164,46 @@ zps_status tr_buckets_begin(tr_buckets *b, struct tr_allreduce *ar, int *stop);
 int tr_buckets_report(tr_buckets *b, size_t first, size_t n, size_t *lo, size_t *hi);
 /* end_step: 1 with what is left, [*lo, *hi) = [0, hi); 0 when nothing is. */
 int tr_buckets_rest(tr_buckets *b, size_t *lo, size_t *hi);
+
+/* The communication thread of sync_allreduce.c, sync_node.c and stage.c (sync_worker.c):
+ * backward's hooks post jobs, which run one at a time in order on the thread while backward
+ * goes on. A job is whatever its owner's fn makes of these fields. */
+typedef struct tr_job {
+    size_t lo, hi;            // floats [lo, hi)
+    size_t first, n;          // variables [first, first + n)
+    void *ev;                 // stage.c: the event after the group's copy to the host
+    uint64_t t0;              // --trace: when it was posted (0: not traced)
+} tr_job;
+/* Runs one job; failed is the first failure of an earlier job (ZPS_OK: none), after which
+ * the job does only what must still happen (the node's sums: the peers wait for them). */
+typedef zps_status (*tr_worker_fn)(void *ctx, const tr_job *job, zps_status failed);
+typedef struct tr_worker {
+    tr_worker_fn fn;
+    void *ctx;
+    tr_job *q;                // (max) this step's jobs
+    size_t max, posted, done; // under mu
+    zps_status err;           // the first failure a job returned, under mu
+    int quit, up, inited;
+    pthread_mutex_t mu;
+    pthread_cond_t work, idle;
+    pthread_t thread;
+} tr_worker;
+/* Starts the thread (signals blocked in it); at most max_jobs jobs a step. Logs as `who`.
+ * On failure tr_worker_stop still frees what was made. */
+zps_status tr_worker_start(tr_worker *w, size_t max_jobs, tr_worker_fn fn, void *ctx,
+                           const char *who);
+/* Queues a job; ZPS_ERR_INTERNAL (logged, kept) past max_jobs in a step. */
+zps_status tr_worker_post(tr_worker *w, const tr_job *job);
+/* The first failure kept so far (from a hook: refuse more work). */
+zps_status tr_worker_err(tr_worker *w);
+/* Keeps st (a hook's own failure) unless a failure is kept already; returns the kept one. */
+zps_status tr_worker_fail(tr_worker *w, zps_status st);
+/* Waits until every job posted ran, empties the queue for the next step; the kept failure. */
+zps_status tr_worker_wait(tr_worker *w);
+/* Forgets the kept failure (stage.c: the inner back-end judged it). The thread is idle. */
+void tr_worker_clear(tr_worker *w);
+/* Runs what is queued, joins the thread, frees the queue; a no-op after the first call. */
+void tr_worker_stop(tr_worker *w);
 
 /* The forward hook as env says (set_forward_hook, or the model's own). */
 static inline void tr_sync_env_forward_hook(const tr_sync_env *env, nn_grad_hook hook,

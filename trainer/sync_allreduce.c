@@ -33,8 +33,6 @@
  */
 #include "trainer/sync.h"
 
-#include <pthread.h>
-#include <signal.h>
 #include <stdlib.h>
 
 #include "common/check.h"
@@ -53,26 +51,12 @@
 #define S_BUCKETS 4
 #define S_BUCKET_MIN 65536
 
-typedef struct s_bucket {
-    size_t lo, hi; // floats [lo, hi) of grads and params
-    uint64_t t0;   // --trace: when backward handed it over (0: not traced)
-} s_bucket;
-
 typedef struct s_ar {
     tr_sync_local local;      // first: the local back-end this one extends
     tr_allreduce *ar;
     struct tr_trace *trace;   // --trace (NULL: none): each bucket's reduction is a span
     tr_buckets buckets;       // this step's (sync.h)
-    s_bucket *q;              // (nq_max) this step's buckets
-    size_t nq_max;
-    /* shared with the thread, under mu */
-    pthread_mutex_t mu;
-    pthread_cond_t work, done_cv;
-    size_t posted, done;      // buckets queued, and reduced and applied, this step
-    int quit;                 // destroy: the thread ends once the queue is empty
-    zps_status err;           // the first failure (the thread's or the hooks')
-    int thread_up;
-    pthread_t thread;
+    tr_worker worker;         // the communication thread: one job per bucket
 } s_ar;
 
 /* The fused update of one stretch of the mean gradient (allreduce.h's callback). */
@@ -86,48 +70,31 @@ static void s_apply(void *ctx, float *part, size_t len)
                          l->slots[1] ? l->slots[1] + at : NULL, part);
 }
 
-static void *s_thread(void *p)
+/* A bucket, on the worker: reduced with the peers, applied. */
+static zps_status s_job(void *ctx, const tr_job *b, zps_status failed)
 {
-    s_ar *a = p;
-    pthread_mutex_lock(&a->mu);
-    for (;;) {
-        while (!a->quit && a->done == a->posted)
-            pthread_cond_wait(&a->work, &a->mu);
-        if (a->done == a->posted)
-            break;
-        s_bucket b = a->q[a->done];
-        zps_status err = a->err;
-        pthread_mutex_unlock(&a->mu);
-        if (err == ZPS_OK) // after a failure the rest is skipped: the job is broken anyway
-            err = tr_allreduce_sum_apply(a->ar, a->local.grads + b.lo, b.hi - b.lo, 1, s_apply, a);
-        tr_trace_async(a->trace, "allreduce", "bucket: reduce + apply", b.t0, zps_now_ns(),
-                       (int64_t)(b.hi - b.lo));
-        pthread_mutex_lock(&a->mu);
-        if (a->err == ZPS_OK)
-            a->err = err;
-        a->done++;
-        pthread_cond_signal(&a->done_cv);
-    }
-    pthread_mutex_unlock(&a->mu);
-    return NULL;
+    s_ar *a = ctx;
+    if (failed != ZPS_OK) // after a failure the rest is skipped: the job is broken anyway
+        return failed;
+    zps_status st = tr_allreduce_sum_apply(a->ar, a->local.grads + b->lo, b->hi - b->lo, 1,
+                                           s_apply, a);
+    tr_trace_async(a->trace, "allreduce", "bucket: reduce + apply", b->t0, zps_now_ns(),
+                   (int64_t)(b->hi - b->lo));
+    return st;
 }
 
-/* Queues [lo, hi) for the thread. */
-static void s_post(s_ar *a, size_t lo, size_t hi)
+static zps_status s_post(s_ar *a, size_t lo, size_t hi)
 {
-    pthread_mutex_lock(&a->mu);
-    a->q[a->posted++] = (s_bucket){lo, hi, tr_trace_now(a->trace)};
-    pthread_cond_signal(&a->work);
-    pthread_mutex_unlock(&a->mu);
+    return tr_worker_post(&a->worker, &(tr_job){.lo = lo, .hi = hi,
+                                                .t0 = tr_trace_now(a->trace)});
 }
 
 static zps_status s_begin_step(tr_sync *s, int64_t step, int *stop)
 {
     s_ar *a = (s_ar *)s;
-    ZPS_TRY(a->err);
+    ZPS_TRY(tr_worker_err(&a->worker)); // idle: end_step waited for it
     ZPS_TRY(tr_buckets_begin(&a->buckets, a->ar, stop));
     tr_sync_local_begin(&a->local, step);
-    a->posted = a->done = 0; // the thread is idle: end_step waited for it
     s->net_wait = 0;
     return ZPS_OK;
 }
@@ -135,22 +102,12 @@ static zps_status s_begin_step(tr_sync *s, int64_t step, int *stop)
 static zps_status s_grads_ready(tr_sync *s, size_t first, size_t n)
 {
     s_ar *a = (s_ar *)s;
-    pthread_mutex_lock(&a->mu);
-    zps_status err = a->err;
-    pthread_mutex_unlock(&a->mu);
-    if (err != ZPS_OK)
-        return err;
+    ZPS_TRY(tr_worker_err(&a->worker));
     size_t lo, hi;
     int full = tr_buckets_report(&a->buckets, first, n, &lo, &hi);
-    if (full < 0 || a->posted + 1 >= a->nq_max) {
-        pthread_mutex_lock(&a->mu);
-        a->err = a->err != ZPS_OK ? a->err : ZPS_ERR_INTERNAL;
-        pthread_mutex_unlock(&a->mu);
-        return ZPS_ERR_INTERNAL;
-    }
-    if (full)
-        s_post(a, lo, hi);
-    return ZPS_OK;
+    if (full < 0)
+        return tr_worker_fail(&a->worker, ZPS_ERR_INTERNAL);
+    return full ? s_post(a, lo, hi) : ZPS_OK;
 }
 
 static zps_status s_end_step(tr_sync *s, tr_step_record *rec)
@@ -158,37 +115,24 @@ static zps_status s_end_step(tr_sync *s, tr_step_record *rec)
     s_ar *a = (s_ar *)s;
     uint64_t t0 = zps_now_ns(), tt = tr_trace_now(a->trace);
     size_t lo, hi;
+    zps_status err = ZPS_OK;
     if (tr_buckets_rest(&a->buckets, &lo, &hi))
-        s_post(a, lo, hi);
-    pthread_mutex_lock(&a->mu);
-    while (a->done < a->posted)
-        pthread_cond_wait(&a->done_cv, &a->mu);
-    zps_status err = a->err;
-    pthread_mutex_unlock(&a->mu);
+        err = s_post(a, lo, hi);
+    zps_status werr = tr_worker_wait(&a->worker);
     tr_trace_span(a->trace, TR_TRACE_MAIN, "wait: all-reduce", tt, -1);
     s->net_wait += (double)(zps_now_ns() - t0) * 1e-9;
     rec->bytes_pushed = rec->bytes_pulled = a->local.n * sizeof(float);
     rec->net_wait_s = s->net_wait;
     rec->lr = ps_optim_lr(a->local.opt, (uint64_t)a->local.step);
-    return err;
+    return werr != ZPS_OK ? werr : err;
 }
 
 static void s_destroy(tr_sync *s)
 {
     s_ar *a = (s_ar *)s;
-    if (a->thread_up) {
-        pthread_mutex_lock(&a->mu);
-        a->quit = 1;
-        pthread_cond_signal(&a->work);
-        pthread_mutex_unlock(&a->mu);
-        pthread_join(a->thread, NULL);
-    }
-    pthread_cond_destroy(&a->work);
-    pthread_cond_destroy(&a->done_cv);
-    pthread_mutex_destroy(&a->mu);
+    tr_worker_stop(&a->worker);
     tr_allreduce_destroy(&a->ar);
     tr_sync_local_free(&a->local);
-    free(a->q);
     free(a);
 }
 
@@ -205,11 +149,6 @@ static s_ar *s_alloc(const tr_sync_env *env)
     }
     a->trace = env->trace;
     tr_buckets_init(&a->buckets, env, S_BUCKETS, S_BUCKET_MIN);
-    a->nq_max = env->nvars + 2;
-    a->q = zps_xcalloc(a->nq_max, sizeof *a->q);
-    pthread_mutex_init(&a->mu, NULL);
-    pthread_cond_init(&a->work, NULL);
-    pthread_cond_init(&a->done_cv, NULL);
     return a;
 }
 
@@ -230,20 +169,9 @@ zps_status tr_sync_allreduce_new(const tr_sync_env *env, tr_sync **out)
     /* Everyone starts from rank 0's values (they are equal when seeded alike). */
     if (st == ZPS_OK)
         st = tr_allreduce_broadcast(a->ar, env->params, env->nparams * sizeof(float), 0);
-    if (st == ZPS_OK) {
-        /* signals stay with the loop's thread, which checks the stop flag */
-        sigset_t all, old;
-        sigfillset(&all);
-        pthread_sigmask(SIG_SETMASK, &all, &old);
-        int rc = pthread_create(&a->thread, NULL, s_thread, a);
-        pthread_sigmask(SIG_SETMASK, &old, NULL);
-        a->thread_up = rc == 0;
-        if (rc != 0) {
-            zps_log(ZPS_ERROR, "allreduce", "cannot start the communication thread: error %d",
-                    rc);
-            st = ZPS_ERR_SYS;
-        }
-    }
+    /* one bucket per variable at most, and the rest */
+    if (st == ZPS_OK)
+        st = tr_worker_start(&a->worker, env->nvars + 2, s_job, a, "allreduce");
     if (st != ZPS_OK) {
         s_destroy(&a->local.base);
         return st;
