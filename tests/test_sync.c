@@ -266,14 +266,15 @@ Test(tr_sync, allreduce_reduces_each_bucket_while_backward_goes_on)
 }
 
 /* The all-reduce back-ends' buckets (tr_buckets): groups reported last first, of random sizes,
- * leave as buckets that cover every float exactly once, in order, each full but the last;
+ * leave as buckets that cover every float exactly once, in order, each full but the last,
+ * with the variables whose floats they are;
  * the same reports cut the same edges (every rank's buckets must match); a group reported out
  * of order is refused. */
 static int s_cut(const tr_sync_env *env, const int *first, const int *n, int ng, size_t *edges)
 {
     tr_buckets b;
     tr_buckets_init(&b, env, 4, 1000);
-    size_t expect_hi = env->nparams, lo, hi;
+    size_t expect_hi = env->nparams, expect_v = env->nvars, lo, hi;
     int ne = 0;
     for (int g = 0; g < ng; g++) {
         int full = tr_buckets_report(&b, (size_t)first[g], (size_t)n[g], &lo, &hi);
@@ -282,10 +283,16 @@ static int s_cut(const tr_sync_env *env, const int *first, const int *n, int ng,
             continue;
         cr_assert_eq(hi, expect_hi, "a bucket leaves a gap");
         cr_assert_geq(hi - lo, b.floats, "a bucket left before it was full");
+        /* its variables: the ones below the last bucket's, starting where its floats do */
+        cr_assert_eq(b.first + b.nv, expect_v, "a bucket's variables leave a gap");
+        cr_assert_eq(env->vars[b.first].offset, lo, "a bucket's variables are not its floats");
         expect_hi = edges[ne++] = lo;
+        expect_v = b.first;
     }
     if (tr_buckets_rest(&b, &lo, &hi)) {
         cr_assert(hi == expect_hi && lo == 0);
+        cr_assert(b.first == 0 && b.nv == expect_v, "the rest is not variables [0, %zu)",
+                  expect_v);
         expect_hi = edges[ne++] = 0;
     }
     cr_assert_eq(expect_hi, 0u, "floats [0, %zu) never left", expect_hi);
@@ -332,7 +339,11 @@ Test(tr_sync, buckets_cover_every_float_once_and_refuse_disorder)
 typedef struct s_script {
     tr_sync base;
     int handed, fail_at, ends;
-    zps_status pushed; // the failure grads_ready reported
+    zps_status pushed;    // the failure grads_ready reported
+    const float *grads;   // the env's, and what each group handed must hold there (NULL:
+    const float *want;    // not checked)
+    const nn_var *vars;
+    int wrong;            // groups handed that did not hold it
 } s_script;
 static s_script *s_scripted; // the one made by s_script_new (a test has one)
 
@@ -350,9 +361,13 @@ static zps_status s_sc_ok(tr_sync *b)
 }
 static zps_status s_sc_grads(tr_sync *b, size_t first, size_t n)
 {
-    (void)first, (void)n;
     s_script *s = (s_script *)b;
-    if (s->pushed == ZPS_OK && ++s->handed == s->fail_at)
+    if (s->want) {
+        size_t lo = s->vars[first].offset;
+        size_t hi = s->vars[first + n - 1].offset + s->vars[first + n - 1].count;
+        s->wrong += memcmp(s->grads + lo, s->want + lo, (hi - lo) * sizeof(float)) != 0;
+    }
+    if (s->pushed == ZPS_OK && __atomic_add_fetch(&s->handed, 1, __ATOMIC_SEQ_CST) == s->fail_at)
         s->pushed = ZPS_ERR_TIMEOUT;
     return s->pushed;
 }
@@ -373,10 +388,11 @@ static zps_status s_sc_finish(tr_sync *b, int *fresh)
     return ZPS_OK;
 }
 static void s_sc_destroy(tr_sync *b) { free(b); }
+static const float *s_script_want; // what s_script_new's back-end checks (NULL: nothing)
 static zps_status s_script_new(const tr_sync_env *env, tr_sync **out)
 {
-    (void)env;
     s_script *s = zps_xcalloc(1, sizeof *s);
+    s->grads = env->grads, s->vars = env->vars, s->want = s_script_want;
     s->base = (tr_sync){.begin_step = s_sc_begin, .params_ready = s_sc_ok,
                         .grads_ready = s_sc_grads, .end_step = s_sc_end,
                         .finish = s_sc_finish, .leave = s_sc_ok, .destroy = s_sc_destroy,
@@ -430,4 +446,90 @@ Test(tr_sync, staged_hand_off_failure_reaches_the_inner_end_step)
     cr_assert_eq(s_scripted->handed, 2 + (int)nvars, "every group of the second step handed");
     tr_sync_destroy(&s);
     nn_model_destroy(&m);
+}
+
+/* ---- the node back-end (trainer/sync_node.c) over a scripted leader's back-end ---- */
+
+typedef struct s_node_rank {
+    s_fixture f;
+    nn_var vars[S_NV];
+    const char *job;
+    int early[S_NV];       // leader: variable v was handed on before the next was reported
+    zps_status st[2];      // end_step of steps 0 and 1
+    int64_t redo[2];
+    int handed, wrong, ends; // leader: its scripted back-end's counts at the end
+} s_node_rank;
+
+static void *s_node_thread(void *p)
+{
+    s_node_rank *r = p;
+    snprintf(r->f.cfg.job, sizeof r->f.cfg.job, "%s", r->job);
+    r->f.cfg.node_trainers = 2;
+    tr_sync *s = NULL;
+    r->st[0] = r->st[1] = tr_sync_node_lead_new(&r->f.env, s_script_new, &s);
+    for (int step = 0; step < 2 && s; step++) {
+        int stop = 0;
+        zps_status st = s->begin_step(s, step, &stop);
+        for (int v = S_NV - 1; v >= 0 && st == ZPS_OK; v--) {
+            st = s->grads_ready(s, (size_t)v, 1);
+            /* step 1 on the leader: the bucket reaches the servers' side during backward */
+            int wait = step == 1 && r->f.env.id == 0 && (v == S_NV - 1 || r->early[v + 1]);
+            for (int k = 0; k < 5000 && wait && !r->early[v]; k++) {
+                r->early[v] = __atomic_load_n(&s_scripted->handed, __ATOMIC_SEQ_CST) ==
+                              2 + (S_NV - v);
+                if (!r->early[v])
+                    usleep(1000);
+            }
+        }
+        tr_step_record rec = tr_step_record_empty(step + 1);
+        r->st[step] = st == ZPS_OK ? s->end_step(s, &rec) : st;
+        r->redo[step] = s->redo_from;
+        if (step == 0 && r->f.env.id == 0)
+            s_scripted->fail_at = -1; /* the redo goes through */
+    }
+    if (s && r->f.env.id == 0)
+        r->handed = s_scripted->handed, r->wrong = s_scripted->wrong, r->ends = s_scripted->ends;
+    tr_sync_destroy(&s);
+    return NULL;
+}
+
+/* --node-trainers: each bucket's node mean goes to the leader's back-end while backward goes
+ * on (one bucket per variable here), holding the mean of the ranks' gradients; a failed
+ * hand-off stops the step's later hand-offs but not the node's sums, and is the leader's
+ * back-end's to judge in its end_step, whose recovery (redo_from) reaches every rank. */
+Test(tr_sync, node_hands_each_bucket_on_during_backward)
+{
+    zt_seed_init();
+    zps_log_set_level(ZPS_LOG_OFF);
+    static s_node_rank r[2];
+    char job[64];
+    snprintf(job, sizeof job, "nd%d-%u", (int)getpid(), zt_rand());
+    for (int i = 0; i < 2; i++) {
+        s_fixture_init(&r[i].f, i, 2);
+        for (int v = 0; v < S_NV; v++)
+            r[i].vars[v] = (nn_var){.offset = (size_t)v * (S_N / S_NV), .count = S_N / S_NV};
+        r[i].f.env.vars = r[i].vars, r[i].f.env.nvars = S_NV, r[i].f.env.bucket_floats = 1;
+        r[i].job = job;
+    }
+    static float mean[S_N]; /* the same at both steps: step 0 leaves it on both ranks */
+    for (int i = 0; i < S_N; i++)
+        mean[i] = (r[0].f.grads[i] + r[1].f.grads[i]) / 2.0f;
+    s_script_want = mean;
+    s_two_ranks(s_node_thread, r, sizeof r[0]);
+    s_script_want = NULL;
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(r[i].st[0], ZPS_ERR_STALE, "rank %d step 0: %s", i,
+                     zps_strerror(r[i].st[0]));
+        cr_assert_eq(r[i].redo[0], 7, "rank %d did not hear of the rollback", i);
+        cr_assert_eq(r[i].st[1], ZPS_OK, "rank %d step 1: %s", i, zps_strerror(r[i].st[1]));
+        cr_assert_eq(r[i].redo[1], -1);
+        cr_assert_eq(memcmp(r[i].f.grads, mean, sizeof mean), 0, "rank %d: not the mean", i);
+    }
+    cr_assert_eq(r[0].ends, 2, "the leader's end_step was not called at every step");
+    cr_assert_eq(r[0].handed, 2 + S_NV, "step 0: 2 groups then none; step 1: all");
+    cr_assert_eq(r[0].wrong, 0, "%d group(s) handed on before the node's mean was in place",
+                 r[0].wrong);
+    for (int v = 0; v < S_NV; v++)
+        cr_expect(r[0].early[v], "variable %d reached the leader's back-end only at end_step",
+                  v);
 }

@@ -14,13 +14,15 @@
  *                     while backward goes on, the local optimizer fused into each bucket's
  *                     reduction; rank 0 decides when every rank stops
  *   sync_node.c       --node-trainers G (PS modes): a node's G trainers all-reduce their
- *                     gradients and one of them runs sync_ps.c for the node
+ *                     gradients and one of them runs sync_ps.c for the node (on a device:
+ *                     per bucket while backward goes on)
  *   stage.c           a model on a device back-end (backend.h's queues) under any of the
  *                     last three: pinned host mirrors of the values and the gradients,
  *                     moved one layer group at a time on the copy queue (tr_sync_staged_new)
  *   sync_nccl.c       --mode allreduce with the model on a GPU: NCCL sums the device
  *                     gradients per bucket on its own stream, ordered by events, and the
  *                     optimizer runs on the device
+ *   sync_buckets.c, sync_worker.c  what they share: the buckets, the communication thread
  *
  * A step, as train.c calls it:
  *
@@ -139,24 +141,42 @@ zps_status tr_sync_ps_new(const tr_sync_env *env, tr_sync **out);
 zps_status tr_sync_allreduce_new(const tr_sync_env *env, tr_sync **out);
 zps_status tr_sync_nccl_new(const tr_sync_env *env, tr_sync **out);
 zps_status tr_sync_node_new(const tr_sync_env *env, tr_sync **out);
+/* tr_sync_node_new with the leader's back-end made by lead_new instead of tr_sync_ps_new
+ * (tests script it). */
+zps_status tr_sync_node_lead_new(const tr_sync_env *env, tr_sync_new_fn lead_new,
+                                 tr_sync **out);
 /* inner_new (ps or allreduce) over pinned host mirrors of env's params and grads, which are
  * in the memory of env->model's device back-end (one with k_backend_async): the mirrors
  * start as copies of the model's values, and the data moves as stage.c says. */
 zps_status tr_sync_staged_new(const tr_sync_env *env, tr_sync_new_fn inner_new, tr_sync **out);
 
-/* The buckets of the all-reduce back-ends (sync_buckets.c; sync_allreduce.c, sync_nccl.c):
- * backward reports variables last first, the floats reported since the last bucket left are
- * [lo, hi), and a bucket leaves once it holds `floats`; the rest at end_step. */
+/* The buckets of the all-reduce back-ends (sync_buckets.c; sync_allreduce.c, sync_nccl.c,
+ * sync_node.c): backward reports variables last first, the floats reported since the last
+ * bucket left are [lo, hi), and a bucket leaves once it holds `floats`; the rest at end_step.
+ * A bucket that left holds the variables [first, first + nv) (and any floats between them
+ * that no variable covers). */
 typedef struct tr_buckets {
     const nn_var *vars;       // (nvars) the model's (NULL: everything leaves at the end)
     size_t nvars, n;          // variables, floats
     size_t floats;            // a full bucket
     size_t lo, hi;            // reported, not yet sent
+    size_t vlo, vhi;          // their variables [vlo, vhi)
+    size_t first, nv;         // the variables of the bucket that left last
 } tr_buckets;
+/* The shared-memory back-ends' buckets (sync_allreduce.c, sync_node.c): about
+ * TR_SHM_BUCKETS a step, none under TR_SHM_BUCKET_MIN floats (256 KiB, two slices of the
+ * segment). The first leaves early in backward, and each round costs the processes a few
+ * thread wake-ups, which on a machine where they share the cores with the computing threads
+ * cost more than the overlap brings (Inception-v3 at width 0.25 was slower with twenty
+ * buckets than with four). */
+#define TR_SHM_BUCKETS 4
+#define TR_SHM_BUCKET_MIN 65536
 struct tr_allreduce;
 /* About per_step buckets a step, none under min floats; env->bucket_floats overrides. */
 void tr_buckets_init(tr_buckets *b, const tr_sync_env *env, size_t per_step, size_t min);
-/* A step begins: *stop in, this rank's wish; out, rank 0's, broadcast to every rank (a rank
+/* A step begins: no variable reported yet. */
+void tr_buckets_reset(tr_buckets *b);
+/* A step begins (tr_buckets_reset): *stop in, this rank's wish; out, rank 0's, broadcast to every rank (a rank
  * that stopped alone would leave the others waiting in the next sum). */
 zps_status tr_buckets_begin(tr_buckets *b, struct tr_allreduce *ar, int *stop);
 /* Variables [first, first + n) are final: 1 with the full bucket [*lo, *hi) to send now, 0

@@ -7,9 +7,9 @@
  *
  * Overlap: backward reports the layers last first (grads_ready); the reported gradients
  * gather into a bucket, and once a bucket holds bucket_floats (default: a quarter of the
- * model, at least S_BUCKET_MIN) it goes to this rank's communication thread, which reduces
- * it with the peers while backward computes the layers below. The optimizer is fused into the reduction
- * (tr_allreduce_sum_apply): each stretch of the mean gradient is applied to the values the
+ * model, at least TR_SHM_BUCKET_MIN) it goes to this rank's communication thread (tr_worker),
+ * which reduces it with the peers while backward computes the layers below. The optimizer is
+ * fused into the reduction (tr_allreduce_sum_apply): each stretch of the mean gradient is applied to the values the
  * moment it is final, from cache, so the update makes no pass of its own. end_step sends
  * what is left (the first layers, and any floats no variable covers) and waits for the
  * thread; net_wait is that wait, the part of the exchange backward did not hide.
@@ -42,14 +42,6 @@
 #include "ps/optim.h"
 #include "trainer/allreduce.h"
 #include "trainer/trace.h"
-
-/* About S_BUCKETS buckets a step, none under S_BUCKET_MIN floats (256 KiB, two slices of
- * the segment): the first leaves early in backward, and each round costs the two
- * processes a few thread wake-ups, which on a machine where they share the cores with
- * the computing threads cost more than the overlap brings (Inception-v3 at width 0.25 was
- * slower with twenty buckets than with four). */
-#define S_BUCKETS 4
-#define S_BUCKET_MIN 65536
 
 typedef struct s_ar {
     tr_sync_local local;      // first: the local back-end this one extends
@@ -148,7 +140,7 @@ static s_ar *s_alloc(const tr_sync_env *env)
         return NULL;
     }
     a->trace = env->trace;
-    tr_buckets_init(&a->buckets, env, S_BUCKETS, S_BUCKET_MIN);
+    tr_buckets_init(&a->buckets, env, TR_SHM_BUCKETS, TR_SHM_BUCKET_MIN);
     return a;
 }
 

@@ -1,8 +1,8 @@
 /* sync_buckets.c — what the all-reduce back-ends share (sync.h, tr_buckets): the buckets
  * backward's reports gather into, and rank 0's stop decision at the start of a step.
  *
- * sync_allreduce.c (shared memory, on its communication thread) and sync_nccl.c (NCCL on the
- * GPU) both send the gradient in buckets of consecutive variables, last first, as backward
+ * sync_allreduce.c (shared memory, on its communication thread), sync_nccl.c (NCCL on the
+ * GPU) and sync_node.c (a node's sum, then its leader's pushes) send the gradient in buckets of consecutive variables, last first, as backward
  * makes them final. The edges depend only on the model (its variables and the hook order) and
  * the bucket size, so every rank cuts the same buckets and the collective calls match.
  */
@@ -18,7 +18,13 @@ void tr_buckets_init(tr_buckets *b, const tr_sync_env *env, size_t per_step, siz
     b->floats = env->nparams / per_step > min ? env->nparams / per_step : min;
     if (env->bucket_floats)
         b->floats = env->bucket_floats;
+    tr_buckets_reset(b);
+}
+
+void tr_buckets_reset(tr_buckets *b)
+{
     b->lo = b->hi = b->n;
+    b->vlo = b->vhi = b->nvars;
 }
 
 zps_status tr_buckets_begin(tr_buckets *b, struct tr_allreduce *ar, int *stop)
@@ -26,15 +32,17 @@ zps_status tr_buckets_begin(tr_buckets *b, struct tr_allreduce *ar, int *stop)
     int32_t flag = *stop;
     ZPS_TRY(tr_allreduce_broadcast(ar, &flag, sizeof flag, 0));
     *stop = flag;
-    b->lo = b->hi = b->n;
+    tr_buckets_reset(b);
     return ZPS_OK;
 }
 
-/* [lo, hi) leaves; the next bucket starts below it. */
-static int s_take(tr_buckets *b, size_t lo, size_t *out_lo, size_t *out_hi)
+/* [lo, hi) leaves with the variables from vlo on; the next bucket starts below it. */
+static int s_take(tr_buckets *b, size_t lo, size_t vlo, size_t *out_lo, size_t *out_hi)
 {
     *out_lo = lo, *out_hi = b->hi;
     b->hi = b->lo = lo;
+    b->first = vlo, b->nv = b->vhi - vlo;
+    b->vhi = b->vlo = vlo;
     return *out_hi > lo;
 }
 
@@ -49,7 +57,8 @@ int tr_buckets_report(tr_buckets *b, size_t first, size_t n, size_t *lo, size_t 
         return -1;
     }
     b->lo = b->vars[first].offset;
-    return b->hi - b->lo >= b->floats ? s_take(b, b->lo, lo, hi) : 0;
+    b->vlo = first;
+    return b->hi - b->lo >= b->floats ? s_take(b, b->lo, first, lo, hi) : 0;
 }
 
-int tr_buckets_rest(tr_buckets *b, size_t *lo, size_t *hi) { return s_take(b, 0, lo, hi); }
+int tr_buckets_rest(tr_buckets *b, size_t *lo, size_t *hi) { return s_take(b, 0, 0, lo, hi); }

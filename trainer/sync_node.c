@@ -9,18 +9,29 @@
  *
  *   begin_step  the leader's begin_step, its stop decision (and the PS back-end's) broadcast
  *               to the node
- *   backward    nothing leaves per layer (no overlap in this first version)
- *   end_step    every rank: the node's mean gradient (one sum in rank order, so every rank
- *               has the same bits). The leader hands it to the PS back-end (every variable,
- *               last first, as a backward would), ends the step there and waits for the new
- *               values; then it broadcasts them with the step's outcome (status, redo_from),
- *               so every rank of the node computes the next step from the same values, or
- *               goes back to the same step after a servers' rollback
+ *   backward    the reported gradients gather into buckets of variables (tr_buckets, as the
+ *               all-reduce's); a full bucket goes to each rank's communication thread
+ *               (tr_worker), which sums it with the node (the mean, in rank order, so every
+ *               rank has the same bits), and on the leader hands its variables to the PS
+ *               back-end at once, so the node's pushes leave while backward computes the
+ *               layers below. That is with a model on a device; on the CPU the whole
+ *               gradient is one bucket (overlapping cost more than it hid there)
+ *   end_step    the rest of the gradient the same way; once the thread is idle, the leader
+ *               ends the step in the PS back-end (also after a failed hand-off: a sync
+ *               rollback is its recovery) and waits for the new values; then it broadcasts
+ *               them with the step's outcome (status, redo_from), so every rank of the node
+ *               computes the next step from the same values, or goes back to the same step
+ *               after a servers' rollback
  *   finish      the leader's final values, broadcast
  *
  * Invariants:
  *  - Every rank of a node makes the same collective calls in the same order: the stop
- *    broadcast per step begun, then per step the gradient sum and the values broadcast.
+ *    broadcast per step begun, then per step the buckets' sums (edges that depend only on
+ *    the model, so the same on every rank) and the values broadcast. A hand-off that failed
+ *    stops the leader's later hand-offs of the step but not its sums: the node's other ranks
+ *    wait for them.
+ *  - The PS back-end is called from one thread at a time: the communication thread during
+ *    backward, the loop's thread from end_step on (the thread is idle then).
  *  - Only the leader talks to the servers; the servers must expect N / G trainers
  *    (zps-server --num-trainers, or none: they take the trainers' word).
  *  - Nothing is allocated per step.
@@ -37,6 +48,7 @@
 #include "common/log.h"
 #include "common/mem.h"
 #include "trainer/allreduce.h"
+#include "trainer/trace.h"
 
 typedef struct s_node {
     tr_sync base;             // first: the tr_sync the loop holds
@@ -45,6 +57,10 @@ typedef struct s_node {
     int rank, group;          // local rank, ranks per node
     float *params, *grads;    // (n) the model's (host memory)
     size_t n, nvars;
+    tr_buckets buckets;       // this step's (sync.h)
+    tr_worker worker;         // the communication thread: one job per bucket
+    zps_status sum_err;       // the node's sums failed (the thread's; read when it is idle)
+    struct tr_trace *trace;   // --trace (NULL: none): each bucket's sum is a span
 } s_node;
 
 /* What the leader tells its node after a step or at the start. */
@@ -65,6 +81,9 @@ static zps_status s_share(s_node *s, s_word *w)
 static zps_status s_begin_step(tr_sync *b, int64_t step, int *stop)
 {
     s_node *s = (s_node *)b;
+    ZPS_TRY(s->sum_err); /* the node is broken: the loop ends */
+    tr_buckets_reset(&s->buckets);
+    tr_worker_clear(&s->worker); /* a hand-off's failure was the PS back-end's to judge */
     s_word w = {.stop = *stop, .redo_from = -1};
     if (s->ps)
         w.status = s->ps->begin_step(s->ps, step, stop), w.stop = *stop;
@@ -81,33 +100,64 @@ static zps_status s_params_ready(tr_sync *b)
     return ZPS_OK;
 }
 
-static zps_status s_grads_ready(tr_sync *b, size_t first, size_t n)
+/* A bucket, on the communication thread: the node's mean; the leader hands it on. */
+static zps_status s_job(void *ctx, const tr_job *j, zps_status failed)
 {
-    (void)b, (void)first, (void)n; /* the whole gradient goes at end_step */
-    return ZPS_OK;
+    s_node *s = ctx;
+    if (s->sum_err != ZPS_OK)
+        return s->sum_err;
+    s->sum_err = tr_allreduce_sum(s->ar, s->grads + j->lo, j->hi - j->lo, 1);
+    tr_trace_async(s->trace, "node", "bucket: node sum", j->t0, zps_now_ns(),
+                   (int64_t)(j->hi - j->lo));
+    if (s->sum_err != ZPS_OK)
+        return s->sum_err;
+    if (!s->ps || failed != ZPS_OK || j->n == 0) /* after a failed hand-off: the sums only */
+        return ZPS_OK;
+    return s->ps->grads_ready(s->ps, j->first, j->n);
 }
 
-/* The leader's part of a step: the node's mean to the servers, the new values back. */
+static zps_status s_post(s_node *s, size_t lo, size_t hi)
+{
+    tr_job j = {.lo = lo, .hi = hi, .first = s->buckets.first, .n = s->buckets.nv,
+                .t0 = tr_trace_now(s->trace)};
+    return tr_worker_post(&s->worker, &j);
+}
+
+static zps_status s_grads_ready(tr_sync *b, size_t first, size_t n)
+{
+    s_node *s = (s_node *)b;
+    size_t lo, hi;
+    int full = tr_buckets_report(&s->buckets, first, n, &lo, &hi);
+    if (full < 0)
+        return tr_worker_fail(&s->worker, ZPS_ERR_INTERNAL);
+    return full ? s_post(s, lo, hi) : ZPS_OK;
+}
+
+/* The leader's end of a step: the PS back-end's, then the new values. */
 static zps_status s_lead(s_node *s, tr_step_record *rec)
 {
-    zps_status st = ZPS_OK;
-    for (size_t v = s->nvars; v-- > 0 && st == ZPS_OK;)
-        st = s->ps->grads_ready(s->ps, v, 1);
-    if (st == ZPS_OK)
-        st = s->ps->end_step(s->ps, rec);
+    zps_status st = s->ps->end_step(s->ps, rec);
     if (st == ZPS_OK)
         st = s->ps->params_ready(s->ps);
-    s->base.net_wait = s->ps->net_wait;
     return st;
 }
 
 static zps_status s_end_step(tr_sync *b, tr_step_record *rec)
 {
     s_node *s = (s_node *)b;
-    uint64_t t0 = zps_now_ns();
-    ZPS_TRY(tr_allreduce_sum(s->ar, s->grads, s->n, 1));
-    s_word w = {.redo_from = -1};
-    if (s->ps) {
+    uint64_t t0 = zps_now_ns(), tt = tr_trace_now(s->trace);
+    size_t lo, hi;
+    zps_status st = ZPS_OK;
+    if (tr_buckets_rest(&s->buckets, &lo, &hi))
+        st = s_post(s, lo, hi);
+    zps_status werr = tr_worker_wait(&s->worker);
+    tr_trace_span(s->trace, TR_TRACE_MAIN, "wait: node sum", tt, -1);
+    double sum_wait = (double)(zps_now_ns() - t0) * 1e-9;
+    ZPS_TRY(s->sum_err); /* no node to broadcast to: every rank fails here */
+    if (st == ZPS_OK && werr == ZPS_ERR_INTERNAL) /* a bucket out of order, not a push */
+        st = werr;
+    s_word w = {.status = st, .redo_from = -1};
+    if (s->ps && st == ZPS_OK) { /* a failed hand-off is the PS back-end's (its push_err) */
         w.status = s_lead(s, rec);
         w.redo_from = s->ps->redo_from;
     }
@@ -115,11 +165,9 @@ static zps_status s_end_step(tr_sync *b, tr_step_record *rec)
     if (w.status == ZPS_OK || w.redo_from >= 0) /* a rollback left the older values */
         ZPS_TRY(tr_allreduce_broadcast(s->ar, s->params, s->n * sizeof(float), 0));
     b->redo_from = w.redo_from;
-    if (!s->ps) {
-        b->net_wait = (double)(zps_now_ns() - t0) * 1e-9;
-        rec->net_wait_s = b->net_wait;
-    }
-    return w.status;
+    b->net_wait = s->ps ? sum_wait + s->ps->net_wait : (double)(zps_now_ns() - t0) * 1e-9;
+    rec->net_wait_s = b->net_wait;
+    return st != ZPS_OK ? st : w.status; /* a member's own failure, else the leader's word */
 }
 
 static zps_status s_finish(tr_sync *b, int *fresh)
@@ -152,13 +200,14 @@ static void s_abandon(tr_sync *b)
 static void s_destroy(tr_sync *b)
 {
     s_node *s = (s_node *)b;
+    tr_worker_stop(&s->worker); /* before the PS back-end its jobs call */
     tr_sync_destroy(&s->ps);
     tr_allreduce_destroy(&s->ar);
     free(s);
 }
 
 /* The node's segment; the leader's PS back-end; its values and job step to every rank. */
-static zps_status s_setup(s_node *s, const tr_sync_env *env, int group)
+static zps_status s_setup(s_node *s, const tr_sync_env *env, int group, tr_sync_new_fn lead_new)
 {
     int node = env->id / group, nodes = env->n_trainers / group;
     char name[160];
@@ -169,7 +218,7 @@ static zps_status s_setup(s_node *s, const tr_sync_env *env, int group)
         tr_sync_env lead = *env;
         lead.id = node;
         lead.n_trainers = nodes;
-        w.status = tr_sync_ps_new(&lead, &s->ps);
+        w.status = lead_new(&lead, &s->ps);
         if (s->ps)
             w.start_step = s->ps->start_step;
         if (w.status == ZPS_ERR_CONFIG)
@@ -185,10 +234,18 @@ static zps_status s_setup(s_node *s, const tr_sync_env *env, int group)
         return (zps_status)w.status;
     }
     s->base.start_step = w.start_step;
-    return tr_allreduce_broadcast(s->ar, s->params, s->n * sizeof(float), 0);
+    ZPS_TRY(tr_allreduce_broadcast(s->ar, s->params, s->n * sizeof(float), 0));
+    /* one bucket per variable at most, and the rest */
+    return tr_worker_start(&s->worker, env->nvars + 2, s_job, s, "trainer");
 }
 
 zps_status tr_sync_node_new(const tr_sync_env *env, tr_sync **out)
+{
+    return tr_sync_node_lead_new(env, tr_sync_ps_new, out);
+}
+
+zps_status tr_sync_node_lead_new(const tr_sync_env *env, tr_sync_new_fn lead_new,
+                                 tr_sync **out)
 {
     *out = NULL;
     int group = env->cfg->node_trainers;
@@ -199,12 +256,21 @@ zps_status tr_sync_node_new(const tr_sync_env *env, tr_sync **out)
     }
     s_node *s = zps_xcalloc(1, sizeof *s);
     *s = (s_node){.rank = env->id % group, .group = group, .params = env->params,
-                  .grads = env->grads, .n = env->nparams, .nvars = env->nvars};
+                  .grads = env->grads, .n = env->nparams, .nvars = env->nvars,
+                  .trace = env->trace};
+    /* A model on a device leaves the host's cores idle during backward: the node's sums and
+     * pushes overlap it. On the CPU the trainers' compute threads already take the cores,
+     * and overlapping cost 4-5% (docs/training.md "Nodes"): one bucket, at the end. */
+    const k_backend *mbe = env->model ? nn_model_backend(env->model) : NULL;
+    if (mbe && !mbe->host_memory)
+        tr_buckets_init(&s->buckets, env, TR_SHM_BUCKETS, TR_SHM_BUCKET_MIN);
+    else
+        tr_buckets_init(&s->buckets, env, 1, env->nparams);
     s->base = (tr_sync){.begin_step = s_begin_step, .params_ready = s_params_ready,
                         .grads_ready = s_grads_ready, .end_step = s_end_step,
                         .finish = s_finish, .leave = s_leave, .abandon = s_abandon,
                         .destroy = s_destroy, .redo_from = -1};
-    zps_status st = s_setup(s, env, group);
+    zps_status st = s_setup(s, env, group, lead_new);
     if (st != ZPS_OK) {
         s_destroy(&s->base);
         return st;
