@@ -128,6 +128,7 @@ typedef zps_status k_sum_fn(size_t n, const float *x, double *out);
 typedef zps_status k_sumsq_fn(size_t n, const float *x, double *out);
 typedef zps_status k_optim_apply_fn(const zps_optim_step *s, size_t n, float *w, float *s0,
                                     float *s1, const float *g);
+typedef zps_status k_pack_bf16_fn(size_t n, const float *x, uint16_t *y);
 
 struct k_backend {
     const char *name;  // "ref", "cpu", "cuda"
@@ -179,6 +180,7 @@ struct k_backend {
     k_sum_fn *sum;
     k_sumsq_fn *sumsq;
     k_optim_apply_fn *optim_apply;
+    k_pack_bf16_fn *pack_bf16;
 };
 
 #ifdef __cplusplus

@@ -328,6 +328,10 @@ zps_status k_optim_apply(const k_backend *be, const zps_optim_step *s, size_t n,
 {
     S_CALL(be, optim_apply, s, n, w, s0, s1, g);
 }
+zps_status k_pack_bf16(const k_backend *be, size_t n, const float *x, uint16_t *y)
+{
+    S_CALL(be, pack_bf16, n, x, y);
+}
 zps_status k_sum(const k_backend *be, size_t n, const float *x, double *out)
 {
     S_CALL(be, sum, n, x, out);

@@ -212,6 +212,10 @@ zps_status k_axpy(const k_backend *be, size_t n, float alpha, const float *x, fl
  * ps_optim_prepare (the step's scheduled learning rate and constants). */
 zps_status k_optim_apply(const k_backend *be, const zps_optim_step *s, size_t n, float *w,
                          float *s0, float *s1, const float *g);
+/* y[i] = the bfloat16 bits of x[i] (common/bf16.h's rounding, the PS wire's: round to
+ * nearest even, NaN kept quiet), in the back-end's memory: gradients that leave a device
+ * already as --push-dtype bf16 cross to the host in half the bytes (trainer/stage.c). */
+zps_status k_pack_bf16(const k_backend *be, size_t n, const float *x, uint16_t *y);
 zps_status k_sum(const k_backend *be, size_t n, const float *x, double *out);
 zps_status k_sumsq(const k_backend *be, size_t n, const float *x, double *out);
 

@@ -279,7 +279,7 @@ static size_t s_next_message(ps_client *c, int s, size_t np, uint64_t msg_bytes,
 
 /* Builds and sends the per-server slots of a range operation. */
 static zps_status s_range_op(ps_client *c, int op, int first_var, int n_vars, const float *src,
-                             float *dst, int64_t step, ps_ticket *out)
+                             const uint16_t *src16, float *dst, int64_t step, ps_ticket *out)
 {
     assert(c->plan && "ps_client_register first");
     assert(first_var >= 0 && n_vars >= 1 && first_var + n_vars <= c->plan->n_vars);
@@ -324,6 +324,7 @@ static zps_status s_range_op(ps_client *c, int op, int first_var, int n_vars, co
              * from the caller's buffer (a 256 MiB tensor is 64 pieces of 4 MiB) */
             sl->packed = c->o.packed && floats * 4 < (size_t)cnt * S_PACK_MAX_PIECE;
             sl->src = src;
+            sl->src16 = src16;
             sl->dst = dst;
             st = ps_client_slot_submit(c, tk, sl, NULL);
         }
@@ -337,19 +338,44 @@ static zps_status s_range_op(ps_client *c, int op, int first_var, int n_vars, co
 zps_status ps_client_push(ps_client *c, int first_var, int n_vars, const float *grads,
                           int64_t step, ps_ticket *t)
 {
-    return s_range_op(c, ZPS__OP__OP_PUSH, first_var, n_vars, grads, NULL, step, t);
+    return s_range_op(c, ZPS__OP__OP_PUSH, first_var, n_vars, grads, NULL, NULL, step, t);
 }
 
 zps_status ps_client_pull(ps_client *c, int first_var, int n_vars, float *values, int64_t step,
                           ps_ticket *t)
 {
-    return s_range_op(c, ZPS__OP__OP_PULL, first_var, n_vars, NULL, values, step, t);
+    return s_range_op(c, ZPS__OP__OP_PULL, first_var, n_vars, NULL, NULL, values, step, t);
 }
 
 zps_status ps_client_pushpull(ps_client *c, int first_var, int n_vars, const float *grads,
                               float *values, int64_t step, ps_ticket *t)
 {
-    return s_range_op(c, ZPS__OP__OP_PUSHPULL, first_var, n_vars, grads, values, step, t);
+    return s_range_op(c, ZPS__OP__OP_PUSHPULL, first_var, n_vars, grads, NULL, values, step, t);
+}
+
+/* The bf16 sources: only where the wire carries bf16, or the bytes would be misread. */
+static zps_status s_bf16_source(ps_client *c)
+{
+    if (c->o.push_dtype == PS_DTYPE_BF16)
+        return ZPS_OK;
+    snprintf(c->err, sizeof c->err, "gradients already in bfloat16 need push_dtype bf16");
+    zps_log(ZPS_ERROR, "client", "%s", c->err);
+    return ZPS_ERR_INVALID;
+}
+
+zps_status ps_client_push_bf16(ps_client *c, int first_var, int n_vars, const uint16_t *grads,
+                               int64_t step, ps_ticket *t)
+{
+    ZPS_TRY(s_bf16_source(c));
+    return s_range_op(c, ZPS__OP__OP_PUSH, first_var, n_vars, NULL, grads, NULL, step, t);
+}
+
+zps_status ps_client_pushpull_bf16(ps_client *c, int first_var, int n_vars,
+                                   const uint16_t *grads, float *values, int64_t step,
+                                   ps_ticket *t)
+{
+    ZPS_TRY(s_bf16_source(c));
+    return s_range_op(c, ZPS__OP__OP_PUSHPULL, first_var, n_vars, NULL, grads, values, step, t);
 }
 
 /* ------------------------------------------------------------------------- replies */

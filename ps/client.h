@@ -142,6 +142,18 @@ zps_status ps_client_pull(ps_client *c, int first_var, int n_vars, float *values
 zps_status ps_client_pushpull(ps_client *c, int first_var, int n_vars, const float *grads,
                               float *values, int64_t step, ps_ticket *t);
 
+/* ps_client_push and ps_client_pushpull for gradients already rounded to bfloat16 (the bits
+ * ps_f32_to_bf16 makes; a GPU trainer rounds them on the device, so half the bytes cross to
+ * the host): grads is the flat buffer of the whole model as uint16, read at the variables'
+ * offsets, sent as it is (zero-copy when large, like f32 grads), and must stay
+ * unchanged until the ticket completes. Only with push_dtype bf16 (ZPS_ERR_INVALID
+ * otherwise); the bytes on the wire are those of the f32 calls on the unrounded gradients. */
+zps_status ps_client_push_bf16(ps_client *c, int first_var, int n_vars, const uint16_t *grads,
+                               int64_t step, ps_ticket *t);
+zps_status ps_client_pushpull_bf16(ps_client *c, int first_var, int n_vars,
+                                   const uint16_t *grads, float *values, int64_t step,
+                                   ps_ticket *t);
+
 /* Drives the sockets for up to timeout_ms (0: once) and sets *done when ticket t has
  * completed (then call ps_client_wait for its status). */
 zps_status ps_client_poll(ps_client *c, ps_ticket t, int timeout_ms, int *done);

@@ -252,8 +252,11 @@ static void s_slot_gather(ps_client_slot *sl, ps_dtype dt)
         sl->pack = zps_xrealloc(sl->pack, total * sizeof *sl->pack);
     }
     for (size_t i = 0; i < sl->n_pieces; i++) {
-        const float *src = sl->src + sl->pieces[i].flat_offset;
-        if (bf16)
+        const float *src = sl->src ? sl->src + sl->pieces[i].flat_offset : NULL;
+        if (bf16 && sl->src16)
+            memcpy(sl->wire + off, sl->src16 + sl->pieces[i].flat_offset,
+                   sl->pieces[i].count * 2);
+        else if (bf16)
             ps_f32_to_bf16(sl->wire + off, src, sl->pieces[i].count);
         else
             memcpy(sl->pack + off, src, sl->pieces[i].count * 4);
@@ -320,18 +323,22 @@ static zps_status s_send_packed(ps_client_slot *sl, void *sock, ps_dtype dt)
 }
 
 /* One data frame per piece of sl after its header (or one for all, packed): dt's bytes from
- * the caller's buffer or the slot's bf16 wire buffer, zero-copy from S_ZC_MIN bytes on. */
+ * the caller's buffer (f32, or bf16 already) or the slot's bf16 wire buffer, zero-copy from
+ * S_ZC_MIN bytes on. */
 static zps_status s_send_data(ps_client_slot *sl, void *sock, ps_dtype dt)
 {
     if (sl->packed)
         return s_send_packed(sl, sock, dt);
-    if (dt == PS_DTYPE_BF16 && !sl->wire_ready)
+    int convert = dt == PS_DTYPE_BF16 && !sl->src16;
+    if (convert && !sl->wire_ready)
         s_slot_gather(sl, dt);
     size_t woff = 0; // into sl->wire
     for (size_t i = 0; i < sl->n_pieces; i++) {
         size_t cnt = sl->pieces[i].count, nb = cnt * ps_dtype_size(dt);
-        const void *p = dt == PS_DTYPE_BF16 ? (const void *)(sl->wire + woff)
-                                            : (const void *)(sl->src + sl->pieces[i].flat_offset);
+        size_t at = sl->pieces[i].flat_offset;
+        const void *p = convert ? (const void *)(sl->wire + woff)
+                        : sl->src16 ? (const void *)(sl->src16 + at)
+                                    : (const void *)(sl->src + at);
         woff += cnt;
         ZPS_TRY(s_send_frame(sl, sock, p, nb, i + 1 < sl->n_pieces ? ZMQ_SNDMORE : 0));
     }
@@ -374,7 +381,7 @@ zps_status ps_client_send_slot(ps_client *c, ps_client_slot *sl, const ps_optim_
                       ? c->o.push_dtype
                       : PS_DTYPE_F32;
     s_fill_ranges(c, sl, dt, &h);
-    int has_data = sl->src != NULL && sl->n_pieces > 0;
+    int has_data = (sl->src != NULL || sl->src16 != NULL) && sl->n_pieces > 0;
     if (!sl->no_shm)
         h.shm_nonce = ps_client_shm_nonce(c, sl->server);
     if (has_data && h.shm_nonce && ps_client_shm_stage(c, sl)) {

@@ -45,6 +45,8 @@ typedef struct ps_client_slot {
     ps_piece *pieces;     // (n_pieces) owned, reused
     size_t n_pieces, cap_pieces;
     const float *src;     // push: flat gradient buffer
+    const uint16_t *src16; // push of gradients already bfloat16 (ps_client_push_bf16):
+                           // their flat buffer, instead of src
     uint16_t *wire;       // push_dtype bf16: the pieces' gradients converted, back to back
     size_t cap_wire;      // (owned, reused; filled once per slot use, resends send it again)
     int wire_ready;

@@ -47,6 +47,7 @@ ps_client_slot *ps_client_slot_new(ps_client *c, int server, ps_ticket t, int op
     sl->token = c->rb_token;
     sl->n_pieces = 0;
     sl->src = NULL;
+    sl->src16 = NULL;
     sl->dst = NULL;
     sl->wire_ready = 0;
     sl->pack_ready = 0;

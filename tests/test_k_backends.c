@@ -23,6 +23,7 @@
 
 #include "common/log.h"
 #include "kernels/kernels.h"
+#include "ps/dtype.h"
 #include "ps/optim.h"
 #include "tests/test_k.h"
 #include "tests/testutil.h"
@@ -442,6 +443,39 @@ S_CASE(optim_apply_equals_ps_optim_bit_for_bit)
             c.sched = PS_SCHED_EXPONENTIAL, c.decay_rate = 0.94, c.decay_steps = 3;
             s_optim_case(&c, (uint64_t)zt_irand(0, 50));
         }
+}
+
+/* The bfloat16 bits of the PS wire (ps_f32_to_bf16), exactly: random floats of every
+ * magnitude, plus ties (both ways to even), values that round up into the next exponent or
+ * to infinity, zeros, denormals, infinities and NaNs (kept quiet). */
+S_CASE(pack_bf16_is_the_wire_rounding)
+{
+    (void)ref;
+    size_t n = (size_t)zt_irand(64, 50000);
+    float *x = malloc(n * sizeof *x);
+    static const uint32_t special[] = {
+        0x3f808000u, 0x3f818000u, 0xbf808000u, 0x3f80ffffu, 0x7f7fffffu, 0xff7fc000u,
+        0x00000000u, 0x80000000u, 0x00000001u, 0x807fffffu, 0x7f800000u, 0xff800000u,
+        0x7fc00000u, 0x7f800001u, 0xffa00000u, 0x3f7f8000u};
+    enum { NS = sizeof special / sizeof special[0] };
+    for (size_t i = 0; i < n; i++) {
+        uint32_t b = i < NS ? special[i] : zt_rand();
+        memcpy(&x[i], &b, 4);
+    }
+    uint16_t *want = malloc(n * 2), *got = malloc(n * 2);
+    ps_f32_to_bf16(want, x, n);
+    float *gx = s_up(x, n);
+    uint16_t *gy = s_new(n * 2);
+    cr_assert_eq(k_pack_bf16(s_be, n, gx, gy), ZPS_OK);
+    cr_assert_eq(s_be->copy_out(got, gy, n * 2), ZPS_OK);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t b;
+        memcpy(&b, &x[i], 4);
+        cr_assert_eq(got[i], want[i], "%s: 0x%08x became 0x%04x, the wire's 0x%04x (n %zu, "
+                     "seed %llu)", s_be->name, b, got[i], want[i], n, (unsigned long long)s_seed);
+    }
+    s_dev_free_all();
+    free(x), free(want), free(got);
 }
 
 /* sum and sum of squares into a host double. */

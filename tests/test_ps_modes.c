@@ -30,6 +30,7 @@ typedef struct acase {
     float *ref, *v[2], *g, *slots[2];
     uint64_t ver[2]; // the version of v[t]
     uint16_t *wire;
+    int pushes[2];   // by each trainer so far
 } acase;
 
 /* Both trainers' clients (wire dtype a->dt) to the servers at uris, registered for plan;
@@ -40,6 +41,7 @@ static void s_async_connect(acase *a, const ps_plan *plan, const char *const *ur
     ps_client_opts_default(&co);
     co.push_dtype = a->dt;
     for (int t = 0; t < 2; t++) {
+        co.packed = t == 0; /* trainer 1: one frame per piece, zero-copy from its buffer */
         cr_assert_eq(ps_client_new(uris, 2, (uint32_t)t, &co, &a->c[t]), ZPS_OK);
         ps_job eff;
         cr_assert_eq(ps_client_register(a->c[t], plan, NULL, &eff), ZPS_OK);
@@ -60,16 +62,23 @@ static void s_async_pull(acase *a, int t)
 static void s_async_push(acase *a, int k)
 {
     uint64_t n = a->n;
-    int t = pst_uniform(&a->r) > 0.0f;
+    int t = k < 2 ? k : pst_uniform(&a->r) > 0.0f; /* each trainer pushes first once */
     for (uint64_t i = 0; i < n; i++)
         a->g[i] = 0.5f * a->v[t][i] + pst_uniform(&a->r);
     ps_ticket tk;
-    cr_assert_eq(ps_client_push(a->c[t], 0, a->nv, a->g, (int64_t)a->ver[t], &tk), ZPS_OK);
-    cr_assert_eq(ps_client_wait(a->c[t], tk), ZPS_OK, "%s", ps_client_last_error(a->c[t]));
-    if (a->dt == PS_DTYPE_BF16) { // what went on the wire
+    if (a->dt == PS_DTYPE_BF16) /* what goes on the wire */
         ps_f32_to_bf16(a->wire, a->g, n);
+    if (a->dt == PS_DTYPE_BF16 && a->pushes[t]++ % 2 == 0) /* already rounded, as a GPU
+                                                                 * trainer sends them */
+        cr_assert_eq(ps_client_push_bf16(a->c[t], 0, a->nv, a->wire, (int64_t)a->ver[t], &tk),
+                     ZPS_OK);
+    else
+        cr_assert_eq(ps_client_push(a->c[t], 0, a->nv, a->g, (int64_t)a->ver[t], &tk), ZPS_OK);
+    cr_assert_eq(ps_client_wait(a->c[t], tk), ZPS_OK, "%s", ps_client_last_error(a->c[t]));
+    if (a->dt == PS_DTYPE_BF16)
         ps_bf16_to_f32(a->g, a->wire, n);
-    }
+    else if (k == 0) /* bf16 bits where the wire carries f32 would be misread: refused */
+        cr_assert_eq(ps_client_push_bf16(a->c[t], 0, a->nv, a->wire, 0, &tk), ZPS_ERR_INVALID);
     ps_optim_apply(&a->o, a->applied++, a->ref, a->slots, a->g, n);
     /* Only sometimes refresh, so later pushes are stale. */
     if (k % 2 == 0) {
@@ -81,7 +90,9 @@ static void s_async_push(acase *a, int k)
 }
 
 /* Two trainers push in turn (wire dtype dt); the values equal the pushes applied one by one
- * in arrival order, each gradient as the server received it (bf16: rounded, then widened). */
+ * in arrival order, each gradient as the server received it (bf16: rounded, then widened;
+ * every other push of each trainer through ps_client_push_bf16, rounded by the caller:
+ * trainer 0's packed, trainer 1's zero-copy from its buffer). */
 static void s_async_case(const ps_var *vars, int nv, uint64_t chunk_bytes, ps_dtype dt)
 {
     acase a = {.seed = pst_seed(), .nv = nv, .dt = dt};

@@ -234,6 +234,17 @@ static zps_status s_optim_apply(const zps_optim_step *s, size_t n, float *w, flo
         return ZPS_OK;
     S_ELEMWISE(g_optim, n, *s, w, s0, s1, g);
 }
+/* The PS wire's bfloat16 bits (common/bf16.h), for gradients that leave as --push-dtype bf16. */
+__global__ void g_pack_bf16(size_t n, const float *x, uint16_t *y)
+{
+    S_LOOP(i, n) y[i] = zps_bf16_bits(x[i]);
+}
+static zps_status s_pack_bf16(size_t n, const float *x, uint16_t *y)
+{
+    if (!n)
+        return ZPS_OK;
+    S_ELEMWISE(g_pack_bf16, n, x, y);
+}
 static zps_status s_relu_fwd(size_t n, const float *x, float *y) { S_ELEMWISE(g_relu, n, x, y); }
 static zps_status s_relu_bwd(size_t n, const float *y, const float *dy, float *dx)
 {
@@ -1010,6 +1021,7 @@ extern "C" const struct k_backend *k_cuda_backend(int device)
     s_cuda.sum = s_sum;
     s_cuda.sumsq = s_sumsq;
     s_cuda.optim_apply = s_optim_apply;
+    s_cuda.pack_bf16 = s_pack_bf16;
     ok = 1;
     return &s_cuda;
 }

@@ -497,6 +497,13 @@ zps_status k_ref_sumsq(size_t n, const float *x, double *out)
     return ZPS_OK;
 }
 
+ZPS_SIMD_CLONES zps_status k_ref_pack_bf16(size_t n, const float *x, uint16_t *y)
+{
+    for (size_t i = 0; i < n; i++)
+        y[i] = zps_bf16_bits(x[i]);
+    return ZPS_OK;
+}
+
 static const k_backend s_ref = {
     .name = "ref",
     .host_memory = 1,

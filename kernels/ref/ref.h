@@ -43,6 +43,7 @@ k_axpy_fn k_ref_axpy;
 k_optim_apply_fn k_ref_optim_apply;
 k_sum_fn k_ref_sum;
 k_sumsq_fn k_ref_sumsq;
+k_pack_bf16_fn k_ref_pack_bf16;
 
 /* Table entries (backend.h) for host memory and for the ops that do not care about layout:
  * elementwise over n*c*h*w floats, concat by per-image chunks, losses and reductions. ref's
@@ -56,6 +57,6 @@ k_sumsq_fn k_ref_sumsq;
     .dropout_bwd = k_ref_dropout_bwd, .softmax_xent = k_ref_softmax_xent,              \
     .smooth_l1 = k_ref_smooth_l1, .fill = k_ref_fill, .add = k_ref_add,                \
     .scale = k_ref_scale, .axpy = k_ref_axpy, .sum = k_ref_sum, .sumsq = k_ref_sumsq,                    \
-    .optim_apply = k_ref_optim_apply
+    .optim_apply = k_ref_optim_apply, .pack_bf16 = k_ref_pack_bf16
 
 #endif
