@@ -212,6 +212,26 @@ Test(it_staged, mixed_sync_fleet_equals_cpu)
     s_same("sync", 2, "sync", NULL, NULL, mixed, 1);
 }
 
+/* --push-dtype bf16: the staged trainers round their gradients on the device (k_pack_bf16)
+ * and push the bf16 mirror as it is; the cpu trainers round on the host as they push. Both
+ * sync and async, one staged trainer beside a cpu one: the servers get the same bits. */
+static void s_bf16_pushes(const char *mode, int n, const char *const *dev)
+{
+    static const char *bf16[] = {"--push-dtype", "bf16", NULL};
+    s_same(mode, n, mode, bf16, NULL, dev, 1);
+    char log[700];
+    snprintf(log, sizeof log, "%s/b-0.log", s_tmp);
+    cr_assert(zt_file_has(log, "values and bf16 gradients staged"),
+              "%s: the staged trainer did not send bf16 from the device", mode);
+}
+
+Test(it_staged, bf16_pushes_leave_the_device_rounded)
+{
+    static const char *mixed[2] = {"staged", "cpu"};
+    s_bf16_pushes("sync", 2, mixed);
+    s_bf16_pushes("async", 1, s_staged2);
+}
+
 Test(it_staged, async_ps_equals_cpu)
 {
     s_same("async", 1, "async", NULL, NULL, s_staged2, 1);
@@ -268,4 +288,19 @@ Test(it_gpu, recompute_close_to_cpu_without)
 {
     static const char *recompute[] = {"--recompute", NULL};
     s_same("local", 1, NULL, NULL, recompute, s_cuda2, 0);
+}
+
+/* A node of two trainers sharing the GPU (--node-trainers 2): on a device its sums and the
+ * leader's pushes overlap backward, bucket by bucket. */
+Test(it_gpu, node_sync_fleet_close_to_cpu)
+{
+    static const char *node[] = {"--node-trainers", "2", NULL};
+    s_same("sync", 2, "sync/1", node, NULL, s_cuda2, 0);
+}
+
+/* --push-dtype bf16: the gradients rounded on the GPU (k_pack_bf16) and pushed as they are. */
+Test(it_gpu, bf16_pushes_close_to_cpu)
+{
+    static const char *bf16[] = {"--push-dtype", "bf16", NULL};
+    s_same("sync", 2, "sync", bf16, NULL, s_cuda2, 0);
 }

@@ -6,7 +6,10 @@
  * gradient, and the model computes with device copies of them. The transfers go one layer
  * group at a time on the device's copy queue, ordered by events, so they overlap compute:
  *
- *   backward hook (first, n)   the compute queue's point after that layer -> the copy queue
+ *   backward hook (first, n)   (PS with --push-dtype bf16: the group's gradients rounded to
+ *                              bfloat16 on the compute queue, k_pack_bf16, so half the bytes
+ *                              cross and the pushes send them as they are) the compute
+ *                              queue's point after that layer -> the copy queue
  *                              waits for it -> gradients D2H into the mirror -> an event,
  *                              handed to the staging thread; that thread waits for the event
  *                              and then calls the inner grads_ready(first, n), so pushes
@@ -52,7 +55,10 @@ typedef struct s_stage {
     const nn_var *vars;        // (nvars)
     size_t nvars, nparams;
     float *dparams, *dgrads;   // (nparams) the model's values and the step's mean gradient
-    float *hparams, *hgrads;   // (nparams) their pinned host mirrors
+    float *hparams, *hgrads;   // (nparams) their pinned host mirrors (hgrads NULL with bf16)
+    int bf16;                  // PS with --push-dtype bf16: the gradients leave rounded
+    uint16_t *dgrads16;        // (nparams) bf16: the gradient rounded on the device,
+    uint16_t *hgrads16;        // (nparams) and its pinned mirror, which the pushes send
     uint8_t *stale;            // (nvars) the device values are older than the mirror's
     nn_grad_hook inner_hook;   // the inner back-end's forward hook (PS: waits for pulls)
     void *inner_ctx;
@@ -106,13 +112,18 @@ static zps_status s_grads_ready(tr_sync *b, size_t first, size_t n)
         s_fail(s, ZPS_ERR_INVALID, "more gradient groups than variables in one step");
         return s->err;
     }
-    size_t off = s->vars[first].offset, bytes = s_span_floats(s, first, n) * sizeof(float);
+    size_t off = s->vars[first].offset, span = s_span_floats(s, first, n);
     k_event *done = s->ev[s->n_ev++];
-    zps_status st = s->be->event_record(s->point, K_QUEUE_COMPUTE);
+    zps_status st = ZPS_OK;
+    if (s->bf16) /* rounded where they are: half the bytes cross */
+        st = k_pack_bf16(s->be, span, s->dgrads + off, s->dgrads16 + off);
+    if (st == ZPS_OK)
+        st = s->be->event_record(s->point, K_QUEUE_COMPUTE);
     if (st == ZPS_OK)
         st = s->be->event_wait(K_QUEUE_COPY, s->point);
     if (st == ZPS_OK)
-        st = s->be->copy_out_async(s->hgrads + off, s->dgrads + off, bytes);
+        st = s->bf16 ? s->be->copy_out_async(s->hgrads16 + off, s->dgrads16 + off, span * 2)
+                     : s->be->copy_out_async(s->hgrads + off, s->dgrads + off, span * 4);
     if (st == ZPS_OK)
         st = s->be->event_record(done, K_QUEUE_COPY);
     if (st != ZPS_OK) {
@@ -254,6 +265,8 @@ static void s_destroy(tr_sync *b)
     s->be->event_free(s->up);
     s->be->host_free(s->hparams);
     s->be->host_free(s->hgrads);
+    s->be->host_free(s->hgrads16);
+    s->be->free(s->dgrads16);
     free(s->ev);
     free(s->stale);
     free(s);
@@ -263,11 +276,20 @@ static void s_destroy(tr_sync *b)
 static zps_status s_setup(s_stage *s)
 {
     const k_backend *be = s->be;
-    s->hparams = be->host_alloc(s->nparams * sizeof(float));
-    s->hgrads = be->host_alloc(s->nparams * sizeof(float));
-    if (!s->hparams || !s->hgrads) {
+    size_t n = s->nparams;
+    s->hparams = be->host_alloc(n * sizeof(float));
+    if (s->bf16)
+        s->hgrads16 = be->host_alloc(n * 2);
+    else
+        s->hgrads = be->host_alloc(n * sizeof(float));
+    if (!s->hparams || !(s->hgrads || s->hgrads16)) {
         zps_log(ZPS_ERROR, "trainer", "cannot allocate %zu MiB of pinned host memory for the "
-                "%s back-end's mirrors", (2 * s->nparams * sizeof(float)) >> 20, be->name);
+                "%s back-end's mirrors", (n * (s->bf16 ? 6 : 8)) >> 20, be->name);
+        return ZPS_ERR_NOMEM;
+    }
+    if (s->bf16 && !(s->dgrads16 = be->alloc(n * 2))) {
+        zps_log(ZPS_ERROR, "trainer", "cannot allocate %zu MiB on the %s back-end for the "
+                "bf16 gradients", (n * 2) >> 20, be->name);
         return ZPS_ERR_NOMEM;
     }
     ZPS_TRY(be->copy_out(s->hparams, s->dparams, s->nparams * sizeof(float)));
@@ -289,7 +311,8 @@ zps_status tr_sync_staged_new(const tr_sync_env *env, tr_sync_new_fn inner_new, 
     }
     s_stage *s = zps_xcalloc(1, sizeof *s);
     *s = (s_stage){.be = be, .model = env->model, .vars = env->vars, .nvars = env->nvars,
-                   .nparams = env->nparams, .dparams = env->params, .dgrads = env->grads};
+                   .nparams = env->nparams, .dparams = env->params, .dgrads = env->grads,
+                   .bf16 = env->cfg->push_dtype == PS_DTYPE_BF16 && inner_new == tr_sync_ps_new};
     s->base = (tr_sync){.begin_step = s_begin_step, .params_ready = s_params_ready,
                         .grads_ready = s_grads_ready, .end_step = s_end_step,
                         .finish = s_finish, .leave = s_leave, .abandon = s_abandon,
@@ -302,6 +325,7 @@ zps_status tr_sync_staged_new(const tr_sync_env *env, tr_sync_new_fn inner_new, 
         host.be = k_backend_cpu();
         host.params = s->hparams;
         host.grads = s->hgrads;
+        host.grads_bf16 = s->hgrads16;
         host.set_forward_hook = s_set_inner_hook;
         host.hook_owner = s;
         st = inner_new(&host, &s->inner);
@@ -313,8 +337,9 @@ zps_status tr_sync_staged_new(const tr_sync_env *env, tr_sync_new_fn inner_new, 
     s->base.start_step = s->inner->start_step;
     s_all_stale(s); /* the inner set-up may have pulled or broadcast new values */
     nn_model_set_forward_hook(s->model, s_forward_hook, s);
-    zps_log(ZPS_INFO, "trainer", "%s back-end: values and gradients staged through %zu MiB "
-            "of pinned host mirrors", be->name, (2 * s->nparams * sizeof(float)) >> 20);
+    zps_log(ZPS_INFO, "trainer", "%s back-end: values and %s gradients staged through %zu MiB "
+            "of pinned host mirrors", be->name, s->bf16 ? "bf16" : "f32",
+            (s->nparams * (s->bf16 ? 6 : 8)) >> 20);
     *out = &s->base;
     return ZPS_OK;
 }

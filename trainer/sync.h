@@ -83,6 +83,9 @@ typedef struct tr_sync_env {
     float *params;            // (nparams) the model's values
     float *grads;             // (nparams) the step's mean gradient (the model's own, or the
                               // loop's accumulator with --accumulate > 1)
+    const uint16_t *grads_bf16; // (nparams) PS with --push-dtype bf16 on a device (stage.c):
+                              // the same gradient already rounded to bfloat16, in pinned host
+                              // memory; pushes send it, and grads is NULL (NULL: grads)
     const k_backend *be;      // whose memory params and grads are in (NULL: the model's,
                               // or cpu without a model)
     tr_set_forward_hook_fn set_forward_hook; // NULL: nn_model_set_forward_hook on model;

@@ -72,6 +72,7 @@ typedef struct s_ps {
     const tr_config *cfg;
     tr_sync_env hook_env;     // model, set_forward_hook, hook_owner: where the pull hook goes
     float *params, *grads;    // (nparams) borrowed from the env
+    const uint16_t *grads16;  // (nparams) the env's grads_bf16: pushes send it (NULL: grads)
     size_t nvars, nparams;
     ps_plan *plan;
     ps_client *client;
@@ -380,15 +381,21 @@ static zps_status s_grads_ready(tr_sync *s, size_t first, size_t n)
             (void)ps_client_progress(p->client);
             p->pull_t0[b] = tr_trace_now(p->trace);
         }
-        st = ps_client_pushpull(p->client, p->buckets[b].first, p->buckets[b].n, p->grads,
-                                p->params, p->push_step, &p->pull_t[b]);
+        const s_group *k = &p->buckets[b];
+        st = p->grads16 ? ps_client_pushpull_bf16(p->client, k->first, k->n, p->grads16,
+                                                  p->params, p->push_step, &p->pull_t[b])
+                        : ps_client_pushpull(p->client, k->first, k->n, p->grads, p->params,
+                                             p->push_step, &p->pull_t[b]);
     } else {
         if (p->trace) {
             (void)ps_client_progress(p->client);
             p->push_t0[p->n_push] = tr_trace_now(p->trace);
         }
-        st = ps_client_push(p->client, (int)first, (int)n, p->grads, p->push_step,
-                            &p->push_t[p->n_push]);
+        ps_ticket *t = &p->push_t[p->n_push];
+        st = p->grads16 ? ps_client_push_bf16(p->client, (int)first, (int)n, p->grads16,
+                                              p->push_step, t)
+                        : ps_client_push(p->client, (int)first, (int)n, p->grads, p->push_step,
+                                         t);
         p->push_first[p->n_push] = (int)first, p->push_n[p->n_push] = (int)n;
     }
     if (st != ZPS_OK) {
@@ -680,6 +687,7 @@ zps_status tr_sync_ps_new(const tr_sync_env *env, tr_sync **out)
                                 .hook_owner = env->hook_owner};
     p->params = env->params;
     p->grads = env->grads;
+    p->grads16 = env->grads_bf16;
     p->nvars = env->nvars;
     p->nparams = env->nparams;
     p->push_t = zps_xcalloc(env->nvars, sizeof *p->push_t);
