@@ -9,7 +9,7 @@
 #    run (the machine's python3 or $ZPS_PYTHON), f32 with TF32 convolutions on both sides,
 #    medians of ZPS_GPU_PAIRS (3) alternating rounds; also the TFLOP/s the training step
 #    reaches and its fraction of the GPU's TF32 peak. Then the same in bf16: zps's
-#    --precision bf16 (emulated on cuda so far) against PyTorch's bf16 autocast.
+#    --precision bf16 (cuDNN's BF16 tensor cores) against PyTorch's bf16 autocast.
 #    JSON: BENCH_DIR/train_step.json.
 # 2. A PS fleet on the GPU: one GPU trainer (Inception-v3 w1 at 299, batch 32, 3 channels from
 #    Fashion-MNIST resized) with 2 sync servers, against the same trainer alone (--mode

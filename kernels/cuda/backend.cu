@@ -791,6 +791,15 @@ typedef struct s_conv_impl {
     cudnnConvolutionBwdFilterAlgo_t wa;
     void *ws;                          // workspace (device)
     size_t ws_bytes;
+    /* bf16 on the tensor cores (k_conv2d.bf16, s_conv_tc): the same shapes in bfloat16,
+     * products summed in float, tensor-op math, and their algorithms */
+    int tc;                            // 0: not set up; 1: ready; -1: emulated instead
+    cudnnTensorDescriptor_t xh, yh;
+    cudnnFilterDescriptor_t wh;
+    cudnnConvolutionDescriptor_t convh;
+    cudnnConvolutionFwdAlgo_t fah;
+    cudnnConvolutionBwdDataAlgo_t dah;
+    cudnnConvolutionBwdFilterAlgo_t wah;
 } s_conv_impl;
 
 static zps_status s_conv_get(k_conv2d *d, s_conv_impl **out)
@@ -843,23 +852,37 @@ static zps_status s_conv_get(k_conv2d *d, s_conv_impl **out)
 }
 
 /* ---- bf16 convolutions (k_conv2d.bf16) ----
- * Emulated for now: x, w and dy are rounded to bfloat16 (common/bf16.h's rounding) into a grow-only
- * scratch and the float convolution runs on them. The products of bf16 values are exact in
- * float and in TF32, so the results are bf16 compute's; the speed is float's (cuDNN's BF16
- * tensor-core path is the next step). */
+ * On the tensor cores where cuDNN has a BF16 algorithm for the shape (s_conv_tc): x, w and dy
+ * are rounded to bfloat16 (common/bf16.h's rounding, g_pack_bf16) into a grow-only scratch,
+ * cuDNN multiplies them and sums in float, and writes its result as bfloat16, which is widened
+ * back (y and dx overwritten, dw accumulated in float). That is bf16 compute with each conv
+ * output rounded once to bfloat16, as PyTorch's autocast does; ref keeps the float sum, so the
+ * results differ by that rounding (k_cuda's bf16 tolerance). The bias and its gradient stay
+ * float. Otherwise (no algorithm, or ZPS_CUDA_BF16=emulate) emulated: the rounded inputs go
+ * through the float convolution (products of bf16 values are exact in float and TF32), which
+ * gives ref's results at float's speed. */
 __global__ void g_bf16(size_t n, const float *x, float *y)
 {
     S_LOOP(i, n) y[i] = zps_bf16_round(x[i]); /* common/bf16.h, the host's rounding */
 }
+__global__ void g_widen_bf16(size_t n, const uint16_t *x, float *y, int acc)
+{
+    S_LOOP(i, n)
+    {
+        float v = __uint_as_float((unsigned)x[i] << 16);
+        y[i] = acc ? y[i] + v : v;
+    }
+}
 static float *s_bscr;
 static size_t s_bscr_cap;
-/* The inputs of a bf16 convolution, rounded: each (src, n) pair into its own stretch of the
- * scratch; *out[i] = the rounded copy (or NULL for a NULL src). */
+static size_t s_al64(size_t n) { return (n + 63) / 64 * 64; }
+/* The inputs of an emulated bf16 convolution, rounded: each (src, n) pair into its own
+ * stretch of the scratch; *out[i] = the rounded copy (or NULL for a NULL src). */
 static zps_status s_bf16_inputs(int k, const float *const *src, const size_t *n, const float **out)
 {
     size_t total = 0;
     for (int i = 0; i < k; i++)
-        total += src[i] ? (n[i] + 63) / 64 * 64 : 0;
+        total += src[i] ? s_al64(n[i]) : 0;
     S_TRY(s_grow((void **)&s_bscr, &s_bscr_cap, total * sizeof(float), 0));
     float *at = s_bscr;
     for (int i = 0; i < k; i++) {
@@ -869,8 +892,87 @@ static zps_status s_bf16_inputs(int k, const float *const *src, const size_t *n,
         g_bf16<<<s_blocks(n[i]), S_T, 0, s_stream>>>(n[i], src[i], at);
         S_LAUNCHED();
         out[i] = at;
-        at += (n[i] + 63) / 64 * 64;
+        at += s_al64(n[i]);
     }
+    return ZPS_OK;
+}
+/* The tensor-core path's bfloat16 buffers, in the same scratch: out[i] holds n[i] values;
+ * those with a src get src packed into them (the others are outputs). */
+static zps_status s_bf16_buffers(int k, const float *const *src, const size_t *n, uint16_t **out)
+{
+    size_t total = 0;
+    for (int i = 0; i < k; i++)
+        total += s_al64(n[i]);
+    S_TRY(s_grow((void **)&s_bscr, &s_bscr_cap, total * sizeof(uint16_t), 0));
+    uint16_t *at = (uint16_t *)s_bscr;
+    for (int i = 0; i < k; i++) {
+        out[i] = at;
+        at += s_al64(n[i]);
+        if (!src[i] || !n[i])
+            continue;
+        g_pack_bf16<<<s_blocks(n[i]), S_T, 0, s_stream>>>(n[i], src[i], out[i]);
+        S_LAUNCHED();
+    }
+    return ZPS_OK;
+}
+static zps_status s_widen(size_t n, const uint16_t *x, float *y, int acc)
+{
+    g_widen_bf16<<<s_blocks(n), S_T, 0, s_stream>>>(n, x, y, acc);
+    S_LAUNCHED();
+    return ZPS_OK;
+}
+
+static int s_bf16_emulate = -1; // ZPS_CUDA_BF16=emulate: every bf16 convolution emulated
+
+/* The tensor-core set-up of a bf16 convolution, once per shape: im->tc = 1, or -1 (emulated)
+ * when cuDNN offers no BF16 algorithm for it or ZPS_CUDA_BF16=emulate. Grows the workspace
+ * to what the BF16 algorithms need. */
+static zps_status s_conv_tc(const k_conv2d *d, s_conv_impl *im)
+{
+    if (im->tc)
+        return ZPS_OK;
+    if (s_bf16_emulate < 0) {
+        const char *e = getenv("ZPS_CUDA_BF16");
+        s_bf16_emulate = e && strcmp(e, "emulate") == 0;
+    }
+    im->tc = -1;
+    if (s_bf16_emulate)
+        return ZPS_OK;
+    S_CUDNN(cudnnCreateTensorDescriptor(&im->xh));
+    S_CUDNN(cudnnCreateTensorDescriptor(&im->yh));
+    S_CUDNN(cudnnCreateFilterDescriptor(&im->wh));
+    S_CUDNN(cudnnCreateConvolutionDescriptor(&im->convh));
+    S_CUDNN(cudnnSetTensor4dDescriptor(im->xh, CUDNN_TENSOR_NCHW, CUDNN_DATA_BFLOAT16, d->n, d->c, d->h, d->w));
+    S_CUDNN(cudnnSetTensor4dDescriptor(im->yh, CUDNN_TENSOR_NCHW, CUDNN_DATA_BFLOAT16, d->n, d->k, d->oh, d->ow));
+    S_CUDNN(cudnnSetFilter4dDescriptor(im->wh, CUDNN_DATA_BFLOAT16, CUDNN_TENSOR_NCHW, d->k, d->c, d->r, d->s));
+    S_CUDNN(cudnnSetConvolution2dDescriptor(im->convh, d->pad_h, d->pad_w, d->stride_h, d->stride_w,
+                                            1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    S_CUDNN(cudnnSetConvolutionMathType(im->convh, CUDNN_TENSOR_OP_MATH));
+    int got[3] = {0, 0, 0};
+    cudnnConvolutionFwdAlgoPerf_t fp;
+    cudnnConvolutionBwdDataAlgoPerf_t dp;
+    cudnnConvolutionBwdFilterAlgoPerf_t wp;
+    /* a query that fails or finds nothing means no BF16 path here: emulate, not an error */
+    if (cudnnGetConvolutionForwardAlgorithm_v7(s_cudnn, im->xh, im->wh, im->convh, im->yh, 1, &got[0], &fp) ||
+        cudnnGetConvolutionBackwardDataAlgorithm_v7(s_cudnn, im->wh, im->yh, im->convh, im->xh, 1, &got[1], &dp) ||
+        cudnnGetConvolutionBackwardFilterAlgorithm_v7(s_cudnn, im->xh, im->yh, im->convh, im->wh, 1, &got[2], &wp) ||
+        got[0] < 1 || got[1] < 1 || got[2] < 1 || fp.status != CUDNN_STATUS_SUCCESS ||
+        dp.status != CUDNN_STATUS_SUCCESS || wp.status != CUDNN_STATUS_SUCCESS)
+        return ZPS_OK;
+    im->fah = fp.algo, im->dah = dp.algo, im->wah = wp.algo;
+    size_t a = 0, b = 0, c = 0;
+    S_CUDNN(cudnnGetConvolutionForwardWorkspaceSize(s_cudnn, im->xh, im->wh, im->convh, im->yh, im->fah, &a));
+    S_CUDNN(cudnnGetConvolutionBackwardDataWorkspaceSize(s_cudnn, im->wh, im->yh, im->convh, im->xh, im->dah, &b));
+    S_CUDNN(cudnnGetConvolutionBackwardFilterWorkspaceSize(s_cudnn, im->xh, im->yh, im->convh, im->wh, im->wah, &c));
+    size_t need = a > b ? (a > c ? a : c) : (b > c ? b : c);
+    if (need > im->ws_bytes) {
+        if (im->ws)
+            S_CUDA(cudaFree(im->ws));
+        im->ws = NULL, im->ws_bytes = 0;
+        S_CUDA(cudaMalloc(&im->ws, need));
+        im->ws_bytes = need;
+    }
+    im->tc = 1;
     return ZPS_OK;
 }
 
@@ -880,17 +982,56 @@ static zps_status s_conv2d_fwd(k_conv2d *d, const float *x, const float *w, cons
     zps_status st = s_conv_get(d, &im);
     if (st != ZPS_OK)
         return st;
-    if (d->bf16) {
-        const float *in[2] = {x, w}, *r[2];
-        size_t n[2] = {(size_t)d->n * d->c * d->h * d->w, (size_t)d->k * d->c * d->r * d->s};
-        S_TRY(s_bf16_inputs(2, in, n, r));
-        x = r[0], w = r[1];
-    }
     float one = 1, zero = 0;
-    S_CUDNN(cudnnConvolutionForward(s_cudnn, &one, im->x, x, im->w, w, im->conv, im->fa, im->ws,
-                                    im->ws_bytes, &zero, im->y, y));
+    if (d->bf16)
+        S_TRY(s_conv_tc(d, im));
+    if (d->bf16 && im->tc > 0) {
+        const float *in[3] = {x, w, NULL};
+        size_t n[3] = {(size_t)d->n * d->c * d->h * d->w, (size_t)d->k * d->c * d->r * d->s,
+                       (size_t)d->n * d->k * d->oh * d->ow};
+        uint16_t *h[3];
+        S_TRY(s_bf16_buffers(3, in, n, h));
+        S_CUDNN(cudnnConvolutionForward(s_cudnn, &one, im->xh, h[0], im->wh, h[1], im->convh,
+                                        im->fah, im->ws, im->ws_bytes, &zero, im->yh, h[2]));
+        S_TRY(s_widen(n[2], h[2], y, 0));
+    } else {
+        if (d->bf16) {
+            const float *in[2] = {x, w}, *r[2];
+            size_t n[2] = {(size_t)d->n * d->c * d->h * d->w, (size_t)d->k * d->c * d->r * d->s};
+            S_TRY(s_bf16_inputs(2, in, n, r));
+            x = r[0], w = r[1];
+        }
+        S_CUDNN(cudnnConvolutionForward(s_cudnn, &one, im->x, x, im->w, w, im->conv, im->fa,
+                                        im->ws, im->ws_bytes, &zero, im->y, y));
+    }
     if (b)
         S_CUDNN(cudnnAddTensor(s_cudnn, &one, im->b, b, &one, im->y, y));
+    return ZPS_OK;
+}
+
+/* Backward on the tensor cores: dy, w, x packed; dx and dw come back as bfloat16. */
+static zps_status s_conv2d_bwd_tc(k_conv2d *d, s_conv_impl *im, const float *x, const float *w,
+                                  const float *dy, float *dx, float *dw)
+{
+    float one = 1, zero = 0;
+    size_t nx = (size_t)d->n * d->c * d->h * d->w, nw = (size_t)d->k * d->c * d->r * d->s;
+    const float *in[5] = {dy, dx ? w : NULL, dw ? x : NULL, NULL, NULL};
+    size_t n[5] = {(size_t)d->n * d->k * d->oh * d->ow, dx ? nw : 0, dw ? nx : 0, dx ? nx : 0,
+                   dw ? nw : 0};
+    uint16_t *h[5]; // dy, w, x, dx, dw
+    S_TRY(s_bf16_buffers(5, in, n, h));
+    if (dx) {
+        S_CUDNN(cudnnConvolutionBackwardData(s_cudnn, &one, im->wh, h[1], im->yh, h[0],
+                                             im->convh, im->dah, im->ws, im->ws_bytes, &zero,
+                                             im->xh, h[3]));
+        S_TRY(s_widen(nx, h[3], dx, 0));
+    }
+    if (dw) { /* accumulate: the bfloat16 result added to dw in float */
+        S_CUDNN(cudnnConvolutionBackwardFilter(s_cudnn, &one, im->xh, h[2], im->yh, h[0],
+                                               im->convh, im->wah, im->ws, im->ws_bytes, &zero,
+                                               im->wh, h[4]));
+        S_TRY(s_widen(nw, h[4], dw, 1));
+    }
     return ZPS_OK;
 }
 
@@ -904,6 +1045,10 @@ static zps_status s_conv2d_bwd(k_conv2d *d, const float *x, const float *w, cons
     float one = 1, zero = 0;
     if (db) /* the float sum of dy, bf16 or not: before dy is rounded */
         S_CUDNN(cudnnConvolutionBackwardBias(s_cudnn, &one, im->y, dy, &one, im->b, db));
+    if (d->bf16)
+        S_TRY(s_conv_tc(d, im));
+    if (d->bf16 && im->tc > 0)
+        return s_conv2d_bwd_tc(d, im, x, w, dy, dx, dw);
     if (d->bf16) {
         const float *in[3] = {dx ? w : NULL, dw ? x : NULL, dy}, *r[3];
         size_t n[3] = {(size_t)d->k * d->c * d->r * d->s, (size_t)d->n * d->c * d->h * d->w,
@@ -932,6 +1077,14 @@ static void s_release(void **impl)
         cudnnDestroyTensorDescriptor(im->b);
         cudnnDestroyFilterDescriptor(im->w);
         cudnnDestroyConvolutionDescriptor(im->conv);
+        if (im->xh)
+            cudnnDestroyTensorDescriptor(im->xh);
+        if (im->yh)
+            cudnnDestroyTensorDescriptor(im->yh);
+        if (im->wh)
+            cudnnDestroyFilterDescriptor(im->wh);
+        if (im->convh)
+            cudnnDestroyConvolutionDescriptor(im->convh);
         if (im->ws)
             cudaFree(im->ws);
     } else if (*kind == 2) {
