@@ -34,14 +34,27 @@ if [ "${ZPS_GPU_SANITIZE:-1}" != 0 ] && command -v compute-sanitizer >/dev/null;
   tmp=$(mktemp -d /tmp/zps-sanitize.XXXXXX)
   "$B/bin/zps-data" convert fashion-mnist --out "$tmp/fm" --limit 512 --shards 1 >/dev/null 2>&1 ||
     echo "test-gpu: cannot convert the data for the sanitizer run" >&2
-  # memcheck over local training (the optimizer on the device) and a one-rank all-reduce (the
-  # pinned mirrors, the copy stream and the staging thread of trainer/stage.c); racecheck once
-  for run in memcheck:local memcheck:allreduce racecheck:local; do
-    tool=${run%%:*} mode=${run#*:}
+  # memcheck over local training (the optimizer on the device), a one-rank all-reduce (NCCL
+  # on device gradients) and a sync PS run against a server started here, with bf16 compute
+  # and bf16 pushes (the pinned mirrors, the copy stream and the staging thread of
+  # trainer/stage.c, k_pack_bf16, the BF16 tensor-core convolutions); racecheck once
+  srv_pid= uri=
+  "$B/bin/zps-server" --mode sync --num-trainers 1 >"$tmp/server.log" 2>&1 &
+  srv_pid=$!
+  for _ in $(seq 100); do  # its endpoint, once it listens (10 s at most)
+    uri=$(sed -n 's/^zps-server listening on \(tcp:[^ ]*\).*/\1/p' "$tmp/server.log" | head -1)
+    [ -n "$uri" ] && break
+    kill -0 $srv_pid 2>/dev/null || break
+    sleep 0.1
+  done
+  [ -n "$uri" ] || echo "test-gpu: the server for the sync run did not start:" "$(tail -3 "$tmp/server.log")"
+  for run in memcheck:local memcheck:allreduce memcheck:sync racecheck:local; do
+    tool=${run%%:*} mode=${run#*:} extra=()
+    [ "$mode" = sync ] && extra=(--servers "$uri" --precision bf16 --push-dtype bf16)
     if compute-sanitizer --tool "$tool" --error-exitcode 99 --target-processes all \
          "$B/bin/zps-trainer" --device cuda --data "$tmp/fm" --model convnet --mode "$mode" \
          --steps 3 --batch-size 8 --eval-batches 1 --no-progress --threads 0 \
-         --job "san$$" >"$tmp/$tool-$mode.log" 2>&1; then
+         --job "san$$" "${extra[@]}" >"$tmp/$tool-$mode.log" 2>&1; then
       echo "test-gpu: compute-sanitizer $tool, --mode $mode: clean ($(grep -c 'ERROR SUMMARY: 0' "$tmp/$tool-$mode.log") summaries)"
       passed=$((passed + 1))
     else
@@ -49,6 +62,7 @@ if [ "${ZPS_GPU_SANITIZE:-1}" != 0 ] && command -v compute-sanitizer >/dev/null;
       failed=$((failed + 1))
     fi
   done
+  kill $srv_pid 2>/dev/null; wait $srv_pid 2>/dev/null
   rm -rf "$tmp"
 else
   echo "test-gpu: compute-sanitizer runs skipped"
