@@ -60,6 +60,7 @@ typedef struct s_node {
     tr_buckets buckets;       // this step's (sync.h)
     tr_worker worker;         // the communication thread: one job per bucket
     zps_status sum_err;       // the node's sums failed (the thread's; read when it is idle)
+    zps_status hook_err;      // this step's buckets went wrong (out of order, too many)
     struct tr_trace *trace;   // --trace (NULL: none): each bucket's sum is a span
 } s_node;
 
@@ -84,6 +85,7 @@ static zps_status s_begin_step(tr_sync *b, int64_t step, int *stop)
     ZPS_TRY(s->sum_err); /* the node is broken: the loop ends */
     tr_buckets_reset(&s->buckets);
     tr_worker_clear(&s->worker); /* a hand-off's failure was the PS back-end's to judge */
+    s->hook_err = ZPS_OK;
     s_word w = {.stop = *stop, .redo_from = -1};
     if (s->ps)
         w.status = s->ps->begin_step(s->ps, step, stop), w.stop = *stop;
@@ -116,11 +118,21 @@ static zps_status s_job(void *ctx, const tr_job *j, zps_status failed)
     return s->ps->grads_ready(s->ps, j->first, j->n);
 }
 
+/* A hook's own failure: kept for end_step, and no more hand-offs this step (the sums go on). */
+static zps_status s_hook_fail(s_node *s, zps_status st)
+{
+    if (s->hook_err == ZPS_OK)
+        s->hook_err = st;
+    (void)tr_worker_fail(&s->worker, st);
+    return st;
+}
+
 static zps_status s_post(s_node *s, size_t lo, size_t hi)
 {
     tr_job j = {.lo = lo, .hi = hi, .first = s->buckets.first, .n = s->buckets.nv,
                 .t0 = tr_trace_now(s->trace)};
-    return tr_worker_post(&s->worker, &j);
+    zps_status st = tr_worker_post(&s->worker, &j);
+    return st == ZPS_OK ? st : s_hook_fail(s, st);
 }
 
 static zps_status s_grads_ready(tr_sync *b, size_t first, size_t n)
@@ -129,7 +141,7 @@ static zps_status s_grads_ready(tr_sync *b, size_t first, size_t n)
     size_t lo, hi;
     int full = tr_buckets_report(&s->buckets, first, n, &lo, &hi);
     if (full < 0)
-        return tr_worker_fail(&s->worker, ZPS_ERR_INTERNAL);
+        return s_hook_fail(s, ZPS_ERR_INTERNAL);
     return full ? s_post(s, lo, hi) : ZPS_OK;
 }
 
@@ -147,17 +159,15 @@ static zps_status s_end_step(tr_sync *b, tr_step_record *rec)
     s_node *s = (s_node *)b;
     uint64_t t0 = zps_now_ns(), tt = tr_trace_now(s->trace);
     size_t lo, hi;
-    zps_status st = ZPS_OK;
     if (tr_buckets_rest(&s->buckets, &lo, &hi))
-        st = s_post(s, lo, hi);
-    zps_status werr = tr_worker_wait(&s->worker);
+        (void)s_post(s, lo, hi);
+    (void)tr_worker_wait(&s->worker); /* a failed hand-off is the PS back-end's (push_err) */
     tr_trace_span(s->trace, TR_TRACE_MAIN, "wait: node sum", tt, -1);
     double sum_wait = (double)(zps_now_ns() - t0) * 1e-9;
     ZPS_TRY(s->sum_err); /* no node to broadcast to: every rank fails here */
-    if (st == ZPS_OK && werr == ZPS_ERR_INTERNAL) /* a bucket out of order, not a push */
-        st = werr;
+    zps_status st = s->hook_err;
     s_word w = {.status = st, .redo_from = -1};
-    if (s->ps && st == ZPS_OK) { /* a failed hand-off is the PS back-end's (its push_err) */
+    if (s->ps && st == ZPS_OK) {
         w.status = s_lead(s, rec);
         w.redo_from = s->ps->redo_from;
     }
