@@ -208,6 +208,15 @@ static int s_changed(const float *a, const float *b, size_t n)
     return 0;
 }
 
+/* Rank i of two: its fixture, S_NV equal variables, and a bucket per variable. */
+static void s_bucket_rank(s_fixture *f, nn_var *vars, int i)
+{
+    s_fixture_init(f, i, 2);
+    for (int v = 0; v < S_NV; v++)
+        vars[v] = (nn_var){.offset = (size_t)v * (S_N / S_NV), .count = S_N / S_NV};
+    f->env.vars = vars, f->env.nvars = S_NV, f->env.bucket_floats = 1;
+}
+
 static void *s_ov_thread(void *p)
 {
     s_ov_rank *r = p;
@@ -242,10 +251,7 @@ Test(tr_sync, allreduce_reduces_each_bucket_while_backward_goes_on)
     char job[64];
     snprintf(job, sizeof job, "ovl%d-%u", (int)getpid(), zt_rand());
     for (int i = 0; i < 2; i++) {
-        s_fixture_init(&r[i].f, i, 2);
-        for (int v = 0; v < S_NV; v++)
-            r[i].vars[v] = (nn_var){.offset = (size_t)v * (S_N / S_NV), .count = S_N / S_NV};
-        r[i].f.env.vars = r[i].vars, r[i].f.env.nvars = S_NV, r[i].f.env.bucket_floats = 1;
+        s_bucket_rank(&r[i].f, r[i].vars, i);
         r[i].job = job;
     }
     /* what one mean of the two gradients and one update make of rank 0's values */
@@ -505,10 +511,7 @@ Test(tr_sync, node_hands_each_bucket_on_during_backward)
     char job[64];
     snprintf(job, sizeof job, "nd%d-%u", (int)getpid(), zt_rand());
     for (int i = 0; i < 2; i++) {
-        s_fixture_init(&r[i].f, i, 2);
-        for (int v = 0; v < S_NV; v++)
-            r[i].vars[v] = (nn_var){.offset = (size_t)v * (S_N / S_NV), .count = S_N / S_NV};
-        r[i].f.env.vars = r[i].vars, r[i].f.env.nvars = S_NV, r[i].f.env.bucket_floats = 1;
+        s_bucket_rank(&r[i].f, r[i].vars, i);
         r[i].job = job;
     }
     static float mean[S_N]; /* the same at both steps: step 0 leaves it on both ranks */

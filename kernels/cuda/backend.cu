@@ -781,26 +781,93 @@ static zps_status s_smooth_l1(size_t n, const float *x, const float *t, float be
 
 /* ---- convolution: cuDNN ---- */
 
-typedef struct s_conv_impl {
-    int kind;                          // 1
-    cudnnTensorDescriptor_t x, y, b;   // input, output, bias (1, k, 1, 1)
+/* One convolution's descriptors in one data type, and cuDNN's algorithms for them. */
+typedef struct s_conv_set {
+    cudnnTensorDescriptor_t x, y;      // input, output
     cudnnFilterDescriptor_t w;
-    cudnnConvolutionDescriptor_t conv;
+    cudnnConvolutionDescriptor_t conv; // products summed in float
     cudnnConvolutionFwdAlgo_t fa;
     cudnnConvolutionBwdDataAlgo_t da;
     cudnnConvolutionBwdFilterAlgo_t wa;
-    void *ws;                          // workspace (device)
+} s_conv_set;
+
+typedef struct s_conv_impl {
+    int kind;                          // 1
+    s_conv_set f;                      // float
+    s_conv_set h;                      // bfloat16 on the tensor cores (s_conv_tc)
+    int tc;                            // h: 0 not set up; 1 ready; -1 emulated instead
+    cudnnTensorDescriptor_t b;         // bias (1, k, 1, 1), float
+    void *ws;                          // workspace (device), for both sets' algorithms
     size_t ws_bytes;
-    /* bf16 on the tensor cores (k_conv2d.bf16, s_conv_tc): the same shapes in bfloat16,
-     * products summed in float, tensor-op math, and their algorithms */
-    int tc;                            // 0: not set up; 1: ready; -1: emulated instead
-    cudnnTensorDescriptor_t xh, yh;
-    cudnnFilterDescriptor_t wh;
-    cudnnConvolutionDescriptor_t convh;
-    cudnnConvolutionFwdAlgo_t fah;
-    cudnnConvolutionBwdDataAlgo_t dah;
-    cudnnConvolutionBwdFilterAlgo_t wah;
 } s_conv_impl;
+
+/* Makes set's descriptors for d in dtype (float or bfloat16; bfloat16 with tensor-op math). */
+static zps_status s_conv_set_make(const k_conv2d *d, s_conv_set *set, cudnnDataType_t dt)
+{
+    S_CUDNN(cudnnCreateTensorDescriptor(&set->x));
+    S_CUDNN(cudnnCreateTensorDescriptor(&set->y));
+    S_CUDNN(cudnnCreateFilterDescriptor(&set->w));
+    S_CUDNN(cudnnCreateConvolutionDescriptor(&set->conv));
+    S_CUDNN(cudnnSetTensor4dDescriptor(set->x, CUDNN_TENSOR_NCHW, dt, d->n, d->c, d->h, d->w));
+    S_CUDNN(cudnnSetTensor4dDescriptor(set->y, CUDNN_TENSOR_NCHW, dt, d->n, d->k, d->oh, d->ow));
+    S_CUDNN(cudnnSetFilter4dDescriptor(set->w, dt, CUDNN_TENSOR_NCHW, d->k, d->c, d->r, d->s));
+    S_CUDNN(cudnnSetConvolution2dDescriptor(set->conv, d->pad_h, d->pad_w, d->stride_h, d->stride_w,
+                                            1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    if (dt == CUDNN_DATA_BFLOAT16)
+        S_CUDNN(cudnnSetConvolutionMathType(set->conv, CUDNN_TENSOR_OP_MATH));
+    return ZPS_OK;
+}
+
+static void s_conv_set_free(s_conv_set *set)
+{
+    if (set->x)
+        cudnnDestroyTensorDescriptor(set->x);
+    if (set->y)
+        cudnnDestroyTensorDescriptor(set->y);
+    if (set->w)
+        cudnnDestroyFilterDescriptor(set->w);
+    if (set->conv)
+        cudnnDestroyConvolutionDescriptor(set->conv);
+}
+
+/* cuDNN's choice of the three algorithms for set (heuristics, once per shape), and the
+ * workspace they need in *ws. 0 when it has none for one of them: *st then holds the failed
+ * query's status (CUDNN_STATUS_SUCCESS when it answered with no usable algorithm). */
+static int s_conv_set_algos(s_conv_set *set, size_t *ws, cudnnStatus_t *st)
+{
+    int got[3] = {0, 0, 0};
+    cudnnConvolutionFwdAlgoPerf_t fp;
+    cudnnConvolutionBwdDataAlgoPerf_t dp;
+    cudnnConvolutionBwdFilterAlgoPerf_t wp;
+    if ((*st = cudnnGetConvolutionForwardAlgorithm_v7(s_cudnn, set->x, set->w, set->conv, set->y, 1, &got[0], &fp)) ||
+        (*st = cudnnGetConvolutionBackwardDataAlgorithm_v7(s_cudnn, set->w, set->y, set->conv, set->x, 1, &got[1], &dp)) ||
+        (*st = cudnnGetConvolutionBackwardFilterAlgorithm_v7(s_cudnn, set->x, set->y, set->conv, set->w, 1, &got[2], &wp)))
+        return 0;
+    if (got[0] < 1 || got[1] < 1 || got[2] < 1 || fp.status != CUDNN_STATUS_SUCCESS ||
+        dp.status != CUDNN_STATUS_SUCCESS || wp.status != CUDNN_STATUS_SUCCESS)
+        return 0;
+    set->fa = fp.algo, set->da = dp.algo, set->wa = wp.algo;
+    size_t a = 0, b = 0, c = 0;
+    if ((*st = cudnnGetConvolutionForwardWorkspaceSize(s_cudnn, set->x, set->w, set->conv, set->y, set->fa, &a)) ||
+        (*st = cudnnGetConvolutionBackwardDataWorkspaceSize(s_cudnn, set->w, set->y, set->conv, set->x, set->da, &b)) ||
+        (*st = cudnnGetConvolutionBackwardFilterWorkspaceSize(s_cudnn, set->x, set->y, set->conv, set->w, set->wa, &c)))
+        return 0;
+    *ws = a > b ? (a > c ? a : c) : (b > c ? b : c);
+    return 1;
+}
+
+/* im's workspace holds at least bytes (grown once per shape: cudaFree waits for the device). */
+static zps_status s_conv_ws(s_conv_impl *im, size_t bytes)
+{
+    if (bytes <= im->ws_bytes)
+        return ZPS_OK;
+    if (im->ws)
+        S_CUDA(cudaFree(im->ws));
+    im->ws = NULL, im->ws_bytes = 0;
+    S_CUDA(cudaMalloc(&im->ws, bytes));
+    im->ws_bytes = bytes;
+    return ZPS_OK;
+}
 
 static zps_status s_conv_get(k_conv2d *d, s_conv_impl **out)
 {
@@ -814,39 +881,19 @@ static zps_status s_conv_get(k_conv2d *d, s_conv_impl **out)
         return ZPS_ERR_NOMEM;
     im->kind = 1;
     d->impl = im;
-    S_CUDNN(cudnnCreateTensorDescriptor(&im->x));
-    S_CUDNN(cudnnCreateTensorDescriptor(&im->y));
+    S_TRY(s_conv_set_make(d, &im->f, CUDNN_DATA_FLOAT));
     S_CUDNN(cudnnCreateTensorDescriptor(&im->b));
-    S_CUDNN(cudnnCreateFilterDescriptor(&im->w));
-    S_CUDNN(cudnnCreateConvolutionDescriptor(&im->conv));
-    S_CUDNN(cudnnSetTensor4dDescriptor(im->x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, d->n, d->c, d->h, d->w));
-    S_CUDNN(cudnnSetTensor4dDescriptor(im->y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, d->n, d->k, d->oh, d->ow));
     S_CUDNN(cudnnSetTensor4dDescriptor(im->b, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, d->k, 1, 1));
-    S_CUDNN(cudnnSetFilter4dDescriptor(im->w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, d->k, d->c, d->r, d->s));
-    S_CUDNN(cudnnSetConvolution2dDescriptor(im->conv, d->pad_h, d->pad_w, d->stride_h, d->stride_w,
-                                            1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
-    int got[3] = {0, 0, 0};
-    cudnnConvolutionFwdAlgoPerf_t fp;
-    cudnnConvolutionBwdDataAlgoPerf_t dp;
-    cudnnConvolutionBwdFilterAlgoPerf_t wp;
-    S_CUDNN(cudnnGetConvolutionForwardAlgorithm_v7(s_cudnn, im->x, im->w, im->conv, im->y, 1, &got[0], &fp));
-    S_CUDNN(cudnnGetConvolutionBackwardDataAlgorithm_v7(s_cudnn, im->w, im->y, im->conv, im->x, 1, &got[1], &dp));
-    S_CUDNN(cudnnGetConvolutionBackwardFilterAlgorithm_v7(s_cudnn, im->x, im->y, im->conv, im->w, 1, &got[2], &wp));
-    if (got[0] < 1 || got[1] < 1 || got[2] < 1 || fp.status != CUDNN_STATUS_SUCCESS ||
-        dp.status != CUDNN_STATUS_SUCCESS || wp.status != CUDNN_STATUS_SUCCESS) {
+    size_t ws = 0;
+    cudnnStatus_t cst;
+    if (!s_conv_set_algos(&im->f, &ws, &cst)) {
         snprintf(s_err, sizeof s_err, "%s:%d cuDNN has no algorithm for the convolution "
-                 "%dx%dx%dx%d * %dx%dx%d (stride %d, pad %d)", __FILE__, __LINE__, d->n, d->c,
-                 d->h, d->w, d->k, d->r, d->s, d->stride_h, d->pad_h);
+                 "%dx%dx%dx%d * %dx%dx%d (stride %d, pad %d): %s", __FILE__, __LINE__, d->n,
+                 d->c, d->h, d->w, d->k, d->r, d->s, d->stride_h, d->pad_h,
+                 cst ? cudnnGetErrorString(cst) : "none offered");
         return ZPS_ERR_CUDNN;
     }
-    im->fa = fp.algo, im->da = dp.algo, im->wa = wp.algo;
-    size_t a = 0, b = 0, c = 0;
-    S_CUDNN(cudnnGetConvolutionForwardWorkspaceSize(s_cudnn, im->x, im->w, im->conv, im->y, im->fa, &a));
-    S_CUDNN(cudnnGetConvolutionBackwardDataWorkspaceSize(s_cudnn, im->w, im->y, im->conv, im->x, im->da, &b));
-    S_CUDNN(cudnnGetConvolutionBackwardFilterWorkspaceSize(s_cudnn, im->x, im->y, im->conv, im->w, im->wa, &c));
-    im->ws_bytes = a > b ? (a > c ? a : c) : (b > c ? b : c);
-    if (im->ws_bytes)
-        S_CUDA(cudaMalloc(&im->ws, im->ws_bytes));
+    S_TRY(s_conv_ws(im, ws));
     *out = im;
     return ZPS_OK;
 }
@@ -938,40 +985,12 @@ static zps_status s_conv_tc(const k_conv2d *d, s_conv_impl *im)
     im->tc = -1;
     if (s_bf16_emulate)
         return ZPS_OK;
-    S_CUDNN(cudnnCreateTensorDescriptor(&im->xh));
-    S_CUDNN(cudnnCreateTensorDescriptor(&im->yh));
-    S_CUDNN(cudnnCreateFilterDescriptor(&im->wh));
-    S_CUDNN(cudnnCreateConvolutionDescriptor(&im->convh));
-    S_CUDNN(cudnnSetTensor4dDescriptor(im->xh, CUDNN_TENSOR_NCHW, CUDNN_DATA_BFLOAT16, d->n, d->c, d->h, d->w));
-    S_CUDNN(cudnnSetTensor4dDescriptor(im->yh, CUDNN_TENSOR_NCHW, CUDNN_DATA_BFLOAT16, d->n, d->k, d->oh, d->ow));
-    S_CUDNN(cudnnSetFilter4dDescriptor(im->wh, CUDNN_DATA_BFLOAT16, CUDNN_TENSOR_NCHW, d->k, d->c, d->r, d->s));
-    S_CUDNN(cudnnSetConvolution2dDescriptor(im->convh, d->pad_h, d->pad_w, d->stride_h, d->stride_w,
-                                            1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
-    S_CUDNN(cudnnSetConvolutionMathType(im->convh, CUDNN_TENSOR_OP_MATH));
-    int got[3] = {0, 0, 0};
-    cudnnConvolutionFwdAlgoPerf_t fp;
-    cudnnConvolutionBwdDataAlgoPerf_t dp;
-    cudnnConvolutionBwdFilterAlgoPerf_t wp;
-    /* a query that fails or finds nothing means no BF16 path here: emulate, not an error */
-    if (cudnnGetConvolutionForwardAlgorithm_v7(s_cudnn, im->xh, im->wh, im->convh, im->yh, 1, &got[0], &fp) ||
-        cudnnGetConvolutionBackwardDataAlgorithm_v7(s_cudnn, im->wh, im->yh, im->convh, im->xh, 1, &got[1], &dp) ||
-        cudnnGetConvolutionBackwardFilterAlgorithm_v7(s_cudnn, im->xh, im->yh, im->convh, im->wh, 1, &got[2], &wp) ||
-        got[0] < 1 || got[1] < 1 || got[2] < 1 || fp.status != CUDNN_STATUS_SUCCESS ||
-        dp.status != CUDNN_STATUS_SUCCESS || wp.status != CUDNN_STATUS_SUCCESS)
+    S_TRY(s_conv_set_make(d, &im->h, CUDNN_DATA_BFLOAT16));
+    size_t ws = 0;
+    cudnnStatus_t cst;
+    if (!s_conv_set_algos(&im->h, &ws, &cst)) /* no BF16 path for this shape: emulate */
         return ZPS_OK;
-    im->fah = fp.algo, im->dah = dp.algo, im->wah = wp.algo;
-    size_t a = 0, b = 0, c = 0;
-    S_CUDNN(cudnnGetConvolutionForwardWorkspaceSize(s_cudnn, im->xh, im->wh, im->convh, im->yh, im->fah, &a));
-    S_CUDNN(cudnnGetConvolutionBackwardDataWorkspaceSize(s_cudnn, im->wh, im->yh, im->convh, im->xh, im->dah, &b));
-    S_CUDNN(cudnnGetConvolutionBackwardFilterWorkspaceSize(s_cudnn, im->xh, im->yh, im->convh, im->wh, im->wah, &c));
-    size_t need = a > b ? (a > c ? a : c) : (b > c ? b : c);
-    if (need > im->ws_bytes) {
-        if (im->ws)
-            S_CUDA(cudaFree(im->ws));
-        im->ws = NULL, im->ws_bytes = 0;
-        S_CUDA(cudaMalloc(&im->ws, need));
-        im->ws_bytes = need;
-    }
+    S_TRY(s_conv_ws(im, ws));
     im->tc = 1;
     return ZPS_OK;
 }
@@ -991,8 +1010,8 @@ static zps_status s_conv2d_fwd(k_conv2d *d, const float *x, const float *w, cons
                        (size_t)d->n * d->k * d->oh * d->ow};
         uint16_t *h[3];
         S_TRY(s_bf16_buffers(3, in, n, h));
-        S_CUDNN(cudnnConvolutionForward(s_cudnn, &one, im->xh, h[0], im->wh, h[1], im->convh,
-                                        im->fah, im->ws, im->ws_bytes, &zero, im->yh, h[2]));
+        S_CUDNN(cudnnConvolutionForward(s_cudnn, &one, im->h.x, h[0], im->h.w, h[1], im->h.conv,
+                                        im->h.fa, im->ws, im->ws_bytes, &zero, im->h.y, h[2]));
         S_TRY(s_widen(n[2], h[2], y, 0));
     } else {
         if (d->bf16) {
@@ -1001,11 +1020,11 @@ static zps_status s_conv2d_fwd(k_conv2d *d, const float *x, const float *w, cons
             S_TRY(s_bf16_inputs(2, in, n, r));
             x = r[0], w = r[1];
         }
-        S_CUDNN(cudnnConvolutionForward(s_cudnn, &one, im->x, x, im->w, w, im->conv, im->fa,
-                                        im->ws, im->ws_bytes, &zero, im->y, y));
+        S_CUDNN(cudnnConvolutionForward(s_cudnn, &one, im->f.x, x, im->f.w, w, im->f.conv, im->f.fa,
+                                        im->ws, im->ws_bytes, &zero, im->f.y, y));
     }
     if (b)
-        S_CUDNN(cudnnAddTensor(s_cudnn, &one, im->b, b, &one, im->y, y));
+        S_CUDNN(cudnnAddTensor(s_cudnn, &one, im->b, b, &one, im->f.y, y));
     return ZPS_OK;
 }
 
@@ -1021,15 +1040,15 @@ static zps_status s_conv2d_bwd_tc(k_conv2d *d, s_conv_impl *im, const float *x, 
     uint16_t *h[5]; // dy, w, x, dx, dw
     S_TRY(s_bf16_buffers(5, in, n, h));
     if (dx) {
-        S_CUDNN(cudnnConvolutionBackwardData(s_cudnn, &one, im->wh, h[1], im->yh, h[0],
-                                             im->convh, im->dah, im->ws, im->ws_bytes, &zero,
-                                             im->xh, h[3]));
+        S_CUDNN(cudnnConvolutionBackwardData(s_cudnn, &one, im->h.w, h[1], im->h.y, h[0],
+                                             im->h.conv, im->h.da, im->ws, im->ws_bytes, &zero,
+                                             im->h.x, h[3]));
         S_TRY(s_widen(nx, h[3], dx, 0));
     }
     if (dw) { /* accumulate: the bfloat16 result added to dw in float */
-        S_CUDNN(cudnnConvolutionBackwardFilter(s_cudnn, &one, im->xh, h[2], im->yh, h[0],
-                                               im->convh, im->wah, im->ws, im->ws_bytes, &zero,
-                                               im->wh, h[4]));
+        S_CUDNN(cudnnConvolutionBackwardFilter(s_cudnn, &one, im->h.x, h[2], im->h.y, h[0],
+                                               im->h.conv, im->h.wa, im->ws, im->ws_bytes, &zero,
+                                               im->h.w, h[4]));
         S_TRY(s_widen(nw, h[4], dw, 1));
     }
     return ZPS_OK;
@@ -1044,7 +1063,7 @@ static zps_status s_conv2d_bwd(k_conv2d *d, const float *x, const float *w, cons
         return st;
     float one = 1, zero = 0;
     if (db) /* the float sum of dy, bf16 or not: before dy is rounded */
-        S_CUDNN(cudnnConvolutionBackwardBias(s_cudnn, &one, im->y, dy, &one, im->b, db));
+        S_CUDNN(cudnnConvolutionBackwardBias(s_cudnn, &one, im->f.y, dy, &one, im->b, db));
     if (d->bf16)
         S_TRY(s_conv_tc(d, im));
     if (d->bf16 && im->tc > 0)
@@ -1057,11 +1076,11 @@ static zps_status s_conv2d_bwd(k_conv2d *d, const float *x, const float *w, cons
         w = r[0], x = r[1], dy = r[2];
     }
     if (dx)
-        S_CUDNN(cudnnConvolutionBackwardData(s_cudnn, &one, im->w, w, im->y, dy, im->conv, im->da,
-                                             im->ws, im->ws_bytes, &zero, im->x, dx));
+        S_CUDNN(cudnnConvolutionBackwardData(s_cudnn, &one, im->f.w, w, im->f.y, dy, im->f.conv, im->f.da,
+                                             im->ws, im->ws_bytes, &zero, im->f.x, dx));
     if (dw) /* beta = 1: accumulate */
-        S_CUDNN(cudnnConvolutionBackwardFilter(s_cudnn, &one, im->x, x, im->y, dy, im->conv,
-                                               im->wa, im->ws, im->ws_bytes, &one, im->w, dw));
+        S_CUDNN(cudnnConvolutionBackwardFilter(s_cudnn, &one, im->f.x, x, im->f.y, dy, im->f.conv,
+                                               im->f.wa, im->ws, im->ws_bytes, &one, im->f.w, dw));
     return ZPS_OK;
 }
 
@@ -1072,19 +1091,10 @@ static void s_release(void **impl)
         return;
     if (*kind == 1) {
         s_conv_impl *im = (s_conv_impl *)*impl;
-        cudnnDestroyTensorDescriptor(im->x);
-        cudnnDestroyTensorDescriptor(im->y);
-        cudnnDestroyTensorDescriptor(im->b);
-        cudnnDestroyFilterDescriptor(im->w);
-        cudnnDestroyConvolutionDescriptor(im->conv);
-        if (im->xh)
-            cudnnDestroyTensorDescriptor(im->xh);
-        if (im->yh)
-            cudnnDestroyTensorDescriptor(im->yh);
-        if (im->wh)
-            cudnnDestroyFilterDescriptor(im->wh);
-        if (im->convh)
-            cudnnDestroyConvolutionDescriptor(im->convh);
+        s_conv_set_free(&im->f);
+        s_conv_set_free(&im->h);
+        if (im->b)
+            cudnnDestroyTensorDescriptor(im->b);
         if (im->ws)
             cudaFree(im->ws);
     } else if (*kind == 2) {
