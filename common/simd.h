@@ -12,12 +12,12 @@
 #define ZPS_COMMON_SIMD_H
 
 #if defined(__has_feature)
-#if __has_feature(address_sanitizer)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
 #define ZPS_SIMD_NO_CLONES 1 // ifunc resolvers run before the sanitizer's runtime is ready
 #endif
 #endif
 #if defined(__x86_64__) && defined(__has_attribute) && !defined(__SANITIZE_ADDRESS__) && \
-    !defined(ZPS_SIMD_NO_CLONES)
+    !defined(__SANITIZE_THREAD__) && !defined(ZPS_SIMD_NO_CLONES)
 #if __has_attribute(target_clones)
 #define ZPS_SIMD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
