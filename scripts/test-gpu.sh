@@ -59,6 +59,8 @@ if [ "${ZPS_GPU_SANITIZE:-1}" != 0 ] && command -v compute-sanitizer >/dev/null;
       passed=$((passed + 1))
     else
       echo "test-gpu: compute-sanitizer $tool, --mode $mode FAILED; last lines:"; tail -30 "$tmp/$tool-$mode.log"
+      grep -q "Device not supported" "$tmp/$tool-$mode.log" &&
+        echo "test-gpu: compute-sanitizer cannot use this GPU (seen on gVisor machines); run the suite on a Firecracker one (docs/gpu.md)"
       failed=$((failed + 1))
     fi
   done
