@@ -16,6 +16,9 @@
  * replays the same batches on the same values), and STATS accounts for every version once.
  * staged_trainers_redo_after_a_server_restore: the fault run's trainers on the staged device
  * back-end (pinned mirrors, trainer/stage.c), against the clean run on the cpu.
+ * node_redoes_after_a_server_restore: both runs as one --node-trainers 2 node (the servers
+ * see one trainer), the fault run on staged trainers. Every run evaluates after each step
+ * (--eval-every 1): a rollback may show in an evaluation's wait for values.
  *
  * failover_resends_at_once, restored_server_answers_a_waiting_pull: a request the dead
  * server never answered is resent as soon as the restarted server accepts the connection,
@@ -452,10 +455,11 @@ static void s_expect_ok(pst_server *p, const char *log, double timeout_s)
     }
 }
 
-/* One fleet run of trainers on `device`; with kill_at > 0, server 1 dies once trainer 1
- * logged that step and comes back with --restore. The model goes to tag.bin; the servers'
- * STATS are checked. */
-static void s_run(const char *tag, int kill_at, const char *device)
+/* One fleet run of trainers on `device` (node: as one --node-trainers 2 node, which the
+ * servers see as one trainer); with kill_at > 0, server 1 dies once trainer 1 logged that
+ * step and comes back with --restore. The model goes to tag.bin; the servers' STATS are
+ * checked. */
+static void s_run(const char *tag, int kill_at, const char *device, int node)
 {
     char ck[700], logs[2][700], tlog[2][700], met[2][700], out[700], servers[600];
     snprintf(ck, sizeof ck, "%s/ck-%s", s_tmp, tag);
@@ -464,7 +468,7 @@ static void s_run(const char *tag, int kill_at, const char *device)
     const char *idx[2] = {"0", "1"};
     const char *sargs[2][14];
     for (int i = 0; i < 2; i++) {
-        const char *a[] = {"--mode", "sync", "--num-trainers", "2", "--checkpoint-dir", ck,
+        const char *a[] = {"--mode", "sync", "--num-trainers", node ? "1" : "2", "--checkpoint-dir", ck,
                            "--checkpoint-every-versions", "5", "--index", idx[i], NULL, NULL};
         memcpy(sargs[i], a, sizeof a);
         cr_assert_eq(pst_spawn(&srv[i], NULL, sargs[i]), 0);
@@ -472,6 +476,8 @@ static void s_run(const char *tag, int kill_at, const char *device)
     char uri1[256];
     snprintf(uri1, sizeof uri1, "%s", srv[1].uri);
     snprintf(servers, sizeof servers, "%s,%s", srv[0].uri, srv[1].uri);
+    char job[64];
+    snprintf(job, sizeof job, "rc%d%s", (int)getpid(), tag);
     for (int r = 0; r < 2; r++) {
         snprintf(tlog[r], sizeof tlog[r], "%s/%s-t%d.log", s_tmp, tag, r);
         snprintf(met[r], sizeof met[r], "%s/%s-t%d.jsonl", s_tmp, tag, r);
@@ -479,6 +485,7 @@ static void s_run(const char *tag, int kill_at, const char *device)
                            "--trainer-id", idx[r], "--no-progress", "--metrics", met[r],
                            "--threads", "0", "--mode", "sync", "--model", "mlp", "--steps",
                            TSTEPS, "--eval-batches", "1", "--timeout-ms", "30000",
+                           "--job", job, "--node-trainers", node ? "2" : "1", "--eval-every", "1",
                            "--device", device, r == 0 ? "--export" : NULL, out, NULL};
         pst_spawn_prog(&tr[r], "zps-trainer", tlog[r], a);
     }
@@ -523,8 +530,9 @@ static void s_run(const char *tag, int kill_at, const char *device)
         pst_kill(&srv[i], SIGTERM);
 }
 
-/* The clean run on the cpu against a fault run on `device`: the same model, bit for bit. */
-static void s_redo(const char *device)
+/* The clean run on the cpu against a fault run on `device`, both flat or both as one node:
+ * the same model, bit for bit. */
+static void s_redo(const char *device, int node)
 {
     pst_tmpdir(s_tmp, sizeof s_tmp);
     snprintf(s_data, sizeof s_data, "%s/fm", s_tmp);
@@ -535,8 +543,8 @@ static void s_redo(const char *device)
                           "--shards", "2", NULL};
     pst_spawn_prog(&p, "zps-data", log, args);
     s_expect_ok(&p, log, 60);
-    s_run("clean", 0, "cpu");
-    s_run("fault", 27, device);
+    s_run("clean", 0, "cpu", node);
+    s_run("fault", 27, device, node);
     char a[700], b[700];
     snprintf(a, sizeof a, "%s/clean.bin", s_tmp);
     snprintf(b, sizeof b, "%s/fault.bin", s_tmp);
@@ -559,11 +567,19 @@ static void s_redo(const char *device)
     (void)rc;
 }
 
-Test(it_ps_recover, trainers_redo_after_a_server_restore, .timeout = 300) { s_redo("cpu"); }
+Test(it_ps_recover, trainers_redo_after_a_server_restore, .timeout = 300) { s_redo("cpu", 0); }
 
 /* The same through the device path (trainer/stage.c on the staged back-end): the rollback's
  * older values reach the device copy, and the hand-offs go on after the failed step. */
 Test(it_ps_recover, staged_trainers_redo_after_a_server_restore, .timeout = 300)
 {
-    s_redo("staged");
+    s_redo("staged", 0);
+}
+
+/* A node of two staged trainers (--node-trainers 2): the leader's hand-offs fail during
+ * backward while the node's bucket sums go on, its PS back-end rolls back in end_step, and
+ * both ranks redo the same steps from the restored values. */
+Test(it_ps_recover, node_redoes_after_a_server_restore, .timeout = 300)
+{
+    s_redo("staged", 1);
 }

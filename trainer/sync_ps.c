@@ -95,6 +95,7 @@ typedef struct s_ps {
     zps_status pull_err;      // first failure among them
     uint64_t version;         // model version of the values in params
     uint64_t used_version;    // the version this step computes with
+    int noted;                // the step begun last has its version noted (step_version)
     int64_t step;             // the step begun last (0-based)
     int64_t push_step;        // step / clock attached to this step's pushes
     int pushpull;             // sync: every push is a PUSHPULL (its pull rides along)
@@ -269,6 +270,18 @@ static void s_pull_hook(void *ctx, size_t first, size_t n)
 
 /* Waits for whatever pulls the forward did not; the step computes with the oldest version
  * received, and its pushes are tagged accordingly (client.h, "Steps"). */
+/* The values in params are those the step begun last computes with: its version, the step
+ * its pushes carry, and (once per step: a later call, an evaluation's after end_step, sees
+ * the next version) the version a redo of it would start from. */
+static void s_values_here(s_ps *p)
+{
+    p->used_version = p->version;
+    p->push_step = p->cfg->mode == TR_MODE_SSP ? p->step : (int64_t)p->version;
+    if (!p->noted)
+        s_note_step_version(p);
+    p->noted = 1;
+}
+
 static zps_status s_params_ready(tr_sync *s)
 {
     s_ps *p = (s_ps *)s;
@@ -284,9 +297,7 @@ static zps_status s_params_ready(tr_sync *s)
         }
         p->version = p->pull_vmin;
     }
-    p->used_version = p->version;
-    p->push_step = p->cfg->mode == TR_MODE_SSP ? p->step : (int64_t)p->version;
-    s_note_step_version(p);
+    s_values_here(p);
     return ZPS_OK;
 }
 
@@ -332,8 +343,13 @@ static zps_status s_begin_step(tr_sync *s, int64_t step, int *stop)
     (void)stop;
     s_ps *p = (s_ps *)s;
     p->step = step;
+    p->noted = 0;
     /* this step's values arrive during the first forward; until then, the last known */
     p->used_version = p->version;
+    /* unless nothing is on its way: they are in params already (a rollback pulled them, an
+     * evaluation waited for them, or --node-trainers' leader did at the last end_step) */
+    if (!p->pulls_pending)
+        s_values_here(p);
     s->net_wait = 0;
     s->redo_from = -1;
     p->n_hook = 0;

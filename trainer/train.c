@@ -609,13 +609,14 @@ static zps_status s_train(s_job *j)
         if (st == ZPS_OK)
             st = j->sync->end_step(j->sync, &rec);
         tr_trace_span(j->trace, TR_TRACE_MAIN, "end of step", t_end, -1);
+        if (st == ZPS_OK) /* its wait for the values may be where a rollback shows */
+            st = s_maybe_evaluate(j, &rec);
         if (st != ZPS_OK && j->sync->redo_from >= 0) { /* sync rollback: redo, same input */
             tr_input_seek(j->input, j->sync->redo_from * c->accumulate);
             j->step = j->sync->redo_from - 1;
             continue;
         }
         ZPS_TRY(st);
-        ZPS_TRY(s_maybe_evaluate(j, &rec));
         tr_trace_span(j->trace, TR_TRACE_MAIN, "step", t_step, j->step + 1);
         ZPS_TRY(tr_metrics_step(j->metrics, &rec));
         if (c->stop_accuracy > 0 && j->last_acc >= c->stop_accuracy && !j->reached) {
