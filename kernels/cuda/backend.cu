@@ -65,17 +65,30 @@ cudaStream_t k_cuda_compute_stream(void) { return s_stream; }
 
 
 static const int S_T = 256;
-static unsigned s_blocks(size_t n) { return (unsigned)((n + S_T - 1) / S_T < 65535 ? (n + S_T - 1) / S_T : 65535); }
+/* Blocks of a grid-stride kernel over n elements: at least 1, so n = 0 is a launch that does
+ * nothing (a grid of 0 blocks is cudaErrorInvalidConfiguration), as ref's loops do nothing. */
+static unsigned s_blocks(size_t n)
+{
+    size_t b = (n + S_T - 1) / S_T;
+    return (unsigned)(b < 1 ? 1 : b < 65535 ? b : 65535);
+}
 #define S_LOOP(i, n) for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); i += (size_t)blockDim.x * gridDim.x)
 
 extern "C" const char *k_cuda_last_error(void) { return s_err; }
 
 /* ---- memory ---- */
 
+static int s_device; // the one this back-end opened (s_open)
+
+/* A failed allocation is its NULL: its error is cleared, or the next launch check would
+ * report it as its own. */
 static void *s_alloc(size_t n)
 {
     void *p = NULL;
-    return cudaMalloc(&p, n ? n : 64) == cudaSuccess ? p : NULL;
+    if (cudaMalloc(&p, n ? n : 64) == cudaSuccess)
+        return p;
+    (void)cudaGetLastError();
+    return NULL;
 }
 static void s_free(void *p)
 {
@@ -104,7 +117,10 @@ struct k_event {
 static void *s_host_alloc(size_t n)
 {
     void *p = NULL;
-    return cudaHostAlloc(&p, n ? n : 64, cudaHostAllocDefault) == cudaSuccess ? p : NULL;
+    if (cudaHostAlloc(&p, n ? n : 64, cudaHostAllocDefault) == cudaSuccess)
+        return p;
+    (void)cudaGetLastError();
+    return NULL;
 }
 static void s_host_free(void *p)
 {
@@ -154,8 +170,11 @@ static zps_status s_event_wait(int q, k_event *e)
     S_CUDA(cudaStreamWaitEvent(s_queue(q), e->ev, 0));
     return ZPS_OK;
 }
+/* Also called from other threads (trainer/stage.c's staging thread): the thread is put on
+ * this back-end's device first, or CUDA would make a context on device 0 for it. */
 static zps_status s_event_sync(k_event *e)
 {
+    S_CUDA(cudaSetDevice(s_device));
     S_CUDA(cudaEventSynchronize(e->ev));
     return ZPS_OK;
 }
@@ -486,6 +505,21 @@ typedef struct s_bn_impl {
     float *sums;  // (2c) device: the gradient sums sg, sgx
 } s_bn_impl;
 
+static void s_release(void **impl);
+
+static zps_status s_bn_build(const k_bn *d, s_bn_impl *im)
+{
+    int want = (S_BN_BLOCKS + d->c - 1) / d->c;
+    im->splits = want < 1 ? 1 : want > d->n ? d->n : want;
+    im->per = (d->n + im->splits - 1) / im->splits;
+    im->splits = (d->n + im->per - 1) / im->per; /* none empty */
+    S_CUDA(cudaMalloc(&im->part, sizeof(double) * 2 * (size_t)d->c * im->splits));
+    S_CUDA(cudaMalloc(&im->sums, sizeof(float) * 2 * (size_t)d->c));
+    return ZPS_OK;
+}
+
+/* d's scratch, made on first use; a set-up that fails leaves none (the next call tries
+ * again), never a half-made one. */
 static zps_status s_bn_get(k_bn *d, s_bn_impl **out)
 {
     s_bn_impl *im = (s_bn_impl *)d->impl;
@@ -494,13 +528,13 @@ static zps_status s_bn_get(k_bn *d, s_bn_impl **out)
         if (!im)
             return ZPS_ERR_NOMEM;
         im->kind = 2;
+        zps_status st = s_bn_build(d, im);
+        if (st != ZPS_OK) {
+            void *p = im;
+            s_release(&p);
+            return st;
+        }
         d->impl = im;
-        int want = (S_BN_BLOCKS + d->c - 1) / d->c;
-        im->splits = want < 1 ? 1 : want > d->n ? d->n : want;
-        im->per = (d->n + im->splits - 1) / im->splits;
-        im->splits = (d->n + im->per - 1) / im->per; /* none empty */
-        S_CUDA(cudaMalloc(&im->part, sizeof(double) * 2 * (size_t)d->c * im->splits));
-        S_CUDA(cudaMalloc(&im->sums, sizeof(float) * 2 * (size_t)d->c));
     }
     *out = im;
     return ZPS_OK;
@@ -856,31 +890,22 @@ static int s_conv_set_algos(s_conv_set *set, size_t *ws, cudnnStatus_t *st)
     return 1;
 }
 
-/* im's workspace holds at least bytes (grown once per shape: cudaFree waits for the device). */
+/* im's workspace holds at least bytes (grown once per shape: cudaFree waits for the device);
+ * when the larger one cannot be had, the old one stays. */
 static zps_status s_conv_ws(s_conv_impl *im, size_t bytes)
 {
     if (bytes <= im->ws_bytes)
         return ZPS_OK;
+    void *p = NULL;
+    S_CUDA(cudaMalloc(&p, bytes));
     if (im->ws)
-        S_CUDA(cudaFree(im->ws));
-    im->ws = NULL, im->ws_bytes = 0;
-    S_CUDA(cudaMalloc(&im->ws, bytes));
-    im->ws_bytes = bytes;
+        cudaFree(im->ws);
+    im->ws = p, im->ws_bytes = bytes;
     return ZPS_OK;
 }
 
-static zps_status s_conv_get(k_conv2d *d, s_conv_impl **out)
+static zps_status s_conv_build(const k_conv2d *d, s_conv_impl *im)
 {
-    s_conv_impl *im = (s_conv_impl *)d->impl;
-    if (im) {
-        *out = im;
-        return ZPS_OK;
-    }
-    im = (s_conv_impl *)calloc(1, sizeof *im);
-    if (!im)
-        return ZPS_ERR_NOMEM;
-    im->kind = 1;
-    d->impl = im;
     S_TRY(s_conv_set_make(d, &im->f, CUDNN_DATA_FLOAT));
     S_CUDNN(cudnnCreateTensorDescriptor(&im->b));
     S_CUDNN(cudnnSetTensor4dDescriptor(im->b, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, d->k, 1, 1));
@@ -893,7 +918,27 @@ static zps_status s_conv_get(k_conv2d *d, s_conv_impl **out)
                  cst ? cudnnGetErrorString(cst) : "none offered");
         return ZPS_ERR_CUDNN;
     }
-    S_TRY(s_conv_ws(im, ws));
+    return s_conv_ws(im, ws);
+}
+
+/* d's descriptors, algorithms and workspace, made on first use; a set-up that fails leaves
+ * none (the next call tries again), never a half-made one. */
+static zps_status s_conv_get(k_conv2d *d, s_conv_impl **out)
+{
+    s_conv_impl *im = (s_conv_impl *)d->impl;
+    if (!im) {
+        im = (s_conv_impl *)calloc(1, sizeof *im);
+        if (!im)
+            return ZPS_ERR_NOMEM;
+        im->kind = 1;
+        zps_status st = s_conv_build(d, im);
+        if (st != ZPS_OK) {
+            void *p = im;
+            s_release(&p);
+            return st;
+        }
+        d->impl = im;
+    }
     *out = im;
     return ZPS_OK;
 }
@@ -906,8 +951,9 @@ static zps_status s_conv_get(k_conv2d *d, s_conv_impl **out)
  * output rounded once to bfloat16, as PyTorch's autocast does; ref keeps the float sum, so the
  * results differ by that rounding (k_cuda's bf16 tolerance). The bias and its gradient stay
  * float. Otherwise (no algorithm, or ZPS_CUDA_BF16=emulate) emulated: the rounded inputs go
- * through the float convolution (products of bf16 values are exact in float and TF32), which
- * gives ref's results at float's speed. */
+ * through the float convolution at float's speed. With GEMM-type algorithms the products of
+ * bf16 values are exact in float and TF32, so that gives ref's results; Winograd and FFT
+ * transform the inputs first, so their results are ref's within the float tolerance. */
 __global__ void g_bf16(size_t n, const float *x, float *y)
 {
     S_LOOP(i, n) y[i] = zps_bf16_round(x[i]); /* common/bf16.h, the host's rounding */
@@ -982,15 +1028,24 @@ static zps_status s_conv_tc(const k_conv2d *d, s_conv_impl *im)
         const char *e = getenv("ZPS_CUDA_BF16");
         s_bf16_emulate = e && strcmp(e, "emulate") == 0;
     }
-    im->tc = -1;
-    if (s_bf16_emulate)
+    if (s_bf16_emulate) {
+        im->tc = -1;
         return ZPS_OK;
-    S_TRY(s_conv_set_make(d, &im->h, CUDNN_DATA_BFLOAT16));
+    }
+    zps_status st = s_conv_set_make(d, &im->h, CUDNN_DATA_BFLOAT16);
     size_t ws = 0;
     cudnnStatus_t cst;
-    if (!s_conv_set_algos(&im->h, &ws, &cst)) /* no BF16 path for this shape: emulate */
+    if (st == ZPS_OK && !s_conv_set_algos(&im->h, &ws, &cst)) { /* no BF16 path: emulate */
+        im->tc = -1;
         return ZPS_OK;
-    S_TRY(s_conv_ws(im, ws));
+    }
+    if (st == ZPS_OK)
+        st = s_conv_ws(im, ws);
+    if (st != ZPS_OK) { /* an error, not a missing path: none made, the next call tries again */
+        s_conv_set_free(&im->h);
+        memset(&im->h, 0, sizeof im->h);
+        return st;
+    }
     im->tc = 1;
     return ZPS_OK;
 }
@@ -1111,6 +1166,7 @@ static k_backend s_cuda;
  * (s_err says which step). */
 static int s_open(int device)
 {
+    s_device = device;
     if (cudaSetDevice(device) != cudaSuccess ||
         cudaStreamCreateWithFlags(&s_stream, cudaStreamNonBlocking) != cudaSuccess ||
         cudaStreamCreateWithFlags(&s_copy, cudaStreamNonBlocking) != cudaSuccess) {
