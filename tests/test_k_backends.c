@@ -484,6 +484,29 @@ S_CASE(pack_bf16_is_the_wire_rounding)
     free(x), free(want), free(got);
 }
 
+/* Every elementwise op and reduction over 0 elements does nothing and succeeds, as ref's
+ * loops do (a GPU grid of 0 blocks is an invalid launch). */
+S_CASE(zero_elements_are_no_work)
+{
+    (void)ref;
+    float *a = s_new(64), *b = s_new(64);
+    uint16_t *h = s_new(64);
+    double sum = -1, sumsq = -1;
+    cr_assert_eq(k_fill(s_be, 0, 1.0f, a), ZPS_OK, "%s: fill", s_be->name);
+    cr_assert_eq(k_add(s_be, 0, a, a, b), ZPS_OK, "%s: add", s_be->name);
+    cr_assert_eq(k_scale(s_be, 0, 2.0f, a), ZPS_OK, "%s: scale", s_be->name);
+    cr_assert_eq(k_axpy(s_be, 0, 2.0f, a, b), ZPS_OK, "%s: axpy", s_be->name);
+    cr_assert_eq(k_relu_fwd(s_be, 0, a, b), ZPS_OK, "%s: relu", s_be->name);
+    cr_assert_eq(k_relu_bwd(s_be, 0, a, a, b), ZPS_OK, "%s: relu backward", s_be->name);
+    cr_assert_eq(k_dropout_fwd(s_be, 0, 0.5f, 7, a, b), ZPS_OK, "%s: dropout", s_be->name);
+    cr_assert_eq(k_pack_bf16(s_be, 0, a, h), ZPS_OK, "%s: pack_bf16", s_be->name);
+    cr_assert_eq(k_sum(s_be, 0, a, &sum), ZPS_OK, "%s: sum", s_be->name);
+    cr_assert_eq(k_sumsq(s_be, 0, a, &sumsq), ZPS_OK, "%s: sumsq", s_be->name);
+    cr_assert(sum == 0 && sumsq == 0, "%s: sums of nothing are %g and %g", s_be->name, sum,
+              sumsq);
+    s_dev_free_all();
+}
+
 /* sum and sum of squares into a host double. */
 S_CASE(reductions_match_ref)
 {
