@@ -16,8 +16,10 @@
  * failure leaves nothing to undo. Allocation failure in the table's alloc is its NULL return.
  * Backward ops accumulate (+=) into parameter gradients and overwrite input gradients.
  * Nothing is allocated per call on the step path: reductions and losses use one grow-only
- * device and pinned-host scratch (s_scratch); a convolution's workspace and algorithms and a
- * batchnorm's sums are made once per descriptor (per shape), on first use.
+ * device and pinned-host scratch (s_scratch), the bf16 convolutions' buffers one grow-only
+ * scratch (s_bscr), and every convolution one shared grow-only workspace (s_ws); a
+ * convolution's descriptors and algorithms and a batchnorm's sums are made once per
+ * descriptor (per shape), on first use.
  * No blocked layouts (prefers_blocked is NULL).
  */
 #include <cublas_v2.h>
@@ -831,9 +833,15 @@ typedef struct s_conv_impl {
     s_conv_set h;                      // bfloat16 on the tensor cores (s_conv_tc)
     int tc;                            // h: 0 not set up; 1 ready; -1 emulated instead
     cudnnTensorDescriptor_t b;         // bias (1, k, 1, 1), float
-    void *ws;                          // workspace (device), for both sets' algorithms
-    size_t ws_bytes;
+    size_t ws_need;                    // workspace its algorithms need (both sets)
 } s_conv_impl;
+
+/* One workspace for every convolution (s_conv_ws): they all run on the compute stream, one
+ * after another, so a per-shape workspace each (about 94 in Inception-v3, some algorithms
+ * asking hundreds of MB at batch 128) would only hold memory. Grows to the largest need
+ * once, on the first step (cudaFree waits for the device). */
+static void *s_ws;
+static size_t s_ws_cap;
 
 /* Makes set's descriptors for d in dtype (float or bfloat16; bfloat16 with tensor-op math). */
 static zps_status s_conv_set_make(const k_conv2d *d, s_conv_set *set, cudnnDataType_t dt)
@@ -890,18 +898,12 @@ static int s_conv_set_algos(s_conv_set *set, size_t *ws, cudnnStatus_t *st)
     return 1;
 }
 
-/* im's workspace holds at least bytes (grown once per shape: cudaFree waits for the device);
- * when the larger one cannot be had, the old one stays. */
+/* im's algorithms need bytes of workspace: noted, and the shared one grown to hold them. */
 static zps_status s_conv_ws(s_conv_impl *im, size_t bytes)
 {
-    if (bytes <= im->ws_bytes)
-        return ZPS_OK;
-    void *p = NULL;
-    S_CUDA(cudaMalloc(&p, bytes));
-    if (im->ws)
-        cudaFree(im->ws);
-    im->ws = p, im->ws_bytes = bytes;
-    return ZPS_OK;
+    if (bytes > im->ws_need)
+        im->ws_need = bytes;
+    return s_grow(&s_ws, &s_ws_cap, im->ws_need, 0);
 }
 
 static zps_status s_conv_build(const k_conv2d *d, s_conv_impl *im)
@@ -1059,6 +1061,7 @@ static zps_status s_conv2d_fwd(k_conv2d *d, const float *x, const float *w, cons
     float one = 1, zero = 0;
     if (d->bf16)
         S_TRY(s_conv_tc(d, im));
+    S_TRY(s_grow(&s_ws, &s_ws_cap, im->ws_need, 0)); /* a no-op but after a failed growth */
     if (d->bf16 && im->tc > 0) {
         const float *in[3] = {x, w, NULL};
         size_t n[3] = {(size_t)d->n * d->c * d->h * d->w, (size_t)d->k * d->c * d->r * d->s,
@@ -1066,7 +1069,7 @@ static zps_status s_conv2d_fwd(k_conv2d *d, const float *x, const float *w, cons
         uint16_t *h[3];
         S_TRY(s_bf16_buffers(3, in, n, h));
         S_CUDNN(cudnnConvolutionForward(s_cudnn, &one, im->h.x, h[0], im->h.w, h[1], im->h.conv,
-                                        im->h.fa, im->ws, im->ws_bytes, &zero, im->h.y, h[2]));
+                                        im->h.fa, s_ws, s_ws_cap, &zero, im->h.y, h[2]));
         S_TRY(s_widen(n[2], h[2], y, 0));
     } else {
         if (d->bf16) {
@@ -1076,7 +1079,7 @@ static zps_status s_conv2d_fwd(k_conv2d *d, const float *x, const float *w, cons
             x = r[0], w = r[1];
         }
         S_CUDNN(cudnnConvolutionForward(s_cudnn, &one, im->f.x, x, im->f.w, w, im->f.conv, im->f.fa,
-                                        im->ws, im->ws_bytes, &zero, im->f.y, y));
+                                        s_ws, s_ws_cap, &zero, im->f.y, y));
     }
     if (b)
         S_CUDNN(cudnnAddTensor(s_cudnn, &one, im->b, b, &one, im->f.y, y));
@@ -1096,13 +1099,13 @@ static zps_status s_conv2d_bwd_tc(k_conv2d *d, s_conv_impl *im, const float *x, 
     S_TRY(s_bf16_buffers(5, in, n, h));
     if (dx) {
         S_CUDNN(cudnnConvolutionBackwardData(s_cudnn, &one, im->h.w, h[1], im->h.y, h[0],
-                                             im->h.conv, im->h.da, im->ws, im->ws_bytes, &zero,
+                                             im->h.conv, im->h.da, s_ws, s_ws_cap, &zero,
                                              im->h.x, h[3]));
         S_TRY(s_widen(nx, h[3], dx, 0));
     }
     if (dw) { /* accumulate: the bfloat16 result added to dw in float */
         S_CUDNN(cudnnConvolutionBackwardFilter(s_cudnn, &one, im->h.x, h[2], im->h.y, h[0],
-                                               im->h.conv, im->h.wa, im->ws, im->ws_bytes, &zero,
+                                               im->h.conv, im->h.wa, s_ws, s_ws_cap, &zero,
                                                im->h.w, h[4]));
         S_TRY(s_widen(nw, h[4], dw, 1));
     }
@@ -1121,6 +1124,7 @@ static zps_status s_conv2d_bwd(k_conv2d *d, const float *x, const float *w, cons
         S_CUDNN(cudnnConvolutionBackwardBias(s_cudnn, &one, im->f.y, dy, &one, im->b, db));
     if (d->bf16)
         S_TRY(s_conv_tc(d, im));
+    S_TRY(s_grow(&s_ws, &s_ws_cap, im->ws_need, 0));
     if (d->bf16 && im->tc > 0)
         return s_conv2d_bwd_tc(d, im, x, w, dy, dx, dw);
     if (d->bf16) {
@@ -1132,10 +1136,10 @@ static zps_status s_conv2d_bwd(k_conv2d *d, const float *x, const float *w, cons
     }
     if (dx)
         S_CUDNN(cudnnConvolutionBackwardData(s_cudnn, &one, im->f.w, w, im->f.y, dy, im->f.conv, im->f.da,
-                                             im->ws, im->ws_bytes, &zero, im->f.x, dx));
+                                             s_ws, s_ws_cap, &zero, im->f.x, dx));
     if (dw) /* beta = 1: accumulate */
         S_CUDNN(cudnnConvolutionBackwardFilter(s_cudnn, &one, im->f.x, x, im->f.y, dy, im->f.conv,
-                                               im->f.wa, im->ws, im->ws_bytes, &one, im->f.w, dw));
+                                               im->f.wa, s_ws, s_ws_cap, &one, im->f.w, dw));
     return ZPS_OK;
 }
 
@@ -1150,8 +1154,6 @@ static void s_release(void **impl)
         s_conv_set_free(&im->h);
         if (im->b)
             cudnnDestroyTensorDescriptor(im->b);
-        if (im->ws)
-            cudaFree(im->ws);
     } else if (*kind == 2) {
         cudaFree(((s_bn_impl *)*impl)->part);
         cudaFree(((s_bn_impl *)*impl)->sums);
