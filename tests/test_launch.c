@@ -305,6 +305,12 @@ Test(it_launch, node_trainers_tell_the_servers, .timeout = 10)
         const char *nt = line ? strstr(line, "--num-trainers 2") : NULL;
         cr_assert(nt && (!end || nt < end), "server %d is not told 2 trainers:\n%s", s, r.out);
     }
+    /* a value that is one option, no space: still the trainers' argument, not the launcher's */
+    const char *one[] = {"--servers", "1", "--trainers", "2", "--trainer-args",
+                         "--node-trainers=2", "--dry-run", "--run-dir", "run1", NULL};
+    lt_launch(&r, 0, NULL, one);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    cr_assert(strstr(r.out, "--num-trainers 1"), "server not told 1 trainer:\n%s", r.out);
     const char *bad[] = {"--servers", "1", "--trainers", "3", "--trainer-args=--node-trainers=2",
                          "--dry-run", "--run-dir", "run2", NULL};
     lt_launch(&r, 0, NULL, bad);

@@ -330,8 +330,25 @@ def start_fleet(args):
     return fleet, job, run_dir, procs, common, env
 
 
+# Options whose value is a command line of its own, so it may begin with "-": argparse would
+# take "--trainer-args --eval-all" for two options, so such a value is glued to its option.
+STRING_OPTIONS = ("--server-args", "--trainer-args", "--srun-args", "--ssh", "--srun")
+
+
+def glue_string_options(argv):
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] in STRING_OPTIONS and i + 1 < len(argv):
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
+
+
 def main(argv=None):
-    args = parser().parse_args(argv)
+    args = parser().parse_args(glue_string_options(sys.argv[1:] if argv is None else argv))
 
     def say(msg):
         if not args.quiet:
