@@ -1,0 +1,328 @@
+/* bn_pool.cu — the CUDA back-end's batchnorm (+ReLU) and pooling (kernels/kernels.h k_bn,
+ * k_pool), own kernels written to ref's semantics: biased batch variance, unbiased running
+ * variance, padding counted by average pooling, the first maximum in scan order. Backward
+ * accumulates (+=) into dgamma and dbeta and overwrites dx.
+ */
+#include <stdlib.h>
+
+#include "kernels/cuda/cuda_int.h"
+
+/* ---- batchnorm ----
+ * Statistics and gradient sums: a grid of (channel, split) blocks, each summing its channel
+ * over a run of images in double, its partials written to the descriptor's scratch; one
+ * thread per channel then adds a channel's partials in split order (deterministic: no
+ * atomics) into the mean and biased variance, or the two gradient sums. Splits are chosen so
+ * that the grid has about S_BN_BLOCKS blocks even for a few channels of large maps (the
+ * stem's 32 channels at 147x147), where one block per channel would leave most of the GPU
+ * idle. Elementwise passes run one block per (image, channel) plane, so no thread divides an
+ * index by the map size. */
+
+#define S_BN_BLOCKS 2048
+
+/* Each thread's a and b summed over the block into s1[0] and s2[0] (shared arrays of
+ * blockDim.x, a power of two), the same tree in both statistics and gradient sums. */
+__device__ void d_block_sum2(double *s1, double *s2, double a, double b)
+{
+    s1[threadIdx.x] = a, s2[threadIdx.x] = b;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if ((int)threadIdx.x < s)
+            s1[threadIdx.x] += s1[threadIdx.x + s], s2[threadIdx.x] += s2[threadIdx.x + s];
+        __syncthreads();
+    }
+}
+
+/* Block (ch, split): images [split * per, +per) of channel ch. mode 0: sums of x and x^2;
+ * mode 1: sums of g and g * xhat, g = dy masked by y > 0 where relu. Partials at
+ * part[ch * splits + split] and part[(c + ch) * splits + split]. */
+__global__ void g_bn_part(int mode, int n, int c, int hw, int per, const float *x,
+                          const float *y, const float *dy, const float *mean, const float *var,
+                          float eps, int relu, double *part)
+{
+    int ch = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
+    __shared__ double s1[KC_T], s2[KC_T];
+    double a = 0, b = 0, m = 0, inv = 0;
+    if (mode)
+        m = mean[ch], inv = rsqrt((double)var[ch] + eps);
+    int n0 = split * per, n1 = n0 + per < n ? n0 + per : n;
+    for (int img = n0; img < n1; img++) {
+        size_t base = ((size_t)img * c + ch) * hw;
+        for (int i = threadIdx.x; i < hw; i += blockDim.x) {
+            double v = x[base + i];
+            if (!mode) {
+                a += v, b += v * v;
+                continue;
+            }
+            double gv = relu && !(y[base + i] > 0) ? 0.0 : dy[base + i];
+            a += gv, b += gv * (v - m) * inv;
+        }
+    }
+    d_block_sum2(s1, s2, a, b);
+    if (threadIdx.x == 0)
+        part[(size_t)ch * splits + split] = s1[0], part[(size_t)(c + ch) * splits + split] = s2[0];
+}
+/* A channel's partials in split order: its two sums. */
+__device__ void d_bn_total(const double *part, int c, int splits, int ch, double *a, double *b)
+{
+    *a = 0, *b = 0;
+    for (int s = 0; s < splits; s++)
+        *a += part[(size_t)ch * splits + s], *b += part[(size_t)(c + ch) * splits + s];
+}
+__global__ void g_bn_stats_fin(int c, int splits, double cnt, const double *part, float *mean,
+                               float *var)
+{
+    int ch = blockIdx.x * blockDim.x + threadIdx.x;
+    if (ch >= c)
+        return;
+    double a, b;
+    d_bn_total(part, c, splits, ch, &a, &b);
+    double m = a / cnt, v = b / cnt - m * m;
+    mean[ch] = (float)m;
+    var[ch] = (float)(v > 0 ? v : 0);
+}
+__global__ void g_bn_grad_fin(int c, int splits, const double *part, float *sg, float *sgx,
+                              float *dgamma, float *dbeta)
+{
+    int ch = blockIdx.x * blockDim.x + threadIdx.x;
+    if (ch >= c)
+        return;
+    double a, b;
+    d_bn_total(part, c, splits, ch, &a, &b);
+    sg[ch] = (float)a, sgx[ch] = (float)b;
+    if (dbeta)
+        dbeta[ch] += (float)a;
+    if (dgamma)
+        dgamma[ch] += (float)b;
+}
+/* One block per (image, channel) plane. */
+__global__ void g_bn_apply(int c, int hw, const float *x, const float *g, const float *b,
+                           const float *mean, const float *var, float eps, int relu, float *y)
+{
+    size_t plane = blockIdx.x;
+    int ch = (int)(plane % c);
+    float m = mean[ch], inv = rsqrtf(var[ch] + eps), gg = g[ch], bb = b[ch];
+    const float *px = x + plane * hw;
+    float *py = y + plane * hw;
+    for (int i = threadIdx.x; i < hw; i += blockDim.x) {
+        float v = gg * (px[i] - m) * inv + bb;
+        py[i] = relu && v < 0 ? 0.0f : v;
+    }
+}
+__global__ void g_bn_running(int c, float m, float unbias, const float *mean, const float *var,
+                             float *rm, float *rv)
+{
+    int ch = blockIdx.x * blockDim.x + threadIdx.x;
+    if (ch < c) {
+        if (rm)
+            rm[ch] = (1.0f - m) * rm[ch] + m * mean[ch];
+        if (rv)
+            rv[ch] = (1.0f - m) * rv[ch] + m * var[ch] * unbias;
+    }
+}
+__global__ void g_bn_bwd_dx(int c, int hw, float cnt, const float *x, const float *y,
+                            const float *dy, const float *gamma, const float *mean,
+                            const float *var, float eps, int relu, const float *sg,
+                            const float *sgx, float *dx)
+{
+    size_t plane = blockIdx.x, base = plane * hw;
+    int ch = (int)(plane % c);
+    float inv = rsqrtf(var[ch] + eps), m = mean[ch], k = gamma[ch] * inv;
+    float mg = sg[ch] / cnt, mgx = sgx[ch] / cnt;
+    for (int i = threadIdx.x; i < hw; i += blockDim.x) {
+        float gv = relu && !(y[base + i] > 0) ? 0.0f : dy[base + i];
+        float xh = (x[base + i] - m) * inv;
+        dx[base + i] = k * (gv - mg - xh * mgx);
+    }
+}
+
+/* A descriptor's scratch, made on first use (forward or backward) for its shape. */
+typedef struct s_bn_impl {
+    int kind;     // 2
+    int splits;   // blocks per channel in the sums
+    int per;      // images per split
+    double *part; // (2 c splits) device partial sums
+    float *sums;  // (2c) device: the gradient sums sg, sgx
+} s_bn_impl;
+
+static zps_status s_bn_build(const k_bn *d, s_bn_impl *im)
+{
+    int want = (S_BN_BLOCKS + d->c - 1) / d->c;
+    im->splits = want < 1 ? 1 : want > d->n ? d->n : want;
+    im->per = (d->n + im->splits - 1) / im->splits;
+    im->splits = (d->n + im->per - 1) / im->per; /* none empty */
+    KC_CUDA(cudaMalloc(&im->part, sizeof(double) * 2 * (size_t)d->c * im->splits));
+    KC_CUDA(cudaMalloc(&im->sums, sizeof(float) * 2 * (size_t)d->c));
+    return ZPS_OK;
+}
+
+/* d's scratch, made on first use; a set-up that fails leaves none (the next call tries
+ * again), never a half-made one. */
+static zps_status s_bn_get(k_bn *d, s_bn_impl **out)
+{
+    s_bn_impl *im = (s_bn_impl *)d->impl;
+    if (!im) {
+        im = (s_bn_impl *)calloc(1, sizeof *im);
+        if (!im)
+            return ZPS_ERR_NOMEM;
+        im->kind = 2;
+        zps_status st = s_bn_build(d, im);
+        if (st != ZPS_OK) {
+            k_cuda_bn_release(im);
+            return st;
+        }
+        d->impl = im;
+    }
+    *out = im;
+    return ZPS_OK;
+}
+
+/* Threads for a block that walks hw values: a warp multiple, at most KC_T. */
+static unsigned s_plane_threads(int hw) { return hw >= KC_T ? KC_T : (unsigned)((hw + 31) / 32 * 32); }
+
+zps_status k_cuda_bn_fwd_train(k_bn *d, const float *x, const float *gamma, const float *beta,
+                                 float *y, float *mean, float *var, float *rm, float *rv)
+{
+    s_bn_impl *im;
+    KC_TRY(s_bn_get(d, &im));
+    int hw = d->h * d->w;
+    double cnt = (double)d->n * hw;
+    g_bn_part<<<dim3(d->c, im->splits), KC_T, 0, k_cuda_stream>>>(0, d->n, d->c, hw, im->per, x, NULL,
+                                                            NULL, NULL, NULL, 0, 0, im->part);
+    g_bn_stats_fin<<<(d->c + 127) / 128, 128, 0, k_cuda_stream>>>(d->c, im->splits, cnt, im->part,
+                                                             mean, var);
+    g_bn_apply<<<(unsigned)((size_t)d->n * d->c), s_plane_threads(hw), 0, k_cuda_stream>>>(
+        d->c, hw, x, gamma, beta, mean, var, d->eps, d->relu, y);
+    g_bn_running<<<(d->c + 127) / 128, 128, 0, k_cuda_stream>>>(
+        d->c, d->momentum, cnt > 1 ? (float)(cnt / (cnt - 1)) : 1.0f, mean, var, rm, rv);
+    KC_LAUNCHED();
+    return ZPS_OK;
+}
+zps_status k_cuda_bn_fwd_infer(k_bn *d, const float *x, const float *gamma, const float *beta,
+                                 const float *rm, const float *rv, float *y)
+{
+    int hw = d->h * d->w;
+    g_bn_apply<<<(unsigned)((size_t)d->n * d->c), s_plane_threads(hw), 0, k_cuda_stream>>>(
+        d->c, hw, x, gamma, beta, rm, rv, d->eps, d->relu, y);
+    KC_LAUNCHED();
+    return ZPS_OK;
+}
+
+zps_status k_cuda_bn_bwd(k_bn *d, const float *x, const float *y, const float *dy,
+                           const float *gamma, const float *mean, const float *var, float *dx,
+                           float *dgamma, float *dbeta)
+{
+    s_bn_impl *im;
+    KC_TRY(s_bn_get(d, &im));
+    int hw = d->h * d->w;
+    g_bn_part<<<dim3(d->c, im->splits), KC_T, 0, k_cuda_stream>>>(1, d->n, d->c, hw, im->per, x, y,
+                                                            dy, mean, var, d->eps, d->relu,
+                                                            im->part);
+    g_bn_grad_fin<<<(d->c + 127) / 128, 128, 0, k_cuda_stream>>>(d->c, im->splits, im->part,
+                                                            im->sums, im->sums + d->c, dgamma,
+                                                            dbeta);
+    if (dx)
+        g_bn_bwd_dx<<<(unsigned)((size_t)d->n * d->c), s_plane_threads(hw), 0, k_cuda_stream>>>(
+            d->c, hw, (float)((double)d->n * hw), x, y, dy, gamma, mean, var, d->eps, d->relu,
+            im->sums, im->sums + d->c, dx);
+    KC_LAUNCHED();
+    return ZPS_OK;
+}
+
+void k_cuda_bn_release(void *impl)
+{
+    s_bn_impl *im = (s_bn_impl *)impl;
+    if (!im)
+        return;
+    cudaFree(im->part);
+    cudaFree(im->sums);
+    free(im);
+}
+
+/* ---- pooling: one thread per output (forward) / per input (backward) ---- */
+
+__global__ void g_pool_fwd(k_pool d, const float *x, float *y)
+{
+    size_t total = (size_t)d.n * d.c * d.oh * d.ow;
+    KC_LOOP(i, total)
+    {
+        int ox = (int)(i % d.ow), oy = (int)((i / d.ow) % d.oh);
+        const float *p = x + (i / ((size_t)d.oh * d.ow)) * d.h * d.w;
+        float best = 0;
+        int found = 0;
+        double acc = 0;
+        for (int r = 0; r < d.r; r++) {
+            int iy = oy * d.stride_h - d.pad_h + r;
+            if (iy < 0 || iy >= d.h)
+                continue;
+            for (int s = 0; s < d.s; s++) {
+                int ix = ox * d.stride_w - d.pad_w + s;
+                if (ix < 0 || ix >= d.w)
+                    continue;
+                float v = p[iy * d.w + ix];
+                if (!found || v > best)
+                    best = v;
+                found = 1;
+                acc += v;
+            }
+        }
+        y[i] = d.kind == K_POOL_MAX ? best : (float)(acc / (d.r * d.s));
+    }
+}
+/* Backward per input element: sums the outputs whose window holds it (max: whose argmax it
+ * is, first maximum in scan order as in ref). */
+__global__ void g_pool_bwd(k_pool d, const float *x, const float *dy, float *dx)
+{
+    size_t total = (size_t)d.n * d.c * d.h * d.w;
+    KC_LOOP(i, total)
+    {
+        int ix = (int)(i % d.w), iy = (int)((i / d.w) % d.h);
+        size_t plane = i / ((size_t)d.h * d.w);
+        const float *p = x + plane * d.h * d.w;
+        const float *g = dy + plane * d.oh * d.ow;
+        float acc = 0;
+        for (int oy = 0; oy < d.oh; oy++) {
+            int y0 = oy * d.stride_h - d.pad_h;
+            if (iy < y0 || iy >= y0 + d.r)
+                continue;
+            for (int ox = 0; ox < d.ow; ox++) {
+                int x0 = ox * d.stride_w - d.pad_w;
+                if (ix < x0 || ix >= x0 + d.s)
+                    continue;
+                if (d.kind == K_POOL_AVG) {
+                    acc += g[oy * d.ow + ox] / (float)(d.r * d.s);
+                    continue;
+                }
+                int by = -1, bx = -1;
+                float bv = 0;
+                for (int r = 0; r < d.r; r++) {
+                    int yy = y0 + r;
+                    if (yy < 0 || yy >= d.h)
+                        continue;
+                    for (int s = 0; s < d.s; s++) {
+                        int xx = x0 + s;
+                        if (xx < 0 || xx >= d.w)
+                            continue;
+                        if (by < 0 || p[yy * d.w + xx] > bv)
+                            bv = p[yy * d.w + xx], by = yy, bx = xx;
+                    }
+                }
+                if (by == iy && bx == ix)
+                    acc += g[oy * d.ow + ox];
+            }
+        }
+        dx[i] = acc;
+    }
+}
+zps_status k_cuda_pool_fwd(k_pool *d, const float *x, float *y)
+{
+    g_pool_fwd<<<kc_blocks((size_t)d->n * d->c * d->oh * d->ow), KC_T, 0, k_cuda_stream>>>(*d, x, y);
+    KC_LAUNCHED();
+    return ZPS_OK;
+}
+zps_status k_cuda_pool_bwd(k_pool *d, const float *x, const float *y, const float *dy, float *dx)
+{
+    (void)y;
+    g_pool_bwd<<<kc_blocks((size_t)d->n * d->c * d->h * d->w), KC_T, 0, k_cuda_stream>>>(*d, x, dy, dx);
+    KC_LAUNCHED();
+    return ZPS_OK;
+}

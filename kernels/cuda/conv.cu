@@ -1,0 +1,379 @@
+/* conv.cu — the CUDA back-end's convolutions (kernels/kernels.h k_conv2d): cuDNN, in float
+ * and, for k_conv2d.bf16, on the BF16 tensor cores; and the bfloat16 packing (k_pack_bf16)
+ * they share with the trainer's bf16 pushes. Every cuDNN call of the library is here.
+ *
+ * A descriptor's cuDNN state (s_conv_impl) is made on its first use, once per shape: a float
+ * set of descriptors and algorithms (cuDNN's heuristics, checked), and a BF16 set on first
+ * bf16 use. Every convolution shares one grow-only workspace and one grow-only bf16 scratch:
+ * they all run on the compute stream, one after another. Backward accumulates (+=) into dw
+ * and db and overwrites dx.
+ */
+#include <cudnn.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cuda/cuda_int.h"
+
+#define KC_CUDNN(expr)                                                                 \
+    KC_CHECK(cudnnStatus_t, CUDNN_STATUS_SUCCESS, cudnnGetErrorString, ZPS_ERR_CUDNN, expr)
+
+static cudnnHandle_t s_cudnn;
+
+zps_status k_cuda_conv_open(void)
+{
+    KC_CUDNN(cudnnCreate(&s_cudnn));
+    KC_CUDNN(cudnnSetStream(s_cudnn, k_cuda_stream));
+    return ZPS_OK;
+}
+
+/* The PS wire's bfloat16 bits (common/bf16.h), for gradients that leave as --push-dtype bf16. */
+__global__ void g_pack_bf16(size_t n, const float *x, uint16_t *y)
+{
+    KC_LOOP(i, n) y[i] = zps_bf16_bits(x[i]);
+}
+zps_status k_cuda_pack_bf16(size_t n, const float *x, uint16_t *y)
+{
+    if (!n)
+        return ZPS_OK;
+    g_pack_bf16<<<kc_blocks(n), KC_T, 0, k_cuda_stream>>>(n, x, y);
+    KC_LAUNCHED();
+    return ZPS_OK;
+}
+
+
+/* One convolution's descriptors in one data type, and cuDNN's algorithms for them. */
+typedef struct s_conv_set {
+    cudnnTensorDescriptor_t x, y;      // input, output
+    cudnnFilterDescriptor_t w;
+    cudnnConvolutionDescriptor_t conv; // products summed in float
+    cudnnConvolutionFwdAlgo_t fa;
+    cudnnConvolutionBwdDataAlgo_t da;
+    cudnnConvolutionBwdFilterAlgo_t wa;
+} s_conv_set;
+
+typedef struct s_conv_impl {
+    int kind;                          // 1
+    s_conv_set f;                      // float
+    s_conv_set h;                      // bfloat16 on the tensor cores (s_conv_tc)
+    int tc;                            // h: 0 not set up; 1 ready; -1 emulated instead
+    cudnnTensorDescriptor_t b;         // bias (1, k, 1, 1), float
+    size_t ws_need;                    // workspace its algorithms need (both sets)
+} s_conv_impl;
+
+/* One workspace for every convolution (s_conv_ws): they all run on the compute stream, one
+ * after another, so a per-shape workspace each (about 94 in Inception-v3, some algorithms
+ * asking hundreds of MB at batch 128) would only hold memory. Grows to the largest need
+ * once, on the first step (cudaFree waits for the device). */
+static void *s_ws;
+static size_t s_ws_cap;
+
+/* Makes set's descriptors for d in dtype (float or bfloat16; bfloat16 with tensor-op math). */
+static zps_status s_conv_set_make(const k_conv2d *d, s_conv_set *set, cudnnDataType_t dt)
+{
+    KC_CUDNN(cudnnCreateTensorDescriptor(&set->x));
+    KC_CUDNN(cudnnCreateTensorDescriptor(&set->y));
+    KC_CUDNN(cudnnCreateFilterDescriptor(&set->w));
+    KC_CUDNN(cudnnCreateConvolutionDescriptor(&set->conv));
+    KC_CUDNN(cudnnSetTensor4dDescriptor(set->x, CUDNN_TENSOR_NCHW, dt, d->n, d->c, d->h, d->w));
+    KC_CUDNN(cudnnSetTensor4dDescriptor(set->y, CUDNN_TENSOR_NCHW, dt, d->n, d->k, d->oh, d->ow));
+    KC_CUDNN(cudnnSetFilter4dDescriptor(set->w, dt, CUDNN_TENSOR_NCHW, d->k, d->c, d->r, d->s));
+    KC_CUDNN(cudnnSetConvolution2dDescriptor(set->conv, d->pad_h, d->pad_w, d->stride_h, d->stride_w,
+                                            1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    if (dt == CUDNN_DATA_BFLOAT16)
+        KC_CUDNN(cudnnSetConvolutionMathType(set->conv, CUDNN_TENSOR_OP_MATH));
+    return ZPS_OK;
+}
+
+static void s_conv_set_free(s_conv_set *set)
+{
+    if (set->x)
+        cudnnDestroyTensorDescriptor(set->x);
+    if (set->y)
+        cudnnDestroyTensorDescriptor(set->y);
+    if (set->w)
+        cudnnDestroyFilterDescriptor(set->w);
+    if (set->conv)
+        cudnnDestroyConvolutionDescriptor(set->conv);
+}
+
+/* cuDNN's choice of the three algorithms for set (heuristics, once per shape), and the
+ * workspace they need in *ws. 0 when it has none for one of them: *st then holds the failed
+ * query's status (CUDNN_STATUS_SUCCESS when it answered with no usable algorithm). */
+static int s_conv_set_algos(s_conv_set *set, size_t *ws, cudnnStatus_t *st)
+{
+    int got[3] = {0, 0, 0};
+    cudnnConvolutionFwdAlgoPerf_t fp;
+    cudnnConvolutionBwdDataAlgoPerf_t dp;
+    cudnnConvolutionBwdFilterAlgoPerf_t wp;
+    if ((*st = cudnnGetConvolutionForwardAlgorithm_v7(s_cudnn, set->x, set->w, set->conv, set->y, 1, &got[0], &fp)) ||
+        (*st = cudnnGetConvolutionBackwardDataAlgorithm_v7(s_cudnn, set->w, set->y, set->conv, set->x, 1, &got[1], &dp)) ||
+        (*st = cudnnGetConvolutionBackwardFilterAlgorithm_v7(s_cudnn, set->x, set->y, set->conv, set->w, 1, &got[2], &wp)))
+        return 0;
+    if (got[0] < 1 || got[1] < 1 || got[2] < 1 || fp.status != CUDNN_STATUS_SUCCESS ||
+        dp.status != CUDNN_STATUS_SUCCESS || wp.status != CUDNN_STATUS_SUCCESS)
+        return 0;
+    set->fa = fp.algo, set->da = dp.algo, set->wa = wp.algo;
+    size_t a = 0, b = 0, c = 0;
+    if ((*st = cudnnGetConvolutionForwardWorkspaceSize(s_cudnn, set->x, set->w, set->conv, set->y, set->fa, &a)) ||
+        (*st = cudnnGetConvolutionBackwardDataWorkspaceSize(s_cudnn, set->w, set->y, set->conv, set->x, set->da, &b)) ||
+        (*st = cudnnGetConvolutionBackwardFilterWorkspaceSize(s_cudnn, set->x, set->y, set->conv, set->w, set->wa, &c)))
+        return 0;
+    *ws = a > b ? (a > c ? a : c) : (b > c ? b : c);
+    return 1;
+}
+
+/* im's algorithms need bytes of workspace: noted, and the shared one grown to hold them. */
+static zps_status s_conv_ws(s_conv_impl *im, size_t bytes)
+{
+    if (bytes > im->ws_need)
+        im->ws_need = bytes;
+    return k_cuda_grow(&s_ws, &s_ws_cap, im->ws_need, 0);
+}
+
+static zps_status s_conv_build(const k_conv2d *d, s_conv_impl *im)
+{
+    KC_TRY(s_conv_set_make(d, &im->f, CUDNN_DATA_FLOAT));
+    KC_CUDNN(cudnnCreateTensorDescriptor(&im->b));
+    KC_CUDNN(cudnnSetTensor4dDescriptor(im->b, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, d->k, 1, 1));
+    size_t ws = 0;
+    cudnnStatus_t cst;
+    if (!s_conv_set_algos(&im->f, &ws, &cst)) {
+        snprintf(k_cuda_err, sizeof k_cuda_err, "%s:%d cuDNN has no algorithm for the convolution "
+                 "%dx%dx%dx%d * %dx%dx%d (stride %d, pad %d): %s", __FILE__, __LINE__, d->n,
+                 d->c, d->h, d->w, d->k, d->r, d->s, d->stride_h, d->pad_h,
+                 cst ? cudnnGetErrorString(cst) : "none offered");
+        return ZPS_ERR_CUDNN;
+    }
+    return s_conv_ws(im, ws);
+}
+
+/* d's descriptors, algorithms and workspace, made on first use; a set-up that fails leaves
+ * none (the next call tries again), never a half-made one. */
+static zps_status s_conv_get(k_conv2d *d, s_conv_impl **out)
+{
+    s_conv_impl *im = (s_conv_impl *)d->impl;
+    if (!im) {
+        im = (s_conv_impl *)calloc(1, sizeof *im);
+        if (!im)
+            return ZPS_ERR_NOMEM;
+        im->kind = 1;
+        zps_status st = s_conv_build(d, im);
+        if (st != ZPS_OK) {
+            k_cuda_conv_release(im);
+            return st;
+        }
+        d->impl = im;
+    }
+    *out = im;
+    return ZPS_OK;
+}
+
+/* ---- bf16 convolutions (k_conv2d.bf16) ----
+ * On the tensor cores where cuDNN has a BF16 algorithm for the shape (s_conv_tc): x, w and dy
+ * are rounded to bfloat16 (common/bf16.h's rounding, g_pack_bf16) into a grow-only scratch,
+ * cuDNN multiplies them and sums in float, and writes its result as bfloat16, which is widened
+ * back (y and dx overwritten, dw accumulated in float). That is bf16 compute with each conv
+ * output rounded once to bfloat16, as PyTorch's autocast does; ref keeps the float sum, so the
+ * results differ by that rounding (k_cuda's bf16 tolerance). The bias and its gradient stay
+ * float. Otherwise (no algorithm, or ZPS_CUDA_BF16=emulate) emulated: the rounded inputs go
+ * through the float convolution at float's speed. With GEMM-type algorithms the products of
+ * bf16 values are exact in float and TF32, so that gives ref's results; Winograd and FFT
+ * transform the inputs first, so their results are ref's within the float tolerance. */
+__global__ void g_bf16(size_t n, const float *x, float *y)
+{
+    KC_LOOP(i, n) y[i] = zps_bf16_round(x[i]); /* common/bf16.h, the host's rounding */
+}
+__global__ void g_widen_bf16(size_t n, const uint16_t *x, float *y, int acc)
+{
+    KC_LOOP(i, n)
+    {
+        float v = __uint_as_float((unsigned)x[i] << 16);
+        y[i] = acc ? y[i] + v : v;
+    }
+}
+static float *s_bscr;
+static size_t s_bscr_cap;
+static size_t s_al64(size_t n) { return (n + 63) / 64 * 64; }
+/* The inputs of an emulated bf16 convolution, rounded: each (src, n) pair into its own
+ * stretch of the scratch; *out[i] = the rounded copy (or NULL for a NULL src). */
+static zps_status s_bf16_inputs(int k, const float *const *src, const size_t *n, const float **out)
+{
+    size_t total = 0;
+    for (int i = 0; i < k; i++)
+        total += src[i] ? s_al64(n[i]) : 0;
+    KC_TRY(k_cuda_grow((void **)&s_bscr, &s_bscr_cap, total * sizeof(float), 0));
+    float *at = s_bscr;
+    for (int i = 0; i < k; i++) {
+        out[i] = NULL;
+        if (!src[i])
+            continue;
+        g_bf16<<<kc_blocks(n[i]), KC_T, 0, k_cuda_stream>>>(n[i], src[i], at);
+        KC_LAUNCHED();
+        out[i] = at;
+        at += s_al64(n[i]);
+    }
+    return ZPS_OK;
+}
+/* The tensor-core path's bfloat16 buffers, in the same scratch: out[i] holds n[i] values;
+ * those with a src get src packed into them (the others are outputs). */
+static zps_status s_bf16_buffers(int k, const float *const *src, const size_t *n, uint16_t **out)
+{
+    size_t total = 0;
+    for (int i = 0; i < k; i++)
+        total += s_al64(n[i]);
+    KC_TRY(k_cuda_grow((void **)&s_bscr, &s_bscr_cap, total * sizeof(uint16_t), 0));
+    uint16_t *at = (uint16_t *)s_bscr;
+    for (int i = 0; i < k; i++) {
+        out[i] = at;
+        at += s_al64(n[i]);
+        if (!src[i] || !n[i])
+            continue;
+        g_pack_bf16<<<kc_blocks(n[i]), KC_T, 0, k_cuda_stream>>>(n[i], src[i], out[i]);
+        KC_LAUNCHED();
+    }
+    return ZPS_OK;
+}
+static zps_status s_widen(size_t n, const uint16_t *x, float *y, int acc)
+{
+    g_widen_bf16<<<kc_blocks(n), KC_T, 0, k_cuda_stream>>>(n, x, y, acc);
+    KC_LAUNCHED();
+    return ZPS_OK;
+}
+
+static int s_bf16_emulate = -1; // ZPS_CUDA_BF16=emulate: every bf16 convolution emulated
+
+/* The tensor-core set-up of a bf16 convolution, once per shape: im->tc = 1, or -1 (emulated)
+ * when cuDNN offers no BF16 algorithm for it or ZPS_CUDA_BF16=emulate. Grows the workspace
+ * to what the BF16 algorithms need. */
+static zps_status s_conv_tc(const k_conv2d *d, s_conv_impl *im)
+{
+    if (im->tc)
+        return ZPS_OK;
+    if (s_bf16_emulate < 0) {
+        const char *e = getenv("ZPS_CUDA_BF16");
+        s_bf16_emulate = e && strcmp(e, "emulate") == 0;
+    }
+    if (s_bf16_emulate) {
+        im->tc = -1;
+        return ZPS_OK;
+    }
+    zps_status st = s_conv_set_make(d, &im->h, CUDNN_DATA_BFLOAT16);
+    size_t ws = 0;
+    cudnnStatus_t cst;
+    if (st == ZPS_OK && !s_conv_set_algos(&im->h, &ws, &cst)) { /* no BF16 path: emulate */
+        im->tc = -1;
+        return ZPS_OK;
+    }
+    if (st == ZPS_OK)
+        st = s_conv_ws(im, ws);
+    if (st != ZPS_OK) { /* an error, not a missing path: none made, the next call tries again */
+        s_conv_set_free(&im->h);
+        memset(&im->h, 0, sizeof im->h);
+        return st;
+    }
+    im->tc = 1;
+    return ZPS_OK;
+}
+
+zps_status k_cuda_conv2d_fwd(k_conv2d *d, const float *x, const float *w, const float *b, float *y)
+{
+    s_conv_impl *im;
+    zps_status st = s_conv_get(d, &im);
+    if (st != ZPS_OK)
+        return st;
+    float one = 1, zero = 0;
+    if (d->bf16)
+        KC_TRY(s_conv_tc(d, im));
+    KC_TRY(k_cuda_grow(&s_ws, &s_ws_cap, im->ws_need, 0)); /* a no-op but after a failed growth */
+    if (d->bf16 && im->tc > 0) {
+        const float *in[3] = {x, w, NULL};
+        size_t n[3] = {(size_t)d->n * d->c * d->h * d->w, (size_t)d->k * d->c * d->r * d->s,
+                       (size_t)d->n * d->k * d->oh * d->ow};
+        uint16_t *h[3];
+        KC_TRY(s_bf16_buffers(3, in, n, h));
+        KC_CUDNN(cudnnConvolutionForward(s_cudnn, &one, im->h.x, h[0], im->h.w, h[1], im->h.conv,
+                                        im->h.fa, s_ws, s_ws_cap, &zero, im->h.y, h[2]));
+        KC_TRY(s_widen(n[2], h[2], y, 0));
+    } else {
+        if (d->bf16) {
+            const float *in[2] = {x, w}, *r[2];
+            size_t n[2] = {(size_t)d->n * d->c * d->h * d->w, (size_t)d->k * d->c * d->r * d->s};
+            KC_TRY(s_bf16_inputs(2, in, n, r));
+            x = r[0], w = r[1];
+        }
+        KC_CUDNN(cudnnConvolutionForward(s_cudnn, &one, im->f.x, x, im->f.w, w, im->f.conv, im->f.fa,
+                                        s_ws, s_ws_cap, &zero, im->f.y, y));
+    }
+    if (b)
+        KC_CUDNN(cudnnAddTensor(s_cudnn, &one, im->b, b, &one, im->f.y, y));
+    return ZPS_OK;
+}
+
+/* Backward on the tensor cores: dy, w, x packed; dx and dw come back as bfloat16. */
+static zps_status s_conv2d_bwd_tc(k_conv2d *d, s_conv_impl *im, const float *x, const float *w,
+                                  const float *dy, float *dx, float *dw)
+{
+    float one = 1, zero = 0;
+    size_t nx = (size_t)d->n * d->c * d->h * d->w, nw = (size_t)d->k * d->c * d->r * d->s;
+    const float *in[5] = {dy, dx ? w : NULL, dw ? x : NULL, NULL, NULL};
+    size_t n[5] = {(size_t)d->n * d->k * d->oh * d->ow, dx ? nw : 0, dw ? nx : 0, dx ? nx : 0,
+                   dw ? nw : 0};
+    uint16_t *h[5]; // dy, w, x, dx, dw
+    KC_TRY(s_bf16_buffers(5, in, n, h));
+    if (dx) {
+        KC_CUDNN(cudnnConvolutionBackwardData(s_cudnn, &one, im->h.w, h[1], im->h.y, h[0],
+                                             im->h.conv, im->h.da, s_ws, s_ws_cap, &zero,
+                                             im->h.x, h[3]));
+        KC_TRY(s_widen(nx, h[3], dx, 0));
+    }
+    if (dw) { /* accumulate: the bfloat16 result added to dw in float */
+        KC_CUDNN(cudnnConvolutionBackwardFilter(s_cudnn, &one, im->h.x, h[2], im->h.y, h[0],
+                                               im->h.conv, im->h.wa, s_ws, s_ws_cap, &zero,
+                                               im->h.w, h[4]));
+        KC_TRY(s_widen(nw, h[4], dw, 1));
+    }
+    return ZPS_OK;
+}
+
+zps_status k_cuda_conv2d_bwd(k_conv2d *d, const float *x, const float *w, const float *dy,
+                             float *dx, float *dw, float *db)
+{
+    s_conv_impl *im;
+    zps_status st = s_conv_get(d, &im);
+    if (st != ZPS_OK)
+        return st;
+    float one = 1, zero = 0;
+    if (db) /* the float sum of dy, bf16 or not: before dy is rounded */
+        KC_CUDNN(cudnnConvolutionBackwardBias(s_cudnn, &one, im->f.y, dy, &one, im->b, db));
+    if (d->bf16)
+        KC_TRY(s_conv_tc(d, im));
+    KC_TRY(k_cuda_grow(&s_ws, &s_ws_cap, im->ws_need, 0));
+    if (d->bf16 && im->tc > 0)
+        return s_conv2d_bwd_tc(d, im, x, w, dy, dx, dw);
+    if (d->bf16) {
+        const float *in[3] = {dx ? w : NULL, dw ? x : NULL, dy}, *r[3];
+        size_t n[3] = {(size_t)d->k * d->c * d->r * d->s, (size_t)d->n * d->c * d->h * d->w,
+                       (size_t)d->n * d->k * d->oh * d->ow};
+        KC_TRY(s_bf16_inputs(3, in, n, r));
+        w = r[0], x = r[1], dy = r[2];
+    }
+    if (dx)
+        KC_CUDNN(cudnnConvolutionBackwardData(s_cudnn, &one, im->f.w, w, im->f.y, dy, im->f.conv, im->f.da,
+                                             s_ws, s_ws_cap, &zero, im->f.x, dx));
+    if (dw) /* beta = 1: accumulate */
+        KC_CUDNN(cudnnConvolutionBackwardFilter(s_cudnn, &one, im->f.x, x, im->f.y, dy, im->f.conv,
+                                               im->f.wa, s_ws, s_ws_cap, &one, im->f.w, dw));
+    return ZPS_OK;
+}
+
+void k_cuda_conv_release(void *impl)
+{
+    s_conv_impl *im = (s_conv_impl *)impl;
+    if (!im)
+        return;
+    s_conv_set_free(&im->f);
+    s_conv_set_free(&im->h);
+    if (im->b)
+        cudnnDestroyTensorDescriptor(im->b);
+    free(im);
+}
