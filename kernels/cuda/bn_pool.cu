@@ -268,8 +268,18 @@ __global__ void g_pool_fwd(k_pool d, const float *x, float *y)
         y[i] = d.kind == K_POOL_MAX ? best : (float)(acc / (d.r * d.s));
     }
 }
+/* The outputs o in [*lo, *hi] of one axis whose window [o * stride - pad, + k) holds input
+ * i: o * stride <= i + pad < o * stride + k (empty when *lo > *hi). Floor division, also of
+ * the negative i + pad - k. */
+__device__ void d_pool_span(int i, int pad, int k, int stride, int n_out, int *lo, int *hi)
+{
+    int a = i + pad - k, below = a >= 0 ? a / stride : -((-a + stride - 1) / stride);
+    *lo = below + 1 > 0 ? below + 1 : 0;
+    *hi = (i + pad) / stride < n_out - 1 ? (i + pad) / stride : n_out - 1;
+}
 /* Backward per input element: sums the outputs whose window holds it (max: whose argmax it
- * is, first maximum in scan order as in ref). */
+ * is, first maximum in scan order as in ref), visiting only those outputs, in the order a
+ * scan of every output would (the same sums). */
 __global__ void g_pool_bwd(k_pool d, const float *x, const float *dy, float *dx)
 {
     size_t total = (size_t)d.n * d.c * d.h * d.w;
@@ -280,14 +290,13 @@ __global__ void g_pool_bwd(k_pool d, const float *x, const float *dy, float *dx)
         const float *p = x + plane * d.h * d.w;
         const float *g = dy + plane * d.oh * d.ow;
         float acc = 0;
-        for (int oy = 0; oy < d.oh; oy++) {
+        int oy0, oy1, ox0, ox1; /* the outputs whose window holds (iy, ix), in scan order */
+        d_pool_span(iy, d.pad_h, d.r, d.stride_h, d.oh, &oy0, &oy1);
+        d_pool_span(ix, d.pad_w, d.s, d.stride_w, d.ow, &ox0, &ox1);
+        for (int oy = oy0; oy <= oy1; oy++) {
             int y0 = oy * d.stride_h - d.pad_h;
-            if (iy < y0 || iy >= y0 + d.r)
-                continue;
-            for (int ox = 0; ox < d.ow; ox++) {
+            for (int ox = ox0; ox <= ox1; ox++) {
                 int x0 = ox * d.stride_w - d.pad_w;
-                if (ix < x0 || ix >= x0 + d.s)
-                    continue;
                 if (d.kind == K_POOL_AVG) {
                     acc += g[oy * d.ow + ox] / (float)(d.r * d.s);
                     continue;
