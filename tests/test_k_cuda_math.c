@@ -1,13 +1,20 @@
 /* test_k_cuda_math.c — the CUDA back-end's element functions run on the CPU (suite
- * k_cuda_math), so their index math is proven here without a GPU: kernels/cuda/pool_math.h's
- * pooling forward and backward, element by element, against ref's pooling on random shapes
- * (windows, strides, padding, ceil-free and ragged edges), bit for bit. Values are drawn from
- * a few integers so that windows hold ties: the first maximum in scan order must win, as in
- * ref. */
+ * k_cuda_math), so their index math is proven here without a GPU:
+ *  - kernels/cuda/pool_math.h's pooling forward and backward, element by element, against
+ *    ref's pooling on random shapes (windows, strides, padding, ragged edges), bit for bit.
+ *    Values are drawn from a few integers so that windows hold ties: the first maximum in
+ *    scan order must win, as in ref;
+ *  - kernels/cuda/bn_math.h's batchnorm: the kernels' grid of (channel, split) blocks run
+ *    here thread by thread, with the block's tree sum, then the statistics, the forward, the
+ *    gradient sums and dx, against ref's batchnorm on random shapes, few channels (many splits)
+ *    and many (one), with and without relu. Tolerances: the sums are ref's in another order
+ *    (1e-6 relative on mean, var and the gradient sums); y and dx are float against ref's
+ *    double (1e-5 + 1e-5 |ref|, 1e-5 + 1e-4 |ref|). */
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cuda/bn_math.h"
 #include "kernels/cuda/pool_math.h"
 #include "kernels/kernels.h"
 #include "tests/test_k.h"
@@ -77,4 +84,99 @@ Test(k_cuda_math, pool_span_is_the_windows_holding_an_input)
                                       "[%d, %d]", i, k, stride, pad, n_out, lo, hi, want_lo,
                                       want_hi);
                     }
+}
+
+/* ---- batchnorm: bn_pool.cu's grid on the CPU ---- */
+
+enum { S_BN_THREADS = 256, S_BN_BLOCKS = 2048 }; /* bn_pool.cu's KC_T and S_BN_BLOCKS */
+
+/* g_bn_part's grid: each (ch, split) block's threads, then its tree sum (d_block_sum2). */
+static void s_bn_grid(int mode, const k_bn *d, int splits, int per, const float *x,
+                      const float *y, const float *dy, const float *mean, const float *var,
+                      double *part)
+{
+    int hw = d->h * d->w;
+    static double s1[S_BN_THREADS], s2[S_BN_THREADS];
+    for (int ch = 0; ch < d->c; ch++)
+        for (int split = 0; split < splits; split++) {
+            double m = 0, inv = 0;
+            if (mode)
+                m = mean[ch], inv = K_BN_RSQRT((double)var[ch] + d->eps);
+            for (int t = 0; t < S_BN_THREADS; t++)
+                k_bn_part_thread(mode, d->n, d->c, hw, per, ch, split, t, S_BN_THREADS, x, y,
+                                 dy, m, inv, d->relu, &s1[t], &s2[t]);
+            for (int st = S_BN_THREADS / 2; st > 0; st >>= 1)
+                for (int t = 0; t < st; t++)
+                    s1[t] += s1[t + st], s2[t] += s2[t + st];
+            part[(size_t)ch * splits + split] = s1[0];
+            part[(size_t)(d->c + ch) * splits + split] = s2[0];
+        }
+}
+
+static void s_bn_case(uint64_t seed)
+{
+    k_bn d = {.n = zt_irand(1, 8), .c = zt_irand(0, 1) ? zt_irand(1, 3) : zt_irand(4, 40),
+              .h = zt_irand(1, 20), .w = zt_irand(1, 20), .eps = 1e-3f, .momentum = 0.1f,
+              .relu = zt_irand(0, 1)};
+    int hw = d.h * d.w, splits, per;
+    size_t nx = (size_t)d.n * d.c * hw;
+    k_bn_split(d.n, d.c, S_BN_BLOCKS, &splits, &per);
+    cr_assert(splits >= 1 && (splits - 1) * per < d.n && splits * per >= d.n,
+              "%d splits of %d images for n %d: one is empty or missing", splits, per, d.n);
+    float *x = zt_k_randv(nx, -1, 1), *dy = zt_k_randv(nx, -1, 1);
+    float off = zt_unif(-3, 3); /* channels off zero, as after a conv */
+    for (size_t i = 0; i < nx; i++)
+        x[i] += off;
+    float *g = zt_k_randv((size_t)d.c, 0.5f, 1.5f), *b = zt_k_randv((size_t)d.c, -1, 1);
+    /* ref */
+    float *ry = zt_k_zeros(nx), *rm = zt_k_zeros(d.c), *rv = zt_k_zeros(d.c);
+    float *rdx = zt_k_zeros(nx), *rdg = zt_k_zeros(d.c), *rdb = zt_k_zeros(d.c);
+    const k_backend *ref = k_backend_ref();
+    cr_assert_eq(k_bn_fwd_train(ref, &d, x, g, b, ry, rm, rv, NULL, NULL), ZPS_OK);
+    cr_assert_eq(k_bn_bwd(ref, &d, x, ry, dy, g, rm, rv, rdx, rdg, rdb), ZPS_OK);
+    /* the kernels' way */
+    double *part = calloc(2 * (size_t)d.c * splits, sizeof *part);
+    float *y = zt_k_zeros(nx), *m = zt_k_zeros(d.c), *v = zt_k_zeros(d.c), *dx = zt_k_zeros(nx);
+    float *sg = zt_k_zeros(d.c), *sgx = zt_k_zeros(d.c);
+    double cnt = (double)d.n * hw;
+    s_bn_grid(0, &d, splits, per, x, NULL, NULL, NULL, NULL, part);
+    for (int ch = 0; ch < d.c; ch++) {
+        double a, bb;
+        k_bn_total(part, d.c, splits, ch, &a, &bb);
+        k_bn_stats(a, bb, cnt, &m[ch], &v[ch]);
+    }
+    for (size_t i = 0; i < nx; i++) {
+        int ch = (int)((i / hw) % d.c);
+        y[i] = k_bn_apply_el(x[i], m[ch], K_BN_RSQRTF(v[ch] + d.eps), g[ch], b[ch], d.relu);
+    }
+    s_bn_grid(1, &d, splits, per, x, y, dy, m, v, part);
+    for (int ch = 0; ch < d.c; ch++) {
+        double a, bb;
+        k_bn_total(part, d.c, splits, ch, &a, &bb);
+        sg[ch] = (float)a, sgx[ch] = (float)bb;
+    }
+    for (size_t i = 0; i < nx; i++) {
+        int ch = (int)((i / hw) % d.c);
+        float fc = (float)cnt;
+        dx[i] = k_bn_dx_at(x, y, dy, i, g[ch], m[ch], K_BN_RSQRTF(v[ch] + d.eps), sg[ch] / fc,
+                           sgx[ch] / fc, d.relu);
+    }
+    char who[96];
+    snprintf(who, sizeof who, "bn %dx%dx%dx%d relu %d, %d splits (seed %llu)", d.n, d.c, d.h,
+             d.w, d.relu, splits, (unsigned long long)seed);
+    zt_k_close(who, "mean", m, rm, d.c, 1e-6, 1e-6);
+    zt_k_close(who, "var", v, rv, d.c, 1e-6, 1e-6);
+    zt_k_close(who, "y", y, ry, nx, 1e-5, 1e-5);
+    zt_k_close(who, "dbeta", sg, rdb, d.c, 1e-6, 1e-6);
+    zt_k_close(who, "dgamma", sgx, rdg, d.c, 1e-5, 1e-6);
+    zt_k_close(who, "dx", dx, rdx, nx, 1e-5, 1e-4);
+    free(x), free(dy), free(g), free(b), free(ry), free(rm), free(rv), free(rdx), free(rdg);
+    free(rdb), free(part), free(y), free(m), free(v), free(dx), free(sg), free(sgx);
+}
+
+Test(k_cuda_math, batchnorm_grid_equals_ref)
+{
+    uint64_t seed = zt_k_init();
+    for (int iter = 0; iter < 60; iter++)
+        s_bn_case(seed);
 }

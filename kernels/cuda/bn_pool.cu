@@ -5,6 +5,7 @@
  */
 #include <stdlib.h>
 
+#include "kernels/cuda/bn_math.h"
 #include "kernels/cuda/cuda_int.h"
 #include "kernels/cuda/pool_math.h"
 
@@ -42,32 +43,14 @@ __global__ void g_bn_part(int mode, int n, int c, int hw, int per, const float *
 {
     int ch = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
     __shared__ double s1[KC_T], s2[KC_T];
-    double a = 0, b = 0, m = 0, inv = 0;
+    double a, b, m = 0, inv = 0;
     if (mode)
-        m = mean[ch], inv = rsqrt((double)var[ch] + eps);
-    int n0 = split * per, n1 = n0 + per < n ? n0 + per : n;
-    for (int img = n0; img < n1; img++) {
-        size_t base = ((size_t)img * c + ch) * hw;
-        for (int i = threadIdx.x; i < hw; i += blockDim.x) {
-            double v = x[base + i];
-            if (!mode) {
-                a += v, b += v * v;
-                continue;
-            }
-            double gv = relu && !(y[base + i] > 0) ? 0.0 : dy[base + i];
-            a += gv, b += gv * (v - m) * inv;
-        }
-    }
+        m = mean[ch], inv = K_BN_RSQRT((double)var[ch] + eps);
+    k_bn_part_thread(mode, n, c, hw, per, ch, split, (int)threadIdx.x, (int)blockDim.x, x, y,
+                     dy, m, inv, relu, &a, &b);
     d_block_sum2(s1, s2, a, b);
     if (threadIdx.x == 0)
         part[(size_t)ch * splits + split] = s1[0], part[(size_t)(c + ch) * splits + split] = s2[0];
-}
-/* A channel's partials in split order: its two sums. */
-__device__ void d_bn_total(const double *part, int c, int splits, int ch, double *a, double *b)
-{
-    *a = 0, *b = 0;
-    for (int s = 0; s < splits; s++)
-        *a += part[(size_t)ch * splits + s], *b += part[(size_t)(c + ch) * splits + s];
 }
 __global__ void g_bn_stats_fin(int c, int splits, double cnt, const double *part, float *mean,
                                float *var)
@@ -76,10 +59,8 @@ __global__ void g_bn_stats_fin(int c, int splits, double cnt, const double *part
     if (ch >= c)
         return;
     double a, b;
-    d_bn_total(part, c, splits, ch, &a, &b);
-    double m = a / cnt, v = b / cnt - m * m;
-    mean[ch] = (float)m;
-    var[ch] = (float)(v > 0 ? v : 0);
+    k_bn_total(part, c, splits, ch, &a, &b);
+    k_bn_stats(a, b, cnt, &mean[ch], &var[ch]);
 }
 __global__ void g_bn_grad_fin(int c, int splits, const double *part, float *sg, float *sgx,
                               float *dgamma, float *dbeta)
@@ -88,7 +69,7 @@ __global__ void g_bn_grad_fin(int c, int splits, const double *part, float *sg, 
     if (ch >= c)
         return;
     double a, b;
-    d_bn_total(part, c, splits, ch, &a, &b);
+    k_bn_total(part, c, splits, ch, &a, &b);
     sg[ch] = (float)a, sgx[ch] = (float)b;
     if (dbeta)
         dbeta[ch] += (float)a;
@@ -101,13 +82,11 @@ __global__ void g_bn_apply(int c, int hw, const float *x, const float *g, const 
 {
     size_t plane = blockIdx.x;
     int ch = (int)(plane % c);
-    float m = mean[ch], inv = rsqrtf(var[ch] + eps), gg = g[ch], bb = b[ch];
+    float m = mean[ch], inv = K_BN_RSQRTF(var[ch] + eps), gg = g[ch], bb = b[ch];
     const float *px = x + plane * hw;
     float *py = y + plane * hw;
-    for (int i = threadIdx.x; i < hw; i += blockDim.x) {
-        float v = gg * (px[i] - m) * inv + bb;
-        py[i] = relu && v < 0 ? 0.0f : v;
-    }
+    for (int i = threadIdx.x; i < hw; i += blockDim.x)
+        py[i] = k_bn_apply_el(px[i], m, inv, gg, bb, relu);
 }
 __global__ void g_bn_running(int c, float m, float unbias, const float *mean, const float *var,
                              float *rm, float *rv)
@@ -127,13 +106,10 @@ __global__ void g_bn_bwd_dx(int c, int hw, float cnt, const float *x, const floa
 {
     size_t plane = blockIdx.x, base = plane * hw;
     int ch = (int)(plane % c);
-    float inv = rsqrtf(var[ch] + eps), m = mean[ch], k = gamma[ch] * inv;
+    float inv = K_BN_RSQRTF(var[ch] + eps), m = mean[ch], g = gamma[ch];
     float mg = sg[ch] / cnt, mgx = sgx[ch] / cnt;
-    for (int i = threadIdx.x; i < hw; i += blockDim.x) {
-        float gv = relu && !(y[base + i] > 0) ? 0.0f : dy[base + i];
-        float xh = (x[base + i] - m) * inv;
-        dx[base + i] = k * (gv - mg - xh * mgx);
-    }
+    for (int i = threadIdx.x; i < hw; i += blockDim.x)
+        dx[base + i] = k_bn_dx_at(x, y, dy, base + i, g, m, inv, mg, mgx, relu);
 }
 
 /* A descriptor's scratch, made on first use (forward or backward) for its shape. */
@@ -147,10 +123,7 @@ typedef struct s_bn_impl {
 
 static zps_status s_bn_build(const k_bn *d, s_bn_impl *im)
 {
-    int want = (S_BN_BLOCKS + d->c - 1) / d->c;
-    im->splits = want < 1 ? 1 : want > d->n ? d->n : want;
-    im->per = (d->n + im->splits - 1) / im->splits;
-    im->splits = (d->n + im->per - 1) / im->per; /* none empty */
+    k_bn_split(d->n, d->c, S_BN_BLOCKS, &im->splits, &im->per);
     KC_CUDA(cudaMalloc(&im->part, sizeof(double) * 2 * (size_t)d->c * im->splits));
     KC_CUDA(cudaMalloc(&im->sums, sizeof(float) * 2 * (size_t)d->c));
     return ZPS_OK;
