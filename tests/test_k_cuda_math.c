@@ -9,12 +9,16 @@
  *    gradient sums and dx, against ref's batchnorm on random shapes, few channels (many splits)
  *    and many (one), with and without relu. Tolerances: the sums are ref's in another order
  *    (1e-6 relative on mean, var and the gradient sums); y and dx are float against ref's
- *    double (1e-5 + 1e-5 |ref|, 1e-5 + 1e-4 |ref|). */
+ *    double (1e-5 + 1e-5 |ref|, 1e-5 + 1e-4 |ref|);
+ *  - kernels/cuda/loss_math.h's softmax cross-entropy rows (label smoothing, ties in the
+ *    argmax) and smooth-L1 elements against ref: gradients bit for bit (the same double
+ *    arithmetic), the loss within 1e-6 (rows summed in another order). */
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kernels/cuda/bn_math.h"
+#include "kernels/cuda/loss_math.h"
 #include "kernels/cuda/pool_math.h"
 #include "kernels/kernels.h"
 #include "tests/test_k.h"
@@ -179,4 +183,53 @@ Test(k_cuda_math, batchnorm_grid_equals_ref)
     uint64_t seed = zt_k_init();
     for (int iter = 0; iter < 60; iter++)
         s_bn_case(seed);
+}
+
+/* ---- losses ---- */
+
+Test(k_cuda_math, losses_equal_ref)
+{
+    uint64_t seed = zt_k_init();
+    const k_backend *ref = k_backend_ref();
+    for (int iter = 0; iter < 50; iter++) {
+        int n = zt_irand(1, 40), k = zt_irand(2, 30);
+        float smooth = iter % 2 ? zt_unif(0, 0.3f) : 0, scale = zt_unif(0.5f, 2);
+        float *z = zt_k_randv((size_t)n * k, -4, 4);
+        for (int i = 0; i < n * k; i += 7)
+            z[i] = 1.0f; /* ties: the first maximum is the argmax */
+        int32_t *lab = malloc((size_t)n * sizeof *lab);
+        for (int i = 0; i < n; i++)
+            lab[i] = zt_irand(0, k - 1);
+        float *rdz = zt_k_zeros((size_t)n * k), *dz = zt_k_zeros((size_t)n * k), rloss;
+        int rright;
+        cr_assert_eq(k_softmax_xent(ref, n, k, z, lab, smooth, scale, &rloss, &rright, rdz),
+                     ZPS_OK);
+        double total = 0; /* as s_softmax_xent adds the rows' losses on the host */
+        int right = 0;
+        for (int b = 0; b < n; b++) {
+            float l;
+            int r;
+            k_xent_row(k, z + (size_t)b * k, lab[b], smooth, scale, n, dz + (size_t)b * k, &l,
+                       &r);
+            total += l, right += r;
+        }
+        cr_assert_eq(right, rright, "xent %dx%d: %d right, ref %d (seed %llu)", n, k, right,
+                     rright, (unsigned long long)seed);
+        cr_assert(!memcmp(dz, rdz, (size_t)n * k * sizeof *dz), "xent %dx%d: dz differs from "
+                  "ref's (seed %llu)", n, k, (unsigned long long)seed);
+        float loss = (float)(total / n);
+        zt_k_close("xent", "loss", &loss, &rloss, 1, 1e-6, 1e-6);
+        size_t m = (size_t)zt_irand(1, 3000);
+        float *x = zt_k_randv(m, -3, 3), *t = zt_k_randv(m, -3, 3), beta = zt_unif(0.1f, 2);
+        float *rdx = zt_k_zeros(m), *dx = zt_k_zeros(m), rl;
+        cr_assert_eq(k_smooth_l1(ref, m, x, t, beta, scale, &rl, rdx), ZPS_OK);
+        double acc = 0;
+        for (size_t i = 0; i < m; i++)
+            acc += k_smooth_l1_el(x[i], t[i], beta, scale, &dx[i]);
+        cr_assert(!memcmp(dx, rdx, m * sizeof *dx), "smooth-L1 n %zu: dx differs from ref's "
+                  "(seed %llu)", m, (unsigned long long)seed);
+        float l1 = (float)acc;
+        zt_k_close("smooth-L1", "loss", &l1, &rl, 1, 1e-6, 1e-6);
+        free(z), free(lab), free(rdz), free(dz), free(x), free(t), free(rdx), free(dx);
+    }
 }

@@ -27,6 +27,7 @@
 
 #include "kernels/cuda/cuda_api.h"
 #include "kernels/cuda/cuda_int.h"
+#include "kernels/cuda/loss_math.h"
 
 char k_cuda_err[256];
 cudaStream_t k_cuda_stream; // the compute stream: every op and the synchronous copies
@@ -329,23 +330,8 @@ __global__ void g_xent(int n, int k, const float *z, const int32_t *labels, floa
         rowloss[b] = 0, right[b] = -1;
         return;
     }
-    const float *r = z + (size_t)b * k;
-    int arg = 0;
-    for (int j = 1; j < k; j++)
-        if (r[j] > r[arg])
-            arg = j;
-    double se = 0;
-    for (int j = 0; j < k; j++)
-        se += exp((double)r[j] - r[arg]);
-    double lse = r[arg] + log(se), off = smooth / k, on = 1.0 - smooth + off, l = 0;
-    for (int j = 0; j < k; j++) {
-        double t = j == labels[b] ? on : off, lp = r[j] - lse;
-        l -= t * lp;
-        if (dz)
-            dz[(size_t)b * k + j] = (float)(scale * (exp(lp) - t) / n);
-    }
-    rowloss[b] = (float)l;
-    right[b] = arg == labels[b];
+    k_xent_row(k, z + (size_t)b * k, labels[b], smooth, scale, n,
+               dz ? dz + (size_t)b * k : NULL, &rowloss[b], &right[b]);
 }
 static zps_status s_softmax_xent(int n, int k, const float *z, const int32_t *labels, float smooth,
                                  float scale, float *loss, int *correct, float *dz)
@@ -382,13 +368,10 @@ __global__ void g_smooth_l1(size_t n, const float *x, const float *t, float beta
     double acc = 0;
     KC_LOOP(i, n)
     {
-        double d = (double)x[i] - t[i], a = fabs(d), g;
-        if (a < beta)
-            acc += 0.5 * d * d / beta, g = d / beta;
-        else
-            acc += a - 0.5 * beta, g = d > 0 ? 1.0 : -1.0;
+        float g;
+        acc += k_smooth_l1_el(x[i], t[i], beta, scale, &g);
         if (dx)
-            dx[i] = (float)(scale * g);
+            dx[i] = g;
     }
     atomicAdd(loss, acc);
 }
