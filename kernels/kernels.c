@@ -138,16 +138,6 @@ void k_from_blocked(int n, int c, int h, int w, const float *src, float *dst)
     k_from_layout(K_BLOCK16, n, c, h, w, src, dst);
 }
 
-uint32_t k_hash_u32(uint64_t seed, uint64_t index)
-{
-    /* splitmix64 finaliser over a seed-keyed counter */
-    uint64_t z = seed * 0x9E3779B97F4A7C15ull + index + 0x632BE59BD9B4E019ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    return (uint32_t)(z >> 32);
-}
-
 #define S_CALL(be, fn, ...)                                                            \
     do {                                                                               \
         if (!(be)->fn) {                                                               \

@@ -226,8 +226,22 @@ void k_from_blocked(int n, int c, int h, int w, const float *src, float *dst);
 void k_to_layout(int layout, int n, int c, int h, int w, const float *src, float *dst);
 void k_from_layout(int layout, int n, int c, int h, int w, const float *src, float *dst);
 
-/* Deterministic uniform u32 of (seed, index): the dropout hash, exposed for tests. */
-uint32_t k_hash_u32(uint64_t seed, uint64_t index);
+/* Deterministic uniform u32 of (seed, index): the dropout hash (a splitmix64 finaliser over
+ * a seed-keyed counter). One definition for every back-end, the CUDA kernels included, so
+ * masks agree bit for bit. */
+#ifdef __CUDACC__
+#define K_HASH_FN static inline __host__ __device__
+#else
+#define K_HASH_FN static inline
+#endif
+K_HASH_FN uint32_t k_hash_u32(uint64_t seed, uint64_t index)
+{
+    uint64_t z = seed * 0x9E3779B97F4A7C15ull + index + 0x632BE59BD9B4E019ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (uint32_t)(z >> 32);
+}
 
 #ifdef __cplusplus
 }

@@ -158,18 +158,9 @@ __global__ void g_sum(size_t n, const float *x, int sq, double *out)
     atomicAdd(out, acc);
 }
 
-/* The same hash as k_hash_u32 (kernels.c), so masks agree across back-ends. */
-__device__ uint32_t d_hash(uint64_t seed, uint64_t index)
-{
-    uint64_t z = seed * 0x9E3779B97F4A7C15ull + index + 0x632BE59BD9B4E019ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    return (uint32_t)(z >> 32);
-}
 __global__ void g_dropout(size_t n, uint64_t thr, float keep, uint64_t seed, const float *x, float *y)
 {
-    KC_LOOP(i, n) y[i] = (uint64_t)d_hash(seed, i) < thr ? 0.0f : x[i] * keep;
+    KC_LOOP(i, n) y[i] = (uint64_t)k_hash_u32(seed, i) < thr ? 0.0f : x[i] * keep;
 }
 
 /* One grid-stride kernel over n elements on the compute stream, launch checked. */
