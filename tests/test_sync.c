@@ -536,3 +536,57 @@ Test(tr_sync, node_hands_each_bucket_on_during_backward)
         cr_expect(r[0].early[v], "variable %d reached the leader's back-end only at end_step",
                   v);
 }
+
+/* ---- the communication thread (trainer/sync_worker.c) ---- */
+
+typedef struct s_wlog {
+    size_t ran[8];          // the jobs' lo, in the order they ran
+    zps_status failed[8];   // what each was told had failed before it
+    int n;
+    size_t fail_lo;         // the job with this lo fails (ZPS_ERR_TIMEOUT)
+} s_wlog;
+
+static zps_status s_wjob(void *ctx, const tr_job *j, zps_status failed)
+{
+    s_wlog *l = ctx;
+    l->ran[l->n] = j->lo, l->failed[l->n] = failed;
+    l->n++;
+    return j->lo == l->fail_lo ? ZPS_ERR_TIMEOUT : ZPS_OK;
+}
+
+/* Jobs run in the order posted; the first failure is kept, passed to every later job and
+ * returned by the wait until cleared; a step posts at most max jobs (the next one is refused
+ * and kept as the failure); stop runs what is still queued. */
+Test(tr_sync, worker_runs_jobs_in_order_and_keeps_the_first_failure)
+{
+    zps_log_set_level(ZPS_LOG_OFF);
+    static s_wlog l = {.fail_lo = 2};
+    tr_worker w;
+    cr_assert_eq(tr_worker_start(&w, 3, s_wjob, &l, "test"), ZPS_OK);
+    for (size_t lo = 1; lo <= 3; lo++)
+        cr_assert_eq(tr_worker_post(&w, &(tr_job){.lo = lo}), ZPS_OK);
+    cr_assert_eq(tr_worker_wait(&w), ZPS_ERR_TIMEOUT, "job 2's failure not kept");
+    cr_assert_eq(l.n, 3);
+    for (int k = 0; k < 3; k++)
+        cr_assert_eq(l.ran[k], (size_t)k + 1, "job %d ran out of order", k + 1);
+    cr_assert(l.failed[0] == ZPS_OK && l.failed[1] == ZPS_OK, "told of a failure too early");
+    cr_assert_eq(l.failed[2], ZPS_ERR_TIMEOUT, "job 3 was not told job 2 failed");
+    cr_assert_eq(tr_worker_err(&w), ZPS_ERR_TIMEOUT);
+    tr_worker_clear(&w);
+    cr_assert_eq(tr_worker_err(&w), ZPS_OK);
+    /* the next step: the queue was emptied by the wait, so three fit again, a fourth not */
+    for (size_t lo = 4; lo <= 6; lo++)
+        cr_assert_eq(tr_worker_post(&w, &(tr_job){.lo = lo}), ZPS_OK);
+    cr_assert_eq(tr_worker_post(&w, &(tr_job){.lo = 7}), ZPS_ERR_INTERNAL);
+    cr_assert_eq(tr_worker_wait(&w), ZPS_ERR_INTERNAL, "the refused post is the step's failure");
+    cr_assert_eq(l.n, 6, "job 7 ran although it was refused");
+    tr_worker_clear(&w);
+    cr_assert_eq(tr_worker_fail(&w, ZPS_ERR_INVALID), ZPS_ERR_INVALID);
+    cr_assert_eq(tr_worker_fail(&w, ZPS_ERR_NOMEM), ZPS_ERR_INVALID, "a later failure won");
+    tr_worker_clear(&w);
+    cr_assert_eq(tr_worker_post(&w, &(tr_job){.lo = 8}), ZPS_OK);
+    tr_worker_stop(&w); /* runs job 8 first */
+    cr_assert_eq(l.n, 7);
+    cr_assert_eq(l.ran[6], 8u);
+    tr_worker_stop(&w); /* a second stop does nothing */
+}
