@@ -54,9 +54,9 @@ typedef struct s_node {
     tr_sync base;             // first: the tr_sync the loop holds
     tr_sync *ps;              // the leader's PS back-end (NULL on the other ranks)
     tr_allreduce *ar;         // the node's segment
-    int rank, group;          // local rank, ranks per node
+    int rank;                 // local rank
     float *params, *grads;    // (n) the model's (host memory)
-    size_t n, nvars;
+    size_t n;
     tr_buckets buckets;       // this step's (sync.h)
     tr_worker worker;         // the communication thread: one job per bucket
     zps_status sum_err;       // the node's sums failed (the thread's; read when it is idle)
@@ -265,8 +265,8 @@ zps_status tr_sync_node_lead_new(const tr_sync_env *env, tr_sync_new_fn lead_new
         return ZPS_ERR_CONFIG;
     }
     s_node *s = zps_xcalloc(1, sizeof *s);
-    *s = (s_node){.rank = env->id % group, .group = group, .params = env->params,
-                  .grads = env->grads, .n = env->nparams, .nvars = env->nvars,
+    *s = (s_node){.rank = env->id % group, .params = env->params,
+                  .grads = env->grads, .n = env->nparams,
                   .trace = env->trace};
     /* A model on a device leaves the host's cores idle during backward: the node's sums and
      * pushes overlap it. On the CPU the trainers' compute threads already take the cores,
