@@ -380,7 +380,6 @@ zps_status ps_client_send_slot(ps_client *c, ps_client_slot *sl, const ps_optim_
     ps_dtype dt = sl->op == ZPS__OP__OP_PUSH || sl->op == ZPS__OP__OP_PUSHPULL
                       ? c->o.push_dtype
                       : PS_DTYPE_F32;
-    s_fill_ranges(c, sl, dt, &h);
     int has_data = (sl->src != NULL || sl->src16 != NULL) && sl->n_pieces > 0;
     if (!sl->no_shm)
         h.shm_nonce = ps_client_shm_nonce(c, sl->server);
@@ -388,7 +387,9 @@ zps_status ps_client_send_slot(ps_client *c, ps_client_slot *sl, const ps_optim_
         h.shm_data = 1; // the gradients are in our slot of its segment: no payload frames
         h.packed = 0;
         has_data = 0;
+        dt = PS_DTYPE_F32; // the segment holds f32, bf16 pushes already rounded (client_shm.c)
     }
+    s_fill_ranges(c, sl, dt, &h);
     size_t hl = zps__header__get_packed_size(&h);
     zmq_msg_t m;
     if (zmq_msg_init_size(&m, hl) == -1)

@@ -210,8 +210,9 @@ void ps_client_resend_server(ps_client *c, int server);
 void ps_client_shm_offer(ps_client *c, int server, const Zps__Header *h);
 /* The segment of server the requests name (Header.shm_nonce; 0: none). */
 uint64_t ps_client_shm_nonce(const ps_client *c, int server);
-/* A sync push's gradients into this trainer's slot of the server's segment: 1 when staged
- * there (no payload frames then), 0 when they go in frames. */
+/* A sync push's gradients into this trainer's slot of the server's segment, as f32 (with
+ * push_dtype bf16, rounded to bfloat16 first): 1 when staged there (no payload frames then,
+ * and f32 ranges), 0 when they go in frames. */
 int ps_client_shm_stage(ps_client *c, ps_client_slot *sl);
 /* The values of a reply with Header.shm_values into sl->dst: 0, or -1 when they cannot be
  * used (torn, or another segment): the caller asks again through ZeroMQ. */

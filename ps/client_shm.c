@@ -20,6 +20,7 @@
 #include "common/log.h"
 #include "common/mem.h"
 #include "ps/client_int.h"
+#include "ps/dtype.h"
 
 /* The segment of server, when it is usable now. */
 static ps_shm *s_seg(const ps_client *c, int server)
@@ -80,7 +81,7 @@ static int64_t s_piece_at(const ps_shm *m, const ps_piece *p)
 int ps_client_shm_stage(ps_client *c, ps_client_slot *sl)
 {
     ps_shm *m = s_seg(c, sl->server);
-    if (sl->no_shm || !m || c->o.push_dtype != PS_DTYPE_F32 || !c->registered ||
+    if (sl->no_shm || !m || !c->registered ||
         c->job.mode != PS_MODE_SYNC || c->trainer >= m->hdr->n_trainers)
         return 0;
     uint64_t *busy = c->shm_busy[sl->server];
@@ -98,10 +99,19 @@ int ps_client_shm_stage(ps_client *c, ps_client_slot *sl)
         sl->shm_data = 1;
         sl->shm_nonce = m->hdr->nonce;
     }
+    /* The slot holds f32. push_dtype bf16 puts there what the server would widen the wire's
+     * bfloat16 to, so the optimizer sees the same values as through frames. */
     float *slot = ps_shm_slot(m, c->trainer);
+    int bf16 = c->o.push_dtype == PS_DTYPE_BF16;
     for (size_t i = 0; i < sl->n_pieces; i++) { /* (again on a resend: the same bytes) */
         const ps_piece *p = &sl->pieces[i];
-        memcpy(slot + s_piece_at(m, p), sl->src + p->flat_offset, p->count * 4);
+        float *d = slot + s_piece_at(m, p);
+        if (sl->src16)
+            ps_bf16_to_f32(d, sl->src16 + p->flat_offset, p->count);
+        else if (bf16)
+            ps_f32_round_bf16(d, sl->src + p->flat_offset, p->count);
+        else
+            memcpy(d, sl->src + p->flat_offset, p->count * 4);
     }
     return 1;
 }

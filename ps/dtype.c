@@ -46,6 +46,13 @@ void ps_bf16_to_f32(float *dst, const void *src, size_t n)
 }
 
 ZPS_SIMD_CLONES
+void ps_f32_round_bf16(float *dst, const float *src, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] = zps_bf16_round(src[i]);
+}
+
+ZPS_SIMD_CLONES
 int ps_f32_all_finite(const void *src, size_t n)
 {
     /* A float is NaN or Inf when its exponent bits are all ones. An OR over integer tests

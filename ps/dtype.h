@@ -21,6 +21,10 @@ static inline size_t ps_dtype_size(ps_dtype d) { return d == PS_DTYPE_BF16 ? 2 :
 void ps_f32_to_bf16(void *dst, const float *src, size_t n);
 /* dst[i] = src[i] widened (exact). src may have any alignment. */
 void ps_bf16_to_f32(float *dst, const void *src, size_t n);
+/* dst[i] = src[i] rounded to bfloat16 and widened back: the f32 the server makes of the
+ * wire's value (same-host pushes in shared memory carry these, ps/client_shm.c). dst == src
+ * is allowed. */
+void ps_f32_round_bf16(float *dst, const float *src, size_t n);
 /* 1 when no element of src (bfloat16, any alignment) is NaN or Inf. */
 int ps_bf16_all_finite(const void *src, size_t n);
 /* The same for n f32 values at src, any alignment (ZeroMQ keeps frames of up to 33 bytes

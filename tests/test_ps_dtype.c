@@ -85,6 +85,9 @@ Test(ps_dtype, rounding_matches_the_nearest_even_oracle)
     }
     cr_assert_eq(h[0], 0x7f80);
     cr_assert_eq(h[1], 0x7f7f);
+    /* rounding in place gives what the server makes of the wire's value, bit for bit */
+    ps_f32_round_bf16(x, x, N);
+    cr_assert_eq(memcmp(x, back, N * sizeof *x), 0, "round_bf16 != widen(to_bf16)");
     free(x);
     free(h);
     free(back);

@@ -12,6 +12,7 @@
 
 #include "common/mem.h"
 #include "ps/client.h"
+#include "ps/dtype.h"
 #include "ps/plan.h"
 #include "ps/shm.h"
 #include "tests/ps_test_util.h"
@@ -94,6 +95,7 @@ typedef struct targ {
     const ps_plan *plan;
     ps_client *c; // trainer 0: the client that initialised; others make their own
     int t, shm, sync;
+    ps_dtype dt; // push_dtype; bf16: trainer 1 hands over bf16 bits (pushpull_bf16)
     float *final; // (plan->total) the values after the last step
     char err[256];
 } targ;
@@ -108,9 +110,11 @@ static void *s_trainer(void *arg)
     ps_client_opts_default(&o);
     o.shm = a->shm;
     o.msg_bytes = 64 << 10; // several messages per push
+    o.push_dtype = a->dt;
     ps_client *c = a->c ? a->c : pst_client_connect(a->uri, (uint32_t)a->t, &o, a->plan);
     uint64_t n = a->plan->total;
     float *v = zps_xmalloc(n * 4), *g = zps_xmalloc(n * 4);
+    uint16_t *g16 = a->dt == PS_DTYPE_BF16 && a->t == 1 ? zps_xmalloc(n * 2) : NULL;
     ps_ticket tk[N_VARS];
     zps_status st = ps_client_pull(c, 0, N_VARS, v, 0, &tk[0]);
     if (st == ZPS_OK)
@@ -118,9 +122,12 @@ static void *s_trainer(void *arg)
     for (int s = 0; s < STEPS && st == ZPS_OK; s++) {
         for (uint64_t i = 0; i < n; i++)
             g[i] = 0.25f * v[i] + 0.001f * (float)((i * 7 + (uint64_t)a->t * 3 + (uint64_t)s) % 13);
+        if (g16)
+            ps_f32_to_bf16(g16, g, n);
         if (a->sync) {
             for (int k = 0; k < N_VARS && st == ZPS_OK; k++)
-                st = ps_client_pushpull(c, k, 1, g, v, s, &tk[k]);
+                st = g16 ? ps_client_pushpull_bf16(c, k, 1, g16, v, s, &tk[k])
+                         : ps_client_pushpull(c, k, 1, g, v, s, &tk[k]);
             for (int k = 0; k < N_VARS && st == ZPS_OK; k++)
                 st = ps_client_wait(c, tk[k]);
         } else {
@@ -137,6 +144,7 @@ static void *s_trainer(void *arg)
     ps_client_destroy(&c);
     free(v);
     free(g);
+    free(g16);
     return NULL;
 }
 
@@ -147,7 +155,8 @@ typedef struct fleet_run {
 
 /* One server (extra: more of its flags), trainers that use shared memory when shm says so;
  * ends with the server's STATS. */
-static void s_fleet(const char *mode, int trainers, const char *extra, int shm, fleet_run *r)
+static void s_fleet_dt(const char *mode, int trainers, const char *extra, int shm, ps_dtype dt,
+                      fleet_run *r)
 {
     pst_server srv;
     char nt[8];
@@ -160,6 +169,7 @@ static void s_fleet(const char *mode, int trainers, const char *extra, int shm, 
     ps_client_opts o;
     ps_client_opts_default(&o);
     o.shm = shm;
+    o.push_dtype = dt;
     ps_client *c0 = pst_client_connect(srv.uri, 0, &o, plan);
     float *v0 = zps_xmalloc(plan->total * 4);
     uint64_t seed = 42;
@@ -173,7 +183,7 @@ static void s_fleet(const char *mode, int trainers, const char *extra, int shm, 
     targ ta[2];
     for (int t = 0; t < trainers; t++) {
         r->final[t] = zps_xmalloc(plan->total * 4);
-        ta[t] = (targ){srv.uri, plan, t == 0 ? c0 : NULL, t, shm, !strcmp(mode, "sync"),
+        ta[t] = (targ){srv.uri, plan, t == 0 ? c0 : NULL, t, shm, !strcmp(mode, "sync"), dt,
                        r->final[t], ""};
         cr_assert_eq(pthread_create(&th[t], NULL, s_trainer, &ta[t]), 0);
     }
@@ -191,6 +201,11 @@ static void s_fleet(const char *mode, int trainers, const char *extra, int shm, 
     ps_client_destroy(&c);
     pst_kill(&srv, SIGTERM);
     ps_plan_destroy(&plan);
+}
+
+static void s_fleet(const char *mode, int trainers, const char *extra, int shm, fleet_run *r)
+{
+    s_fleet_dt(mode, trainers, extra, shm, PS_DTYPE_F32, r);
 }
 
 static uint64_t s_total(void)
@@ -231,6 +246,33 @@ Test(it_ps_shm, sync_through_shared_memory_equals_zeromq_bit_for_bit, .timeout =
         free(a.final[t]);
         free(b.final[t]);
         free(c.final[t]);
+    }
+}
+
+/* Sync with bf16 pushes (trainer 0 rounds in the library, trainer 1 hands over bf16 bits):
+ * through the segment the gradients cross as the f32 the server would widen the wire's
+ * bfloat16 to, so the values equal the frames path's bit for bit, and differ from f32
+ * pushes (the rounding happened). */
+Test(it_ps_shm, sync_bf16_pushes_through_shared_memory_equal_zeromq, .timeout = 60)
+{
+    fleet_run a, b, f;
+    s_fleet_dt("sync", 2, NULL, 1, PS_DTYPE_BF16, &a);
+    s_fleet_dt("sync", 2, "--no-shm", 1, PS_DTYPE_BF16, &b);
+    s_fleet("sync", 2, NULL, 1, &f);
+    uint64_t n = s_total();
+    for (int t = 0; t < 2; t++) {
+        cr_expect_eq(memcmp(a.final[t], b.final[t], n * 4), 0, "trainer %d: shm != --no-shm", t);
+        cr_expect_eq(memcmp(a.final[t], a.final[0], n * 4), 0, "trainers disagree");
+    }
+    cr_expect_neq(memcmp(a.final[0], f.final[0], n * 4), 0, "bf16 pushes gave the f32 values");
+    cr_expect_eq(pst_stat(a.stats, "shm_pushes"), pst_stat(a.stats, "pushes"), "%s", a.stats);
+    cr_expect_gt(pst_stat(a.stats, "shm_pushes"), 0);
+    cr_expect_eq(pst_stat(b.stats, "shm_pushes"), 0, "%s", b.stats);
+    cr_expect_eq(pst_stat(a.stats, "version"), STEPS);
+    for (int t = 0; t < 2; t++) {
+        free(a.final[t]);
+        free(b.final[t]);
+        free(f.final[t]);
     }
 }
 
