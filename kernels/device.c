@@ -82,10 +82,10 @@ static int s_load(void)
     S_SYM(last_error, k_cuda_last_error);
     S_SYM(nccl_unique_id, k_nccl_unique_id);
     S_SYM(nccl_init, k_nccl_init);
-    S_SYM(nccl_allreduce, k_nccl_allreduce);
     S_SYM(nccl_allreduce_async, k_nccl_allreduce_async);
     S_SYM(nccl_join, k_nccl_join);
-    S_SYM(nccl_host_allreduce, k_nccl_host_allreduce);
+    S_SYM(nccl_progress, k_nccl_progress);
+    S_SYM(nccl_abort, k_nccl_abort);
     S_SYM(nccl_destroy, k_nccl_destroy);
     return 1;
 }

@@ -49,10 +49,10 @@ typedef struct k_cuda_lib {
     k_cuda_last_error_fn last_error;            // text of the library's last failure
     k_nccl_unique_id_fn nccl_unique_id;         // NCCL all-reduce (nccl_allreduce.cu) ...
     k_nccl_init_fn nccl_init;
-    k_nccl_allreduce_fn nccl_allreduce;
     k_nccl_allreduce_async_fn nccl_allreduce_async;
     k_nccl_join_fn nccl_join;
-    k_nccl_host_allreduce_fn nccl_host_allreduce;
+    k_nccl_progress_fn nccl_progress;
+    k_nccl_abort_fn nccl_abort;
     k_nccl_destroy_fn nccl_destroy;
 } k_cuda_lib;
 

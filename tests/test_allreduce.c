@@ -7,9 +7,10 @@
  * across many calls with sizes that do not fill a slice or wrap the ring; average,
  * broadcast and barrier; a peer that dies makes the others fail at once instead of hanging,
  * and one that is alive but silent makes every other rank time out;
- * a segment left by a crashed job is reused; the NCCL variant (SKIP without a GPU): host
- * buffers, and device buffers queued between two ops of the cuda back-end's compute stream
- * (the ordering sync_nccl.c relies on).
+ * a segment left by a crashed job is reused; the NCCL variant (SKIP without a GPU): device
+ * buffers between two host copies, and queued between two ops of the cuda back-end's
+ * compute stream (the ordering sync_nccl.c relies on); the NCCL watchdog's judgement (suite
+ * `allreduce`, no GPU needed).
  * Inputs are fresh random numbers of mixed magnitude (so summation order shows in the
  * bits); the seed is printed on failure.
  */
@@ -254,6 +255,50 @@ Test(allreduce, sum_apply_hands_every_final_element_over_once, .timeout = 30)
         float want = -(s_val(seed, 0, 0, 5) + s_val(seed, 0, 1, 5)) / 2.0f;
         cr_expect_eq(a[r].buf[5], want, "the callback's update did not stay");
     }
+}
+
+/* The NCCL watchdog's judgement on a scripted clock: work that makes progress, or a peer
+ * that left after everything finished, never aborts; queued work with a peer gone aborts
+ * after the grace, and stuck work with live peers after the timeout, each naming why. */
+Test(allreduce, nccl_watchdog_aborts_stuck_work_only)
+{
+    const uint64_t ms = 1000000ull, grace = TR_NCCL_GONE_GRACE_MS * ms;
+    const int timeout = 5000;
+    char why[256] = "";
+    tr_nccl_watch w = {0};
+    /* nothing queued, or everything finished: fine for ever, a gone peer too */
+    cr_expect_eq(tr_nccl_watch_judge(&w, 1 * ms, 0, 0, -1, timeout, why, sizeof why), 0);
+    cr_expect_eq(tr_nccl_watch_judge(&w, 100000 * ms, 7, 7, 1, timeout, why, sizeof why), 0);
+    /* queued work finishing one join per look, 4 s apart: never stuck */
+    uint64_t t = 200000 * ms;
+    for (uint64_t k = 0; k < 10; k++, t += 4000 * ms)
+        cr_expect_eq(tr_nccl_watch_judge(&w, t, 9 + k, 7 + k, -1, timeout, why, sizeof why), 0,
+                     "look %d", (int)k);
+    /* then stuck, peers alive: not before the timeout since the last progress, then abort */
+    uint64_t last = t - 4000 * ms; // the last look saw finished = 16
+    cr_expect_eq(tr_nccl_watch_judge(&w, last + (timeout - 1) * ms, 19, 16, -1, timeout, why,
+                                     sizeof why), 0);
+    cr_expect_eq(tr_nccl_watch_judge(&w, last + timeout * ms, 19, 16, -1, timeout, why,
+                                     sizeof why), 1);
+    cr_expect(strstr(why, "no queued all-reduce step finished for 5000 ms (3 queued"), "%s", why);
+    /* queued work and a peer gone: abort after the grace, not before; a peer back (a rank
+     * found alive again cannot happen, but a look without a gone peer) restarts the grace */
+    w = (tr_nccl_watch){0};
+    t = 500000 * ms;
+    cr_expect_eq(tr_nccl_watch_judge(&w, t, 3, 2, 1, timeout, why, sizeof why), 0);
+    cr_expect_eq(tr_nccl_watch_judge(&w, t + grace - ms, 3, 2, 1, timeout, why, sizeof why), 0);
+    cr_expect_eq(tr_nccl_watch_judge(&w, t + grace, 3, 2, -1, timeout, why, sizeof why), 0);
+    cr_expect_eq(tr_nccl_watch_judge(&w, t + grace + ms, 3, 2, 1, timeout, why, sizeof why), 0);
+    cr_expect_eq(tr_nccl_watch_judge(&w, t + 2 * grace + ms, 3, 2, 1, timeout, why, sizeof why), 1);
+    cr_expect(strstr(why, "peer rank 1 died, left or gave up with 1 all-reduce step(s)"), "%s", why);
+    /* the peer's grace is independent of progress: a gone peer aborts even while joins
+     * still finish (the rest cannot), and so does a timeout shorter than the grace */
+    w = (tr_nccl_watch){0};
+    cr_expect_eq(tr_nccl_watch_judge(&w, t, 9, 2, 0, timeout, why, sizeof why), 0);
+    cr_expect_eq(tr_nccl_watch_judge(&w, t + grace, 9, 3, 0, timeout, why, sizeof why), 1);
+    w = (tr_nccl_watch){0};
+    cr_expect_eq(tr_nccl_watch_judge(&w, t, 2, 1, -1, 10, why, sizeof why), 0);
+    cr_expect_eq(tr_nccl_watch_judge(&w, t + 10 * ms, 2, 1, -1, 10, why, sizeof why), 1);
 }
 
 /* ---------------------------------------------------------------- forked ranks */
@@ -538,12 +583,17 @@ static int s_nccl_child(int rank, void *p)
     float dbl[4096];
     for (int i = 0; i < 4096; i++)
         dbl[i] = 2 * buf[i];
-    int rc = tr_nccl_sum_host(nc, buf, 4096, 0) == ZPS_OK ? 0 : 3;
-    /* the queued variant on device memory, ordered by the compute stream both ways: x 2 on
-     * the compute stream, then the sum, then x 0.5 on the compute stream */
+    /* the sum as queued between two host copies (the copy out waits for the join), then
+     * ordered by the compute stream both ways: x 0.5 on the compute stream, then the sum,
+     * then x 2 on the compute stream */
     const k_backend *be = k_backend_cuda(NULL, 0);
     float *d = be ? be->alloc(sizeof dbl) : NULL;
-    if (!rc && (!d || be->copy_in(d, dbl, sizeof dbl) != ZPS_OK ||
+    int rc = 0;
+    if (!d || be->copy_in(d, buf, sizeof buf) != ZPS_OK ||
+        tr_nccl_sum_device_async(nc, d, 4096, 0) != ZPS_OK || tr_nccl_join(nc) != ZPS_OK ||
+        be->copy_out(buf, d, sizeof buf) != ZPS_OK)
+        rc = 3;
+    if (!rc && (be->copy_in(d, dbl, sizeof dbl) != ZPS_OK ||
                 k_scale(be, 4096, 0.5f, d) != ZPS_OK ||
                 tr_nccl_sum_device_async(nc, d, 4096, 0) != ZPS_OK ||
                 tr_nccl_join(nc) != ZPS_OK || k_scale(be, 4096, 2.0f, d) != ZPS_OK ||
@@ -588,4 +638,83 @@ Test(it_gpu_nccl, allreduce_matches_the_sum, .timeout = 60)
         ZPS_GPU_SKIP("fewer than 2 CUDA devices: 2-rank NCCL all-reduce not run");
     }
     cr_assert(codes[0] == 0 && codes[1] == 0, "2-rank NCCL exits %d %d", codes[0], codes[1]);
+}
+
+/* One rank whose queued step cannot finish in time: the compute stream holds ~100 large
+ * matrix products, and NCCL's sum waits for them, while the segment's timeout is 10 ms. The
+ * watchdog must abort the communicator (later calls fail with ZPS_ERR_NCCL), the compute
+ * stream must drain, and destroy must return: no hang anywhere (the test's timeout). */
+static int s_nccl_stuck_child(int rank, void *p)
+{
+    s_seq_ctx *c = p;
+    zps_log_set_level(ZPS_LOG_OFF);
+    k_device_use_gpu(rank);
+    tr_allreduce *ar = NULL;
+    if (tr_allreduce_new(c->job, rank, 1, 1 << 16, NULL, &ar) != ZPS_OK)
+        return 1;
+    tr_nccl *nc = NULL;
+    zps_status st = tr_nccl_new(ar, rank, &nc);
+    if (st == ZPS_ERR_NO_DEVICE) {
+        tr_allreduce_destroy(&ar);
+        return 77;
+    }
+    if (st != ZPS_OK)
+        return 2;
+    enum { N = 8192 };
+    const k_backend *be = k_backend_cuda(NULL, 0);
+    size_t bytes = (size_t)N * N * sizeof(float);
+    float *x = be ? be->alloc(bytes) : NULL, *w = be ? be->alloc(bytes) : NULL;
+    float *y = be ? be->alloc(bytes) : NULL, *g = be ? be->alloc(4096 * sizeof(float)) : NULL;
+    k_dense d = {.n = N, .in = N, .out = N};
+    int rc = !x || !w || !y || !g ? 3 : 0;
+    if (!rc && (k_fill(be, (size_t)N * N, 1e-3f, x) != ZPS_OK ||
+                k_fill(be, (size_t)N * N, 1e-3f, w) != ZPS_OK ||
+                k_fill(be, 4096, 1.0f, g) != ZPS_OK))
+        rc = 4;
+    tr_allreduce_set_timeout(ar, 10);
+    for (int i = 0; i < 100 && !rc; i++)
+        if (k_dense_fwd(be, &d, x, w, NULL, y) != ZPS_OK)
+            rc = 5;
+    if (!rc && (tr_nccl_sum_device_async(nc, g, 4096, 0) != ZPS_OK || tr_nccl_join(nc) != ZPS_OK))
+        rc = 6;
+    /* the watchdog's verdict comes within a few of its 100 ms looks */
+    uint64_t end = zps_now_ns() + 20000000000ull;
+    while (!rc && (st = tr_nccl_join(nc)) == ZPS_OK && zps_now_ns() < end) {
+        struct timespec ts = {0, 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    if (!rc && st != ZPS_ERR_NCCL)
+        rc = 7; // never aborted
+    float one;
+    if (!rc && be->copy_out(&one, g, sizeof one) != ZPS_OK) // the compute stream drains
+        rc = 8;
+    k_op_release(be, &d.impl);
+    if (be) {
+        be->free(x);
+        be->free(w);
+        be->free(y);
+        be->free(g);
+    }
+    tr_nccl_destroy(&nc);
+    tr_allreduce_destroy(&ar);
+    return rc;
+}
+
+Test(it_gpu_nccl, watchdog_aborts_a_step_stuck_past_the_timeout, .timeout = 60)
+{
+    s_seq_ctx c = {.n = 1, .seed = s_seed()};
+    const char *bin = getenv("ZPS_BIN");
+    if (bin) {
+        char lib[4096];
+        snprintf(lib, sizeof lib, "%s/../lib/libzps_cuda.so", bin);
+        setenv("ZPS_CUDA_LIB", lib, 0);
+    }
+    s_job(c.job, sizeof c.job, "nccl-stuck", c.seed);
+    int codes[1];
+    s_fork_ranks(1, s_nccl_stuck_child, &c, codes);
+    if (codes[0] == 77) {
+        ZPS_GPU_SKIP("no CUDA device (or no CUDA library): NCCL watchdog not run");
+    }
+    cr_assert_eq(codes[0], 0, "exit %d (3 alloc, 4 fill, 5 matmul, 6 queue, 7 never aborted, "
+                 "8 compute stream)", codes[0]);
 }

@@ -1,5 +1,6 @@
 /* allreduce.c — shared-memory reduce-scatter + all-gather between the processes of one node
- * (see allreduce.h for the algorithm and its invariants), and the NCCL wrapper for GPUs.
+ * (see allreduce.h for the algorithm and its invariants). The NCCL wrapper for GPUs is
+ * allreduce_nccl.c.
  *
  * Segment layout (one shm object per job, mapped by every rank):
  *     tr_ar_header (geometry, attach counter, per-rank control block with progress counters;
@@ -49,7 +50,6 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/mem.h"
-#include "kernels/device.h"
 
 #define S_SPIN_NS 100000          // busy-wait (with yields) before sleeping in the kernel
 #define S_PURE_SPIN_NS 5000       // pure spin before the first yield
@@ -77,15 +77,19 @@ int tr_ar_peer_alive(tr_ar_header *h, int i)
 }
 
 /* Marks this object and the whole job broken, and wakes every sleeper so all ranks stop. */
-static void s_fail(tr_allreduce *ar)
+void tr_ar_fail_job(tr_ar_header *h, int rank, int n_ranks)
 {
-    tr_ar_header *h = ar->hdr;
-    ar->broken = 1;
     uint32_t zero = 0;
-    atomic_compare_exchange_strong(&h->failed.v, &zero, (uint32_t)ar->rank + 1);
-    for (int i = 0; i < ar->n_ranks; i++)
+    atomic_compare_exchange_strong(&h->failed.v, &zero, (uint32_t)rank + 1);
+    for (int i = 0; i < n_ranks; i++)
         for (int c = 0; c < TR_AR_NCOUNTERS; c++)
             tr_ar_futex(&h->ranks[i].ctr[c].v, FUTEX_WAKE, INT_MAX, NULL);
+}
+
+static void s_fail(tr_allreduce *ar)
+{
+    ar->broken = 1;
+    tr_ar_fail_job(ar->hdr, ar->rank, ar->n_ranks);
 }
 
 /* Waits until *word >= target (wrap-around order); the word belongs to rank `peer`. */
@@ -409,89 +413,4 @@ zps_status tr_allreduce_broadcast(tr_allreduce *ar, void *buf, size_t bytes, int
     }
     ar->seq += ns;
     return ZPS_OK;
-}
-/* ---------------------------------------------------------------- NCCL (GPU) */
-
-struct tr_nccl {
-    void *comm;            // ncclComm_t inside the CUDA library
-    const k_cuda_lib *lib; // its entry points (kernels/device.h)
-};
-
-zps_status tr_nccl_new(tr_allreduce *ar, int device, tr_nccl **out)
-{
-    *out = NULL;
-    k_device_info info;
-    tr_nccl nc = {0};
-    if (k_device_select("cuda", &info) == ZPS_OK && device >= 0 && device < info.cuda_devices)
-        nc.lib = k_device_cuda_lib(info.reason, sizeof info.reason);
-    int ready = nc.lib != NULL;
-    if (!ready)
-        zps_log(ZPS_WARN, "allreduce", "rank %d: no CUDA device %d with NCCL (%s)", ar->rank,
-                device, info.reason);
-    /* every rank must agree before anyone enters ncclCommInitRank, which would wait
-     * forever for a rank that cannot join */
-    float missing = ready ? 0.0f : 1.0f;
-    ZPS_TRY(tr_allreduce_sum(ar, &missing, 1, 0));
-    if (missing != 0.0f)
-        return ZPS_ERR_NO_DEVICE;
-    char id[K_NCCL_ID_BYTES], msg[256] = "";
-    memset(id, 0, sizeof id);
-    if (ar->rank == 0 && nc.lib->nccl_unique_id(id, msg, sizeof msg) != 0)
-        zps_log(ZPS_ERROR, "allreduce", "ncclGetUniqueId: %s", msg); // peers fail in init
-    ZPS_TRY(tr_allreduce_broadcast(ar, id, sizeof id, 0));
-    if (nc.lib->nccl_init(&nc.comm, ar->n_ranks, ar->rank, id, device, msg, sizeof msg) != 0) {
-        zps_log(ZPS_ERROR, "allreduce", "rank %d: NCCL init on device %d: %s", ar->rank, device,
-                msg);
-        return ZPS_ERR_NCCL;
-    }
-    *out = zps_xmalloc(sizeof **out);
-    **out = nc;
-    return ZPS_OK;
-}
-
-/* Both sums call the library the same way; mem names the memory in the log line. */
-static zps_status s_nccl_sum(tr_nccl *nc, k_nccl_allreduce_fn fn, float *buf, size_t n,
-                             int average, const char *mem)
-{
-    char msg[256] = "";
-    if (fn(nc->comm, buf, n, average, msg, sizeof msg) != 0) {
-        zps_log(ZPS_ERROR, "allreduce", "NCCL all-reduce of %zu %sfloats: %s", n, mem, msg);
-        return ZPS_ERR_NCCL;
-    }
-    return ZPS_OK;
-}
-
-zps_status tr_nccl_sum_device(tr_nccl *nc, float *dev_buf, size_t n, int average)
-{
-    return s_nccl_sum(nc, nc->lib->nccl_allreduce, dev_buf, n, average, "");
-}
-
-zps_status tr_nccl_sum_device_async(tr_nccl *nc, float *dev_buf, size_t n, int average)
-{
-    return s_nccl_sum(nc, nc->lib->nccl_allreduce_async, dev_buf, n, average, "queued ");
-}
-
-zps_status tr_nccl_join(tr_nccl *nc)
-{
-    char msg[256] = "";
-    if (nc->lib->nccl_join(nc->comm, msg, sizeof msg) != 0) {
-        zps_log(ZPS_ERROR, "allreduce", "waiting for NCCL on the compute stream: %s", msg);
-        return ZPS_ERR_NCCL;
-    }
-    return ZPS_OK;
-}
-
-zps_status tr_nccl_sum_host(tr_nccl *nc, float *buf, size_t n, int average)
-{
-    return s_nccl_sum(nc, nc->lib->nccl_host_allreduce, buf, n, average, "host ");
-}
-
-void tr_nccl_destroy(tr_nccl **pnc)
-{
-    if (!pnc || !*pnc)
-        return;
-    if ((*pnc)->comm)
-        (*pnc)->lib->nccl_destroy((*pnc)->comm);
-    free(*pnc);
-    *pnc = NULL;
 }

@@ -1,6 +1,7 @@
-/* allreduce_int.h — the shared-memory segment of trainer/allreduce.c, private to the two
- * files that use it: allreduce.c (waiting, liveness and the data path) and allreduce_attach.c
- * (creating, joining and leaving the segment). See allreduce.c for the layout and the phases
+/* allreduce_int.h — the shared-memory segment of trainer/allreduce.c, private to the files
+ * that use it: allreduce.c (waiting, liveness and the data path), allreduce_attach.c
+ * (creating, joining and leaving the segment) and allreduce_nccl.c (NCCL's watchdog reads
+ * the peers' liveness and marks the job failed). See allreduce.c for the layout and the phases
  * of a slice, allreduce.h for the invariants.
  */
 #ifndef ZPS_TRAINER_ALLREDUCE_INT_H
@@ -90,5 +91,8 @@ static inline void tr_ar_publish(tr_ar_header *h, _Atomic uint32_t *word, uint32
 
 /* 1 when rank i holds its alive mutex, 0 when it died or detached (then marked gone). */
 int tr_ar_peer_alive(tr_ar_header *h, int i);
+/* Marks the job broken in the segment on behalf of `rank` (the first to do so is kept) and
+ * wakes every sleeper, so all ranks' waits end. Touches only the segment: any thread. */
+void tr_ar_fail_job(tr_ar_header *h, int rank, int n_ranks);
 
 #endif

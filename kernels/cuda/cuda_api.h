@@ -29,8 +29,7 @@ typedef const char *(*k_cuda_last_error_fn)(void);
 const char *k_cuda_last_error(void);
 
 /* ---- NCCL all-reduce (nccl_allreduce.cu); used by trainer/allreduce.c (tr_nccl_*) ----
- * Each call works on the communicator's own CUDA stream; all but the _async and join calls
- * synchronise it before returning.
+ * Each call works on the communicator's own CUDA stream and returns without waiting for it.
  * Every function returns 0 on success, else non-zero with the NCCL/CUDA error text in msg. */
 #define K_NCCL_ID_BYTES 128 /* sizeof(ncclUniqueId) */
 /* Rank 0 makes the id that every rank passes to k_nccl_init. */
@@ -41,26 +40,30 @@ typedef int (*k_nccl_init_fn)(void **comm, int n_ranks, int rank, const void *id
                               char *msg, size_t msg_len);
 int k_nccl_init(void **comm, int n_ranks, int rank, const void *id, int device, char *msg,
                 size_t msg_len);
-/* In place on n floats of device memory: sum, or mean when average; synchronised. */
-typedef int (*k_nccl_allreduce_fn)(void *comm, float *dev_buf, size_t n, int average,
-                                   char *msg, size_t msg_len);
-int k_nccl_allreduce(void *comm, float *dev_buf, size_t n, int average, char *msg,
-                     size_t msg_len);
-/* In place on n floats of device memory, ordered after everything the back-end's compute
- * stream holds so far (an event, not the host); returns at once. k_nccl_join makes the
- * compute stream's later work wait for every all-reduce queued so far. */
+/* In place on n floats of device memory (sum, or mean when average), ordered after
+ * everything the back-end's compute stream holds so far (an event, not the host); returns at
+ * once. k_nccl_join makes the compute stream's later work wait for every all-reduce queued so
+ * far. */
 typedef int (*k_nccl_allreduce_async_fn)(void *comm, float *dev_buf, size_t n, int average,
                                          char *msg, size_t msg_len);
 int k_nccl_allreduce_async(void *comm, float *dev_buf, size_t n, int average, char *msg,
                            size_t msg_len);
 typedef int (*k_nccl_join_fn)(void *comm, char *msg, size_t msg_len);
 int k_nccl_join(void *comm, char *msg, size_t msg_len);
-/* The same on host memory (copied to the device and back). */
-typedef int (*k_nccl_host_allreduce_fn)(void *comm, float *buf, size_t n, int average,
-                                        char *msg, size_t msg_len);
-int k_nccl_host_allreduce(void *comm, float *buf, size_t n, int average, char *msg,
-                          size_t msg_len);
-/* Frees the communicator and its stream. */
+/* For a watchdog thread (any thread, any time): *posted joins queued so far, *finished of
+ * them done on the device; non-zero with NCCL's text when the communicator reports an
+ * asynchronous error (a failed peer connection, a failed kernel). */
+typedef int (*k_nccl_progress_fn)(void *comm, unsigned long long *posted,
+                                  unsigned long long *finished, char *msg, size_t msg_len);
+int k_nccl_progress(void *comm, unsigned long long *posted, unsigned long long *finished,
+                    char *msg, size_t msg_len);
+/* ncclCommAbort, from any thread: the kernels still waiting for peers return (their sums are
+ * garbage), and the communicator is gone; later calls other than progress and destroy are
+ * the caller's error. Once only (later calls do nothing). */
+typedef int (*k_nccl_abort_fn)(void *comm, char *msg, size_t msg_len);
+int k_nccl_abort(void *comm, char *msg, size_t msg_len);
+/* Frees the communicator (unless aborted) and its stream. Queued work must have finished or
+ * been aborted first (ncclCommDestroy waits for it). */
 typedef int (*k_nccl_destroy_fn)(void *comm);
 int k_nccl_destroy(void *comm);
 

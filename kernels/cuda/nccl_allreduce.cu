@@ -2,9 +2,14 @@
  *
  * Plain C entry points (declared in cuda_api.h) wrap one NCCL communicator and a CUDA stream
  * per process. The unique id travels between ranks through trainer/allreduce.c's CPU
- * broadcast; nothing here knows about processes. Every call synchronises its stream before
- * returning, so the caller sees a finished result. Errors come back as a non-zero return with
- * the library's text in msg; nothing here exits.
+ * broadcast; nothing here knows about processes. The all-reduces are queued, never waited for
+ * by the host: k_nccl_join orders the compute stream after them. Errors come back as a
+ * non-zero return with the library's text in msg; nothing here exits.
+ *
+ * Progress: each join also queues a host function behind the sums on NCCL's stream that
+ * counts it done, so k_nccl_progress tells a watchdog thread (trainer/allreduce.c) how many
+ * joins were queued and how many finished. NCCL's kernels wait forever for a peer that died;
+ * the watchdog then calls k_nccl_abort, which makes them return.
  */
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -21,10 +26,11 @@ struct k_nccl_comm {
     ncclComm_t comm;     // the communicator
     cudaStream_t stream; // its stream
     int device;          // CUDA device it runs on
-    float *staging;      // device buffer for k_nccl_host_allreduce, grown on demand
-    size_t staging_n;    // its capacity in floats
     cudaEvent_t after;   // a point of the compute stream the NCCL stream waits for
     cudaEvent_t done;    // a point of the NCCL stream the compute stream waits for
+    unsigned long long posted;   // joins queued (written by the caller's thread)
+    unsigned long long finished; // joins done: written by s_finished on CUDA's callback thread
+    int aborted;                 // k_nccl_abort ran: the communicator is gone
 };
 
 #define S_CUDA(call)                                                                   \
@@ -92,17 +98,6 @@ extern "C" int k_nccl_init(void **comm, int n_ranks, int rank, const void *id, i
     return 0;
 }
 
-extern "C" int k_nccl_allreduce(void *comm, float *dev_buf, size_t n, int average, char *msg,
-                                size_t msg_len)
-{
-    k_nccl_comm *c = (k_nccl_comm *)comm;
-    S_CUDA(cudaSetDevice(c->device));
-    S_NCCL(ncclAllReduce(dev_buf, dev_buf, n, ncclFloat32, average ? ncclAvg : ncclSum, c->comm,
-                         c->stream));
-    S_CUDA(cudaStreamSynchronize(c->stream));
-    return 0;
-}
-
 /* Ordered against the back-end's compute stream (backend.cu) by events, never by the host. */
 extern "C" int k_nccl_allreduce_async(void *comm, float *dev_buf, size_t n, int average,
                                       char *msg, size_t msg_len)
@@ -115,34 +110,48 @@ extern "C" int k_nccl_allreduce_async(void *comm, float *dev_buf, size_t n, int 
     return 0;
 }
 
+/* On CUDA's callback thread, once NCCL's stream reached it: one more join done. No CUDA
+ * call is allowed here. */
+static void CUDART_CB s_finished(void *p)
+{
+    __atomic_add_fetch(&((k_nccl_comm *)p)->finished, 1, __ATOMIC_RELEASE);
+}
+
 extern "C" int k_nccl_join(void *comm, char *msg, size_t msg_len)
 {
     k_nccl_comm *c = (k_nccl_comm *)comm;
     S_CUDA(cudaEventRecord(c->done, c->stream));
     S_CUDA(cudaStreamWaitEvent(k_cuda_compute_stream(), c->done, 0));
+    S_CUDA(cudaLaunchHostFunc(c->stream, s_finished, c));
+    __atomic_add_fetch(&c->posted, 1, __ATOMIC_RELEASE);
     return 0;
 }
 
-extern "C" int k_nccl_host_allreduce(void *comm, float *buf, size_t n, int average, char *msg,
-                                     size_t msg_len)
+extern "C" int k_nccl_progress(void *comm, unsigned long long *posted,
+                               unsigned long long *finished, char *msg, size_t msg_len)
 {
     k_nccl_comm *c = (k_nccl_comm *)comm;
-    S_CUDA(cudaSetDevice(c->device));
-    if (n > c->staging_n) {
-        if (c->staging)
-            S_CUDA(cudaFree(c->staging));
-        c->staging = NULL;
-        c->staging_n = 0;
-        S_CUDA(cudaMalloc((void **)&c->staging, n * sizeof(float)));
-        c->staging_n = n;
+    *posted = __atomic_load_n(&c->posted, __ATOMIC_ACQUIRE);
+    *finished = __atomic_load_n(&c->finished, __ATOMIC_ACQUIRE);
+    if (__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE))
+        return 0;
+    ncclResult_t async_err = ncclSuccess;
+    S_NCCL(ncclCommGetAsyncError(c->comm, &async_err));
+    if (async_err != ncclSuccess && async_err != ncclInProgress) {
+        snprintf(msg, msg_len, "%s (%s)", ncclGetErrorString(async_err),
+                 ncclGetLastError(c->comm));
+        return -1;
     }
-    S_CUDA(cudaMemcpyAsync(c->staging, buf, n * sizeof(float), cudaMemcpyHostToDevice,
-                           c->stream));
-    S_NCCL(ncclAllReduce(c->staging, c->staging, n, ncclFloat32, average ? ncclAvg : ncclSum,
-                         c->comm, c->stream));
-    S_CUDA(cudaMemcpyAsync(buf, c->staging, n * sizeof(float), cudaMemcpyDeviceToHost,
-                           c->stream));
-    S_CUDA(cudaStreamSynchronize(c->stream));
+    return 0;
+}
+
+extern "C" int k_nccl_abort(void *comm, char *msg, size_t msg_len)
+{
+    k_nccl_comm *c = (k_nccl_comm *)comm;
+    if (__atomic_exchange_n(&c->aborted, 1, __ATOMIC_ACQ_REL))
+        return 0;
+    S_CUDA(cudaSetDevice(c->device)); // the watchdog's thread may never have used the GPU
+    S_NCCL(ncclCommAbort(c->comm));
     return 0;
 }
 
@@ -152,9 +161,10 @@ extern "C" int k_nccl_destroy(void *comm)
     if (!c)
         return 0;
     cudaSetDevice(c->device);
-    if (c->staging)
-        cudaFree(c->staging);
-    ncclCommDestroy(c->comm);
+    if (!c->aborted)
+        ncclCommDestroy(c->comm);
+    /* s_finished still queued behind aborted sums must not outlive c */
+    cudaStreamSynchronize(c->stream);
     cudaEventDestroy(c->after);
     cudaEventDestroy(c->done);
     cudaStreamDestroy(c->stream);
