@@ -12,6 +12,9 @@
 # "N passed, N failed" line for the whole suite.
 #   ZPS_GPU_FILTER   Criterion filter (default: every GPU suite)
 #   ZPS_GPU_SANITIZE 0 skips the compute-sanitizer runs
+#   OUT              when set (a folder a remote runner copies back): the whole Criterion log
+#                    (test-gpu.log) and every sanitizer run's log (sanitize-*.log) go there,
+#                    since a remote runner shows only the end of the output
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu-env.sh "${1:-.gpu}" test-gpu || exit 2
@@ -23,6 +26,7 @@ log=$(mktemp /tmp/zps-test-gpu.XXXXXX)
 "$B/tests/zps-tests" -j1 --filter="$filter" ${ZPS_GPU_TEST_ARGS:-} 2>&1 | tee "$log"
 rc=${PIPESTATUS[0]}
 syn=$(grep -a 'Synthesis: Tested:' "$log" | tail -1)
+[ -n "${OUT:-}" ] && mkdir -p "$OUT" && cp "$log" "$OUT/test-gpu.log"
 rm -f "$log"
 passed=$(sed -n 's/.*Passing: \([0-9]*\).*/\1/p' <<<"$syn"); passed=${passed:-0}
 tested=$(sed -n 's/.*Tested: \([0-9]*\).*/\1/p' <<<"$syn"); tested=${tested:-0}
@@ -65,6 +69,10 @@ if [ "${ZPS_GPU_SANITIZE:-1}" != 0 ] && command -v compute-sanitizer >/dev/null;
     fi
   done
   kill $srv_pid 2>/dev/null; wait $srv_pid 2>/dev/null
+  if [ -n "${OUT:-}" ]; then
+    mkdir -p "$OUT"
+    for f in "$tmp"/*.log; do cp "$f" "$OUT/sanitize-$(basename "$f")"; done
+  fi
   rm -rf "$tmp"
 else
   echo "test-gpu: compute-sanitizer runs skipped"
