@@ -560,6 +560,17 @@ Test(it_allreduce, stale_segment_from_crashed_job_is_reused, .timeout = 30)
     cr_assert(access(path, F_OK) != 0, "segment name should be unlinked after the job");
 }
 
+/* The CUDA library built beside $ZPS_BIN's programs, unless ZPS_CUDA_LIB names one. */
+static void s_use_built_cuda_lib(void)
+{
+    const char *bin = getenv("ZPS_BIN");
+    if (bin) {
+        char lib[4096];
+        snprintf(lib, sizeof lib, "%s/../lib/libzps_cuda.so", bin);
+        setenv("ZPS_CUDA_LIB", lib, 0);
+    }
+}
+
 /* NCCL across forked ranks; exit 77 when there is no GPU (or too few for n ranks). */
 static int s_nccl_child(int rank, void *p)
 {
@@ -618,12 +629,7 @@ static int s_nccl_child(int rank, void *p)
 Test(it_gpu_nccl, allreduce_matches_the_sum, .timeout = 60)
 {
     s_seq_ctx c = {.n = 1, .seed = s_seed()};
-    const char *bin = getenv("ZPS_BIN");
-    if (bin) {
-        char lib[4096];
-        snprintf(lib, sizeof lib, "%s/../lib/libzps_cuda.so", bin);
-        setenv("ZPS_CUDA_LIB", lib, 0);
-    }
+    s_use_built_cuda_lib();
     s_job(c.job, sizeof c.job, "nccl", c.seed);
     int codes[2];
     s_fork_ranks(1, s_nccl_child, &c, codes); // one rank: any single GPU
@@ -703,12 +709,7 @@ static int s_nccl_stuck_child(int rank, void *p)
 Test(it_gpu_nccl, watchdog_aborts_a_step_stuck_past_the_timeout, .timeout = 60)
 {
     s_seq_ctx c = {.n = 1, .seed = s_seed()};
-    const char *bin = getenv("ZPS_BIN");
-    if (bin) {
-        char lib[4096];
-        snprintf(lib, sizeof lib, "%s/../lib/libzps_cuda.so", bin);
-        setenv("ZPS_CUDA_LIB", lib, 0);
-    }
+    s_use_built_cuda_lib();
     s_job(c.job, sizeof c.job, "nccl-stuck", c.seed);
     int codes[1];
     s_fork_ranks(1, s_nccl_stuck_child, &c, codes);
