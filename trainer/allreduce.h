@@ -99,36 +99,42 @@ void tr_allreduce_destroy(tr_allreduce **par);
  * allreduce_nccl.c) ----
  * The ranks exchange NCCL's unique id with tr_allreduce_broadcast over the CPU segment, so
  * a GPU job creates the tr_allreduce first (and destroys it after the tr_nccl). Each rank
- * uses CUDA device `device`. A watchdog thread per communicator aborts it when a peer died
- * with work queued, or when nothing finished for the segment's timeout (allreduce_nccl.c). */
+ * uses CUDA device `device`. The communicator is watched (allreduce_nccl.c): a peer that died
+ * with work of this rank queued, nothing finished for the segment's timeout, or an NCCL
+ * error aborts it, marks the job failed, and every later call fails with ZPS_ERR_NCCL. */
 typedef struct tr_nccl tr_nccl;
 
 /* ZPS_ERR_NO_DEVICE when the CUDA library is missing or no device answers (a clear log line);
- * ZPS_ERR_NCCL when NCCL fails. */
+ * ZPS_ERR_NCCL when NCCL fails or a peer dies while the ranks meet. */
 zps_status tr_nccl_new(tr_allreduce *ar, int device, tr_nccl **out);
 /* dev_buf: n floats in device memory; sum, or mean when average, over the ranks, queued on the
  * communicator's stream after the work the cuda back-end's compute stream holds so far (an
- * event; the host does not wait). tr_nccl_join makes the compute stream's later work wait
- * for every sum queued so far. What sync_nccl.c builds a step from. Both fail (ZPS_ERR_NCCL)
- * once the watchdog aborted the communicator. */
+ * event; the host does not wait for the device). tr_nccl_join makes the compute stream's
+ * later work wait for every sum queued so far. What sync_nccl.c builds a step from. */
 zps_status tr_nccl_sum_device_async(tr_nccl *nc, float *dev_buf, size_t n, int average);
 zps_status tr_nccl_join(tr_nccl *nc);
+/* Waits until every sum queued so far finished on the device (judging the peers as it
+ * waits): a job's last step, before its final evaluation reads the values. */
+zps_status tr_nccl_drain(tr_nccl *nc);
+/* The judgement's timeout from now on (made with the segment's). */
+void tr_nccl_set_timeout(tr_nccl *nc, int timeout_ms);
 /* Stops the watchdog; queued work that does not finish within TR_NCCL_GONE_GRACE_MS is
  * aborted, not waited for. Safe on NULL. */
 void tr_nccl_destroy(tr_nccl **pnc);
 
 /* The watchdog's judgement, one look at a time (pure; the caller brings the clock). */
-#define TR_NCCL_GONE_GRACE_MS 1000 // queued work with a peer gone this long: abort
+#define TR_NCCL_GONE_GRACE_MS 1000 // unfinished work with a peer gone this long: abort
 typedef struct tr_nccl_watch {
-    uint64_t finished; // joins finished at the last look
-    uint64_t since_ns; // queued work: when it was first seen or last made progress (0: none)
-    uint64_t gone_ns;  // queued work with a peer gone: since when (0: not so)
+    uint64_t finished; // sums finished at the last look
+    uint64_t since_ns; // unfinished work: when first seen or when some last finished (0: none)
+    uint64_t gone_ns;  // unfinished work with a peer gone: since when (0: not so)
 } tr_nccl_watch;
-/* posted / finished: joins queued and done (k_nccl_progress); peer_gone: a rank that died,
+/* queued: this rank's NCCL operations not finished (sums on the device, a call in
+ * progress); finished: how many sums ever finished (progress); peer_gone: a rank that died,
  * detached or marked the job failed, else -1. Returns 1 with why when the communicator must
- * be aborted: queued work and a peer gone for TR_NCCL_GONE_GRACE_MS, or queued work and no
- * join finished for timeout_ms; else 0. A zeroed tr_nccl_watch starts it. */
-int tr_nccl_watch_judge(tr_nccl_watch *w, uint64_t now_ns, uint64_t posted, uint64_t finished,
+ * be aborted: unfinished work and a peer gone for TR_NCCL_GONE_GRACE_MS, or unfinished work
+ * and nothing finished for timeout_ms; else 0. A zeroed tr_nccl_watch starts it. */
+int tr_nccl_watch_judge(tr_nccl_watch *w, uint64_t now_ns, uint64_t queued, uint64_t finished,
                         int peer_gone, int timeout_ms, char *why, size_t why_len);
 
 #endif

@@ -1,32 +1,37 @@
 /* allreduce_nccl.c — the GPU variant of the in-node all-reduce: NCCL through the run-time
- * loaded CUDA library (kernels/device.h, kernels/cuda/nccl_allreduce.cu), with a watchdog.
+ * loaded CUDA library (kernels/device.h, kernels/cuda/nccl_allreduce.cu), watched.
  *
  * The ranks exchange NCCL's unique id over the CPU segment (allreduce.c), which also tells
- * who is alive. NCCL itself has no timeout: a kernel whose peer died waits forever, and the
- * host waits for it at its next synchronisation. So each communicator has a watchdog thread
- * that looks every S_WATCH_MS at
- *   - NCCL's asynchronous error (a failed connection or kernel),
- *   - the joins queued and finished (nccl_allreduce.cu counts them on the device's side),
- *   - the peers' liveness in the segment, and whether a peer marked the job failed,
- * and judges (tr_nccl_watch_judge, pure, tested on the CPU): queued work with a peer gone
- * for TR_NCCL_GONE_GRACE_MS, or no join finished for the segment's timeout (300 s by
- * default, tr_allreduce_set_timeout), aborts the communicator. The stuck kernels then
- * return, the job is marked failed in the segment (the peers stop too), and this rank's
- * next NCCL call or step fails with the watchdog's reason in the log.
+ * who is alive. NCCL itself has no timeout: a kernel whose peer died waits for ever, and so
+ * does the host at its next synchronisation; a blocking communicator would also hold the
+ * caller inside NCCL (the first sum connects to the peers). So the communicator is
+ * non-blocking, and whoever waits on it judges (tr_nccl_watch_judge, pure, tested on the CPU)
+ * from NCCL's error state, the sums queued and finished on the device, and the peers'
+ * liveness and failed flag in the segment:
+ *   - the caller, while a call of its is in progress (init, the first sums) and in
+ *     tr_nccl_drain (sync_nccl.c's finish: the last step's sums before the final
+ *     evaluation);
+ *   - a watchdog thread every S_WATCH_MS between the caller's calls, when the caller may be
+ *     blocked in CUDA behind NCCL's stream.
+ * Queued work with a peer gone for TR_NCCL_GONE_GRACE_MS, no sum finished for the segment's
+ * timeout (300 s by default; tr_nccl_set_timeout), or an NCCL
+ * error aborts the communicator: the stuck kernels return, the job is marked failed in the
+ * segment (the peers stop too), and this rank's next call fails with the reason logged.
  *
  * Invariants:
- *  - `mu` serialises the caller's NCCL calls with the watchdog's look and abort: nothing
- *    is queued on a communicator being aborted, and nothing after.
- *  - The watchdog only reads the segment's atomics and robust mutexes, and only marks the
- *    job failed; the caller's tr_allreduce stays the caller's.
- *  - destroy stops the watchdog first; queued work that does not finish within the grace is
- *    aborted rather than waited for (ncclCommDestroy would wait forever on a dead peer).
+ *  - Every NCCL call of a communicator is made with `mu` held, and none after `aborted`; the
+ *    watchdog's abort alone runs without `mu`, after it set `aborted` under it, so no other
+ *    call can be inside NCCL then.
+ *  - The judgement's state is under `mu`, shared by whoever looks.
+ *  - destroy stops the watchdog first; work that does not finish within the grace is
+ *    aborted rather than waited for (ncclCommDestroy would wait for ever on a dead peer).
  */
 #include "trainer/allreduce.h"
 #include "trainer/allreduce_int.h"
 
 #include <inttypes.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,62 +43,70 @@
 #include "common/mem.h"
 #include "kernels/device.h"
 
-#define S_WATCH_MS 100 // between the watchdog's looks
+#define S_WATCH_MS 100     // between the watchdog's looks
+#define S_SPIN_POLLS 1000  // a waiting caller's polls with sched_yield before 1 ms naps
 
 struct tr_nccl {
     void *comm;            // ncclComm_t inside the CUDA library
     const k_cuda_lib *lib; // its entry points (kernels/device.h)
     tr_allreduce *ar;      // the node's segment: the peers' liveness, the job's failed flag
-    pthread_mutex_t mu;    // the caller's library calls, the watchdog's look and abort
+    int timeout_ms;        // (mu) the judgement's: the segment's, or tr_nccl_set_timeout
+    pthread_mutex_t mu;    // every NCCL call of comm; the fields marked (mu)
     pthread_cond_t wake;   // ends the watchdog's nap at destroy
     pthread_t watchdog;
     int watching;          // the thread runs
     int stop;              // (mu) destroy asks the watchdog to end
-    int aborted;           // (mu) the communicator was aborted: why says why
-    tr_nccl_watch w;       // the watchdog's state (its thread only)
-    char why[320];
+    int aborted;           // (mu) the communicator was aborted, why says why
+    tr_nccl_watch w;       // (mu) the judgement's state
+    char why[320];         // (mu)
 };
 
 /* ---------------------------------------------------------------- the judgement */
 
-int tr_nccl_watch_judge(tr_nccl_watch *w, uint64_t now_ns, uint64_t posted, uint64_t finished,
+int tr_nccl_watch_judge(tr_nccl_watch *w, uint64_t now_ns, uint64_t queued, uint64_t finished,
                         int peer_gone, int timeout_ms, char *why, size_t why_len)
 {
-    if (finished >= posted) { // nothing queued: a peer that left after the last sum is fine
+    if (queued == 0) { // nothing unfinished: a peer that left after the last sum is fine
         *w = (tr_nccl_watch){.finished = finished};
         return 0;
     }
     if (w->since_ns == 0 || finished != w->finished)
-        w->since_ns = now_ns; // queued work started, or some finished: the clock restarts
+        w->since_ns = now_ns; // work appeared, or some finished: the clock restarts
     w->finished = finished;
     if (peer_gone < 0)
         w->gone_ns = 0;
     else if (w->gone_ns == 0)
         w->gone_ns = now_ns;
     if (peer_gone >= 0 && now_ns - w->gone_ns >= (uint64_t)TR_NCCL_GONE_GRACE_MS * 1000000ull) {
-        snprintf(why, why_len, "peer rank %d died, left or gave up with %" PRIu64 " all-reduce "
-                 "step(s) of this rank still queued", peer_gone, posted - finished);
+        snprintf(why, why_len, "peer rank %d died, left or gave up with %" PRIu64 " NCCL "
+                 "operation(s) of this rank unfinished", peer_gone, queued);
         return 1;
     }
     if (now_ns - w->since_ns >= (uint64_t)timeout_ms * 1000000ull) {
-        snprintf(why, why_len, "no queued all-reduce step finished for %d ms (%" PRIu64
-                 " queued; a peer alive but stuck?)", timeout_ms, posted - finished);
+        snprintf(why, why_len, "no NCCL operation of this rank finished for %d ms (%" PRIu64
+                 " unfinished; a peer alive but stuck?)", timeout_ms, queued);
         return 1;
     }
     return 0;
 }
 
-/* ---------------------------------------------------------------- the watchdog */
+/* ---------------------------------------------------------------- looking and aborting */
 
-/* One look (mu held): 1 with why when the communicator must be aborted. */
-static int s_look(tr_nccl *nc, char *why, size_t why_len)
+/* One look (mu held): 1 with why when the communicator must be aborted. *settled: no call
+ * in progress; *ready: and every queued sum finished on the device. */
+static int s_look(tr_nccl *nc, int timeout_ms, int *settled, int *ready, char *why,
+                  size_t why_len)
 {
     unsigned long long posted = 0, finished = 0;
     char msg[256] = "";
-    if (nc->lib->nccl_progress(nc->comm, &posted, &finished, msg, sizeof msg) != 0) {
+    int rc = nc->lib->nccl_progress(nc->comm, &posted, &finished, msg, sizeof msg);
+    if (rc < 0) {
         snprintf(why, why_len, "NCCL reports an error: %s", msg);
         return 1;
     }
+    uint64_t queued = (uint64_t)(posted - finished) + (rc == 1);
+    *settled = rc == 0;
+    *ready = queued == 0;
     tr_allreduce *ar = nc->ar;
     int gone = -1;
     uint32_t failed = atomic_load(&ar->hdr->failed.v);
@@ -102,22 +115,68 @@ static int s_look(tr_nccl *nc, char *why, size_t why_len)
     for (int i = 0; i < ar->n_ranks && gone < 0; i++)
         if (i != ar->rank && !tr_ar_peer_alive(ar->hdr, i))
             gone = i;
-    return tr_nccl_watch_judge(&nc->w, zps_now_ns(), posted, finished, gone, ar->timeout_ms, why,
+    return tr_nccl_watch_judge(&nc->w, zps_now_ns(), queued, finished, gone, timeout_ms, why,
                                why_len);
 }
 
-/* Aborts the communicator (mu held): the stuck kernels return, the job is marked failed. */
-static void s_abort(tr_nccl *nc, const char *why)
+/* The verdict (mu held): no NCCL call after this; the peers are told. The caller aborts. */
+static void s_condemn(tr_nccl *nc, const char *why)
 {
-    char msg[256] = "";
+    nc->aborted = 1;
     snprintf(nc->why, sizeof nc->why, "%s", why);
     zps_log(ZPS_ERROR, "allreduce", "rank %d: NCCL: %s: aborting the communicator; this rank "
             "fails at its next step", nc->ar->rank, why);
     tr_ar_fail_job(nc->ar->hdr, nc->ar->rank, nc->ar->n_ranks);
+}
+
+static void s_abort(tr_nccl *nc)
+{
+    char msg[256] = "";
     if (nc->lib->nccl_abort(nc->comm, msg, sizeof msg) != 0)
         zps_log(ZPS_ERROR, "allreduce", "rank %d: ncclCommAbort: %s", nc->ar->rank, msg);
-    nc->aborted = 1;
 }
+
+static void s_nap(int polls)
+{
+    if (polls < S_SPIN_POLLS) {
+        sched_yield();
+        return;
+    }
+    struct timespec ts = {0, 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* The caller waits (mu held) until nothing of this rank is unfinished (all: every sum
+ * done too) or only its last call settled; judging as it goes, with timeout_ms. */
+static zps_status s_wait(tr_nccl *nc, int all, int timeout_ms, const char *what)
+{
+    char why[256];
+    for (int polls = 0;; polls++) {
+        int settled = 0, ready = 0;
+        if (s_look(nc, timeout_ms, &settled, &ready, why, sizeof why)) {
+            s_condemn(nc, why);
+            s_abort(nc);
+            return ZPS_ERR_NCCL;
+        }
+        if (all ? ready : settled)
+            return ZPS_OK;
+        if (polls == S_SPIN_POLLS)
+            zps_log(ZPS_DEBUG, "allreduce", "rank %d: waiting for NCCL (%s)", nc->ar->rank, what);
+        s_nap(polls);
+    }
+}
+
+/* A call's answer (mu held): done, failed, or in progress (waited for). */
+static zps_status s_settle(tr_nccl *nc, int rc, const char *what, const char *msg)
+{
+    if (rc < 0) {
+        zps_log(ZPS_ERROR, "allreduce", "rank %d: NCCL %s: %s", nc->ar->rank, what, msg);
+        return ZPS_ERR_NCCL;
+    }
+    return rc == 1 ? s_wait(nc, 0, nc->timeout_ms, what) : ZPS_OK;
+}
+
+/* ---------------------------------------------------------------- the watchdog */
 
 static void *s_watchdog(void *arg)
 {
@@ -131,14 +190,18 @@ static void *s_watchdog(void *arg)
         ts.tv_sec += ts.tv_nsec / 1000000000L;
         ts.tv_nsec %= 1000000000L;
         pthread_cond_timedwait(&nc->wake, &nc->mu, &ts);
-        if (!nc->stop && s_look(nc, why, sizeof why))
-            s_abort(nc, why);
+        int settled, ready;
+        if (!nc->stop && !nc->aborted &&
+            s_look(nc, nc->timeout_ms, &settled, &ready, why, sizeof why)) {
+            s_condemn(nc, why);
+            pthread_mutex_unlock(&nc->mu); // ncclCommAbort may take long: callers see aborted
+            s_abort(nc);
+            return NULL;
+        }
     }
     pthread_mutex_unlock(&nc->mu);
     return NULL;
 }
-
-/* ---------------------------------------------------------------- the communicator */
 
 static zps_status s_start_watchdog(tr_nccl *nc)
 {
@@ -162,6 +225,8 @@ static zps_status s_start_watchdog(tr_nccl *nc)
     return ZPS_OK;
 }
 
+/* ---------------------------------------------------------------- the communicator */
+
 zps_status tr_nccl_new(tr_allreduce *ar, int device, tr_nccl **out)
 {
     *out = NULL;
@@ -172,8 +237,7 @@ zps_status tr_nccl_new(tr_allreduce *ar, int device, tr_nccl **out)
     if (!lib)
         zps_log(ZPS_WARN, "allreduce", "rank %d: no CUDA device %d with NCCL (%s)", ar->rank,
                 device, info.reason);
-    /* every rank must agree before anyone enters ncclCommInitRank, which would wait
-     * forever for a rank that cannot join */
+    /* every rank must agree before anyone makes a communicator that waits for the others */
     float missing = lib ? 0.0f : 1.0f;
     ZPS_TRY(tr_allreduce_sum(ar, &missing, 1, 0));
     if (missing != 0.0f)
@@ -184,15 +248,20 @@ zps_status tr_nccl_new(tr_allreduce *ar, int device, tr_nccl **out)
         zps_log(ZPS_ERROR, "allreduce", "ncclGetUniqueId: %s", msg); // peers fail in init
     ZPS_TRY(tr_allreduce_broadcast(ar, id, sizeof id, 0));
     void *comm = NULL;
-    if (lib->nccl_init(&comm, ar->n_ranks, ar->rank, id, device, msg, sizeof msg) != 0) {
+    int rc = lib->nccl_init(&comm, ar->n_ranks, ar->rank, id, device, msg, sizeof msg);
+    if (rc < 0) {
         zps_log(ZPS_ERROR, "allreduce", "rank %d: NCCL init on device %d: %s", ar->rank, device,
                 msg);
         return ZPS_ERR_NCCL;
     }
     tr_nccl *nc = zps_xcalloc(1, sizeof *nc);
-    *nc = (tr_nccl){.comm = comm, .lib = lib, .ar = ar};
+    *nc = (tr_nccl){.comm = comm, .lib = lib, .ar = ar, .timeout_ms = ar->timeout_ms};
     pthread_mutex_init(&nc->mu, NULL);
-    zps_status st = s_start_watchdog(nc);
+    pthread_mutex_lock(&nc->mu);
+    zps_status st = s_settle(nc, rc, "init", msg); // the ranks meet
+    pthread_mutex_unlock(&nc->mu);
+    if (st == ZPS_OK)
+        st = s_start_watchdog(nc);
     if (st != ZPS_OK) {
         tr_nccl_destroy(&nc);
         return st;
@@ -201,7 +270,7 @@ zps_status tr_nccl_new(tr_allreduce *ar, int device, tr_nccl **out)
     return ZPS_OK;
 }
 
-/* The caller's side of a library call: refused once the watchdog aborted (mu held). */
+/* The caller's side (mu held): refused once the communicator was aborted. */
 static zps_status s_usable(tr_nccl *nc)
 {
     if (!nc->aborted)
@@ -216,9 +285,13 @@ zps_status tr_nccl_sum_device_async(tr_nccl *nc, float *dev_buf, size_t n, int a
     char msg[256] = "";
     pthread_mutex_lock(&nc->mu);
     zps_status st = s_usable(nc);
-    if (st == ZPS_OK &&
-        nc->lib->nccl_allreduce_async(nc->comm, dev_buf, n, average, msg, sizeof msg) != 0) {
-        zps_log(ZPS_ERROR, "allreduce", "NCCL all-reduce of %zu queued floats: %s", n, msg);
+    if (st == ZPS_OK)
+        st = s_settle(nc, nc->lib->nccl_allreduce_async(nc->comm, dev_buf, n, average, msg,
+                                                        sizeof msg),
+                      "all-reduce", msg);
+    if (st == ZPS_OK && nc->lib->nccl_mark(nc->comm, msg, sizeof msg) != 0) {
+        zps_log(ZPS_ERROR, "allreduce", "rank %d: counting a queued all-reduce: %s",
+                nc->ar->rank, msg);
         st = ZPS_ERR_NCCL;
     }
     pthread_mutex_unlock(&nc->mu);
@@ -238,25 +311,21 @@ zps_status tr_nccl_join(tr_nccl *nc)
     return st;
 }
 
-/* Destroy's wait for queued work: 1 when it all finished within the grace. */
-static int s_drained(tr_nccl *nc)
+zps_status tr_nccl_drain(tr_nccl *nc)
 {
-    uint64_t end = zps_now_ns() + (uint64_t)TR_NCCL_GONE_GRACE_MS * 1000000ull;
-    for (;;) {
-        unsigned long long posted = 0, finished = 0;
-        char msg[256];
-        if (nc->lib->nccl_progress(nc->comm, &posted, &finished, msg, sizeof msg) != 0)
-            return 0;
-        if (finished >= posted)
-            return 1;
-        if (zps_now_ns() > end) {
-            zps_log(ZPS_WARN, "allreduce", "rank %d: %llu NCCL all-reduce step(s) still queued "
-                    "at exit: aborting them", nc->ar->rank, posted - finished);
-            return 0;
-        }
-        struct timespec ts = {0, 10 * 1000000L};
-        nanosleep(&ts, NULL);
-    }
+    pthread_mutex_lock(&nc->mu);
+    zps_status st = s_usable(nc);
+    if (st == ZPS_OK)
+        st = s_wait(nc, 1, nc->timeout_ms, "the queued all-reduces");
+    pthread_mutex_unlock(&nc->mu);
+    return st;
+}
+
+void tr_nccl_set_timeout(tr_nccl *nc, int timeout_ms)
+{
+    pthread_mutex_lock(&nc->mu);
+    nc->timeout_ms = timeout_ms;
+    pthread_mutex_unlock(&nc->mu);
 }
 
 void tr_nccl_destroy(tr_nccl **pnc)
@@ -269,14 +338,14 @@ void tr_nccl_destroy(tr_nccl **pnc)
         nc->stop = 1;
         pthread_cond_signal(&nc->wake);
         pthread_mutex_unlock(&nc->mu);
-        pthread_join(nc->watchdog, NULL);
+        pthread_join(nc->watchdog, NULL); // after its abort, if it made one
         pthread_cond_destroy(&nc->wake);
     }
-    if (!nc->aborted && !s_drained(nc)) {
-        char msg[256] = "";
-        if (nc->lib->nccl_abort(nc->comm, msg, sizeof msg) != 0)
-            zps_log(ZPS_ERROR, "allreduce", "rank %d: ncclCommAbort: %s", nc->ar->rank, msg);
-    }
+    /* what is still queued gets the grace, then it is aborted (s_wait) */
+    pthread_mutex_lock(&nc->mu);
+    if (!nc->aborted)
+        (void)s_wait(nc, 1, TR_NCCL_GONE_GRACE_MS, "the queued all-reduces, at exit");
+    pthread_mutex_unlock(&nc->mu);
     nc->lib->nccl_destroy(nc->comm);
     pthread_mutex_destroy(&nc->mu);
     free(nc);

@@ -100,6 +100,8 @@ zps_status tr_sync_local_extend(tr_sync_local *l, const tr_sync_env *env, const 
     l->base.grads_ready = own->grads_ready;
     l->base.end_step = own->end_step;
     l->base.destroy = own->destroy;
+    if (own->finish)
+        l->base.finish = own->finish;
     return ZPS_OK;
 }
 

@@ -11,6 +11,8 @@
  *               compute stream goes on with the layers below. The host never waits
  *   end_step    queues the rest, makes the compute stream wait for NCCL's stream, and queues
  *               the optimizer on the compute stream: the next step's forward follows it
+ *   finish      waits for the last step's sums (a peer that dies then fails the job here,
+ *               before the final evaluation and export read the values)
  *   destroy
  * Every rank starts from rank 0's values (copied through the host once at set-up). Ranks that
  * share one GPU (two trainers on a one-GPU machine: NCCL refuses that) sum the whole gradient
@@ -111,6 +113,17 @@ static zps_status s_end_step(tr_sync *s, tr_step_record *rec)
     return tr_sync_local_apply(&a->local, rec);
 }
 
+/* The last step's sums and optimizer are still queued: the final evaluation must not read
+ * values a dead peer left half-summed, so wait for the sums here, under the watchdog's
+ * judgement (tr_nccl_drain), and fail if the communicator was aborted. */
+static zps_status s_finish(tr_sync *s, int *fresh)
+{
+    s_nccl *a = (s_nccl *)s;
+    *fresh = 0;
+    ZPS_TRY(a->err);
+    return a->nc ? tr_nccl_drain(a->nc) : ZPS_OK;
+}
+
 static void s_destroy(tr_sync *s)
 {
     s_nccl *a = (s_nccl *)s;
@@ -161,7 +174,7 @@ zps_status tr_sync_nccl_new(const tr_sync_env *env, tr_sync **out)
     *out = NULL;
     s_nccl *a = zps_xcalloc(1, sizeof *a);
     const tr_sync own = {.begin_step = s_begin_step, .grads_ready = s_grads_ready,
-                         .end_step = s_end_step, .destroy = s_destroy};
+                         .end_step = s_end_step, .finish = s_finish, .destroy = s_destroy};
     zps_status st = tr_sync_local_extend(&a->local, env, &own);
     if (st != ZPS_OK) {
         free(a);

@@ -28,38 +28,45 @@ const struct k_backend *k_cuda_backend(int device);
 typedef const char *(*k_cuda_last_error_fn)(void);
 const char *k_cuda_last_error(void);
 
-/* ---- NCCL all-reduce (nccl_allreduce.cu); used by trainer/allreduce.c (tr_nccl_*) ----
- * Each call works on the communicator's own CUDA stream and returns without waiting for it.
- * Every function returns 0 on success, else non-zero with the NCCL/CUDA error text in msg. */
+/* ---- NCCL all-reduce (nccl_allreduce.cu); used by trainer/allreduce_nccl.c (tr_nccl_*) ----
+ * A non-blocking communicator: no call waits for the peers or the device. Calls return 0
+ * when done, 1 when NCCL is still at it in the background ("in progress": poll
+ * k_nccl_progress until it answers 0 before the next call), -1 on failure with the NCCL/CUDA
+ * error text in msg. */
 #define K_NCCL_ID_BYTES 128 /* sizeof(ncclUniqueId) */
 /* Rank 0 makes the id that every rank passes to k_nccl_init. */
 typedef int (*k_nccl_unique_id_fn)(void *id, char *msg, size_t msg_len);
 int k_nccl_unique_id(void *id, char *msg, size_t msg_len);
-/* *comm: an opaque communicator of rank `rank` of n_ranks on CUDA device `device`. */
+/* *comm: an opaque communicator of rank `rank` of n_ranks on CUDA device `device`; usable
+ * once k_nccl_progress answers 0 (the ranks meet in the background). */
 typedef int (*k_nccl_init_fn)(void **comm, int n_ranks, int rank, const void *id, int device,
                               char *msg, size_t msg_len);
 int k_nccl_init(void **comm, int n_ranks, int rank, const void *id, int device, char *msg,
                 size_t msg_len);
 /* In place on n floats of device memory (sum, or mean when average), ordered after
- * everything the back-end's compute stream holds so far (an event, not the host); returns at
- * once. k_nccl_join makes the compute stream's later work wait for every all-reduce queued so
- * far. */
+ * everything the back-end's compute stream holds so far (an event, not the host). Once
+ * settled, k_nccl_mark counts it; k_nccl_join makes the compute stream's later work wait for
+ * every all-reduce queued so far. */
 typedef int (*k_nccl_allreduce_async_fn)(void *comm, float *dev_buf, size_t n, int average,
                                          char *msg, size_t msg_len);
 int k_nccl_allreduce_async(void *comm, float *dev_buf, size_t n, int average, char *msg,
                            size_t msg_len);
+/* Queues, behind what NCCL's stream holds, a host function that counts one more sum
+ * finished (k_nccl_progress's *finished), and counts it posted. */
+typedef int (*k_nccl_mark_fn)(void *comm, char *msg, size_t msg_len);
+int k_nccl_mark(void *comm, char *msg, size_t msg_len);
 typedef int (*k_nccl_join_fn)(void *comm, char *msg, size_t msg_len);
 int k_nccl_join(void *comm, char *msg, size_t msg_len);
-/* For a watchdog thread (any thread, any time): *posted joins queued so far, *finished of
- * them done on the device; non-zero with NCCL's text when the communicator reports an
- * asynchronous error (a failed peer connection, a failed kernel). */
+/* The communicator's state (ncclCommGetAsyncError: 0 ready, 1 in progress, -1 failed: a
+ * peer connection or a kernel) and *posted sums marked, *finished of them done on the
+ * device. Serialised with the other calls by the caller; after an abort only the counters. */
 typedef int (*k_nccl_progress_fn)(void *comm, unsigned long long *posted,
                                   unsigned long long *finished, char *msg, size_t msg_len);
 int k_nccl_progress(void *comm, unsigned long long *posted, unsigned long long *finished,
                     char *msg, size_t msg_len);
-/* ncclCommAbort, from any thread: the kernels still waiting for peers return (their sums are
- * garbage), and the communicator is gone; later calls other than progress and destroy are
- * the caller's error. Once only (later calls do nothing). */
+/* ncclCommAbort, from any thread no other NCCL call of this communicator is in: the kernels
+ * still waiting for peers return (their sums are garbage), and the communicator is gone;
+ * only progress and destroy may follow. Once only (later calls do nothing). */
 typedef int (*k_nccl_abort_fn)(void *comm, char *msg, size_t msg_len);
 int k_nccl_abort(void *comm, char *msg, size_t msg_len);
 /* Frees the communicator (unless aborted) and its stream. Queued work must have finished or

@@ -2,14 +2,16 @@
  *
  * Plain C entry points (declared in cuda_api.h) wrap one NCCL communicator and a CUDA stream
  * per process. The unique id travels between ranks through trainer/allreduce.c's CPU
- * broadcast; nothing here knows about processes. The all-reduces are queued, never waited for
- * by the host: k_nccl_join orders the compute stream after them. Errors come back as a
- * non-zero return with the library's text in msg; nothing here exits.
+ * broadcast; nothing here knows about processes. Errors come back as -1 with the library's
+ * text in msg; nothing here exits or waits for the device.
  *
- * Progress: each join also queues a host function behind the sums on NCCL's stream that
- * counts it done, so k_nccl_progress tells a watchdog thread (trainer/allreduce.c) how many
- * joins were queued and how many finished. NCCL's kernels wait forever for a peer that died;
- * the watchdog then calls k_nccl_abort, which makes them return.
+ * The communicator is non-blocking (ncclConfig_t.blocking = 0): no NCCL call waits for the
+ * peers on the host; a call may answer "in progress" (1), and the caller polls
+ * k_nccl_progress until it is settled before the next call. So the caller can give up on a
+ * peer that died (trainer/allreduce_nccl.c watches their liveness) and abort, where a
+ * blocking communicator would hold it inside NCCL for ever. After each sum is queued,
+ * k_nccl_mark queues a host function behind it that counts it finished, so k_nccl_progress
+ * also says how many queued sums the device has not finished.
  */
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -28,8 +30,8 @@ struct k_nccl_comm {
     int device;          // CUDA device it runs on
     cudaEvent_t after;   // a point of the compute stream the NCCL stream waits for
     cudaEvent_t done;    // a point of the NCCL stream the compute stream waits for
-    unsigned long long posted;   // joins queued (written by the caller's thread)
-    unsigned long long finished; // joins done: written by s_finished on CUDA's callback thread
+    unsigned long long posted;   // sums marked (k_nccl_mark, the caller's thread)
+    unsigned long long finished; // of them done: written by s_finished on CUDA's callback thread
     int aborted;                 // k_nccl_abort ran: the communicator is gone
 };
 
@@ -85,9 +87,13 @@ extern "C" int k_nccl_init(void **comm, int n_ranks, int rank, const void *id, i
         free(c);
         return -1;
     }
-    ncclResult_t r = ncclCommInitRank(&c->comm, n_ranks, u, rank);
-    if (r != ncclSuccess) {
-        snprintf(msg, msg_len, "ncclCommInitRank: %s", ncclGetErrorString(r));
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclResult_t r = ncclCommInitRankConfig(&c->comm, n_ranks, u, rank, &config);
+    if (r != ncclSuccess && r != ncclInProgress) {
+        snprintf(msg, msg_len, "ncclCommInitRankConfig: %s", ncclGetErrorString(r));
+        if (c->comm)
+            ncclCommAbort(c->comm);
         cudaEventDestroy(c->after);
         cudaEventDestroy(c->done);
         cudaStreamDestroy(c->stream);
@@ -95,7 +101,7 @@ extern "C" int k_nccl_init(void **comm, int n_ranks, int rank, const void *id, i
         return -1;
     }
     *comm = c;
-    return 0;
+    return r == ncclInProgress;
 }
 
 /* Ordered against the back-end's compute stream (backend.cu) by events, never by the host. */
@@ -105,16 +111,29 @@ extern "C" int k_nccl_allreduce_async(void *comm, float *dev_buf, size_t n, int 
     k_nccl_comm *c = (k_nccl_comm *)comm;
     S_CUDA(cudaEventRecord(c->after, k_cuda_compute_stream()));
     S_CUDA(cudaStreamWaitEvent(c->stream, c->after, 0));
-    S_NCCL(ncclAllReduce(dev_buf, dev_buf, n, ncclFloat32, average ? ncclAvg : ncclSum, c->comm,
-                         c->stream));
-    return 0;
+    ncclResult_t r = ncclAllReduce(dev_buf, dev_buf, n, ncclFloat32, average ? ncclAvg : ncclSum,
+                                   c->comm, c->stream);
+    if (r != ncclSuccess && r != ncclInProgress) {
+        snprintf(msg, msg_len, "ncclAllReduce: %s (%s)", ncclGetErrorString(r),
+                 ncclGetLastError(c->comm));
+        return -1;
+    }
+    return r == ncclInProgress;
 }
 
-/* On CUDA's callback thread, once NCCL's stream reached it: one more join done. No CUDA
+/* On CUDA's callback thread, once NCCL's stream reached it: one more sum done. No CUDA
  * call is allowed here. */
 static void CUDART_CB s_finished(void *p)
 {
     __atomic_add_fetch(&((k_nccl_comm *)p)->finished, 1, __ATOMIC_RELEASE);
+}
+
+extern "C" int k_nccl_mark(void *comm, char *msg, size_t msg_len)
+{
+    k_nccl_comm *c = (k_nccl_comm *)comm;
+    S_CUDA(cudaLaunchHostFunc(c->stream, s_finished, c));
+    __atomic_add_fetch(&c->posted, 1, __ATOMIC_RELEASE);
+    return 0;
 }
 
 extern "C" int k_nccl_join(void *comm, char *msg, size_t msg_len)
@@ -122,8 +141,6 @@ extern "C" int k_nccl_join(void *comm, char *msg, size_t msg_len)
     k_nccl_comm *c = (k_nccl_comm *)comm;
     S_CUDA(cudaEventRecord(c->done, c->stream));
     S_CUDA(cudaStreamWaitEvent(k_cuda_compute_stream(), c->done, 0));
-    S_CUDA(cudaLaunchHostFunc(c->stream, s_finished, c));
-    __atomic_add_fetch(&c->posted, 1, __ATOMIC_RELEASE);
     return 0;
 }
 
@@ -135,14 +152,13 @@ extern "C" int k_nccl_progress(void *comm, unsigned long long *posted,
     *finished = __atomic_load_n(&c->finished, __ATOMIC_ACQUIRE);
     if (__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE))
         return 0;
-    ncclResult_t async_err = ncclSuccess;
-    S_NCCL(ncclCommGetAsyncError(c->comm, &async_err));
-    if (async_err != ncclSuccess && async_err != ncclInProgress) {
-        snprintf(msg, msg_len, "%s (%s)", ncclGetErrorString(async_err),
-                 ncclGetLastError(c->comm));
+    ncclResult_t state = ncclSuccess;
+    S_NCCL(ncclCommGetAsyncError(c->comm, &state));
+    if (state != ncclSuccess && state != ncclInProgress) {
+        snprintf(msg, msg_len, "%s (%s)", ncclGetErrorString(state), ncclGetLastError(c->comm));
         return -1;
     }
-    return 0;
+    return state == ncclInProgress;
 }
 
 extern "C" int k_nccl_abort(void *comm, char *msg, size_t msg_len)
@@ -150,8 +166,14 @@ extern "C" int k_nccl_abort(void *comm, char *msg, size_t msg_len)
     k_nccl_comm *c = (k_nccl_comm *)comm;
     if (__atomic_exchange_n(&c->aborted, 1, __ATOMIC_ACQ_REL))
         return 0;
-    S_CUDA(cudaSetDevice(c->device)); // the watchdog's thread may never have used the GPU
+    /* the watchdog's thread may never have used the GPU; abort even if this fails, or the
+     * kernels would never return */
+    cudaError_t e = cudaSetDevice(c->device);
     S_NCCL(ncclCommAbort(c->comm));
+    if (e != cudaSuccess) {
+        snprintf(msg, msg_len, "cudaSetDevice before ncclCommAbort: %s", cudaGetErrorString(e));
+        return -1;
+    }
     return 0;
 }
 
