@@ -87,6 +87,7 @@ static int s_load(void)
     S_SYM(nccl_join, k_nccl_join);
     S_SYM(nccl_progress, k_nccl_progress);
     S_SYM(nccl_abort, k_nccl_abort);
+    S_SYM(nccl_finalize, k_nccl_finalize);
     S_SYM(nccl_destroy, k_nccl_destroy);
     return 1;
 }

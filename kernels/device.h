@@ -54,6 +54,7 @@ typedef struct k_cuda_lib {
     k_nccl_join_fn nccl_join;
     k_nccl_progress_fn nccl_progress;
     k_nccl_abort_fn nccl_abort;
+    k_nccl_finalize_fn nccl_finalize;
     k_nccl_destroy_fn nccl_destroy;
 } k_cuda_lib;
 

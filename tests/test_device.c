@@ -55,7 +55,8 @@ Test(device, cuda_library_loads_when_built)
     cr_assert(lib->probe && lib->backend && lib->last_error && lib->nccl_unique_id &&
               lib->nccl_init && lib->nccl_allreduce_async && lib->nccl_mark &&
               lib->nccl_join &&
-              lib->nccl_progress && lib->nccl_abort && lib->nccl_destroy);
+              lib->nccl_progress && lib->nccl_abort && lib->nccl_finalize &&
+              lib->nccl_destroy);
     cr_log_info("CUDA library loaded; %s", info.reason);
 #else
     ZPS_GPU_SKIP("zps built without CUDA (CUDA=0 or no nvcc/cuDNN): no CUDA library to load");

@@ -118,8 +118,13 @@ zps_status tr_nccl_join(tr_nccl *nc);
 zps_status tr_nccl_drain(tr_nccl *nc);
 /* The judgement's timeout from now on (made with the segment's). */
 void tr_nccl_set_timeout(tr_nccl *nc, int timeout_ms);
-/* Stops the watchdog; queued work that does not finish within TR_NCCL_GONE_GRACE_MS is
- * aborted, not waited for. Safe on NULL. */
+/* This rank stops early (an error, a signal): marks the job failed in the segment and aborts
+ * the communicator now, so the peers stop waiting for its sums. Later calls fail. Safe on
+ * NULL. */
+void tr_nccl_abandon(tr_nccl *nc);
+/* Stops the watchdog. A clean end: queued work gets TR_NCCL_GONE_GRACE_MS, then the ranks
+ * finalize together (judged like any wait); a failed job, a gone peer or anything not
+ * finishing in time: aborted, not waited for. Safe on NULL. */
 void tr_nccl_destroy(tr_nccl **pnc);
 
 /* The watchdog's judgement, one look at a time (pure; the caller brings the clock). */

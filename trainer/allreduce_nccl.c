@@ -23,8 +23,11 @@
  *    watchdog's abort alone runs without `mu`, after it set `aborted` under it, so no other
  *    call can be inside NCCL then.
  *  - The judgement's state is under `mu`, shared by whoever looks.
- *  - destroy stops the watchdog first; work that does not finish within the grace is
- *    aborted rather than waited for (ncclCommDestroy would wait for ever on a dead peer).
+ *  - destroy stops the watchdog first. On a clean end the ranks finalize together, judged
+ *    as above, so ncclCommDestroy waits for nothing; when the job failed, a peer is gone, or
+ *    anything does not finish in time, the communicator is aborted instead (ncclCommDestroy
+ *    would wait for ever on a dead peer). A rank that stops early (tr_nccl_abandon) marks the
+ *    job failed and aborts at once, so its peers do not wait for its sums until the timeout.
  */
 #include "trainer/allreduce.h"
 #include "trainer/allreduce_int.h"
@@ -147,14 +150,23 @@ static void s_nap(int polls)
 }
 
 /* The caller waits (mu held) until nothing of this rank is unfinished (all: every sum
- * done too) or only its last call settled; judging as it goes, with timeout_ms. */
-static zps_status s_wait(tr_nccl *nc, int all, int timeout_ms, const char *what)
+ * done too) or only its last call settled; judging as it goes, with timeout_ms. On a
+ * verdict the communicator is aborted; at_exit: with a warning, and the job is not marked
+ * failed (it is over for this rank; the peers see it leave). */
+static zps_status s_wait(tr_nccl *nc, int all, int timeout_ms, int at_exit, const char *what)
 {
     char why[256];
     for (int polls = 0;; polls++) {
         int settled = 0, ready = 0;
         if (s_look(nc, timeout_ms, &settled, &ready, why, sizeof why)) {
-            s_condemn(nc, why);
+            if (at_exit) {
+                nc->aborted = 1;
+                snprintf(nc->why, sizeof nc->why, "%s", why);
+                zps_log(ZPS_WARN, "allreduce", "rank %d: at exit, %s: %s: aborting the NCCL "
+                        "communicator", nc->ar->rank, what, why);
+            } else {
+                s_condemn(nc, why);
+            }
             s_abort(nc);
             return ZPS_ERR_NCCL;
         }
@@ -173,7 +185,7 @@ static zps_status s_settle(tr_nccl *nc, int rc, const char *what, const char *ms
         zps_log(ZPS_ERROR, "allreduce", "rank %d: NCCL %s: %s", nc->ar->rank, what, msg);
         return ZPS_ERR_NCCL;
     }
-    return rc == 1 ? s_wait(nc, 0, nc->timeout_ms, what) : ZPS_OK;
+    return rc == 1 ? s_wait(nc, 0, nc->timeout_ms, 0, what) : ZPS_OK;
 }
 
 /* ---------------------------------------------------------------- the watchdog */
@@ -247,6 +259,11 @@ zps_status tr_nccl_new(tr_allreduce *ar, int device, tr_nccl **out)
     if (ar->rank == 0 && lib->nccl_unique_id(id, msg, sizeof msg) != 0)
         zps_log(ZPS_ERROR, "allreduce", "ncclGetUniqueId: %s", msg); // peers fail in init
     ZPS_TRY(tr_allreduce_broadcast(ar, id, sizeof id, 0));
+    const char *env_blocking = getenv("NCCL_COMM_BLOCKING");
+    if (env_blocking && strcmp(env_blocking, "0") != 0)
+        zps_log(ZPS_WARN, "allreduce", "rank %d: NCCL_COMM_BLOCKING=%s makes the communicator "
+                "blocking: a peer that dies may then hold this rank inside NCCL for good",
+                ar->rank, env_blocking);
     void *comm = NULL;
     int rc = lib->nccl_init(&comm, ar->n_ranks, ar->rank, id, device, msg, sizeof msg);
     if (rc < 0) {
@@ -316,7 +333,7 @@ zps_status tr_nccl_drain(tr_nccl *nc)
     pthread_mutex_lock(&nc->mu);
     zps_status st = s_usable(nc);
     if (st == ZPS_OK)
-        st = s_wait(nc, 1, nc->timeout_ms, "the queued all-reduces");
+        st = s_wait(nc, 1, nc->timeout_ms, 0, "the queued all-reduces");
     pthread_mutex_unlock(&nc->mu);
     return st;
 }
@@ -326,6 +343,38 @@ void tr_nccl_set_timeout(tr_nccl *nc, int timeout_ms)
     pthread_mutex_lock(&nc->mu);
     nc->timeout_ms = timeout_ms;
     pthread_mutex_unlock(&nc->mu);
+}
+
+void tr_nccl_abandon(tr_nccl *nc)
+{
+    if (!nc)
+        return;
+    pthread_mutex_lock(&nc->mu);
+    int was = nc->aborted;
+    if (!was) {
+        nc->aborted = 1;
+        snprintf(nc->why, sizeof nc->why, "this rank stopped early");
+        tr_ar_fail_job(nc->ar->hdr, nc->ar->rank, nc->ar->n_ranks);
+    }
+    pthread_mutex_unlock(&nc->mu);
+    if (!was) { // no call of the caller's can be inside NCCL: it is this thread
+        zps_log(ZPS_INFO, "allreduce", "rank %d stops early: the NCCL communicator is aborted "
+                "and the other ranks are told", nc->ar->rank);
+        s_abort(nc);
+    }
+}
+
+/* At exit (mu held, watchdog stopped): true when the job failed or a peer is gone, so that
+ * ncclCommFinalize would wait for ranks that will never finalize. */
+static int s_job_broken(tr_nccl *nc)
+{
+    tr_allreduce *ar = nc->ar;
+    if (atomic_load(&ar->hdr->failed.v))
+        return 1;
+    for (int i = 0; i < ar->n_ranks; i++)
+        if (i != ar->rank && !tr_ar_peer_alive(ar->hdr, i))
+            return 1;
+    return 0;
 }
 
 void tr_nccl_destroy(tr_nccl **pnc)
@@ -341,10 +390,28 @@ void tr_nccl_destroy(tr_nccl **pnc)
         pthread_join(nc->watchdog, NULL); // after its abort, if it made one
         pthread_cond_destroy(&nc->wake);
     }
-    /* what is still queued gets the grace, then it is aborted (s_wait) */
+    /* A clean end: what is still queued gets the grace, then the ranks finalize together
+     * (judged with the timeout: rank 0 may still evaluate), so that ncclCommDestroy waits
+     * for nothing. A broken job, or any failure on the way: abort. */
     pthread_mutex_lock(&nc->mu);
-    if (!nc->aborted)
-        (void)s_wait(nc, 1, TR_NCCL_GONE_GRACE_MS, "the queued all-reduces, at exit");
+    if (!nc->aborted && s_job_broken(nc)) {
+        nc->aborted = 1;
+        snprintf(nc->why, sizeof nc->why, "the job failed");
+        s_abort(nc);
+    }
+    if (!nc->aborted &&
+        s_wait(nc, 1, TR_NCCL_GONE_GRACE_MS, 1, "the queued all-reduces") == ZPS_OK) {
+        char msg[256] = "";
+        int rc = nc->lib->nccl_finalize(nc->comm, msg, sizeof msg);
+        if (rc < 0) {
+            zps_log(ZPS_WARN, "allreduce", "rank %d: %s: aborting the NCCL communicator",
+                    nc->ar->rank, msg);
+            nc->aborted = 1;
+            s_abort(nc);
+        } else if (rc == 1) {
+            (void)s_wait(nc, 0, nc->timeout_ms, 1, "finalizing with the other ranks");
+        }
+    }
     pthread_mutex_unlock(&nc->mu);
     nc->lib->nccl_destroy(nc->comm);
     pthread_mutex_destroy(&nc->mu);

@@ -265,8 +265,8 @@ typedef struct tr_sync_local {
  * back-end that extends it then replaces some of them. On failure nothing is left to free. */
 zps_status tr_sync_local_init(tr_sync_local *l, const tr_sync_env *env);
 /* tr_sync_local_init for a back-end that extends the local one: then its own begin_step,
- * grads_ready, end_step and destroy (those of `own`) replace the local ones, and its finish
- * when it has one. */
+ * grads_ready, end_step and destroy (those of `own`) replace the local ones, and its
+ * params_ready, finish and abandon where it has them. */
 zps_status tr_sync_local_extend(tr_sync_local *l, const tr_sync_env *env, const tr_sync *own);
 /* Step `step` begins: its optimizer constants into l->st. */
 void tr_sync_local_begin(tr_sync_local *l, int64_t step);

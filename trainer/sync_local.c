@@ -100,8 +100,12 @@ zps_status tr_sync_local_extend(tr_sync_local *l, const tr_sync_env *env, const 
     l->base.grads_ready = own->grads_ready;
     l->base.end_step = own->end_step;
     l->base.destroy = own->destroy;
+    if (own->params_ready)
+        l->base.params_ready = own->params_ready;
     if (own->finish)
         l->base.finish = own->finish;
+    if (own->abandon)
+        l->base.abandon = own->abandon;
     return ZPS_OK;
 }
 

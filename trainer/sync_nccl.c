@@ -11,8 +11,10 @@
  *               compute stream goes on with the layers below. The host never waits
  *   end_step    queues the rest, makes the compute stream wait for NCCL's stream, and queues
  *               the optimizer on the compute stream: the next step's forward follows it
- *   finish      waits for the last step's sums (a peer that dies then fails the job here,
- *               before the final evaluation and export read the values)
+ *   params_ready, finish
+ *               wait until no sum of this rank is unfinished (a peer that dies in the last
+ *               step fails the job here, before an evaluation or the export reads values)
+ *   abandon     marks the job failed and aborts NCCL, so the peers stop waiting for our sums
  *   destroy
  * Every rank starts from rank 0's values (copied through the host once at set-up). Ranks that
  * share one GPU (two trainers on a one-GPU machine: NCCL refuses that) sum the whole gradient
@@ -113,15 +115,29 @@ static zps_status s_end_step(tr_sync *s, tr_step_record *rec)
     return tr_sync_local_apply(&a->local, rec);
 }
 
-/* The last step's sums and optimizer are still queued: the final evaluation must not read
- * values a dead peer left half-summed, so wait for the sums here, under the watchdog's
- * judgement (tr_nccl_drain), and fail if the communicator was aborted. */
-static zps_status s_finish(tr_sync *s, int *fresh)
+/* The values about to be read (after each forward; before an evaluation, which may come
+ * right after end_step queued the step's last sums and its optimizer): no sum of this rank
+ * may be unfinished, or the evaluation would read what a dead peer left half-summed. Waits
+ * under the watchdog's judgement (tr_nccl_drain) and fails if the communicator was
+ * aborted. After a forward the sums are long done (its loss read waited for the step's
+ * optimizer), so this costs one look. */
+static zps_status s_params_ready(tr_sync *s)
 {
     s_nccl *a = (s_nccl *)s;
-    *fresh = 0;
     ZPS_TRY(a->err);
     return a->nc ? tr_nccl_drain(a->nc) : ZPS_OK;
+}
+
+static zps_status s_finish(tr_sync *s, int *fresh)
+{
+    *fresh = 0;
+    return s_params_ready(s);
+}
+
+/* This rank stops early: the peers must not wait for its sums until the timeout. */
+static void s_abandon(tr_sync *s)
+{
+    tr_nccl_abandon(((s_nccl *)s)->nc);
 }
 
 static void s_destroy(tr_sync *s)
@@ -174,7 +190,8 @@ zps_status tr_sync_nccl_new(const tr_sync_env *env, tr_sync **out)
     *out = NULL;
     s_nccl *a = zps_xcalloc(1, sizeof *a);
     const tr_sync own = {.begin_step = s_begin_step, .grads_ready = s_grads_ready,
-                         .end_step = s_end_step, .finish = s_finish, .destroy = s_destroy};
+                         .end_step = s_end_step, .params_ready = s_params_ready,
+                         .finish = s_finish, .abandon = s_abandon, .destroy = s_destroy};
     zps_status st = tr_sync_local_extend(&a->local, env, &own);
     if (st != ZPS_OK) {
         free(a);

@@ -69,8 +69,12 @@ int k_nccl_progress(void *comm, unsigned long long *posted, unsigned long long *
  * only progress and destroy may follow. Once only (later calls do nothing). */
 typedef int (*k_nccl_abort_fn)(void *comm, char *msg, size_t msg_len);
 int k_nccl_abort(void *comm, char *msg, size_t msg_len);
-/* Frees the communicator (unless aborted) and its stream. Queued work must have finished or
- * been aborted first (ncclCommDestroy waits for it). */
+/* ncclCommFinalize: flushes this rank's work and meets the other ranks' finalize, in the
+ * background (poll k_nccl_progress); after it, k_nccl_destroy does not wait. */
+typedef int (*k_nccl_finalize_fn)(void *comm, char *msg, size_t msg_len);
+int k_nccl_finalize(void *comm, char *msg, size_t msg_len);
+/* Frees the communicator (unless aborted) and its stream. Finalize (settled) or abort first:
+ * ncclCommDestroy otherwise waits for the queued work and for the node's other ranks. */
 typedef int (*k_nccl_destroy_fn)(void *comm);
 int k_nccl_destroy(void *comm);
 

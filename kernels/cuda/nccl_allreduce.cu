@@ -177,6 +177,18 @@ extern "C" int k_nccl_abort(void *comm, char *msg, size_t msg_len)
     return 0;
 }
 
+extern "C" int k_nccl_finalize(void *comm, char *msg, size_t msg_len)
+{
+    k_nccl_comm *c = (k_nccl_comm *)comm;
+    ncclResult_t r = ncclCommFinalize(c->comm);
+    if (r != ncclSuccess && r != ncclInProgress) {
+        snprintf(msg, msg_len, "ncclCommFinalize: %s (%s)", ncclGetErrorString(r),
+                 ncclGetLastError(c->comm));
+        return -1;
+    }
+    return r == ncclInProgress;
+}
+
 extern "C" int k_nccl_destroy(void *comm)
 {
     k_nccl_comm *c = (k_nccl_comm *)comm;
