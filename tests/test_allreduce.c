@@ -572,23 +572,31 @@ static void s_use_built_cuda_lib(void)
     }
 }
 
+/* A forked rank's segment and communicator on GPU `rank` (the back-end's device is the
+ * communicator's): 0, or the child's exit code (77: no GPU, 1 segment, 2 NCCL). */
+static int s_nccl_open(const s_seq_ctx *c, int rank, tr_allreduce **ar, tr_nccl **nc)
+{
+    zps_log_set_level(ZPS_LOG_OFF);
+    k_device_use_gpu(rank);
+    if (tr_allreduce_new(c->job, rank, c->n, 1 << 16, NULL, ar) != ZPS_OK)
+        return 1;
+    zps_status st = tr_nccl_new(*ar, rank, nc);
+    if (st == ZPS_ERR_NO_DEVICE) {
+        tr_allreduce_destroy(ar);
+        return 77;
+    }
+    return st == ZPS_OK ? 0 : 2;
+}
+
 /* NCCL across forked ranks; exit 77 when there is no GPU (or too few for n ranks). */
 static int s_nccl_child(int rank, void *p)
 {
     s_seq_ctx *c = p;
-    zps_log_set_level(ZPS_LOG_OFF);
-    k_device_use_gpu(rank); /* the back-end's device is the communicator's */
     tr_allreduce *ar = NULL;
-    if (tr_allreduce_new(c->job, rank, c->n, 1 << 16, NULL, &ar) != ZPS_OK)
-        return 1;
     tr_nccl *nc = NULL;
-    zps_status st = tr_nccl_new(ar, rank, &nc);
-    if (st == ZPS_ERR_NO_DEVICE) {
-        tr_allreduce_destroy(&ar);
-        return 77;
-    }
-    if (st != ZPS_OK)
-        return 2;
+    int open_rc = s_nccl_open(c, rank, &ar, &nc);
+    if (open_rc)
+        return open_rc;
     float buf[4096];
     for (int i = 0; i < 4096; i++)
         buf[i] = s_val(c->seed, 0, rank, (size_t)i);
@@ -654,19 +662,12 @@ Test(it_gpu_nccl, allreduce_matches_the_sum, .timeout = 60)
 static int s_nccl_stuck_child(int rank, void *p)
 {
     s_seq_ctx *c = p;
-    zps_log_set_level(ZPS_LOG_OFF);
-    k_device_use_gpu(rank);
+    zps_status st;
     tr_allreduce *ar = NULL;
-    if (tr_allreduce_new(c->job, rank, 1, 1 << 16, NULL, &ar) != ZPS_OK)
-        return 1;
     tr_nccl *nc = NULL;
-    zps_status st = tr_nccl_new(ar, rank, &nc);
-    if (st == ZPS_ERR_NO_DEVICE) {
-        tr_allreduce_destroy(&ar);
-        return 77;
-    }
-    if (st != ZPS_OK)
-        return 2;
+    int open_rc = s_nccl_open(c, rank, &ar, &nc);
+    if (open_rc)
+        return open_rc;
     enum { N = 8192 };
     const k_backend *be = k_backend_cuda(NULL, 0);
     size_t bytes = (size_t)N * N * sizeof(float);
