@@ -95,6 +95,19 @@ int tr_nccl_watch_judge(tr_nccl_watch *w, uint64_t now_ns, uint64_t queued, uint
 
 /* ---------------------------------------------------------------- looking and aborting */
 
+/* A rank other than this one that marked the job failed, died or left; -1: none. */
+static int s_gone(tr_nccl *nc)
+{
+    tr_allreduce *ar = nc->ar;
+    uint32_t failed = atomic_load(&ar->hdr->failed.v);
+    if (failed && (int)failed - 1 != ar->rank)
+        return (int)failed - 1;
+    for (int i = 0; i < ar->n_ranks; i++)
+        if (i != ar->rank && !tr_ar_peer_alive(ar->hdr, i))
+            return i;
+    return -1;
+}
+
 /* One look (mu held): 1 with why when the communicator must be aborted. *settled: no call
  * in progress; *ready: and every queued sum finished on the device. */
 static int s_look(tr_nccl *nc, int timeout_ms, int *settled, int *ready, char *why,
@@ -110,26 +123,21 @@ static int s_look(tr_nccl *nc, int timeout_ms, int *settled, int *ready, char *w
     uint64_t queued = (uint64_t)(posted - finished) + (rc == 1);
     *settled = rc == 0;
     *ready = queued == 0;
-    tr_allreduce *ar = nc->ar;
-    int gone = -1;
-    uint32_t failed = atomic_load(&ar->hdr->failed.v);
-    if (failed && (int)failed - 1 != ar->rank)
-        gone = (int)failed - 1;
-    for (int i = 0; i < ar->n_ranks && gone < 0; i++)
-        if (i != ar->rank && !tr_ar_peer_alive(ar->hdr, i))
-            gone = i;
-    return tr_nccl_watch_judge(&nc->w, zps_now_ns(), queued, finished, gone, timeout_ms, why,
-                               why_len);
+    return tr_nccl_watch_judge(&nc->w, zps_now_ns(), queued, finished, s_gone(nc), timeout_ms,
+                               why, why_len);
 }
 
-/* The verdict (mu held): no NCCL call after this; the peers are told. The caller aborts. */
-static void s_condemn(tr_nccl *nc, const char *why)
+/* Gives the communicator up (mu held): no NCCL call after this but the abort, which the
+ * caller makes next (s_abort). tell: mark the job failed in the segment, so the other ranks
+ * stop too. */
+static void s_give_up(tr_nccl *nc, zps_log_level level, int tell, const char *why)
 {
     nc->aborted = 1;
     snprintf(nc->why, sizeof nc->why, "%s", why);
-    zps_log(ZPS_ERROR, "allreduce", "rank %d: NCCL: %s: aborting the communicator; this rank "
-            "fails at its next step", nc->ar->rank, why);
-    tr_ar_fail_job(nc->ar->hdr, nc->ar->rank, nc->ar->n_ranks);
+    zps_log(level, "allreduce", "rank %d: %s: aborting the NCCL communicator%s", nc->ar->rank,
+            why, tell ? "; the other ranks are told" : "");
+    if (tell)
+        tr_ar_fail_job(nc->ar->hdr, nc->ar->rank, nc->ar->n_ranks);
 }
 
 static void s_abort(tr_nccl *nc)
@@ -159,14 +167,9 @@ static zps_status s_wait(tr_nccl *nc, int all, int timeout_ms, int at_exit, cons
     for (int polls = 0;; polls++) {
         int settled = 0, ready = 0;
         if (s_look(nc, timeout_ms, &settled, &ready, why, sizeof why)) {
-            if (at_exit) {
-                nc->aborted = 1;
-                snprintf(nc->why, sizeof nc->why, "%s", why);
-                zps_log(ZPS_WARN, "allreduce", "rank %d: at exit, %s: %s: aborting the NCCL "
-                        "communicator", nc->ar->rank, what, why);
-            } else {
-                s_condemn(nc, why);
-            }
+            char full[320];
+            snprintf(full, sizeof full, "%s%s: %s", at_exit ? "at exit, " : "", what, why);
+            s_give_up(nc, at_exit ? ZPS_WARN : ZPS_ERROR, !at_exit, full);
             s_abort(nc);
             return ZPS_ERR_NCCL;
         }
@@ -205,7 +208,7 @@ static void *s_watchdog(void *arg)
         int settled, ready;
         if (!nc->stop && !nc->aborted &&
             s_look(nc, nc->timeout_ms, &settled, &ready, why, sizeof why)) {
-            s_condemn(nc, why);
+            s_give_up(nc, ZPS_ERROR, 1, why);
             pthread_mutex_unlock(&nc->mu); // ncclCommAbort may take long: callers see aborted
             s_abort(nc);
             return NULL;
@@ -351,30 +354,11 @@ void tr_nccl_abandon(tr_nccl *nc)
         return;
     pthread_mutex_lock(&nc->mu);
     int was = nc->aborted;
-    if (!was) {
-        nc->aborted = 1;
-        snprintf(nc->why, sizeof nc->why, "this rank stopped early");
-        tr_ar_fail_job(nc->ar->hdr, nc->ar->rank, nc->ar->n_ranks);
-    }
+    if (!was)
+        s_give_up(nc, ZPS_INFO, 1, "this rank stops early");
     pthread_mutex_unlock(&nc->mu);
-    if (!was) { // no call of the caller's can be inside NCCL: it is this thread
-        zps_log(ZPS_INFO, "allreduce", "rank %d stops early: the NCCL communicator is aborted "
-                "and the other ranks are told", nc->ar->rank);
+    if (!was) // no call of the caller's can be inside NCCL: it is this thread
         s_abort(nc);
-    }
-}
-
-/* At exit (mu held, watchdog stopped): true when the job failed or a peer is gone, so that
- * ncclCommFinalize would wait for ranks that will never finalize. */
-static int s_job_broken(tr_nccl *nc)
-{
-    tr_allreduce *ar = nc->ar;
-    if (atomic_load(&ar->hdr->failed.v))
-        return 1;
-    for (int i = 0; i < ar->n_ranks; i++)
-        if (i != ar->rank && !tr_ar_peer_alive(ar->hdr, i))
-            return 1;
-    return 0;
 }
 
 void tr_nccl_destroy(tr_nccl **pnc)
@@ -394,9 +378,9 @@ void tr_nccl_destroy(tr_nccl **pnc)
      * (judged with the timeout: rank 0 may still evaluate), so that ncclCommDestroy waits
      * for nothing. A broken job, or any failure on the way: abort. */
     pthread_mutex_lock(&nc->mu);
-    if (!nc->aborted && s_job_broken(nc)) {
-        nc->aborted = 1;
-        snprintf(nc->why, sizeof nc->why, "the job failed");
+    if (!nc->aborted && (atomic_load(&nc->ar->hdr->failed.v) || s_gone(nc) >= 0)) {
+        /* finalize would wait for ranks that never finalize */
+        s_give_up(nc, ZPS_INFO, 0, "at exit, the job failed or a peer is gone");
         s_abort(nc);
     }
     if (!nc->aborted &&
@@ -404,9 +388,7 @@ void tr_nccl_destroy(tr_nccl **pnc)
         char msg[256] = "";
         int rc = nc->lib->nccl_finalize(nc->comm, msg, sizeof msg);
         if (rc < 0) {
-            zps_log(ZPS_WARN, "allreduce", "rank %d: %s: aborting the NCCL communicator",
-                    nc->ar->rank, msg);
-            nc->aborted = 1;
+            s_give_up(nc, ZPS_WARN, 0, msg);
             s_abort(nc);
         } else if (rc == 1) {
             (void)s_wait(nc, 0, nc->timeout_ms, 1, "finalizing with the other ranks");
