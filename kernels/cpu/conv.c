@@ -299,11 +299,12 @@ static int s_is_ref(const k_cpu_prim *p)
 
 static void s_conv_free(s_conv *c);
 
-static zps_status s_conv_try(k_conv2d *d, int has_bias, int any, s_conv **out)
+/* wbias: the backward-weights primitive sums db too (not where dy is rounded to bf16). */
+static zps_status s_conv_try(k_conv2d *d, int has_bias, int wbias, int any, s_conv **out)
 {
     s_conv *s = zps_xcalloc(1, sizeof *s);
     s->has_bias = has_bias;
-    s->wbias = has_bias && !d->bf16;
+    s->wbias = wbias;
     *out = s;
     s_conv_shape g;
     ZPS_TRY(s_conv_shape_init(d, any, &g));
@@ -320,34 +321,34 @@ static int s_any_ref(const s_conv *s)
     return s_is_ref(&s->fwd) || s_is_ref(&s->bwd_data) || s_is_ref(&s->bwd_weights);
 }
 
-static zps_status s_conv_create_f32(k_conv2d *d, int has_bias, s_conv **out);
+static zps_status s_conv_create_f32(k_conv2d *d, int has_bias, int wbias, s_conv **out);
 
 static zps_status s_conv_create(k_conv2d *d, int has_bias, s_conv **out)
 {
     ZPS_TRY(k_cpu_ready());
     if (!d->bf16)
-        return s_conv_create_f32(d, has_bias, out);
-    zps_status st = s_conv_try(d, has_bias, 1, out);
+        return s_conv_create_f32(d, has_bias, has_bias, out);
+    zps_status st = s_conv_try(d, has_bias, 0, 1, out);
     if (st == ZPS_OK && !s_any_ref(*out))
         return ZPS_OK;
     s_conv_free(*out); /* no bf16 kernel for this shape: float ones on rounded copies */
     k_conv2d f = *d;
     f.bf16 = 0;
-    ZPS_TRY(s_conv_create_f32(&f, has_bias, out));
+    ZPS_TRY(s_conv_create_f32(&f, has_bias, 0, out));
     (*out)->emulate = 1;
     return ZPS_OK;
 }
 
-static zps_status s_conv_create_f32(k_conv2d *d, int has_bias, s_conv **out)
+static zps_status s_conv_create_f32(k_conv2d *d, int has_bias, int wbias, s_conv **out)
 {
     if (s_native(d)) {
-        zps_status st = s_conv_try(d, has_bias, 0, out);
+        zps_status st = s_conv_try(d, has_bias, wbias, 0, out);
         if (st == ZPS_OK && !s_any_ref(*out))
             return ZPS_OK;
         s_conv_free(*out);
         *out = NULL;
     }
-    return s_conv_try(d, has_bias, 1, out);
+    return s_conv_try(d, has_bias, wbias, 1, out);
 }
 
 typedef struct s_conv_impl {
@@ -413,7 +414,7 @@ zps_status k_cpu_conv2d_fwd(k_conv2d *d, const float *x, const float *w, const f
     x = s_rounded(s, x, nx, &at);
     const float *wr = s_rounded(s, w, nw, &at), *wl;
     ZPS_TRY(s_weights(&s->w_fwd, wr, s->wf, &wl));
-    s->wf_src = s->emulate ? NULL : w; /* a rounded copy cannot be told apart by address */
+    s->wf_src = w; /* emulate: wf holds w's rounded copy, reordered: the same for backward */
     ZPS_TRY(s_edge_in(&s->x_in, xb, x, &x));
     float *yp = s_edge_dst(&s->y_out, yb, y);
     const void *ptrs[4] = {x, wl, b, yp};
@@ -477,7 +478,7 @@ zps_status k_cpu_conv2d_bwd(k_conv2d *d, const float *x, const float *w, const f
         } else if (dw) {
             k_cpu_acc(nw, sw, dw);
         }
-        if (db && s->wbias && !s->emulate) /* emulate's primitive summed the rounded dy */
+        if (db && s->wbias)
             k_cpu_acc((size_t)d->k, sw + nw, db);
         else if (db)
             ZPS_TRY(s_bias_grad(d, dy, db));
