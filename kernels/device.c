@@ -123,6 +123,7 @@ zps_status k_device_select(const char *want, k_device_info *out)
         return ZPS_OK;
     }
     const k_cuda_lib *lib = k_device_cuda_lib(out->reason, sizeof out->reason);
+    int misplaced = 0; // GPUs are visible, --gpu names none of them
     if (lib) {
         char msg[256] = "";
         int count = 0, gpu = k_device_gpu();
@@ -138,10 +139,12 @@ zps_status k_device_select(const char *want, k_device_info *out)
             return ZPS_OK;
         }
         snprintf(out->name, sizeof out->name, "cpu");
-        if (rc == 0 && count > 0)
+        misplaced = rc == 0 && count > 0;
+        const char *vis = getenv("CUDA_VISIBLE_DEVICES");
+        if (misplaced)
             snprintf(out->reason, sizeof out->reason, "--gpu %d: %d CUDA device(s) visible "
                      "(numbered from 0; CUDA_VISIBLE_DEVICES=%s)", gpu, count,
-                     getenv("CUDA_VISIBLE_DEVICES") ? getenv("CUDA_VISIBLE_DEVICES") : "unset");
+                     vis ? vis : "unset");
         else
             snprintf(out->reason, sizeof out->reason, "no CUDA device found (%s)",
                      msg[0] ? msg : "0 devices");
@@ -150,7 +153,8 @@ zps_status k_device_select(const char *want, k_device_info *out)
         zps_log(ZPS_ERROR, "device", "--device cuda, but %s", out->reason);
         return ZPS_ERR_NO_DEVICE;
     }
-    /* the usual case on a CPU-only machine: not worth a line on every start */
-    zps_log(ZPS_DEBUG, "device", "%s; using the CPU", out->reason);
+    /* the usual case on a CPU-only machine is not worth a line on every start; GPUs that
+     * --gpu misses are */
+    zps_log(misplaced ? ZPS_WARN : ZPS_DEBUG, "device", "%s; using the CPU", out->reason);
     return ZPS_OK;
 }

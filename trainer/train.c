@@ -160,11 +160,15 @@ static zps_status s_backend(s_job *j)
         return ZPS_OK;
     char why[320] = "";
     const k_backend *cuda = k_backend_cuda(why, sizeof why);
-    if (!cuda) {
+    if (cuda)
+        j->be = cuda;
+    else if (strcmp(c->device, "auto") == 0) /* auto never fails for lack of a GPU */
+        zps_log(ZPS_WARN, "trainer", "--device auto: a GPU answers, but %s: training on the "
+                "CPU", why);
+    else {
         zps_log(ZPS_ERROR, "trainer", "--device %s: %s", c->device, why);
         return ZPS_ERR_NO_DEVICE;
     }
-    j->be = cuda;
     return ZPS_OK;
 }
 
