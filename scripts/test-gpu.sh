@@ -21,7 +21,7 @@ source scripts/gpu-env.sh "${1:-.gpu}" test-gpu || exit 2
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 "$B/bin/zps-bench" env || true
 
-filter=${ZPS_GPU_FILTER:-'@(k_cuda|device|gpu_*|it_gpu*)/*'}
+filter=${ZPS_GPU_FILTER:-'@(k_cuda|k_async|device|gpu_*|it_gpu*)/*'}
 log=$(mktemp /tmp/zps-test-gpu.XXXXXX)
 "$B/tests/zps-tests" -j1 --filter="$filter" ${ZPS_GPU_TEST_ARGS:-} 2>&1 | tee "$log"
 rc=${PIPESTATUS[0]}
