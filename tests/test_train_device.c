@@ -120,7 +120,7 @@ static void s_same(const char *mode, int n, const char *smode, const char *const
     snprintf(a, sizeof a, "%s/%s-cpu.w", s_tmp, mode);
     snprintf(b, sizeof b, "%s/%s-staged.w", s_tmp, mode);
     snprintf(init, sizeof init, "%s/init.w", s_tmp);
-    const char *staged_line = strcmp(mode, "local") ? "pinned host mirrors" : NULL;
+    const char *staged_line = strcmp(mode, "local") ? "pinned host mirrors" : "--device staged";
     if (strcmp(dev_b[0], "cuda") == 0)
         staged_line = "using CUDA device";
     for (int run = 0; run < 2; run++) {
@@ -185,11 +185,32 @@ Test(it_staged, bf16_equals_cpu_bf16)
     s_same("local", 1, NULL, bf16, NULL, s_staged2, 1);
 }
 
-/* --recompute on the device side only: gradient checkpointing changes no bit either. */
+/* The activation memory a run's trainer 0 reported (MiB; -1 when it said none). */
+static double s_act_mib(const char *tag)
+{
+    char path[700], line[512];
+    snprintf(path, sizeof path, "%s/%s-0.log", s_tmp, tag);
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f, "%s", path);
+    double mib = -1;
+    while (fgets(line, sizeof line, f)) {
+        const char *at = strstr(line, "activations and their gradients: ");
+        if (at)
+            mib = strtod(at + strlen("activations and their gradients: "), NULL);
+    }
+    fclose(f);
+    return mib;
+}
+
+/* --recompute on the device side only: gradient checkpointing changes no bit either, and
+ * it did checkpoint (less activation memory than the cpu run's). */
 Test(it_staged, recompute_equals_cpu_without)
 {
     static const char *recompute[] = {"--recompute", NULL};
     s_same("local", 1, NULL, NULL, recompute, s_staged2, 1);
+    double cpu = s_act_mib("a"), staged = s_act_mib("b");
+    cr_assert(cpu > 0 && staged > 0 && staged < cpu,
+              "activation memory with --recompute %.1f MiB, without %.1f MiB", staged, cpu);
 }
 
 Test(it_staged, sync_ps_fleet_equals_cpu)
@@ -288,6 +309,10 @@ Test(it_gpu, recompute_close_to_cpu_without)
 {
     static const char *recompute[] = {"--recompute", NULL};
     s_same("local", 1, NULL, NULL, recompute, s_cuda2, 0);
+    double cpu = s_act_mib("a"), cuda = s_act_mib("b");
+    cr_assert(cpu > 0 && cuda > 0 && cuda < cpu,
+              "activation memory with --recompute on cuda %.1f MiB, without on cpu %.1f MiB",
+              cuda, cpu);
 }
 
 /* A node of two trainers sharing the GPU (--node-trainers 2): on a device its sums and the
