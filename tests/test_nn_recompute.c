@@ -1,8 +1,9 @@
 /* test_nn_recompute.c — gradient checkpointing (nn_model_set_recompute, trainer/nn/recompute.c):
  * a training step with recompute gives the same loss, gradients, running statistics and
  * gradient hooks as one without, bit for bit (the cpu back-end is deterministic at a fixed
- * thread count), while the planned activation block shrinks. Models: the convnet (dropout
- * on: the rerun must draw the same masks), Inception-v3 w0.25 at 299x299 with its aux head (a
+ * thread count), while the planned activation block shrinks. Models: a dense chain with its
+ * dropout in a segment that backward reruns (the rerun must draw the same masks), the
+ * convnet, Inception-v3 w0.25 at 299x299 with its aux head (a
  * training-only branch reading a kept tensor), the detector through injected output
  * gradients, and the convnet on the staged back-end (the device path). Also: two steps in a
  * row, an evaluation after a recompute step, and the refusal to hand out a tensor that is not
@@ -60,12 +61,34 @@ static void s_batch(const nn_model_opts *o, int batch, float **x, int32_t **y)
         (*y)[i] = (int32_t)(zt_rand() % (uint32_t)o->classes);
 }
 
+/* "dropout_chain": ten dense layers with the dropout right after the first, so that it
+ * falls in an early segment, which backward runs again (the convnet's and Inception's
+ * dropouts sit in the last segment, which is never rerun). */
+static nn_model *s_dropout_chain(const k_backend *be, const nn_model_opts *o)
+{
+    nn_model *m = nn_model_new(be, o->in_channels, o->in_size, o->in_size);
+    int x = nn_dense(m, "fc1", 0, 64, 1, 0.2f);
+    x = nn_dropout(m, "dropout", x, 0.5f);
+    char name[8];
+    for (int i = 2; i <= 9; i++) {
+        snprintf(name, sizeof name, "fc%d", i);
+        x = nn_dense(m, name, x, 64, 1, 0.2f);
+    }
+    x = nn_dense(m, "fc10", x, o->classes, 0, 0.1f);
+    nn_model_head(m, x, 1.0f);
+    cr_assert_eq(nn_model_finish(m, o->seed), ZPS_OK);
+    return m;
+}
+
 /* Two training steps (the same batch; the second with hooks) and an evaluation. */
 static void s_run(const nn_model_opts *o, const k_backend *be, int recompute, int batch,
                   const float *x, const int32_t *y, s_out *out)
 {
     nn_model *m;
-    cr_assert_eq(nn_model_create(be, o, &m), ZPS_OK);
+    if (strcmp(o->name, "dropout_chain") == 0)
+        m = s_dropout_chain(be, o);
+    else
+        cr_assert_eq(nn_model_create(be, o, &m), ZPS_OK);
     nn_model_set_recompute(m, recompute);
     *out = (s_out){.np = nn_model_param_count(m), .ns = nn_model_stat_count(m)};
     for (int step = 0; step < 2; step++) {
@@ -143,6 +166,15 @@ Test(nn_recompute, convnet_with_dropout_is_bit_identical, .init = s_init, .timeo
     s_opts(&o, "convnet");
     cr_assert_gt(o.dropout, 0, "the convnet's dropout is what this case is about");
     s_same(&o, 16, k_backend_cpu(), 0.9);
+}
+
+Test(nn_recompute, dropout_in_a_rerun_segment_draws_the_same_masks, .init = s_init,
+     .timeout = 60)
+{
+    nn_model_opts o;
+    s_opts(&o, "mlp");
+    o.name = "dropout_chain", o.in_channels = 1, o.in_size = 8, o.classes = 10;
+    s_same(&o, 16, k_backend_cpu(), 1.0);
 }
 
 Test(nn_recompute, inception_with_aux_is_bit_identical, .init = s_init, .timeout = 120)
