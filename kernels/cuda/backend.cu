@@ -33,8 +33,6 @@ char k_cuda_err[256];
 cudaStream_t k_cuda_stream; // the compute stream: every op and the synchronous copies
 static cudaStream_t s_copy; // the copy stream: copy_in_async, copy_out_async
 
-cudaStream_t k_cuda_compute_stream(void) { return k_cuda_stream; }
-
 extern "C" const char *k_cuda_last_error(void) { return k_cuda_err; }
 
 /* ---- memory ---- */
@@ -384,12 +382,10 @@ static void s_release(void **impl)
     int *kind = (int *)*impl;
     if (!kind)
         return;
-    if (*kind == 1)
+    if (*kind == KC_IMPL_CONV)
         k_cuda_conv_release(*impl);
-    else if (*kind == 2)
+    else /* KC_IMPL_BN: no other op keeps state */
         k_cuda_bn_release(*impl);
-    else
-        free(*impl);
     *impl = NULL;
 }
 
@@ -412,16 +408,16 @@ static int s_open(int device)
 
 extern "C" const struct k_backend *k_cuda_backend(int device)
 {
-    static int done, ok, on;
+    static int done, ok;
     if (done) {
-        if (ok && device != on) {
+        if (ok && device != s_device) {
             snprintf(k_cuda_err, sizeof k_cuda_err, "the CUDA back-end runs on device %d already; a "
-                     "process uses one device (asked for %d)", on, device);
+                     "process uses one device (asked for %d)", s_device, device);
             return NULL;
         }
         return ok ? &s_cuda : NULL;
     }
-    done = 1, on = device;
+    done = 1;
     if (!s_open(device))
         return NULL;
     s_cuda.name = "cuda";

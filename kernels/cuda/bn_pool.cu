@@ -114,7 +114,7 @@ __global__ void g_bn_bwd_dx(int c, int hw, float cnt, const float *x, const floa
 
 /* A descriptor's scratch, made on first use (forward or backward) for its shape. */
 typedef struct s_bn_impl {
-    int kind;     // 2
+    int kind;     // KC_IMPL_BN
     int splits;   // blocks per channel in the sums
     int per;      // images per split
     double *part; // (2 c splits) device partial sums
@@ -138,7 +138,7 @@ static zps_status s_bn_get(k_bn *d, s_bn_impl **out)
         im = (s_bn_impl *)calloc(1, sizeof *im);
         if (!im)
             return ZPS_ERR_NOMEM;
-        im->kind = 2;
+        im->kind = KC_IMPL_BN;
         zps_status st = s_bn_build(d, im);
         if (st != ZPS_OK) {
             k_cuda_bn_release(im);

@@ -52,7 +52,7 @@ typedef struct s_conv_set {
 } s_conv_set;
 
 typedef struct s_conv_impl {
-    int kind;                          // 1
+    int kind;                          // KC_IMPL_CONV
     s_conv_set f;                      // float
     s_conv_set h;                      // bfloat16 on the tensor cores (s_conv_tc)
     int tc;                            // h: 0 not set up; 1 ready; -1 emulated instead
@@ -156,7 +156,7 @@ static zps_status s_conv_get(k_conv2d *d, s_conv_impl **out)
         im = (s_conv_impl *)calloc(1, sizeof *im);
         if (!im)
             return ZPS_ERR_NOMEM;
-        im->kind = 1;
+        im->kind = KC_IMPL_CONV;
         zps_status st = s_conv_build(d, im);
         if (st != ZPS_OK) {
             k_cuda_conv_release(im);
@@ -260,9 +260,19 @@ static zps_status s_conv_tc(const k_conv2d *d, s_conv_impl *im)
     zps_status st = s_conv_set_make(d, &im->h, CUDNN_DATA_BFLOAT16);
     size_t ws = 0;
     cudnnStatus_t cst;
-    if (st == ZPS_OK && !s_conv_set_algos(&im->h, &ws, &cst)) { /* no BF16 path: emulate */
-        im->tc = -1;
-        return ZPS_OK;
+    if (st == ZPS_OK && !s_conv_set_algos(&im->h, &ws, &cst)) {
+        /* None offered, or a refusal of the request (unsupported, or a parameter BF16 does
+         * not take for this shape): no BF16 path, emulate. cuDNN failing in itself
+         * (internal, execution, initialisation) is an error. */
+        if (cst == CUDNN_STATUS_SUCCESS || (cst >= CUDNN_STATUS_BAD_PARAM &&
+                                            cst < CUDNN_STATUS_INTERNAL_ERROR)) {
+            im->tc = -1;
+            return ZPS_OK;
+        }
+        snprintf(k_cuda_err, sizeof k_cuda_err, "%s:%d cuDNN's BF16 algorithms for the "
+                 "convolution %dx%dx%dx%d * %dx%dx%d: %s", __FILE__, __LINE__, d->n, d->c,
+                 d->h, d->w, d->k, d->r, d->s, cudnnGetErrorString(cst));
+        st = ZPS_ERR_CUDNN;
     }
     if (st == ZPS_OK)
         st = s_conv_ws(im, ws);

@@ -24,8 +24,6 @@ extern char k_cuda_err[256];
 /* The back-end's compute stream: every op, cuDNN and cuBLAS run on it. NULL (the legacy
  * stream) before k_cuda_backend opened the device. */
 extern cudaStream_t k_cuda_stream;
-/* The same for the NCCL calls, which order themselves against it with events. */
-cudaStream_t k_cuda_compute_stream(void);
 
 /* Checks a CUDA (or, with the files' own KC_CUDNN and KC_CUBLAS, cuDNN or cuBLAS) call: on
  * failure keeps file:line, the call and the library's own text in k_cuda_err and returns
@@ -60,6 +58,9 @@ static inline unsigned kc_blocks(size_t n)
 #define KC_LOOP(i, n)                                                                  \
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n);           \
          i += (size_t)blockDim.x * gridDim.x)
+
+/* What a descriptor's impl holds (its first int), for k_backend.release. */
+enum { KC_IMPL_CONV = 1, KC_IMPL_BN = 2 };
 
 /* buf (device, or pinned host) holds at least bytes afterwards; a growth frees the old one
  * first (cudaFree waits for the device). backend.cu. */

@@ -53,6 +53,34 @@ struct k_nccl_comm {
         }                                                                              \
     } while (0)
 
+/* A call of a non-blocking communicator: 0 done, 1 in progress, -1 failed (msg says). */
+static int s_state(ncclResult_t r, const char *call, ncclComm_t comm, char *msg, size_t msg_len)
+{
+    if (r == ncclSuccess || r == ncclInProgress)
+        return r == ncclInProgress;
+    snprintf(msg, msg_len, "%s: %s (%s)", call, ncclGetErrorString(r),
+             comm ? ncclGetLastError(comm) : "");
+    return -1;
+}
+
+/* Frees what c holds: the communicator only when it is not aborted (ncclCommDestroy waits
+ * for its queued work; callers finalize or abort first), after the stream drained, since
+ * an s_finished still queued behind aborted sums must not outlive c. */
+static void s_free(k_nccl_comm *c)
+{
+    if (c->comm && !c->aborted)
+        ncclCommDestroy(c->comm);
+    if (c->stream)
+        cudaStreamSynchronize(c->stream);
+    if (c->after)
+        cudaEventDestroy(c->after);
+    if (c->done)
+        cudaEventDestroy(c->done);
+    if (c->stream)
+        cudaStreamDestroy(c->stream);
+    free(c);
+}
+
 extern "C" int k_nccl_unique_id(void *id, char *msg, size_t msg_len)
 {
     ncclUniqueId u;
@@ -75,33 +103,29 @@ extern "C" int k_nccl_init(void **comm, int n_ranks, int rank, const void *id, i
     }
     c->device = device;
     cudaError_t e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
+    if (e == cudaSuccess)
+        e = cudaEventCreateWithFlags(&c->after, cudaEventDisableTiming);
+    if (e == cudaSuccess)
+        e = cudaEventCreateWithFlags(&c->done, cudaEventDisableTiming);
     if (e != cudaSuccess) {
-        snprintf(msg, msg_len, "cudaStreamCreate: %s", cudaGetErrorString(e));
-        free(c);
-        return -1;
-    }
-    if (cudaEventCreateWithFlags(&c->after, cudaEventDisableTiming) != cudaSuccess ||
-        cudaEventCreateWithFlags(&c->done, cudaEventDisableTiming) != cudaSuccess) {
-        snprintf(msg, msg_len, "cudaEventCreate: %s", cudaGetErrorString(cudaGetLastError()));
-        cudaStreamDestroy(c->stream);
-        free(c);
+        snprintf(msg, msg_len, "NCCL's stream and events: %s", cudaGetErrorString(e));
+        s_free(c);
         return -1;
     }
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
-    ncclResult_t r = ncclCommInitRankConfig(&c->comm, n_ranks, u, rank, &config);
-    if (r != ncclSuccess && r != ncclInProgress) {
-        snprintf(msg, msg_len, "ncclCommInitRankConfig: %s", ncclGetErrorString(r));
-        if (c->comm)
+    int rc = s_state(ncclCommInitRankConfig(&c->comm, n_ranks, u, rank, &config),
+                     "ncclCommInitRankConfig", NULL, msg, msg_len);
+    if (rc < 0) {
+        if (c->comm) { // half made: abort, not destroy
             ncclCommAbort(c->comm);
-        cudaEventDestroy(c->after);
-        cudaEventDestroy(c->done);
-        cudaStreamDestroy(c->stream);
-        free(c);
+            c->aborted = 1;
+        }
+        s_free(c);
         return -1;
     }
     *comm = c;
-    return r == ncclInProgress;
+    return rc;
 }
 
 /* Ordered against the back-end's compute stream (backend.cu) by events, never by the host. */
@@ -109,16 +133,11 @@ extern "C" int k_nccl_allreduce_async(void *comm, float *dev_buf, size_t n, int 
                                       char *msg, size_t msg_len)
 {
     k_nccl_comm *c = (k_nccl_comm *)comm;
-    S_CUDA(cudaEventRecord(c->after, k_cuda_compute_stream()));
+    S_CUDA(cudaEventRecord(c->after, k_cuda_stream));
     S_CUDA(cudaStreamWaitEvent(c->stream, c->after, 0));
-    ncclResult_t r = ncclAllReduce(dev_buf, dev_buf, n, ncclFloat32, average ? ncclAvg : ncclSum,
-                                   c->comm, c->stream);
-    if (r != ncclSuccess && r != ncclInProgress) {
-        snprintf(msg, msg_len, "ncclAllReduce: %s (%s)", ncclGetErrorString(r),
-                 ncclGetLastError(c->comm));
-        return -1;
-    }
-    return r == ncclInProgress;
+    return s_state(ncclAllReduce(dev_buf, dev_buf, n, ncclFloat32, average ? ncclAvg : ncclSum,
+                                 c->comm, c->stream),
+                   "ncclAllReduce", c->comm, msg, msg_len);
 }
 
 /* On CUDA's callback thread, once NCCL's stream reached it: one more sum done. No CUDA
@@ -140,7 +159,7 @@ extern "C" int k_nccl_join(void *comm, char *msg, size_t msg_len)
 {
     k_nccl_comm *c = (k_nccl_comm *)comm;
     S_CUDA(cudaEventRecord(c->done, c->stream));
-    S_CUDA(cudaStreamWaitEvent(k_cuda_compute_stream(), c->done, 0));
+    S_CUDA(cudaStreamWaitEvent(k_cuda_stream, c->done, 0));
     return 0;
 }
 
@@ -154,11 +173,7 @@ extern "C" int k_nccl_progress(void *comm, unsigned long long *posted,
         return 0;
     ncclResult_t state = ncclSuccess;
     S_NCCL(ncclCommGetAsyncError(c->comm, &state));
-    if (state != ncclSuccess && state != ncclInProgress) {
-        snprintf(msg, msg_len, "%s (%s)", ncclGetErrorString(state), ncclGetLastError(c->comm));
-        return -1;
-    }
-    return state == ncclInProgress;
+    return s_state(state, "the communicator", c->comm, msg, msg_len);
 }
 
 extern "C" int k_nccl_abort(void *comm, char *msg, size_t msg_len)
@@ -180,13 +195,7 @@ extern "C" int k_nccl_abort(void *comm, char *msg, size_t msg_len)
 extern "C" int k_nccl_finalize(void *comm, char *msg, size_t msg_len)
 {
     k_nccl_comm *c = (k_nccl_comm *)comm;
-    ncclResult_t r = ncclCommFinalize(c->comm);
-    if (r != ncclSuccess && r != ncclInProgress) {
-        snprintf(msg, msg_len, "ncclCommFinalize: %s (%s)", ncclGetErrorString(r),
-                 ncclGetLastError(c->comm));
-        return -1;
-    }
-    return r == ncclInProgress;
+    return s_state(ncclCommFinalize(c->comm), "ncclCommFinalize", c->comm, msg, msg_len);
 }
 
 extern "C" int k_nccl_destroy(void *comm)
@@ -195,13 +204,6 @@ extern "C" int k_nccl_destroy(void *comm)
     if (!c)
         return 0;
     cudaSetDevice(c->device);
-    if (!c->aborted)
-        ncclCommDestroy(c->comm);
-    /* s_finished still queued behind aborted sums must not outlive c */
-    cudaStreamSynchronize(c->stream);
-    cudaEventDestroy(c->after);
-    cudaEventDestroy(c->done);
-    cudaStreamDestroy(c->stream);
-    free(c);
+    s_free(c);
     return 0;
 }
