@@ -430,7 +430,7 @@ Test(tr_sync, staged_hand_off_failure_reaches_the_inner_end_step)
     f.env.params = nn_model_params(m);
     f.env.grads = nn_model_grads(m);
     tr_sync *s;
-    cr_assert_eq(tr_sync_staged_new(&f.env, s_script_new, &s), ZPS_OK);
+    cr_assert_eq(tr_sync_staged_new(&f.env, s_script_new, 0, &s), ZPS_OK);
     for (int step = 0; step < 2; step++) {
         int stop = 0;
         cr_assert_eq(s->begin_step(s, step, &stop), ZPS_OK);

@@ -300,7 +300,8 @@ static zps_status s_setup(s_stage *s)
     return tr_worker_start(&s->worker, s->nvars, s_hand_off, s, "trainer");
 }
 
-zps_status tr_sync_staged_new(const tr_sync_env *env, tr_sync_new_fn inner_new, tr_sync **out)
+zps_status tr_sync_staged_new(const tr_sync_env *env, tr_sync_new_fn inner_new, int bf16_out,
+                              tr_sync **out)
 {
     *out = NULL;
     const k_backend *be = nn_model_backend(env->model);
@@ -312,7 +313,7 @@ zps_status tr_sync_staged_new(const tr_sync_env *env, tr_sync_new_fn inner_new, 
     s_stage *s = zps_xcalloc(1, sizeof *s);
     *s = (s_stage){.be = be, .model = env->model, .vars = env->vars, .nvars = env->nvars,
                    .nparams = env->nparams, .dparams = env->params, .dgrads = env->grads,
-                   .bf16 = env->cfg->push_dtype == PS_DTYPE_BF16 && inner_new == tr_sync_ps_new};
+                   .bf16 = bf16_out};
     s->base = (tr_sync){.begin_step = s_begin_step, .params_ready = s_params_ready,
                         .grads_ready = s_grads_ready, .end_step = s_end_step,
                         .finish = s_finish, .leave = s_leave, .abandon = s_abandon,

@@ -150,8 +150,11 @@ zps_status tr_sync_node_lead_new(const tr_sync_env *env, tr_sync_new_fn lead_new
                                  tr_sync **out);
 /* inner_new (ps or allreduce) over pinned host mirrors of env's params and grads, which are
  * in the memory of env->model's device back-end (one with k_backend_async): the mirrors
- * start as copies of the model's values, and the data moves as stage.c says. */
-zps_status tr_sync_staged_new(const tr_sync_env *env, tr_sync_new_fn inner_new, tr_sync **out);
+ * start as copies of the model's values, and the data moves as stage.c says. bf16_out: the
+ * inner back-end pushes gradients as they are, in bfloat16 (a PS client with push_dtype
+ * bf16): they are rounded on the device and only the bf16 copies cross (env.grads_bf16). */
+zps_status tr_sync_staged_new(const tr_sync_env *env, tr_sync_new_fn inner_new, int bf16_out,
+                              tr_sync **out);
 
 /* The buckets of the all-reduce back-ends (sync_buckets.c; sync_allreduce.c, sync_nccl.c,
  * sync_node.c): backward reports variables last first, the floats reported since the last

@@ -370,7 +370,8 @@ static zps_status s_sync_new(s_job *j)
                        .grads = j->acc ? j->acc : j->grads, .be = j->be,
                        .uris = (const char *const *)j->uris, .n_uris = j->n_uris,
                        .stop = &s_stop, .trace = j->trace};
-    tr_sync_new_fn host_new = NULL;
+    tr_sync_new_fn host_new = tr_sync_allreduce_new;
+    int bf16_out = 0; // the host back-end pushes the gradients as they are, in bfloat16
     switch (j->cfg->mode) {
     case TR_MODE_LOCAL:
         return tr_sync_local_new(&env, &j->sync);
@@ -378,18 +379,19 @@ static zps_status s_sync_new(s_job *j)
     case TR_MODE_ASYNC:
     case TR_MODE_SSP:
         host_new = j->cfg->node_trainers > 1 ? tr_sync_node_new : tr_sync_ps_new;
+        /* a node sums f32 gradients first: its leader rounds them as it pushes */
+        bf16_out = j->cfg->node_trainers <= 1 && j->cfg->push_dtype == PS_DTYPE_BF16;
         break;
     case TR_MODE_ALLREDUCE:
-        if (strcmp(j->be->name, "cuda") == 0) /* device gradients: NCCL on the GPU */
+        /* device gradients: NCCL on the GPU (by name: asking k_backend_cuda would open a
+         * GPU for a --device cpu run) */
+        if (strcmp(j->be->name, "cuda") == 0)
             return tr_sync_nccl_new(&env, &j->sync);
-        host_new = tr_sync_allreduce_new;
         break;
     }
-    if (!host_new)
-        return ZPS_ERR_INVALID;
     if (j->be->host_memory)
         return host_new(&env, &j->sync);
-    return tr_sync_staged_new(&env, host_new, &j->sync);
+    return tr_sync_staged_new(&env, host_new, bf16_out, &j->sync);
 }
 
 /* A sync job already under way (sync.h, start_step): go on from the fleet's step. */
