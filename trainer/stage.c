@@ -64,8 +64,7 @@ typedef struct s_stage {
     void *inner_ctx;
     k_event *point;            // a compute-queue point (reused: waited for as recorded)
     k_event *up;               // the last H2D's end (reused likewise)
-    k_event **ev;              // (nvars) hand-off events, used in turn within a step
-    size_t n_ev;               // used this step
+    k_event **ev;              // (nvars) hand-off events: ev[first] for the group at first
     zps_status err;            // first failure (training thread's side)
     tr_worker worker;          // the staging thread: one job per hand-off
 } s_stage;
@@ -92,14 +91,13 @@ static zps_status s_hand_off(void *ctx, const tr_job *h, zps_status failed)
     s_stage *s = ctx;
     if (failed != ZPS_OK) /* the step's hand-offs stop at the first failure */
         return failed;
-    ZPS_TRY(s->be->event_sync(h->ev));
+    ZPS_TRY(s->be->event_sync(s->ev[h->first]));
     return s->inner->grads_ready(s->inner, h->first, h->n);
 }
 
 /* Waits until every hand-off of the step reached the inner back-end; its first failure. */
 static zps_status s_drain(s_stage *s)
 {
-    s->n_ev = 0;
     return tr_worker_wait(&s->worker);
 }
 
@@ -108,12 +106,8 @@ static zps_status s_grads_ready(tr_sync *b, size_t first, size_t n)
     s_stage *s = (s_stage *)b;
     if (s->err != ZPS_OK)
         return s->err;
-    if (s->n_ev == s->nvars) { /* more groups than variables: cannot happen (sync.h) */
-        s_fail(s, ZPS_ERR_INVALID, "more gradient groups than variables in one step");
-        return s->err;
-    }
     size_t off = s->vars[first].offset, span = s_span_floats(s, first, n);
-    k_event *done = s->ev[s->n_ev++];
+    k_event *done = s->ev[first]; /* a step's groups do not overlap (sync.h) */
     zps_status st = ZPS_OK;
     if (s->bf16) /* rounded where they are: half the bytes cross */
         st = k_pack_bf16(s->be, span, s->dgrads + off, s->dgrads16 + off);
@@ -130,7 +124,7 @@ static zps_status s_grads_ready(tr_sync *b, size_t first, size_t n)
         s_fail(s, st, "gradients to the host");
         return st;
     }
-    return tr_worker_post(&s->worker, &(tr_job){.first = first, .n = n, .ev = done});
+    return tr_worker_post(&s->worker, &(tr_job){.first = first, .n = n});
 }
 
 /* ---- values: inner -> mirror -> device ---- */

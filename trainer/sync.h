@@ -197,7 +197,6 @@ int tr_buckets_rest(tr_buckets *b, size_t *lo, size_t *hi);
 typedef struct tr_job {
     size_t lo, hi;            // floats [lo, hi)
     size_t first, n;          // variables [first, first + n)
-    void *ev;                 // stage.c: the event after the group's copy to the host
     uint64_t t0;              // --trace: when it was posted (0: not traced)
 } tr_job;
 /* Runs one job; failed is the first failure of an earlier job (ZPS_OK: none), after which
