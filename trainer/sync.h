@@ -205,6 +205,7 @@ typedef zps_status (*tr_worker_fn)(void *ctx, const tr_job *job, zps_status fail
 typedef struct tr_worker {
     tr_worker_fn fn;
     void *ctx;
+    const char *who;          // its log lines' module (tr_worker_start)
     tr_job *q;                // (max) this step's jobs
     size_t max, posted, done; // under mu
     zps_status err;           // the first failure a job returned, under mu

@@ -107,16 +107,15 @@ static zps_status s_end_step(tr_sync *s, tr_step_record *rec)
     s_ar *a = (s_ar *)s;
     uint64_t t0 = zps_now_ns(), tt = tr_trace_now(a->trace);
     size_t lo, hi;
-    zps_status err = ZPS_OK;
     if (tr_buckets_rest(&a->buckets, &lo, &hi))
-        err = s_post(a, lo, hi);
-    zps_status werr = tr_worker_wait(&a->worker);
+        (void)s_post(a, lo, hi); /* a refusal is kept by the worker: its wait returns it */
+    zps_status err = tr_worker_wait(&a->worker);
     tr_trace_span(a->trace, TR_TRACE_MAIN, "wait: all-reduce", tt, -1);
     s->net_wait += (double)(zps_now_ns() - t0) * 1e-9;
     rec->bytes_pushed = rec->bytes_pulled = a->local.n * sizeof(float);
     rec->net_wait_s = s->net_wait;
     rec->lr = ps_optim_lr(a->local.opt, (uint64_t)a->local.step);
-    return werr != ZPS_OK ? werr : err;
+    return err;
 }
 
 static void s_destroy(tr_sync *s)

@@ -53,7 +53,7 @@ static void *s_thread(void *p)
 zps_status tr_worker_start(tr_worker *w, size_t max_jobs, tr_worker_fn fn, void *ctx,
                            const char *who)
 {
-    *w = (tr_worker){.fn = fn, .ctx = ctx, .max = max_jobs};
+    *w = (tr_worker){.fn = fn, .ctx = ctx, .who = who, .max = max_jobs};
     w->q = zps_xcalloc(max_jobs, sizeof *w->q);
     pthread_mutex_init(&w->mu, NULL);
     pthread_cond_init(&w->work, NULL);
@@ -83,7 +83,8 @@ zps_status tr_worker_post(tr_worker *w, const tr_job *job)
     pthread_mutex_unlock(&w->mu);
     if (!full)
         return ZPS_OK;
-    zps_log(ZPS_ERROR, "trainer", "more than %zu transfers in one step", w->max);
+    zps_log(ZPS_ERROR, w->who, "more than %zu jobs for the communication thread in one step "
+            "(internal: its owner planned for fewer)", w->max);
     return tr_worker_fail(w, ZPS_ERR_INTERNAL); /* the owner planned for fewer */
 }
 
