@@ -206,7 +206,7 @@ Test(tr_config, value_flags_land_in_their_fields)
 }
 
 static const struct {
-    const char *args[8];
+    const char *args[10];
     const char *msg; /* in stderr */
 } s_bad[] = {
     {{"--mode", "local", NULL}, "--data DIR is required"},
@@ -232,6 +232,7 @@ static const struct {
     {{"--data", "/d", "--in-channels", "4", NULL}, "--in-channels wants an integer in [1, 3], got '4'"},
     {{"--data", "/d", "--node-trainers", "2", NULL}, "--node-trainers groups the trainers of a PS job"},
     {{"--data", "/d", "--node-trainers", "3", "--num-trainers", "4", NULL}, "--node-trainers 3 does not divide the job's 4 trainers"},
+    {{"--data", "/d", "--node-trainers", "2", "--num-trainers", "4", "--replicas-to-aggregate", "3", NULL}, "--replicas-to-aggregate 3: with --node-trainers 2 the servers see one trainer per node, 2 in all"},
     {{"--data", "/d", "--gpu", "-1", NULL}, "--gpu wants an integer in [0, 1023]"},
     {{"--data", "/d", "--device", "staged", "--recompute", "--node-trainers", "0", NULL}, "--node-trainers wants an integer in [1, 4096]"},
 };

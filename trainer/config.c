@@ -334,6 +334,12 @@ static zps_status s_check(tr_config *c, int *exit_code)
     if (c->node_trainers > 1 && c->num_trainers && c->num_trainers % c->node_trainers)
         return zps_opts_fail(&s_spec, exit_code, "--node-trainers %d does not divide the job's "
                              "%d trainers (--num-trainers)", c->node_trainers, c->num_trainers);
+    if (c->node_trainers > 1 && c->num_trainers &&
+        c->replicas_to_aggregate > (unsigned)(c->num_trainers / c->node_trainers))
+        return zps_opts_fail(&s_spec, exit_code, "--replicas-to-aggregate %u: with "
+                             "--node-trainers %d the servers see one trainer per node, %d in "
+                             "all", c->replicas_to_aggregate, c->node_trainers,
+                             c->num_trainers / c->node_trainers);
     if (c->node_trainers > 1 && !ps_mode)
         return zps_opts_fail(&s_spec, exit_code, "--node-trainers groups the trainers of a PS "
                              "job (--mode sync, async or ssp), not --mode %s",

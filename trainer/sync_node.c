@@ -231,10 +231,10 @@ static zps_status s_setup(s_node *s, const tr_sync_env *env, int group, tr_sync_
         w.status = lead_new(&lead, &s->ps);
         if (s->ps)
             w.start_step = s->ps->start_step;
-        if (w.status == ZPS_ERR_CONFIG)
-            zps_log(ZPS_ERROR, "trainer", "with --node-trainers %d the servers must expect %d "
-                    "trainer(s), one per node (zps-server --num-trainers %d)", group, nodes,
-                    nodes);
+        if (w.status == ZPS_ERR_CONFIG) /* the servers' reason is logged above */
+            zps_log(ZPS_ERROR, "trainer", "with --node-trainers %d the servers count nodes as "
+                    "trainers: zps-server --num-trainers %d, and --replicas-to-aggregate at "
+                    "most %d", group, nodes, nodes);
     }
     ZPS_TRY(s_share(s, &w));
     if (w.status != ZPS_OK) {
