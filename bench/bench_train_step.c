@@ -68,14 +68,15 @@ typedef struct s_side {
     double ips, params; // params: the trainable parameter count it printed
     double cpu_ips;     // batch / median CPU time of a step (all the process's threads)
     double flops;       // zps: forward FLOPs per image of its convolutions and dense layers
-    double peak;        // zps on a GPU: its dense TF32 peak in TFLOP/s (0: unknown)
+    double peak;        // zps on a GPU: its dense peak in TFLOP/s, TF32 or BF16 (0: unknown)
     double act_mib;     // zps: its planned activation block (nn_model_activation_bytes)
 } s_side;
 
-/* Dense TF32 tensor-core peaks (TFLOP/s, NVIDIA's data sheets, without sparsity) by name;
- * 0 for a GPU not listed (--peak-tflops then). Only the child touches CUDA: a parent that
- * initialised it could not fork a child that uses it. */
-static double s_peak_by_name(const char *name)
+/* Dense TF32 tensor-core peaks (TFLOP/s, NVIDIA's data sheets, without sparsity) by name,
+ * doubled for BF16 (twice TF32's rate on every GPU listed); 0 for a GPU not listed
+ * (--peak-tflops then). Only the child touches CUDA: a parent that initialised it could not
+ * fork a child that uses it. */
+static double s_peak_by_name(const char *name, int bf16)
 {
     static const struct {
         const char *part;
@@ -84,7 +85,7 @@ static double s_peak_by_name(const char *name)
                  {"A100", 156.0}, {"L40S", 183.0}, {"A10", 62.5}};
     for (size_t i = 0; i < sizeof peaks / sizeof *peaks; i++)
         if (strstr(name, peaks[i].part))
-            return peaks[i].tflops;
+            return peaks[i].tflops * (bf16 ? 2 : 1);
     return 0;
 }
 
@@ -184,7 +185,7 @@ static int s_zps_child(const s_case *c, int warmup, int steps, int fd)
     if (c->cuda && !out.peak) {
         k_device_info info;
         if (k_device_select("cuda", &info) == ZPS_OK)
-            out.peak = s_peak_by_name(info.name);
+            out.peak = s_peak_by_name(info.name, c->bf16);
     }
     if (write(fd, &out, sizeof out) != (ssize_t)sizeof out)
         return 1;
@@ -310,7 +311,7 @@ typedef struct s_cfg {
     int steps, warmup, pairs;
     int torch, tf, append; // run PyTorch, run TF, add to train_step.json
     int cuda;              // --device: 0 cpu, 1 cuda
-    double peak_tflops;    // the GPU's dense TF32 peak (0: from its name)
+    double peak_tflops;    // the GPU's dense peak, TF32 or BF16 (0: from its name)
     int recompute;         // zps with --recompute
     int bf16;              // --precision bf16
 } s_cfg;
@@ -362,8 +363,9 @@ static const zps_opt s_opt[] = {
      .help = "zps with gradient checkpointing (zps-trainer --recompute)"},
     {"peak-tflops", ZPS_OPT_DOUBLE, ZPS_OPT_FIELD(s_cfg, peak_tflops), 0, 1e6, .meta = "T",
      .dflt = "from the GPU's name",
-     .help = "the GPU's dense TF32 tensor peak, for the fraction of it\n"
-             "the convolutions reach"},
+     .help = "the GPU's dense tensor peak in the precision measured (TF32,\n"
+             "or BF16 with --precision bf16), for the fraction of it the\n"
+             "convolutions reach"},
     {.type = ZPS_OPT_END},
 };
 
@@ -372,7 +374,7 @@ static const zps_opts s_spec = BENCH_OPTS("train-step", s_cfg, s_opt, s_defaults
 /* The medians of one shape's rounds; NAN where a side did not run. */
 typedef struct s_result {
     double zps, torch, tf, ratio, tf_ratio, rss, params;
-    double flops, peak; // zps's forward FLOPs per image; the GPU's TF32 peak (TFLOP/s)
+    double flops, peak; // zps's forward FLOPs per image; the GPU's peak (TFLOP/s)
     double act_mib;     // zps's activation block
     double zps_cpu, torch_cpu, tf_cpu, cpu_ratio, tf_cpu_ratio; // per CPU-second
 } s_result;
@@ -488,9 +490,9 @@ static int s_one_shape(const s_cfg *cfg, const char *tf_py, const char *tok, FIL
     double frac = r.peak > 0 ? tflops / r.peak : NAN;
     char pk[32], fr[32], tt[32];
     if (c.cuda)
-        printf("%-22s zps %.1f TFLOP/s, PyTorch %s, of a %s TFLOP/s TF32 peak: zps %s\n", "",
+        printf("%-22s zps %.1f TFLOP/s, PyTorch %s, of a %s TFLOP/s %s peak: zps %s\n", "",
                tflops, s_num(tt, 32, torch_tflops), s_num(pk, 32, r.peak > 0 ? r.peak : NAN),
-               s_num(fr, 32, frac));
+               c.bf16 ? "BF16" : "TF32", s_num(fr, 32, frac));
     printf("%-22s zps activations and gradients: %.1f MiB%s\n", "", r.act_mib,
            c.recompute ? " (--recompute)" : "");
     fflush(stdout);
