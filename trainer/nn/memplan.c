@@ -417,6 +417,9 @@ zps_status nn_plan(nn_model *m, int n)
         m->plan_bytes = bytes;
         zps_log(ZPS_DEBUG, "nn", "planned batch %d: %.1f MiB of activations and gradients%s", n,
                 (double)bytes / (1 << 20), m->nseg > 1 ? " (recompute)" : "");
+        if (m->recompute && m->nseg == 1)
+            zps_log(ZPS_WARN, "nn", "recompute: the model has no place to cut into segments "
+                    "(too few layers, or one tensor never alone): every activation is kept");
     }
     s_offsets_free(&o);
     return st;

@@ -73,14 +73,12 @@ void nn_segments(nn_model *m, int n)
             acc = 0;
         }
     }
-    /* local: made by a node and read (if at all) only inside that node's segment */
+    /* local: made by a node and read (if at all) only inside that node's segment; segments
+     * follow node order, so its last reader decides */
     for (int t = 0; t < m->nt; t++) {
         int p = made[t] - 1;
-        m->t[t].local = p >= 0 && last[t] < m->nn;
-        for (int i = p + 1; m->t[t].local && i <= last[t]; i++)
-            for (int j = 0; j < m->nodes[i].nin; j++)
-                if (m->nodes[i].in[j] == t && m->nodes[i].seg != m->nodes[p].seg)
-                    m->t[t].local = 0;
+        m->t[t].local = p >= 0 && last[t] < m->nn &&
+                        (last[t] <= p || m->nodes[last[t]].seg == m->nodes[p].seg);
     }
     free(last);
     free(made);
