@@ -102,14 +102,18 @@ void nn_model_set_recompute(nn_model *m, int on)
 
 int nn_model_segments(const nn_model *m) { return m->plan_n ? m->nseg : 0; }
 
-/* Segment s's forward again, in training mode, without hooks or running statistics. */
+/* Segment s's forward again, in training mode, without hooks or running statistics. A node
+ * whose output is kept (the segment's boundary, a concat for Inception's blocks) has it
+ * still, and runs again only for what it holds besides (conv+bn's local pre-batchnorm map). */
 static zps_status s_rerun(nn_model *m, int s)
 {
     m->recomputing = 1;
     zps_status st = ZPS_OK;
-    for (int i = 0; i < m->nn && st == ZPS_OK; i++)
-        if (m->nodes[i].seg == s)
-            st = nn_node_fwd(m, &m->nodes[i], 1);
+    for (int i = 0; i < m->nn && st == ZPS_OK; i++) {
+        nn_node *nd = &m->nodes[i];
+        if (nd->seg == s && (m->t[nd->out].local || nd->kind == NN_CONV_BN))
+            st = nn_node_fwd(m, nd, 1);
+    }
     m->recomputing = 0;
     if (st != ZPS_OK)
         zps_log(ZPS_ERROR, "nn", "recomputing segment %d of %d failed: %s", s + 1, m->nseg,
