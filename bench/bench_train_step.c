@@ -119,9 +119,13 @@ static int s_steps(const s_case *c, nn_model *m, const float *x_src, const int32
     size_t np = nn_model_param_count(m);
     int dev = k_backend_async(be);
     float *pinned = dev ? be->host_alloc(nx * sizeof *pinned) : NULL;
-    float *mom = be->alloc(np * sizeof *mom), probe;
-    if ((dev && !pinned) || !mom || k_fill(be, np, 0.0f, mom) != ZPS_OK)
-        return 1;
+    float *mom = be->alloc(np * sizeof *mom);
+    float probe;
+    if ((dev && !pinned) || !mom || k_fill(be, np, 0.0f, mom) != ZPS_OK) {
+        fprintf(stderr, "zps-bench train-step: cannot allocate the %s back-end's pinned input "
+                "(%zu floats) or momentum (%zu floats)\n", be->name, nx, np);
+        return 1; /* a child: its exit frees the rest */
+    }
     if (dev)
         memcpy(pinned, x_src, nx * sizeof *pinned);
     const float *x = dev ? pinned : x_src;
@@ -134,11 +138,20 @@ static int s_steps(const s_case *c, nn_model *m, const float *x_src, const int32
         float loss;
         zps_optim_step st;
         ps_optim_prepare(&opt, (uint64_t)s, &st);
-        rc = nn_model_forward(m, x, y, c->batch, 1, &loss, NULL) != ZPS_OK ||
-             nn_model_backward(m, NULL, NULL) != ZPS_OK ||
-             k_optim_apply(be, &st, np, nn_model_params(m), mom, NULL, nn_model_grads(m)) !=
-                 ZPS_OK ||
-             be->copy_out(&probe, nn_model_params(m), sizeof probe) != ZPS_OK;
+        zps_status e = nn_model_forward(m, x, y, c->batch, 1, &loss, NULL);
+        const char *what = "forward";
+        if (e == ZPS_OK && (e = nn_model_backward(m, NULL, NULL)) != ZPS_OK)
+            what = "backward";
+        if (e == ZPS_OK && (e = k_optim_apply(be, &st, np, nn_model_params(m), mom, NULL,
+                                              nn_model_grads(m))) != ZPS_OK)
+            what = "the optimizer";
+        if (e == ZPS_OK && (e = be->copy_out(&probe, nn_model_params(m), sizeof probe)) != ZPS_OK)
+            what = "reading a value back";
+        if (e != ZPS_OK) {
+            fprintf(stderr, "zps-bench train-step: step %d, %s: %s\n", s + 1, what,
+                    zps_strerror(e));
+            rc = 1;
+        }
         if (s >= warmup) {
             t[s - warmup] = s_clock(CLOCK_MONOTONIC) - t0;
             cpu[s - warmup] = s_clock(CLOCK_PROCESS_CPUTIME_ID) - c0;

@@ -37,8 +37,9 @@ rc=0
   --pairs "$pairs" --steps 10 --warmup 3 --precision bf16 --append || rc=1
 
 tmp=$(mktemp -d /tmp/zps-bench-gpu.XXXXXX)
-"$B/bin/zps-data" convert fashion-mnist --out "$tmp/fm" --limit 8192 --shards 2 >/dev/null 2>&1 ||
-  { echo "bench-gpu: cannot convert Fashion-MNIST" >&2; exit 1; }
+trap 'rm -rf "$tmp"' EXIT
+"$B/bin/zps-data" convert fashion-mnist --out "$tmp/fm" --limit 8192 --shards 2 >"$tmp/convert.log" 2>&1 ||
+  { echo "bench-gpu: cannot convert Fashion-MNIST:" >&2; tail -5 "$tmp/convert.log" >&2; exit 1; }
 targs="--device cuda --data $tmp/fm --model inception_v3 --in-channels 3 --input-size 299 \
 --batch-size 32 --steps $steps --eval-batches 1 --no-progress --threads 8"
 ips() { python3 -c 'import json,sys
@@ -63,7 +64,8 @@ print("bench-gpu: PS fleet %.1f img/s, alone %.1f: %.3f of the lone trainer (goa
       % (fleet, alone, fleet / alone))
 PY
 else
+  echo "bench-gpu: no img/s summary from the lone trainer ('$alone') or the fleet ('$fleet'):" \
+       "no gpu_ps.json"
   rc=1
 fi
-rm -rf "$tmp"
 exit $rc

@@ -45,6 +45,7 @@ if [ "${ZPS_GPU_SANITIZE:-1}" != 0 ] && command -v compute-sanitizer >/dev/null;
   srv_pid= uri=
   "$B/bin/zps-server" --mode sync --num-trainers 1 >"$tmp/server.log" 2>&1 &
   srv_pid=$!
+  trap 'kill $srv_pid 2>/dev/null; rm -rf "$tmp"' EXIT # an interrupted run leaves nothing
   for _ in $(seq 100); do  # its endpoint, once it listens (10 s at most)
     uri=$(sed -n 's/^zps-server listening on \(tcp:[^ ]*\).*/\1/p' "$tmp/server.log" | head -1)
     [ -n "$uri" ] && break

@@ -23,7 +23,7 @@ struct tr_input {
     nn_model *m;              // borrowed
     const k_backend *be;      // the model's
     int dev;                  // be has queues: two pairs of buffers, copies ahead
-    int read_batch, offset, batch;
+    int offset, batch;
     size_t sample_floats;
     float *host[2];           // (read_batch, c, h, w) each; pinned on a device; one on a host
     int32_t *labels;          // (read_batch) of the last read
@@ -153,8 +153,8 @@ zps_status tr_input_new(ds_pipeline *p, nn_model *m, int read_batch, size_t samp
                         int offset, int batch, int64_t skip_corrupt, tr_input **out)
 {
     tr_input *in = zps_xcalloc(1, sizeof *in);
-    *in = (tr_input){.p = p, .m = m, .be = nn_model_backend(m), .read_batch = read_batch,
-                     .offset = offset, .batch = batch, .sample_floats = sample_floats,
+    *in = (tr_input){.p = p, .m = m, .be = nn_model_backend(m), .offset = offset,
+                     .batch = batch, .sample_floats = sample_floats,
                      .skip_corrupt = skip_corrupt};
     in->dev = k_backend_async(in->be);
     in->labels = zps_xcalloc((size_t)read_batch, sizeof *in->labels);

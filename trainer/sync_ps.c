@@ -268,8 +268,6 @@ static void s_pull_hook(void *ctx, size_t first, size_t n)
             s_wait_pull(p, p->var_pull[v]);
 }
 
-/* Waits for whatever pulls the forward did not; the step computes with the oldest version
- * received, and its pushes are tagged accordingly (client.h, "Steps"). */
 /* The values in params are those the step begun last computes with: its version, the step
  * its pushes carry, and (once per step: a later call, an evaluation's after end_step, sees
  * the next version) the version a redo of it would start from. */
@@ -282,6 +280,8 @@ static void s_values_here(s_ps *p)
     p->noted = 1;
 }
 
+/* Waits for whatever pulls the forward did not; the step computes with the oldest version
+ * received, and its pushes are tagged accordingly (client.h, "Steps"). */
 static zps_status s_params_ready(tr_sync *s)
 {
     s_ps *p = (s_ps *)s;

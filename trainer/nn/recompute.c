@@ -28,7 +28,6 @@
  */
 #include <math.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "common/check.h"
 #include "common/log.h"
