@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "kernels/kernels.h"
+#include "tests/testutil.h"
 
 /* zt_seed_init(), kept for zt_k_close's messages, and the log level the kernels tests use;
  * returns the seed. For a Criterion .init. */
@@ -25,5 +26,15 @@ void zt_k_close(const char *who, const char *what, const float *got, const float
  * differences). */
 void zt_k_random_conv(k_conv2d *d, int big);
 void zt_k_random_pool(k_pool *d, k_pool_kind kind, int big);
+/* The cuda back-end, or the test skips saying why (ZPS_GPU_SKIP: a failure under
+ * ZPS_REQUIRE_GPU), at the caller's file and line. */
+#define ZT_CUDA_OR_SKIP()                                                              \
+    ({                                                                                 \
+        char why_[320] = "";                                                           \
+        const k_backend *be_ = k_backend_cuda(why_, sizeof why_);                       \
+        if (!be_)                                                                      \
+            ZPS_GPU_SKIP("no CUDA device: %s", why_);                                  \
+        be_;                                                                           \
+    })
 
 #endif

@@ -60,10 +60,7 @@ static void s_init_cpu(void)
 static void s_init_cuda(void)
 {
     s_seed = zt_k_init();
-    char why[320] = "";
-    s_be = k_backend_cuda(why, sizeof why);
-    if (!s_be)
-        ZPS_GPU_SKIP("no CUDA device: %s", why);
+    s_be = ZT_CUDA_OR_SKIP();
 }
 
 /* One test per back-end for each case; the body sees the back-end's tolerances as t. */

@@ -24,6 +24,7 @@
 
 #include "common/log.h"
 #include "kernels/kernels.h"
+#include "tests/test_k.h"
 #include "tests/testutil.h"
 #include "trainer/models/models.h"
 #include "trainer/nn/nn.h"
@@ -78,11 +79,7 @@ Test(k_async, staged_round_trip, .init = s_init, .timeout = 30)
 
 Test(k_async, cuda_round_trip, .init = s_init, .timeout = 60)
 {
-    char why[320] = "";
-    const k_backend *be = k_backend_cuda(why, sizeof why);
-    if (!be)
-        ZPS_GPU_SKIP("no CUDA device: %s", why);
-    s_round_trip(be);
+    s_round_trip(ZT_CUDA_OR_SKIP());
 }
 
 Test(k_async, host_backends_have_no_queues, .init = s_init)
@@ -269,11 +266,7 @@ Test(k_staged, convnet_step_equals_cpu, .init = s_init, .timeout = 60)
 static const k_backend *s_cuda_or_skip(void)
 {
     setenv("NVIDIA_TF32_OVERRIDE", "0", 1); /* before the libraries start */
-    char why[320] = "";
-    const k_backend *be = k_backend_cuda(why, sizeof why);
-    if (!be)
-        ZPS_GPU_SKIP("no CUDA device: %s", why);
-    return be;
+    return ZT_CUDA_OR_SKIP();
 }
 
 Test(gpu_model, convnet_step_close_to_cpu, .init = s_init, .timeout = 120)

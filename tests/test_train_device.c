@@ -26,6 +26,7 @@
 
 #include "kernels/kernels.h"
 #include "tests/ps_test_util.h"
+#include "tests/test_k.h"
 #include "tests/train_test_util.h"
 #include "tests/testutil.h"
 
@@ -269,9 +270,7 @@ static const char *s_cuda2[2] = {"cuda", "cuda"};
 
 static void s_gpu_init(void)
 {
-    char why[320] = "";
-    if (!k_backend_cuda(why, sizeof why))
-        ZPS_GPU_SKIP("no CUDA device: %s", why);
+    ZT_CUDA_OR_SKIP();
     s_setup();
     s_steps = "5";
 }
