@@ -362,7 +362,8 @@ Test(it_train, node_leader_refused_fails_every_rank_with_the_reason)
                   "trainer %d did not fail (wait status %d)", r, st);
     }
     cr_assert(zt_file_has(logs[0], "REGISTER"), "the leader does not say the servers refused it");
-    cr_assert(zt_file_has(logs[0], "the servers must expect 1 trainer(s), one per node"),
+    cr_assert(zt_file_has(logs[0], "the servers count nodes as trainers: zps-server "
+                                   "--num-trainers 1"),
               "the leader does not say what to change");
     cr_assert(zt_file_has(logs[1], "node 0's leader (trainer 0) could not join the servers"),
               "the member does not say why");
