@@ -83,6 +83,8 @@ static int s_load(void)
     S_SYM(nccl_unique_id, k_nccl_unique_id);
     S_SYM(nccl_init, k_nccl_init);
     S_SYM(nccl_allreduce_async, k_nccl_allreduce_async);
+    S_SYM(nccl_broadcast_async, k_nccl_broadcast_async);
+    S_SYM(nccl_record, k_nccl_record);
     S_SYM(nccl_mark, k_nccl_mark);
     S_SYM(nccl_join, k_nccl_join);
     S_SYM(nccl_progress, k_nccl_progress);

@@ -50,6 +50,8 @@ typedef struct k_cuda_lib {
     k_nccl_unique_id_fn nccl_unique_id;         // NCCL all-reduce (nccl_allreduce.cu) ...
     k_nccl_init_fn nccl_init;
     k_nccl_allreduce_async_fn nccl_allreduce_async;
+    k_nccl_broadcast_async_fn nccl_broadcast_async;
+    k_nccl_record_fn nccl_record;
     k_nccl_mark_fn nccl_mark;
     k_nccl_join_fn nccl_join;
     k_nccl_progress_fn nccl_progress;

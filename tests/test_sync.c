@@ -14,11 +14,14 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/check.h"
 #include "common/log.h"
 #include "common/mem.h"
 #include "kernels/kernels.h"
 #include "ps/optim.h"
+#include "tests/test_k.h"
 #include "tests/testutil.h"
+#include "trainer/allreduce.h"
 #include "trainer/models/models.h"
 #include "trainer/sync.h"
 
@@ -350,6 +353,9 @@ typedef struct s_script {
     const float *want;    // not checked)
     const nn_var *vars;
     int wrong;            // groups handed that did not hold it
+    float *params;        // the env's; with bump, end_step adds 1 to each (new values, or a
+    int bump;             // rollback's: the node must spread them)
+    size_t n;
 } s_script;
 static s_script *s_scripted; // the one made by s_script_new (a test has one)
 
@@ -382,6 +388,8 @@ static zps_status s_sc_end(tr_sync *b, tr_step_record *rec)
     (void)rec;
     s_script *s = (s_script *)b;
     s->ends++;
+    for (size_t i = 0; s->bump && i < s->n; i++)
+        s->params[i] += 1.0f;
     if (s->pushed == ZPS_OK)
         return ZPS_OK;
     s->base.redo_from = 7;
@@ -395,10 +403,12 @@ static zps_status s_sc_finish(tr_sync *b, int *fresh)
 }
 static void s_sc_destroy(tr_sync *b) { free(b); }
 static const float *s_script_want; // what s_script_new's back-end checks (NULL: nothing)
+static int s_script_bump;          // its end_step changes the values
 static zps_status s_script_new(const tr_sync_env *env, tr_sync **out)
 {
     s_script *s = zps_xcalloc(1, sizeof *s);
     s->grads = env->grads, s->vars = env->vars, s->want = s_script_want;
+    s->params = env->params, s->n = env->nparams, s->bump = s_script_bump;
     s->base = (tr_sync){.begin_step = s_sc_begin, .params_ready = s_sc_ok,
                         .grads_ready = s_sc_grads, .end_step = s_sc_end,
                         .finish = s_sc_finish, .leave = s_sc_ok, .destroy = s_sc_destroy,
@@ -535,6 +545,181 @@ Test(tr_sync, node_hands_each_bucket_on_during_backward)
     for (int v = 0; v < S_NV; v++)
         cr_expect(r[0].early[v], "variable %d reached the leader's back-end only at end_step",
                   v);
+}
+
+/* ---- the node back-end on devices (trainer/sync_node_dev.c) over the staged back-end ----
+ * The node's collectives run on the host over the node's segment (staged memory is host
+ * memory), and, as on NCCL's stream, a sum only queues: it runs when a point, a join, a
+ * broadcast or a drain asks for it. So a leader whose copy to the host did not wait for
+ * the point after a bucket's sum hands on gradients that are not the node's mean. */
+
+typedef struct s_hcoll {
+    tr_allreduce *ar;
+    float *q[S_NV + 1];   // queued sums, in order
+    size_t qn[S_NV + 1];
+    int nq, points;
+} s_hcoll;
+
+static zps_status s_hc_run(void *ctx)
+{
+    s_hcoll *c = ctx;
+    zps_status st = ZPS_OK;
+    for (int i = 0; i < c->nq && st == ZPS_OK; i++)
+        st = tr_allreduce_sum(c->ar, c->q[i], c->qn[i], 1);
+    c->nq = 0;
+    return st;
+}
+static zps_status s_hc_sum(void *ctx, float *dev, size_t n)
+{
+    s_hcoll *c = ctx;
+    if (c->nq == S_NV + 1)
+        return ZPS_ERR_INTERNAL;
+    c->q[c->nq] = dev, c->qn[c->nq++] = n;
+    return ZPS_OK;
+}
+static zps_status s_hc_broadcast(void *ctx, float *dev, size_t n)
+{
+    ZPS_TRY(s_hc_run(ctx));
+    return tr_allreduce_broadcast(((s_hcoll *)ctx)->ar, dev, n * sizeof(float), 0);
+}
+static zps_status s_hc_point(void *ctx, struct k_event *e)
+{
+    ((s_hcoll *)ctx)->points++;
+    ZPS_TRY(s_hc_run(ctx));
+    return k_backend_staged()->event_record(e, K_QUEUE_COMPUTE);
+}
+static void s_hc_destroy(void *ctx) { free(ctx); }
+static zps_status s_hc_new(tr_allreduce *ar, const tr_sync_env *env, tr_node_coll *out)
+{
+    (void)env;
+    s_hcoll *c = zps_xcalloc(1, sizeof *c);
+    c->ar = ar;
+    *out = (tr_node_coll){.ctx = c, .sum = s_hc_sum, .broadcast = s_hc_broadcast,
+                          .point = s_hc_point, .join = s_hc_run, .drain = s_hc_run,
+                          .destroy = s_hc_destroy};
+    return ZPS_OK;
+}
+
+typedef struct s_dev_rank {
+    s_fixture f;
+    nn_var vars[S_NV];
+    const char *job;
+    const k_backend *be;       // the ranks' device back-end
+    tr_node_coll_new_fn coll_new;
+    float *dparams, *dgrads;   // the staged back-end's
+    float start[S_N];          // the device values after set-up
+    float after[2][S_N];       // ... after steps 0 and 1
+    float grads[S_N];          // ... and the gradients after step 1
+    zps_status st[2];          // end_step of steps 0 and 1, or the set-up's failure
+    int64_t redo[2];
+    int handed, wrong, ends;   // leader: its scripted back-end's counts at the end
+} s_dev_rank;
+
+static void *s_dev_thread(void *p)
+{
+    s_dev_rank *r = p;
+    const k_backend *be = r->be;
+    snprintf(r->f.cfg.job, sizeof r->f.cfg.job, "%s", r->job);
+    r->f.cfg.node_trainers = r->f.env.n_trainers;
+    r->dparams = be->alloc(sizeof r->f.params);
+    r->dgrads = be->alloc(sizeof r->f.grads);
+    cr_assert(r->dparams && r->dgrads);
+    cr_assert_eq(be->copy_in(r->dparams, r->f.params, sizeof r->f.params), ZPS_OK);
+    cr_assert_eq(be->copy_in(r->dgrads, r->f.grads, sizeof r->f.grads), ZPS_OK);
+    r->f.env.be = be, r->f.env.params = r->dparams, r->f.env.grads = r->dgrads;
+    tr_sync *s = NULL;
+    r->st[0] = r->st[1] = tr_sync_node_dev_with(&r->f.env, r->coll_new, s_script_new, &s);
+    if (s)
+        cr_assert_eq(be->copy_out(r->start, r->dparams, sizeof r->start), ZPS_OK);
+    for (int step = 0; step < 2 && s; step++) {
+        int stop = 0;
+        zps_status st = s->begin_step(s, step, &stop);
+        if (st == ZPS_OK) /* the gradients of this step: the fixture's again */
+            st = be->copy_in(r->dgrads, r->f.grads, sizeof r->f.grads);
+        for (int v = S_NV - 1; v >= 0 && st == ZPS_OK; v--)
+            st = s->grads_ready(s, (size_t)v, 1);
+        tr_step_record rec = tr_step_record_empty(step + 1);
+        r->st[step] = st == ZPS_OK ? s->end_step(s, &rec) : st;
+        r->redo[step] = s->redo_from;
+        if (r->st[step] == ZPS_OK || r->redo[step] >= 0)
+            cr_assert_eq(s->params_ready(s), ZPS_OK);
+        cr_assert_eq(be->copy_out(r->after[step], r->dparams, sizeof r->start), ZPS_OK);
+        if (step == 0 && r->f.env.id == 0)
+            s_scripted->fail_at = -1; /* the redo goes through */
+    }
+    if (s)
+        cr_assert_eq(be->copy_out(r->grads, r->dgrads, sizeof r->grads), ZPS_OK);
+    if (s && r->f.env.id == 0)
+        r->handed = s_scripted->handed, r->wrong = s_scripted->wrong, r->ends = s_scripted->ends;
+    tr_sync_destroy(&s);
+    be->free(r->dparams);
+    be->free(r->dgrads);
+    return NULL;
+}
+
+/* --node-trainers with a GPU per trainer: every rank starts from the leader's values; each
+ * bucket reaches the leader's PS back-end (through stage.c's mirror) holding the node's mean,
+ * also when the sums lag; a refused hand-off stops the step's later ones and its rollback
+ * (redo_from) reaches every rank with the leader's (rolled back) values; after a good step
+ * every rank has the leader's new values and the mean gradient. */
+/* Runs a node of n_ranks (1 or 2) on be with coll_new's collectives; checks the above. */
+static void s_dev_node(int n_ranks, const k_backend *be, tr_node_coll_new_fn coll_new)
+{
+    zt_seed_init();
+    zps_log_set_level(ZPS_LOG_OFF);
+    static s_dev_rank r[2];
+    char job[64];
+    snprintf(job, sizeof job, "nv%d-%u", (int)getpid(), zt_rand());
+    for (int i = 0; i < n_ranks; i++) {
+        s_bucket_rank(&r[i].f, r[i].vars, i);
+        r[i].f.env.n_trainers = n_ranks;
+        r[i].job = job, r[i].be = be, r[i].coll_new = coll_new;
+    }
+    static float mean[S_N];
+    for (int i = 0; i < S_N; i++)
+        mean[i] = n_ranks == 1 ? r[0].f.grads[i] : (r[0].f.grads[i] + r[1].f.grads[i]) / 2.0f;
+    s_script_want = mean;
+    s_script_bump = 1;
+    if (n_ranks == 1)
+        s_dev_thread(&r[0]);
+    else
+        s_two_ranks(s_dev_thread, r, sizeof r[0]);
+    s_script_want = NULL;
+    s_script_bump = 0;
+    for (int i = 0; i < n_ranks; i++) {
+        cr_assert_eq(r[i].st[0], ZPS_ERR_STALE, "rank %d step 0: %s", i,
+                     zps_strerror(r[i].st[0]));
+        cr_assert_eq(r[i].redo[0], 7, "rank %d did not hear of the rollback", i);
+        cr_assert_eq(r[i].st[1], ZPS_OK, "rank %d step 1: %s", i, zps_strerror(r[i].st[1]));
+        cr_assert_eq(r[i].redo[1], -1);
+        for (int k = 0; k < S_N; k++) {
+            cr_assert_eq(r[i].start[k], r[0].f.params[k], "rank %d starts off the leader's "
+                         "values at %d", i, k);
+            for (int step = 0; step < 2; step++)
+                cr_assert_eq(r[i].after[step][k], r[0].f.params[k] + (float)(step + 1),
+                             "rank %d after step %d: not the leader's values at %d", i, step,
+                             k);
+        }
+        cr_assert_eq(memcmp(r[i].grads, mean, sizeof mean), 0, "rank %d: not the mean", i);
+    }
+    cr_assert_eq(r[0].ends, 2, "the leader's end_step was not called at every step");
+    cr_assert_eq(r[0].handed, 2 + S_NV, "step 0: 2 groups then none; step 1: all");
+    cr_assert_eq(r[0].wrong, 0, "%d group(s) reached the leader's back-end without the node's "
+                 "mean", r[0].wrong);
+}
+
+Test(tr_sync, node_on_devices_spreads_the_mean_and_the_leaders_values)
+{
+    s_dev_node(2, k_backend_staged(), s_hc_new);
+}
+
+/* The same on a real GPU with NCCL (one rank: NCCL refuses two on one GPU, and the lent
+ * machines have one): the leader's copy to the host waits for the point on NCCL's stream,
+ * and its new values go up and through NCCL's broadcast. */
+Test(gpu_sync, node_of_one_gpu_through_nccl, .timeout = 60)
+{
+    const k_backend *be = ZT_CUDA_OR_SKIP();
+    s_dev_node(1, be, tr_node_coll_nccl_new);
 }
 
 /* ---- the communication thread (trainer/sync_worker.c) ---- */

@@ -104,6 +104,9 @@ void tr_allreduce_destroy(tr_allreduce **par);
  * error aborts it, marks the job failed, and every later call fails with ZPS_ERR_NCCL. */
 typedef struct tr_nccl tr_nccl;
 
+/* Collective over the segment: *shared = 1 when two of its ranks use the same GPU (by UUID),
+ * which NCCL refuses (they must sum through the host). */
+zps_status tr_nccl_gpus_shared(tr_allreduce *ar, int *shared);
 /* ZPS_ERR_NO_DEVICE when the CUDA library is missing or no device answers (a clear log line);
  * ZPS_ERR_NCCL when NCCL fails or a peer dies while the ranks meet. */
 zps_status tr_nccl_new(tr_allreduce *ar, int device, tr_nccl **out);
@@ -112,6 +115,13 @@ zps_status tr_nccl_new(tr_allreduce *ar, int device, tr_nccl **out);
  * event; the host does not wait for the device). tr_nccl_join makes the compute stream's
  * later work wait for every sum queued so far. What sync_nccl.c builds a step from. */
 zps_status tr_nccl_sum_device_async(tr_nccl *nc, float *dev_buf, size_t n, int average);
+/* dev_buf: n floats in device memory; rank root's values on every rank, queued and ordered
+ * like a sum (sync_node_dev.c: the node leader's new values). */
+zps_status tr_nccl_broadcast_device_async(tr_nccl *nc, float *dev_buf, size_t n, int root);
+/* Records e (an event of the cuda back-end, backend.h) on the communicator's stream: a point
+ * after every collective queued so far, which the back-end's queues can wait for. */
+struct k_event;
+zps_status tr_nccl_record(tr_nccl *nc, struct k_event *e);
 zps_status tr_nccl_join(tr_nccl *nc);
 /* Waits until every sum queued so far finished on the device (judging the peers as it
  * waits): a job's last step, before its final evaluation reads the values. */

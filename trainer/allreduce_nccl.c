@@ -242,6 +242,26 @@ static zps_status s_start_watchdog(tr_nccl *nc)
 
 /* ---------------------------------------------------------------- the communicator */
 
+/* *shared = 1 when two ranks of the segment hold the same GPU (by UUID). */
+zps_status tr_nccl_gpus_shared(tr_allreduce *ar, int *shared)
+{
+    k_device_info info;
+    *shared = 0;
+    ZPS_TRY(k_device_select("cuda", &info));
+    uint32_t h = 2166136261u; /* FNV-1a, cut to 24 bits: exact in a float */
+    for (int i = 0; i < 16; i++)
+        h = (h ^ info.uuid[i]) * 16777619u;
+    int rank = tr_allreduce_rank(ar), n_ranks = tr_allreduce_size(ar);
+    float *ids = zps_xcalloc((size_t)n_ranks, sizeof *ids);
+    ids[rank] = (float)((h & 0xffffffu) | 1u);
+    zps_status st = tr_allreduce_sum(ar, ids, (size_t)n_ranks, 0);
+    for (int i = 0; i < n_ranks && st == ZPS_OK; i++)
+        for (int j = i + 1; j < n_ranks; j++)
+            *shared |= ids[i] == ids[j];
+    free(ids);
+    return st;
+}
+
 zps_status tr_nccl_new(tr_allreduce *ar, int device, tr_nccl **out)
 {
     *out = NULL;
@@ -300,18 +320,46 @@ static zps_status s_usable(tr_nccl *nc)
     return ZPS_ERR_NCCL;
 }
 
-zps_status tr_nccl_sum_device_async(tr_nccl *nc, float *dev_buf, size_t n, int average)
+/* Queues one collective (sum, or broadcast from root when root >= 0) and counts it. */
+static zps_status s_collective(tr_nccl *nc, float *dev_buf, size_t n, int average, int root)
 {
     char msg[256] = "";
     pthread_mutex_lock(&nc->mu);
     zps_status st = s_usable(nc);
-    if (st == ZPS_OK)
+    if (st == ZPS_OK && root >= 0)
+        st = s_settle(nc, nc->lib->nccl_broadcast_async(nc->comm, dev_buf, n, root, msg,
+                                                        sizeof msg),
+                      "broadcast", msg);
+    else if (st == ZPS_OK)
         st = s_settle(nc, nc->lib->nccl_allreduce_async(nc->comm, dev_buf, n, average, msg,
                                                         sizeof msg),
                       "all-reduce", msg);
     if (st == ZPS_OK && nc->lib->nccl_mark(nc->comm, msg, sizeof msg) != 0) {
-        zps_log(ZPS_ERROR, "allreduce", "rank %d: counting a queued all-reduce: %s",
+        zps_log(ZPS_ERROR, "allreduce", "rank %d: counting a queued collective: %s",
                 nc->ar->rank, msg);
+        st = ZPS_ERR_NCCL;
+    }
+    pthread_mutex_unlock(&nc->mu);
+    return st;
+}
+
+zps_status tr_nccl_sum_device_async(tr_nccl *nc, float *dev_buf, size_t n, int average)
+{
+    return s_collective(nc, dev_buf, n, average, -1);
+}
+
+zps_status tr_nccl_broadcast_device_async(tr_nccl *nc, float *dev_buf, size_t n, int root)
+{
+    return s_collective(nc, dev_buf, n, 0, root);
+}
+
+zps_status tr_nccl_record(tr_nccl *nc, struct k_event *e)
+{
+    char msg[256] = "";
+    pthread_mutex_lock(&nc->mu);
+    zps_status st = s_usable(nc);
+    if (st == ZPS_OK && nc->lib->nccl_record(nc->comm, e, msg, sizeof msg) != 0) {
+        zps_log(ZPS_ERROR, "allreduce", "a point on NCCL's stream: %s", msg);
         st = ZPS_ERR_NCCL;
     }
     pthread_mutex_unlock(&nc->mu);

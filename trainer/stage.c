@@ -62,7 +62,10 @@ typedef struct s_stage {
     uint8_t *stale;            // (nvars) the device values are older than the mirror's
     nn_grad_hook inner_hook;   // the inner back-end's forward hook (PS: waits for pulls)
     void *inner_ctx;
-    k_event *point;            // a compute-queue point (reused: waited for as recorded)
+    k_event *point;            // where reported gradients are final (reused: waited for
+                               // as recorded): the compute queue's, or env's grads_point
+    zps_status (*grads_point)(void *ctx, k_event *e); // env's (NULL: the compute queue)
+    void *grads_point_ctx;
     k_event *up;               // the last H2D's end (reused likewise)
     k_event **ev;              // (nvars) hand-off events: ev[first] for the group at first
     zps_status err;            // first failure (training thread's side)
@@ -112,7 +115,8 @@ static zps_status s_grads_ready(tr_sync *b, size_t first, size_t n)
     if (s->bf16) /* rounded where they are: half the bytes cross */
         st = k_pack_bf16(s->be, span, s->dgrads + off, s->dgrads16 + off);
     if (st == ZPS_OK)
-        st = s->be->event_record(s->point, K_QUEUE_COMPUTE);
+        st = s->grads_point ? s->grads_point(s->grads_point_ctx, s->point)
+                            : s->be->event_record(s->point, K_QUEUE_COMPUTE);
     if (st == ZPS_OK)
         st = s->be->event_wait(K_QUEUE_COPY, s->point);
     if (st == ZPS_OK)
@@ -208,6 +212,16 @@ static zps_status s_params_ready(tr_sync *b)
     return st;
 }
 
+zps_status tr_sync_staged_upload(tr_sync *b)
+{
+    s_stage *s = (s_stage *)b;
+    if (s->err != ZPS_OK)
+        return s->err;
+    zps_status st = s_upload(s, 0, s->nvars);
+    s_fail(s, st, "values to the device");
+    return st;
+}
+
 static zps_status s_end_step(tr_sync *b, tr_step_record *rec)
 {
     s_stage *s = (s_stage *)b;
@@ -251,7 +265,8 @@ static void s_destroy(tr_sync *b)
 {
     s_stage *s = (s_stage *)b;
     tr_worker_stop(&s->worker);
-    nn_model_set_forward_hook(s->model, NULL, NULL);
+    if (s->model)
+        nn_model_set_forward_hook(s->model, NULL, NULL);
     tr_sync_destroy(&s->inner);
     for (size_t v = 0; s->ev && v < s->nvars; v++)
         s->be->event_free(s->ev[v]);
@@ -298,16 +313,22 @@ zps_status tr_sync_staged_new(const tr_sync_env *env, tr_sync_new_fn inner_new, 
                               tr_sync **out)
 {
     *out = NULL;
-    const k_backend *be = nn_model_backend(env->model);
-    if (!k_backend_async(be)) {
+    const k_backend *be = env->model ? nn_model_backend(env->model) : env->be;
+    if (!be || !k_backend_async(be)) {
         zps_log(ZPS_ERROR, "trainer", "the %s back-end has no copy queue to stage through",
                 be->name);
         return ZPS_ERR_UNSUPPORTED;
     }
+    if (bf16_out && env->grads_point) {
+        zps_log(ZPS_ERROR, "trainer", "bf16 gradients are rounded on the compute queue, "
+                "before a grads_point elsewhere: not supported together");
+        return ZPS_ERR_INTERNAL;
+    }
     s_stage *s = zps_xcalloc(1, sizeof *s);
     *s = (s_stage){.be = be, .model = env->model, .vars = env->vars, .nvars = env->nvars,
                    .nparams = env->nparams, .dparams = env->params, .dgrads = env->grads,
-                   .bf16 = bf16_out};
+                   .bf16 = bf16_out, .grads_point = env->grads_point,
+                   .grads_point_ctx = env->grads_point_ctx};
     s->base = (tr_sync){.begin_step = s_begin_step, .params_ready = s_params_ready,
                         .grads_ready = s_grads_ready, .end_step = s_end_step,
                         .finish = s_finish, .leave = s_leave, .abandon = s_abandon,
@@ -323,6 +344,8 @@ zps_status tr_sync_staged_new(const tr_sync_env *env, tr_sync_new_fn inner_new, 
         host.grads_bf16 = s->hgrads16;
         host.set_forward_hook = s_set_inner_hook;
         host.hook_owner = s;
+        host.grads_point = NULL;
+        host.grads_point_ctx = NULL;
         st = inner_new(&host, &s->inner);
     }
     if (st != ZPS_OK) {
@@ -331,7 +354,8 @@ zps_status tr_sync_staged_new(const tr_sync_env *env, tr_sync_new_fn inner_new, 
     }
     s->base.start_step = s->inner->start_step;
     s_all_stale(s); /* the inner set-up may have pulled or broadcast new values */
-    nn_model_set_forward_hook(s->model, s_forward_hook, s);
+    if (s->model) /* (without one: a test drives the calls) */
+        nn_model_set_forward_hook(s->model, s_forward_hook, s);
     zps_log(ZPS_INFO, "trainer", "%s back-end: values and %s gradients staged through %zu MiB "
             "of pinned host mirrors", be->name, s->bf16 ? "bf16" : "f32",
             (s->nparams * (s->bf16 ? 6 : 8)) >> 20);

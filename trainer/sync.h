@@ -22,6 +22,8 @@
  *   sync_nccl.c       --mode allreduce with the model on a GPU: NCCL sums the device
  *                     gradients per bucket on its own stream, ordered by events, and the
  *                     optimizer runs on the device
+ *   sync_node_dev.c   --node-trainers G with a GPU per trainer: the node's sums and values
+ *                     over NCCL between the GPUs, and only the leader stages through the host
  *   sync_buckets.c, sync_worker.c  what they share: the buckets, the communication thread
  *
  * A step, as train.c calls it:
@@ -94,6 +96,11 @@ typedef struct tr_sync_env {
     int n_uris;
     const volatile sig_atomic_t *stop; // raised by SIGTERM/SIGINT: network waits end at once
     size_t bucket_floats;     // all-reduce: gradients reduced together (0: the default)
+    /* stage.c: records e where the gradients reported so far are final, for the copy queue
+     * to wait for (NULL: the compute queue, after their backward; sync_node_dev.c: after
+     * the node's sums on NCCL's stream) */
+    zps_status (*grads_point)(void *ctx, struct k_event *e);
+    void *grads_point_ctx;
     struct tr_trace *trace;   // --trace (trace.h; NULL: none): transfers and waits go in it
 } tr_sync_env;
 
@@ -148,13 +155,71 @@ zps_status tr_sync_node_new(const tr_sync_env *env, tr_sync **out);
  * (tests script it). */
 zps_status tr_sync_node_lead_new(const tr_sync_env *env, tr_sync_new_fn lead_new,
                                  tr_sync **out);
+/* --node-trainers with each trainer of the node on a GPU of its own (sync_node_dev.c): the
+ * node's sums and values cross between the GPUs over NCCL, and the leader's PS back-end runs
+ * under stage.c. ZPS_ERR_UNSUPPORTED (said at INFO) when trainers of the node share a GPU:
+ * then sync_node.c under stage.c instead. */
+zps_status tr_sync_node_dev_new(const tr_sync_env *env, tr_sync **out);
+struct tr_allreduce;
+/* A node's collectives on device memory (NCCL's in sync_node_dev.c; a test's on the host). */
+typedef struct tr_node_coll {
+    void *ctx;
+    /* In place on n floats of device memory, queued after the compute queue's work so far
+     * (the host does not wait): the node's mean; local rank 0's values on every rank. */
+    zps_status (*sum)(void *ctx, float *dev, size_t n);
+    zps_status (*broadcast)(void *ctx, float *dev, size_t n);
+    /* e: a point after every collective queued so far (env.grads_point) */
+    zps_status (*point)(void *ctx, struct k_event *e);
+    zps_status (*join)(void *ctx);  // the compute queue's later work waits for them
+    zps_status (*drain)(void *ctx); // the host waits for them
+    void (*abandon)(void *ctx);     // this rank stops early (NULL: nothing to tell)
+    void (*destroy)(void *ctx);     // NULL: nothing to free
+} tr_node_coll;
+typedef zps_status (*tr_node_coll_new_fn)(struct tr_allreduce *ar, const tr_sync_env *env,
+                                          tr_node_coll *out);
+/* NCCL over the node's GPUs (each rank's k_device_gpu); ZPS_ERR_UNSUPPORTED (said at INFO)
+ * when two ranks use one GPU. */
+zps_status tr_node_coll_nccl_new(struct tr_allreduce *ar, const tr_sync_env *env,
+                                 tr_node_coll *out);
+/* tr_sync_node_dev_new with the node's collectives made by coll_new over the node's segment,
+ * and the leader's back-end under stage.c made by lead_new (tests script both). */
+zps_status tr_sync_node_dev_with(const tr_sync_env *env, tr_node_coll_new_fn coll_new,
+                                 tr_sync_new_fn lead_new, tr_sync **out);
+/* What they share with sync_node.c: what the leader tells its node at set-up and after each
+ * step, over the node's segment ... */
+typedef struct tr_node_word {
+    int32_t status;           // zps_status of the leader's step
+    int32_t stop;             // begin_step: the node stops now
+    int64_t redo_from;        // the PS back-end's (sync rollback), -1 otherwise
+    int64_t start_step;       // at set-up: the job's step (a job under way)
+    int32_t fresh;            // finish: the final values may differ from the last step's
+    int32_t pad;
+} tr_node_word;
+zps_status tr_node_share(struct tr_allreduce *ar, tr_node_word *w);
+/* ... the node's segment "<job>-node<k>" (ZPS_ERR_CONFIG when --node-trainers does not
+ * divide the trainers) ... */
+zps_status tr_node_open(const tr_sync_env *env, struct tr_allreduce **ar);
+/* ... and the leader's set-up result, as every rank logs it; returns st. */
+zps_status tr_node_lead_result(const tr_sync_env *env, int group, zps_status st);
+/* The NCCL back-ends' buckets (sync_nccl.c, sync_node_dev.c): about TR_NCCL_BUCKETS a step,
+ * none under TR_NCCL_BUCKET_MIN floats. NCCL's launch costs a few microseconds, small against
+ * a GPU layer's backward, so more and earlier buckets than the shared-memory back-end's
+ * overlap more. */
+#define TR_NCCL_BUCKETS 16
+#define TR_NCCL_BUCKET_MIN 262144
 /* inner_new (ps or allreduce) over pinned host mirrors of env's params and grads, which are
- * in the memory of env->model's device back-end (one with k_backend_async): the mirrors
+ * in the memory of env->model's device back-end (one with k_backend_async; without a model,
+ * env->be's, and no forward hook: tests drive the calls): the mirrors
  * start as copies of the model's values, and the data moves as stage.c says. bf16_out: the
  * inner back-end pushes gradients as they are, in bfloat16 (a PS client with push_dtype
  * bf16): they are rounded on the device and only the bf16 copies cross (env.grads_bf16). */
 zps_status tr_sync_staged_new(const tr_sync_env *env, tr_sync_new_fn inner_new, int bf16_out,
                               tr_sync **out);
+/* A staged back-end's (tr_sync_staged_new) values that the device does not hold yet go up
+ * now, from the mirror as it is (whatever the inner back-end left there: the next values, or
+ * a rollback's), and the compute queue's later work waits for them (sync_node_dev.c: before
+ * the node's broadcast). */
+zps_status tr_sync_staged_upload(tr_sync *staged);
 
 /* The buckets of the all-reduce back-ends (sync_buckets.c; sync_allreduce.c, sync_nccl.c,
  * sync_node.c): backward reports variables last first, the floats reported since the last
@@ -177,7 +242,6 @@ typedef struct tr_buckets {
  * buckets than with four). */
 #define TR_SHM_BUCKETS 4
 #define TR_SHM_BUCKET_MIN 65536
-struct tr_allreduce;
 /* About per_step buckets a step, none under min floats; env->bucket_floats overrides. */
 void tr_buckets_init(tr_buckets *b, const tr_sync_env *env, size_t per_step, size_t min);
 /* A step begins: no variable reported yet. */

@@ -41,12 +41,6 @@
 #include "ps/optim.h"
 #include "trainer/allreduce.h"
 
-/* About S_BUCKETS buckets a step, none under S_BUCKET_MIN floats: NCCL's launch costs a few
- * microseconds, small against a GPU layer's backward, so more and earlier buckets than the
- * shared-memory back-end's four overlap more. */
-#define S_BUCKETS 16
-#define S_BUCKET_MIN 262144
-
 typedef struct s_nccl {
     tr_sync_local local;      // first: the local back-end this one extends
     tr_allreduce *ar;         // the node's segment: NCCL's id and the stop decisions
@@ -165,26 +159,6 @@ static zps_status s_broadcast_values(s_nccl *a)
     return st;
 }
 
-/* *shared = 1 when two ranks of the node hold the same GPU (by UUID): NCCL wants one GPU
- * per rank, so they sum through the host instead. */
-static zps_status s_shared_gpu(s_nccl *a, int rank, int n_ranks, int *shared)
-{
-    k_device_info info;
-    ZPS_TRY(k_device_select("cuda", &info));
-    uint32_t h = 2166136261u; /* FNV-1a, cut to 24 bits: exact in a float */
-    for (int i = 0; i < 16; i++)
-        h = (h ^ info.uuid[i]) * 16777619u;
-    float *ids = zps_xcalloc((size_t)n_ranks, sizeof *ids);
-    ids[rank] = (float)((h & 0xffffffu) | 1u);
-    zps_status st = tr_allreduce_sum(a->ar, ids, (size_t)n_ranks, 0);
-    *shared = 0;
-    for (int i = 0; i < n_ranks && st == ZPS_OK; i++)
-        for (int j = i + 1; j < n_ranks; j++)
-            *shared |= ids[i] == ids[j];
-    free(ids);
-    return st;
-}
-
 zps_status tr_sync_nccl_new(const tr_sync_env *env, tr_sync **out)
 {
     *out = NULL;
@@ -197,12 +171,12 @@ zps_status tr_sync_nccl_new(const tr_sync_env *env, tr_sync **out)
         free(a);
         return st;
     }
-    tr_buckets_init(&a->buckets, env, S_BUCKETS, S_BUCKET_MIN);
+    tr_buckets_init(&a->buckets, env, TR_NCCL_BUCKETS, TR_NCCL_BUCKET_MIN);
     /* the segment carries NCCL's id, the starting values and the stop flags */
     st = tr_allreduce_new(env->cfg->job, env->id, env->n_trainers, env->nparams, NULL, &a->ar);
     int shared = 0;
     if (st == ZPS_OK)
-        st = s_shared_gpu(a, env->id, env->n_trainers, &shared);
+        st = tr_nccl_gpus_shared(a->ar, &shared);
     if (st == ZPS_OK && shared)
         a->host = zps_xmalloc(env->nparams * sizeof(float));
     else if (st == ZPS_OK)

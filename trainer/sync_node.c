@@ -64,19 +64,40 @@ typedef struct s_node {
     struct tr_trace *trace;   // --trace (NULL: none): each bucket's sum is a span
 } s_node;
 
-/* What the leader tells its node after a step or at the start. */
-typedef struct s_word {
-    int32_t status;           // zps_status of the leader's step
-    int32_t stop;             // begin_step: the node stops now
-    int64_t redo_from;        // the PS back-end's (sync rollback), -1 otherwise
-    int64_t start_step;       // at set-up: the job's step (a job under way)
-    int32_t fresh;            // finish: the final values may differ from the last step's
-    int32_t pad;
-} s_word;
+static zps_status s_share(s_node *s, tr_node_word *w) { return tr_node_share(s->ar, w); }
 
-static zps_status s_share(s_node *s, s_word *w)
+zps_status tr_node_share(struct tr_allreduce *ar, tr_node_word *w)
 {
-    return tr_allreduce_broadcast(s->ar, w, sizeof *w, 0);
+    return tr_allreduce_broadcast(ar, w, sizeof *w, 0);
+}
+
+zps_status tr_node_open(const tr_sync_env *env, struct tr_allreduce **ar)
+{
+    int group = env->cfg->node_trainers;
+    if (group < 1 || env->n_trainers % group != 0) {
+        zps_log(ZPS_ERROR, "trainer", "--node-trainers %d does not divide the job's %d "
+                "trainers", group, env->n_trainers);
+        return ZPS_ERR_CONFIG;
+    }
+    char name[160];
+    snprintf(name, sizeof name, "%s-node%d", env->cfg->job[0] ? env->cfg->job : "zps",
+             env->id / group);
+    return tr_allreduce_new(name, env->id % group, group, env->nparams, NULL, ar);
+}
+
+zps_status tr_node_lead_result(const tr_sync_env *env, int group, zps_status st)
+{
+    int node = env->id / group, nodes = env->n_trainers / group;
+    if (st == ZPS_OK)
+        return st;
+    if (env->id % group != 0)
+        zps_log(ZPS_ERROR, "trainer", "node %d's leader (trainer %d) could not join the "
+                "servers: %s", node, node * group, zps_strerror(st));
+    else if (st == ZPS_ERR_CONFIG) /* the servers' reason is logged above */
+        zps_log(ZPS_ERROR, "trainer", "with --node-trainers %d the servers count nodes as "
+                "trainers: zps-server --num-trainers %d, and --replicas-to-aggregate at "
+                "most %d", group, nodes, nodes);
+    return st;
 }
 
 static zps_status s_begin_step(tr_sync *b, int64_t step, int *stop)
@@ -86,7 +107,7 @@ static zps_status s_begin_step(tr_sync *b, int64_t step, int *stop)
     tr_buckets_reset(&s->buckets);
     tr_worker_clear(&s->worker); /* a hand-off's failure was the PS back-end's to judge */
     s->hook_err = ZPS_OK;
-    s_word w = {.stop = *stop, .redo_from = -1};
+    tr_node_word w = {.stop = *stop, .redo_from = -1};
     if (s->ps)
         w.status = s->ps->begin_step(s->ps, step, stop), w.stop = *stop;
     ZPS_TRY(s_share(s, &w));
@@ -166,7 +187,7 @@ static zps_status s_end_step(tr_sync *b, tr_step_record *rec)
     double sum_wait = (double)(zps_now_ns() - t0) * 1e-9;
     ZPS_TRY(s->sum_err); /* no node to broadcast to: every rank fails here */
     zps_status st = s->hook_err;
-    s_word w = {.status = st, .redo_from = -1};
+    tr_node_word w = {.status = st, .redo_from = -1};
     if (s->ps && st == ZPS_OK) {
         w.status = s_lead(s, rec);
         w.redo_from = s->ps->redo_from;
@@ -183,7 +204,7 @@ static zps_status s_end_step(tr_sync *b, tr_step_record *rec)
 static zps_status s_finish(tr_sync *b, int *fresh)
 {
     s_node *s = (s_node *)b;
-    s_word w = {.redo_from = -1};
+    tr_node_word w = {.redo_from = -1};
     *fresh = 0;
     if (s->ps)
         w.status = s->ps->finish(s->ps, fresh), w.fresh = *fresh;
@@ -219,30 +240,18 @@ static void s_destroy(tr_sync *b)
 /* The node's segment; the leader's PS back-end; its values and job step to every rank. */
 static zps_status s_setup(s_node *s, const tr_sync_env *env, int group, tr_sync_new_fn lead_new)
 {
-    int node = env->id / group, nodes = env->n_trainers / group;
-    char name[160];
-    snprintf(name, sizeof name, "%s-node%d", env->cfg->job[0] ? env->cfg->job : "zps", node);
-    ZPS_TRY(tr_allreduce_new(name, s->rank, group, env->nparams, NULL, &s->ar));
-    s_word w = {.redo_from = -1};
+    ZPS_TRY(tr_node_open(env, &s->ar));
+    tr_node_word w = {.redo_from = -1};
     if (s->rank == 0) {
         tr_sync_env lead = *env;
-        lead.id = node;
-        lead.n_trainers = nodes;
+        lead.id = env->id / group;
+        lead.n_trainers = env->n_trainers / group;
         w.status = lead_new(&lead, &s->ps);
         if (s->ps)
             w.start_step = s->ps->start_step;
-        if (w.status == ZPS_ERR_CONFIG) /* the servers' reason is logged above */
-            zps_log(ZPS_ERROR, "trainer", "with --node-trainers %d the servers count nodes as "
-                    "trainers: zps-server --num-trainers %d, and --replicas-to-aggregate at "
-                    "most %d", group, nodes, nodes);
     }
     ZPS_TRY(s_share(s, &w));
-    if (w.status != ZPS_OK) {
-        if (s->rank != 0)
-            zps_log(ZPS_ERROR, "trainer", "node %d's leader (trainer %d) could not join the "
-                    "servers: %s", node, node * group, zps_strerror((zps_status)w.status));
-        return (zps_status)w.status;
-    }
+    ZPS_TRY(tr_node_lead_result(env, group, (zps_status)w.status));
     s->base.start_step = w.start_step;
     ZPS_TRY(tr_allreduce_broadcast(s->ar, s->params, s->n * sizeof(float), 0));
     /* one bucket per variable at most, and the rest */
@@ -259,13 +268,8 @@ zps_status tr_sync_node_lead_new(const tr_sync_env *env, tr_sync_new_fn lead_new
 {
     *out = NULL;
     int group = env->cfg->node_trainers;
-    if (group < 1 || env->n_trainers % group != 0) {
-        zps_log(ZPS_ERROR, "trainer", "--node-trainers %d does not divide the job's %d "
-                "trainers", group, env->n_trainers);
-        return ZPS_ERR_CONFIG;
-    }
     s_node *s = zps_xcalloc(1, sizeof *s);
-    *s = (s_node){.rank = env->id % group, .params = env->params,
+    *s = (s_node){.rank = env->id % (group > 0 ? group : 1), .params = env->params,
                   .grads = env->grads, .n = env->nparams,
                   .trace = env->trace};
     /* A model on a device leaves the host's cores idle during backward: the node's sums and

@@ -361,7 +361,8 @@ static int s_is_evaluator(const s_job *j)
 /* The mode's back-end, over the model's values and the step's mean gradient. The PS and
  * shared-memory all-reduce back-ends read host memory: a model on a device reaches them
  * through pinned mirrors (stage.c); local training applies its optimizer where the model is,
- * and all-reduce on a GPU is NCCL's (sync_nccl.c). */
+ * all-reduce on a GPU is NCCL's (sync_nccl.c), and so are a node's sums when its trainers
+ * have a GPU each (sync_node_dev.c). */
 static zps_status s_sync_new(s_job *j)
 {
     tr_sync_env env = {.cfg = j->cfg, .id = j->id, .n_trainers = j->n_trainers,
@@ -391,6 +392,13 @@ static zps_status s_sync_new(s_job *j)
     }
     if (j->be->host_memory)
         return host_new(&env, &j->sync);
+    if (host_new == tr_sync_node_new && strcmp(j->be->name, "cuda") == 0) {
+        /* a GPU per trainer: the node's sums between the GPUs; trainers that share one sum
+         * through the host (the mirrors below) */
+        zps_status st = tr_sync_node_dev_new(&env, &j->sync);
+        if (st != ZPS_ERR_UNSUPPORTED)
+            return st;
+    }
     return tr_sync_staged_new(&env, host_new, bf16_out, &j->sync);
 }
 

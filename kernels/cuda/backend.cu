@@ -69,10 +69,6 @@ static zps_status s_copy_out(void *dst, const void *src, size_t n)
 
 /* ---- the asynchronous group: pinned host memory, the copy stream, events ---- */
 
-struct k_event {
-    cudaEvent_t ev; // timing disabled: only ordering
-};
-
 static void *s_host_alloc(size_t n)
 {
     void *p = NULL;

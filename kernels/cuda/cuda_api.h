@@ -51,6 +51,17 @@ typedef int (*k_nccl_allreduce_async_fn)(void *comm, float *dev_buf, size_t n, i
                                          char *msg, size_t msg_len);
 int k_nccl_allreduce_async(void *comm, float *dev_buf, size_t n, int average, char *msg,
                            size_t msg_len);
+/* In place on n floats of device memory: rank root's values on every rank, ordered like
+ * k_nccl_allreduce_async (after the compute stream's work so far); mark and join it the same
+ * way (a node's new values, sync_node_dev.c). */
+typedef int (*k_nccl_broadcast_async_fn)(void *comm, float *dev_buf, size_t n, int root,
+                                         char *msg, size_t msg_len);
+int k_nccl_broadcast_async(void *comm, float *dev_buf, size_t n, int root, char *msg,
+                           size_t msg_len);
+/* Records event (the cuda back-end's k_event) on NCCL's stream: a point after every
+ * collective queued so far, which the back-end's queues can wait for (event_wait). */
+typedef int (*k_nccl_record_fn)(void *comm, void *event, char *msg, size_t msg_len);
+int k_nccl_record(void *comm, void *event, char *msg, size_t msg_len);
 /* Queues, behind what NCCL's stream holds, a host function that counts one more sum
  * finished (k_nccl_progress's *finished), and counts it posted. */
 typedef int (*k_nccl_mark_fn)(void *comm, char *msg, size_t msg_len);

@@ -25,6 +25,11 @@ extern char k_cuda_err[256];
  * stream) before k_cuda_backend opened the device. */
 extern cudaStream_t k_cuda_stream;
 
+/* backend.h's k_event on this back-end (nccl_allreduce.cu records them on NCCL's stream). */
+struct k_event {
+    cudaEvent_t ev; // timing disabled: only ordering
+};
+
 /* Checks a CUDA (or, with the files' own KC_CUDNN and KC_CUBLAS, cuDNN or cuBLAS) call: on
  * failure keeps file:line, the call and the library's own text in k_cuda_err and returns
  * status. */

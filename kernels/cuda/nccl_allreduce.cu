@@ -128,16 +128,41 @@ extern "C" int k_nccl_init(void **comm, int n_ranks, int rank, const void *id, i
     return rc;
 }
 
-/* Ordered against the back-end's compute stream (backend.cu) by events, never by the host. */
+/* NCCL's stream waits for the compute stream's work so far (backend.cu): collectives are
+ * ordered against it by events, never by the host. */
+static int s_after_compute(k_nccl_comm *c, char *msg, size_t msg_len)
+{
+    S_CUDA(cudaEventRecord(c->after, k_cuda_stream));
+    S_CUDA(cudaStreamWaitEvent(c->stream, c->after, 0));
+    return 0;
+}
+
 extern "C" int k_nccl_allreduce_async(void *comm, float *dev_buf, size_t n, int average,
                                       char *msg, size_t msg_len)
 {
     k_nccl_comm *c = (k_nccl_comm *)comm;
-    S_CUDA(cudaEventRecord(c->after, k_cuda_stream));
-    S_CUDA(cudaStreamWaitEvent(c->stream, c->after, 0));
+    if (s_after_compute(c, msg, msg_len) != 0)
+        return -1;
     return s_state(ncclAllReduce(dev_buf, dev_buf, n, ncclFloat32, average ? ncclAvg : ncclSum,
                                  c->comm, c->stream),
                    "ncclAllReduce", c->comm, msg, msg_len);
+}
+
+extern "C" int k_nccl_broadcast_async(void *comm, float *dev_buf, size_t n, int root,
+                                      char *msg, size_t msg_len)
+{
+    k_nccl_comm *c = (k_nccl_comm *)comm;
+    if (s_after_compute(c, msg, msg_len) != 0)
+        return -1;
+    return s_state(ncclBroadcast(dev_buf, dev_buf, n, ncclFloat32, root, c->comm, c->stream),
+                   "ncclBroadcast", c->comm, msg, msg_len);
+}
+
+extern "C" int k_nccl_record(void *comm, void *event, char *msg, size_t msg_len)
+{
+    k_nccl_comm *c = (k_nccl_comm *)comm;
+    S_CUDA(cudaEventRecord(((k_event *)event)->ev, c->stream));
+    return 0;
 }
 
 /* On CUDA's callback thread, once NCCL's stream reached it: one more sum done. No CUDA
