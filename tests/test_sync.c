@@ -283,24 +283,25 @@ static int s_cut(const tr_sync_env *env, const int *first, const int *n, int ng,
 {
     tr_buckets b;
     tr_buckets_init(&b, env, 4, 1000);
-    size_t expect_hi = env->nparams, expect_v = env->nvars, lo, hi;
+    size_t expect_hi = env->nparams, expect_v = env->nvars;
+    tr_bucket k;
     int ne = 0;
     for (int g = 0; g < ng; g++) {
-        int full = tr_buckets_report(&b, (size_t)first[g], (size_t)n[g], &lo, &hi);
+        int full = tr_buckets_report(&b, (size_t)first[g], (size_t)n[g], &k);
         cr_assert_geq(full, 0);
         if (!full)
             continue;
-        cr_assert_eq(hi, expect_hi, "a bucket leaves a gap");
-        cr_assert_geq(hi - lo, b.floats, "a bucket left before it was full");
+        cr_assert_eq(k.hi, expect_hi, "a bucket leaves a gap");
+        cr_assert_geq(k.hi - k.lo, b.floats, "a bucket left before it was full");
         /* its variables: the ones below the last bucket's, starting where its floats do */
-        cr_assert_eq(b.first + b.nv, expect_v, "a bucket's variables leave a gap");
-        cr_assert_eq(env->vars[b.first].offset, lo, "a bucket's variables are not its floats");
-        expect_hi = edges[ne++] = lo;
-        expect_v = b.first;
+        cr_assert_eq(k.first + k.nv, expect_v, "a bucket's variables leave a gap");
+        cr_assert_eq(env->vars[k.first].offset, k.lo, "a bucket's variables are not its floats");
+        expect_hi = edges[ne++] = k.lo;
+        expect_v = k.first;
     }
-    if (tr_buckets_rest(&b, &lo, &hi)) {
-        cr_assert(hi == expect_hi && lo == 0);
-        cr_assert(b.first == 0 && b.nv == expect_v, "the rest is not variables [0, %zu)",
+    if (tr_buckets_rest(&b, &k)) {
+        cr_assert(k.hi == expect_hi && k.lo == 0);
+        cr_assert(k.first == 0 && k.nv == expect_v, "the rest is not variables [0, %zu)",
                   expect_v);
         expect_hi = edges[ne++] = 0;
     }
@@ -334,10 +335,10 @@ Test(tr_sync, buckets_cover_every_float_once_and_refuse_disorder)
               "the same reports cut other edges (seed %llu)", (unsigned long long)seed);
     tr_buckets b;
     tr_buckets_init(&b, &f.env, 4, 1000);
-    size_t lo, hi;
+    tr_bucket k;
     zps_log_set_level(ZPS_LOG_OFF);
-    cr_assert_geq(tr_buckets_report(&b, 10, 2, &lo, &hi), 0);
-    cr_assert_eq(tr_buckets_report(&b, 20, 1, &lo, &hi), -1, "a higher group after a lower one");
+    cr_assert_geq(tr_buckets_report(&b, 10, 2, &k), 0);
+    cr_assert_eq(tr_buckets_report(&b, 20, 1, &k), -1, "a higher group after a lower one");
 }
 
 /* ---- the device stager (trainer/stage.c) over a scripted inner back-end ---- */

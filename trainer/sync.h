@@ -222,18 +222,22 @@ zps_status tr_sync_staged_new(const tr_sync_env *env, tr_sync_new_fn inner_new, 
 zps_status tr_sync_staged_upload(tr_sync *staged);
 
 /* The buckets of the all-reduce back-ends (sync_buckets.c; sync_allreduce.c, sync_nccl.c,
- * sync_node.c): backward reports variables last first, the floats reported since the last
- * bucket left are [lo, hi), and a bucket leaves once it holds `floats`; the rest at end_step.
- * A bucket that left holds the variables [first, first + nv) (and any floats between them
- * that no variable covers). */
+ * sync_node.c, sync_node_dev.c): backward reports variables last first, the floats reported
+ * since the last bucket left are [lo, hi), and a bucket leaves once it holds `floats`; the
+ * rest at end_step. */
 typedef struct tr_buckets {
     const nn_var *vars;       // (nvars) the model's (NULL: everything leaves at the end)
     size_t nvars, n;          // variables, floats
     size_t floats;            // a full bucket
     size_t lo, hi;            // reported, not yet sent
     size_t vlo, vhi;          // their variables [vlo, vhi)
-    size_t first, nv;         // the variables of the bucket that left last
 } tr_buckets;
+/* A bucket that leaves: floats [lo, hi) and the variables [first, first + nv) (and any floats
+ * between them that no variable covers). */
+typedef struct tr_bucket {
+    size_t lo, hi;
+    size_t first, nv;
+} tr_bucket;
 /* The shared-memory back-ends' buckets (sync_allreduce.c, sync_node.c): about
  * TR_SHM_BUCKETS a step, none under TR_SHM_BUCKET_MIN floats (256 KiB, two slices of the
  * segment). The first leaves early in backward, and each round costs the processes a few
@@ -249,11 +253,11 @@ void tr_buckets_reset(tr_buckets *b);
 /* A step begins (tr_buckets_reset): *stop in, this rank's wish; out, rank 0's, broadcast to every rank (a rank
  * that stopped alone would leave the others waiting in the next sum). */
 zps_status tr_buckets_begin(tr_buckets *b, struct tr_allreduce *ar, int *stop);
-/* Variables [first, first + n) are final: 1 with the full bucket [*lo, *hi) to send now, 0
- * when none is full, -1 (logged) when they came out of order. */
-int tr_buckets_report(tr_buckets *b, size_t first, size_t n, size_t *lo, size_t *hi);
-/* end_step: 1 with what is left, [*lo, *hi) = [0, hi); 0 when nothing is. */
-int tr_buckets_rest(tr_buckets *b, size_t *lo, size_t *hi);
+/* Variables [first, first + n) are final: 1 with the full bucket *out to send now, 0 when
+ * none is full, -1 (logged) when they came out of order. */
+int tr_buckets_report(tr_buckets *b, size_t first, size_t n, tr_bucket *out);
+/* end_step: 1 with what is left in *out (its lo is 0); 0 when nothing is. */
+int tr_buckets_rest(tr_buckets *b, tr_bucket *out);
 
 /* The communication thread of sync_allreduce.c, sync_node.c and stage.c (sync_worker.c):
  * backward's hooks post jobs, which run one at a time in order on the thread while backward

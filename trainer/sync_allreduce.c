@@ -95,20 +95,20 @@ static zps_status s_grads_ready(tr_sync *s, size_t first, size_t n)
 {
     s_ar *a = (s_ar *)s;
     ZPS_TRY(tr_worker_err(&a->worker));
-    size_t lo, hi;
-    int full = tr_buckets_report(&a->buckets, first, n, &lo, &hi);
+    tr_bucket k;
+    int full = tr_buckets_report(&a->buckets, first, n, &k);
     if (full < 0)
         return tr_worker_fail(&a->worker, ZPS_ERR_INTERNAL);
-    return full ? s_post(a, lo, hi) : ZPS_OK;
+    return full ? s_post(a, k.lo, k.hi) : ZPS_OK;
 }
 
 static zps_status s_end_step(tr_sync *s, tr_step_record *rec)
 {
     s_ar *a = (s_ar *)s;
     uint64_t t0 = zps_now_ns(), tt = tr_trace_now(a->trace);
-    size_t lo, hi;
-    if (tr_buckets_rest(&a->buckets, &lo, &hi))
-        (void)s_post(a, lo, hi); /* a refusal is kept by the worker: its wait returns it */
+    tr_bucket k;
+    if (tr_buckets_rest(&a->buckets, &k))
+        (void)s_post(a, k.lo, k.hi); /* a refusal is kept by the worker: its wait returns it */
     zps_status err = tr_worker_wait(&a->worker);
     tr_trace_span(a->trace, TR_TRACE_MAIN, "wait: all-reduce", tt, -1);
     s->net_wait += (double)(zps_now_ns() - t0) * 1e-9;

@@ -2,8 +2,8 @@
  * backward's reports gather into, and rank 0's stop decision at the start of a step.
  *
  * sync_allreduce.c (shared memory, on its communication thread), sync_nccl.c (NCCL on the
- * GPU) and sync_node.c (a node's sum, then its leader's pushes) send the gradient in buckets of consecutive variables, last first, as backward
- * makes them final. The edges depend only on the model (its variables and the hook order) and
+ * GPU) and sync_node.c and sync_node_dev.c (a node's sum, then its leader's pushes) send the
+ * gradient in buckets of consecutive variables, last first, as backward makes them final. The edges depend only on the model (its variables and the hook order) and
  * the bucket size, so every rank cuts the same buckets and the collective calls match.
  */
 #include "trainer/sync.h"
@@ -37,16 +37,15 @@ zps_status tr_buckets_begin(tr_buckets *b, struct tr_allreduce *ar, int *stop)
 }
 
 /* [lo, hi) leaves with the variables from vlo on; the next bucket starts below it. */
-static int s_take(tr_buckets *b, size_t lo, size_t vlo, size_t *out_lo, size_t *out_hi)
+static int s_take(tr_buckets *b, size_t lo, size_t vlo, tr_bucket *out)
 {
-    *out_lo = lo, *out_hi = b->hi;
+    *out = (tr_bucket){.lo = lo, .hi = b->hi, .first = vlo, .nv = b->vhi - vlo};
     b->hi = b->lo = lo;
-    b->first = vlo, b->nv = b->vhi - vlo;
     b->vhi = b->vlo = vlo;
-    return *out_hi > lo;
+    return out->hi > lo;
 }
 
-int tr_buckets_report(tr_buckets *b, size_t first, size_t n, size_t *lo, size_t *hi)
+int tr_buckets_report(tr_buckets *b, size_t first, size_t n, tr_bucket *out)
 {
     if (!b->vars || n == 0)
         return 0; /* without the variables' places everything leaves at the end */
@@ -58,7 +57,7 @@ int tr_buckets_report(tr_buckets *b, size_t first, size_t n, size_t *lo, size_t 
     }
     b->lo = b->vars[first].offset;
     b->vlo = first;
-    return b->hi - b->lo >= b->floats ? s_take(b, b->lo, first, lo, hi) : 0;
+    return b->hi - b->lo >= b->floats ? s_take(b, b->lo, first, out) : 0;
 }
 
-int tr_buckets_rest(tr_buckets *b, size_t *lo, size_t *hi) { return s_take(b, 0, 0, lo, hi); }
+int tr_buckets_rest(tr_buckets *b, tr_bucket *out) { return s_take(b, 0, 0, out); }

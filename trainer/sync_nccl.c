@@ -70,14 +70,14 @@ static zps_status s_begin_step(tr_sync *s, int64_t step, int *stop)
 static zps_status s_grads_ready(tr_sync *s, size_t first, size_t n)
 {
     s_nccl *a = (s_nccl *)s;
-    size_t lo, hi;
+    tr_bucket k;
     if (a->err != ZPS_OK || a->host)
         return a->err;
-    int full = tr_buckets_report(&a->buckets, first, n, &lo, &hi);
+    int full = tr_buckets_report(&a->buckets, first, n, &k);
     if (full < 0)
         return a->err = ZPS_ERR_INTERNAL;
     if (full)
-        s_post(a, lo, hi);
+        s_post(a, k.lo, k.hi);
     return a->err;
 }
 
@@ -97,9 +97,9 @@ static zps_status s_end_step(tr_sync *s, tr_step_record *rec)
     if (a->host && a->err == ZPS_OK)
         a->err = s_host_sum(a);
     else if (a->err == ZPS_OK) {
-        size_t lo, hi;
-        if (tr_buckets_rest(&a->buckets, &lo, &hi))
-            s_post(a, lo, hi);
+        tr_bucket k;
+        if (tr_buckets_rest(&a->buckets, &k))
+            s_post(a, k.lo, k.hi);
         if (a->err == ZPS_OK)
             a->err = tr_nccl_join(a->nc);
     }

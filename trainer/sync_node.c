@@ -148,9 +148,9 @@ static zps_status s_hook_fail(s_node *s, zps_status st)
     return st;
 }
 
-static zps_status s_post(s_node *s, size_t lo, size_t hi)
+static zps_status s_post(s_node *s, const tr_bucket *k)
 {
-    tr_job j = {.lo = lo, .hi = hi, .first = s->buckets.first, .n = s->buckets.nv,
+    tr_job j = {.lo = k->lo, .hi = k->hi, .first = k->first, .n = k->nv,
                 .t0 = tr_trace_now(s->trace)};
     zps_status st = tr_worker_post(&s->worker, &j);
     return st == ZPS_OK ? st : s_hook_fail(s, st);
@@ -159,11 +159,11 @@ static zps_status s_post(s_node *s, size_t lo, size_t hi)
 static zps_status s_grads_ready(tr_sync *b, size_t first, size_t n)
 {
     s_node *s = (s_node *)b;
-    size_t lo, hi;
-    int full = tr_buckets_report(&s->buckets, first, n, &lo, &hi);
+    tr_bucket k;
+    int full = tr_buckets_report(&s->buckets, first, n, &k);
     if (full < 0)
         return s_hook_fail(s, ZPS_ERR_INTERNAL);
-    return full ? s_post(s, lo, hi) : ZPS_OK;
+    return full ? s_post(s, &k) : ZPS_OK;
 }
 
 /* The leader's end of a step: the PS back-end's, then the new values. */
@@ -179,9 +179,9 @@ static zps_status s_end_step(tr_sync *b, tr_step_record *rec)
 {
     s_node *s = (s_node *)b;
     uint64_t t0 = zps_now_ns(), tt = tr_trace_now(s->trace);
-    size_t lo, hi;
-    if (tr_buckets_rest(&s->buckets, &lo, &hi))
-        (void)s_post(s, lo, hi);
+    tr_bucket k;
+    if (tr_buckets_rest(&s->buckets, &k))
+        (void)s_post(s, &k);
     (void)tr_worker_wait(&s->worker); /* a failed hand-off is the PS back-end's (push_err) */
     tr_trace_span(s->trace, TR_TRACE_MAIN, "wait: node sum", tt, -1);
     double sum_wait = (double)(zps_now_ns() - t0) * 1e-9;

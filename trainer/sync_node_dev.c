@@ -101,13 +101,13 @@ static zps_status s_begin_step(tr_sync *b, int64_t step, int *stop)
     return w.status;
 }
 
-/* The node's mean of [lo, hi) queued; the leader hands the bucket's variables on. */
-static zps_status s_post(s_nd *s, size_t lo, size_t hi)
+/* The node's mean of the bucket queued; the leader hands its variables on. */
+static zps_status s_post(s_nd *s, const tr_bucket *k)
 {
-    ZPS_TRY(s_broken(s, s->coll.sum(s->coll.ctx, s->grads + lo, hi - lo)));
-    if (!s->lead || !s->handing || s->buckets.nv == 0)
+    ZPS_TRY(s_broken(s, s->coll.sum(s->coll.ctx, s->grads + k->lo, k->hi - k->lo)));
+    if (!s->lead || !s->handing || k->nv == 0)
         return ZPS_OK;
-    zps_status st = s->lead->grads_ready(s->lead, s->buckets.first, s->buckets.nv);
+    zps_status st = s->lead->grads_ready(s->lead, k->first, k->nv);
     s->handing = st == ZPS_OK; /* refused: its end_step judges it */
     return ZPS_OK;
 }
@@ -116,11 +116,11 @@ static zps_status s_grads_ready(tr_sync *b, size_t first, size_t n)
 {
     s_nd *s = (s_nd *)b;
     ZPS_TRY(s->err);
-    size_t lo, hi;
-    int full = tr_buckets_report(&s->buckets, first, n, &lo, &hi);
+    tr_bucket k;
+    int full = tr_buckets_report(&s->buckets, first, n, &k);
     if (full < 0) /* the ranks' buckets no longer match: the node cannot go on */
         return s_broken(s, ZPS_ERR_INTERNAL);
-    return full ? s_post(s, lo, hi) : ZPS_OK;
+    return full ? s_post(s, &k) : ZPS_OK;
 }
 
 /* The leader's end of a step: the PS back-end's, the new values (or a rollback's older
@@ -153,9 +153,9 @@ static zps_status s_end_step(tr_sync *b, tr_step_record *rec)
 {
     s_nd *s = (s_nd *)b;
     uint64_t t0 = zps_now_ns(), tt = tr_trace_now(s->trace);
-    size_t lo, hi;
-    if (s->err == ZPS_OK && tr_buckets_rest(&s->buckets, &lo, &hi))
-        (void)s_post(s, lo, hi);
+    tr_bucket k;
+    if (s->err == ZPS_OK && tr_buckets_rest(&s->buckets, &k))
+        (void)s_post(s, &k);
     if (s->err == ZPS_OK)
         (void)s_broken(s, s->coll.join(s->coll.ctx));
     ZPS_TRY(s->err); /* no node to tell: every rank fails here */
