@@ -9,16 +9,12 @@
 #ifndef ZPS_COMMON_BF16_H
 #define ZPS_COMMON_BF16_H
 
+#include "common/hd.h"
+
 #include <stdint.h>
 
-#ifdef __CUDACC__
-#define ZPS_BF16_FN static inline __host__ __device__
-#else
-#define ZPS_BF16_FN static inline
-#endif
-
 /* x's bfloat16 bits. */
-ZPS_BF16_FN uint16_t zps_bf16_bits(float x)
+ZPS_HD uint16_t zps_bf16_bits(float x)
 {
     union {
         float f;
@@ -29,7 +25,7 @@ ZPS_BF16_FN uint16_t zps_bf16_bits(float x)
 }
 
 /* x rounded to bfloat16 and widened back to float (exactly). */
-ZPS_BF16_FN float zps_bf16_round(float x)
+ZPS_HD float zps_bf16_round(float x)
 {
     union {
         uint32_t u;

@@ -15,6 +15,8 @@
 #ifndef ZPS_COMMON_OPTIM_MATH_H
 #define ZPS_COMMON_OPTIM_MATH_H
 
+#include "common/hd.h"
+
 #include <math.h>
 #include <stddef.h>
 
@@ -38,11 +40,6 @@ typedef struct zps_optim_step {
     float lr_t;         // adam: lr * sqrt(1 - b2^t) / (1 - b1^t), t = step + 1
 } zps_optim_step;
 
-#if defined(__CUDACC__)
-#define ZPS_OPT_FN __host__ __device__ static inline
-#else
-#define ZPS_OPT_FN static inline
-#endif
 #if defined(__CUDA_ARCH__)
 #define ZO_ADD(a, b) __fadd_rn((a), (b))
 #define ZO_SUB(a, b) __fsub_rn((a), (b))
@@ -58,31 +55,31 @@ typedef struct zps_optim_step {
 #endif
 
 /* g' = g + wd * w */
-ZPS_OPT_FN float zps_opt_grad(const zps_optim_step *s, float w, float g)
+ZPS_HD float zps_opt_grad(const zps_optim_step *s, float w, float g)
 {
     return ZO_ADD(g, ZO_MUL(s->wd, w));
 }
 
-ZPS_OPT_FN void zps_opt_sgd(const zps_optim_step *s, float *w, float g)
+ZPS_HD void zps_opt_sgd(const zps_optim_step *s, float *w, float g)
 {
     *w = ZO_SUB(*w, ZO_MUL(s->lr, zps_opt_grad(s, *w, g)));
 }
 
-ZPS_OPT_FN void zps_opt_momentum(const zps_optim_step *s, float *w, float *m, float g)
+ZPS_HD void zps_opt_momentum(const zps_optim_step *s, float *w, float *m, float g)
 {
     float gi = zps_opt_grad(s, *w, g);
     *m = ZO_ADD(ZO_MUL(s->mu, *m), gi);
     *w = ZO_SUB(*w, ZO_MUL(s->lr, *m));
 }
 
-ZPS_OPT_FN void zps_opt_nesterov(const zps_optim_step *s, float *w, float *m, float g)
+ZPS_HD void zps_opt_nesterov(const zps_optim_step *s, float *w, float *m, float g)
 {
     float gi = zps_opt_grad(s, *w, g);
     *m = ZO_ADD(ZO_MUL(s->mu, *m), gi);
     *w = ZO_SUB(*w, ZO_MUL(s->lr, ZO_ADD(gi, ZO_MUL(s->mu, *m))));
 }
 
-ZPS_OPT_FN void zps_opt_rmsprop(const zps_optim_step *s, float *w, float *ms, float *mom, float g)
+ZPS_HD void zps_opt_rmsprop(const zps_optim_step *s, float *w, float *ms, float *mom, float g)
 {
     float gi = zps_opt_grad(s, *w, g);
     *ms = ZO_ADD(ZO_MUL(s->rho, *ms), ZO_MUL(s->one_m_rho, ZO_MUL(gi, gi)));
@@ -90,7 +87,7 @@ ZPS_OPT_FN void zps_opt_rmsprop(const zps_optim_step *s, float *w, float *ms, fl
     *w = ZO_SUB(*w, *mom);
 }
 
-ZPS_OPT_FN void zps_opt_adam(const zps_optim_step *s, float *w, float *m, float *v, float g)
+ZPS_HD void zps_opt_adam(const zps_optim_step *s, float *w, float *m, float *v, float g)
 {
     float gi = zps_opt_grad(s, *w, g);
     *m = ZO_ADD(ZO_MUL(s->b1, *m), ZO_MUL(s->ob1, gi));
@@ -98,7 +95,7 @@ ZPS_OPT_FN void zps_opt_adam(const zps_optim_step *s, float *w, float *m, float 
     *w = ZO_SUB(*w, ZO_DIV(ZO_MUL(s->lr_t, *m), ZO_ADD(ZO_SQRT(*v), s->eps)));
 }
 
-ZPS_OPT_FN void zps_opt_adagrad(const zps_optim_step *s, float *w, float *acc, float g)
+ZPS_HD void zps_opt_adagrad(const zps_optim_step *s, float *w, float *acc, float g)
 {
     float gi = zps_opt_grad(s, *w, g);
     *acc = ZO_ADD(*acc, ZO_MUL(gi, gi));

@@ -38,6 +38,8 @@
 #ifndef ZPS_KERNELS_KERNELS_H
 #define ZPS_KERNELS_KERNELS_H
 
+#include "common/hd.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -66,15 +68,14 @@ typedef struct k_conv2d {
     int pad_h, pad_w;          // zero padding on each side
     int oh, ow;                // output size, filled by k_conv2d_init
     int x_blocked, y_blocked;  // input / output (and their gradients) in the blocked layout
-    int bf16;                  // 1: bf16 compute (k_bf16 below): the products read x, w and
-                               // (backward) dy rounded to bfloat16 and are summed in float; db
-                               // is the float sum of dy; every tensor stays float32 in memory
+    int bf16;                  // 1: bf16 compute: the products read x, w and (backward) dy
+                               // rounded to bfloat16 (zps_bf16_round, common/bf16.h, the PS
+                               // wire's rounding; a product of two is exact in float) and are
+                               // summed in float; db is the float sum of dy; every tensor
+                               // stays float32 in memory
     void *impl;                // back-end state (k_op_release)
 } k_conv2d;
 
-/* x rounded to bfloat16 and widened back (common/bf16.h, the PS wire's rounding): what a
- * bf16 convolution multiplies. The product of two such values is exact in float. */
-static inline float k_bf16(float x) { return zps_bf16_round(x); }
 
 /* Batchnorm over (n, h, w) per channel c, optionally followed by a fused ReLU. */
 typedef struct k_bn {
@@ -229,12 +230,7 @@ void k_from_layout(int layout, int n, int c, int h, int w, const float *src, flo
 /* Deterministic uniform u32 of (seed, index): the dropout hash (a splitmix64 finaliser over
  * a seed-keyed counter). One definition for every back-end, the CUDA kernels included, so
  * masks agree bit for bit. */
-#ifdef __CUDACC__
-#define K_HASH_FN static inline __host__ __device__
-#else
-#define K_HASH_FN static inline
-#endif
-K_HASH_FN uint32_t k_hash_u32(uint64_t seed, uint64_t index)
+ZPS_HD uint32_t k_hash_u32(uint64_t seed, uint64_t index)
 {
     uint64_t z = seed * 0x9E3779B97F4A7C15ull + index + 0x632BE59BD9B4E019ull;
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;

@@ -77,7 +77,7 @@ float *k_cpu_scratch(size_t n)
 ZPS_SIMD_CLONES void k_cpu_round_bf16(size_t n, const float *src, float *dst)
 {
     for (size_t i = 0; i < n; i++)
-        dst[i] = k_bf16(src[i]);
+        dst[i] = zps_bf16_round(src[i]);
 }
 
 ZPS_SIMD_CLONES void k_cpu_acc(size_t n, const float *src, float *dst)

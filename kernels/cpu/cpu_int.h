@@ -52,7 +52,7 @@ zps_status k_cpu_ready(void);
  * valid until the next call in this thread; use after k_cpu_ready (which arranges its
  * release at thread exit). */
 float *k_cpu_scratch(size_t n);
-/* dst[i] = k_bf16(src[i]) (kernels.h): a bf16 convolution's inputs for float kernels. */
+/* dst[i] = zps_bf16_round(src[i]) (kernels.h): a bf16 convolution's inputs for float kernels. */
 void k_cpu_round_bf16(size_t n, const float *src, float *dst);
 /* dst[i] += src[i]. */
 void k_cpu_acc(size_t n, const float *src, float *dst);

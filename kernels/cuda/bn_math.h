@@ -8,14 +8,11 @@
 #ifndef ZPS_KERNELS_CUDA_BN_MATH_H
 #define ZPS_KERNELS_CUDA_BN_MATH_H
 
+#include "common/hd.h"
+
 #include <math.h>
 #include <stddef.h>
 
-#ifdef __CUDACC__
-#define K_BN_FN static inline __host__ __device__
-#else
-#define K_BN_FN static inline
-#endif
 #ifdef __CUDA_ARCH__
 #define K_BN_RSQRT(v) rsqrt(v)
 #define K_BN_RSQRTF(v) rsqrtf(v)
@@ -26,7 +23,7 @@
 
 /* About `blocks` blocks for the sums of n images of c channels: *splits blocks per channel,
  * each over *per images, none empty (so a few channels of large maps still fill the GPU). */
-K_BN_FN void k_bn_split(int n, int c, int blocks, int *splits, int *per)
+ZPS_HD void k_bn_split(int n, int c, int blocks, int *splits, int *per)
 {
     int want = (blocks + c - 1) / c;
     int s = want < 1 ? 1 : want > n ? n : want;
@@ -37,7 +34,7 @@ K_BN_FN void k_bn_split(int n, int c, int blocks, int *splits, int *per)
 /* Thread t of nt's share of block (ch, split): images [split * per, +per) of channel ch, its
  * values t, t + nt, ... of each plane. mode 0: sums of x and x^2; mode 1: sums of g and
  * g * xhat, g = dy masked by y > 0 where relu, with mean m and inv = 1/sqrt(var + eps). */
-K_BN_FN void k_bn_part_thread(int mode, int n, int c, int hw, int per, int ch, int split,
+ZPS_HD void k_bn_part_thread(int mode, int n, int c, int hw, int per, int ch, int split,
                               int t, int nt, const float *x, const float *y, const float *dy,
                               double m, double inv, int relu, double *pa, double *pb)
 {
@@ -60,7 +57,7 @@ K_BN_FN void k_bn_part_thread(int mode, int n, int c, int hw, int per, int ch, i
 
 /* Channel ch's two sums: its blocks' partials (part[ch * splits + s], part[(c + ch) * splits
  * + s]) added in split order. */
-K_BN_FN void k_bn_total(const double *part, int c, int splits, int ch, double *a, double *b)
+ZPS_HD void k_bn_total(const double *part, int c, int splits, int ch, double *a, double *b)
 {
     *a = 0, *b = 0;
     for (int s = 0; s < splits; s++)
@@ -68,7 +65,7 @@ K_BN_FN void k_bn_total(const double *part, int c, int splits, int ch, double *a
 }
 
 /* The batch mean and biased variance of a channel from its sums over cnt values. */
-K_BN_FN void k_bn_stats(double a, double b, double cnt, float *mean, float *var)
+ZPS_HD void k_bn_stats(double a, double b, double cnt, float *mean, float *var)
 {
     double m = a / cnt, v = b / cnt - m * m;
     *mean = (float)m;
@@ -76,7 +73,7 @@ K_BN_FN void k_bn_stats(double a, double b, double cnt, float *mean, float *var)
 }
 
 /* One element of the forward: gamma (x - mean) / sqrt(var + eps) + beta, then relu. */
-K_BN_FN float k_bn_apply_el(float x, float m, float inv, float g, float b, int relu)
+ZPS_HD float k_bn_apply_el(float x, float m, float inv, float g, float b, int relu)
 {
     float v = g * (x - m) * inv + b;
     return relu && v < 0 ? 0.0f : v;
@@ -84,7 +81,7 @@ K_BN_FN float k_bn_apply_el(float x, float m, float inv, float g, float b, int r
 
 /* Element i of dx, from the channel's mean gradient sums mg = sg / cnt and mgx = sgx / cnt
  * (y is read only with relu: it may be NULL without). */
-K_BN_FN float k_bn_dx_at(const float *x, const float *y, const float *dy, size_t i, float g,
+ZPS_HD float k_bn_dx_at(const float *x, const float *y, const float *dy, size_t i, float g,
                          float m, float inv, float mg, float mgx, int relu)
 {
     float gv = relu && !(y[i] > 0) ? 0.0f : dy[i];

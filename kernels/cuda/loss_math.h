@@ -6,20 +6,16 @@
 #ifndef ZPS_KERNELS_CUDA_LOSS_MATH_H
 #define ZPS_KERNELS_CUDA_LOSS_MATH_H
 
+#include "common/hd.h"
+
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
-#ifdef __CUDACC__
-#define K_LOSS_FN static inline __host__ __device__
-#else
-#define K_LOSS_FN static inline
-#endif
-
 /* Row r (k logits) with label `label` in [0, k) of a batch of n: its loss (the smoothed
  * targets' cross-entropy), whether its argmax (the first maximum) is the label, and, when
  * dz is not NULL, dz = scale * (softmax - target) / n. */
-K_LOSS_FN void k_xent_row(int k, const float *r, int label, float smooth, float scale, int n,
+ZPS_HD void k_xent_row(int k, const float *r, int label, float smooth, float scale, int n,
                           float *dz, float *loss, int *right)
 {
     int arg = 0;
@@ -42,7 +38,7 @@ K_LOSS_FN void k_xent_row(int k, const float *r, int label, float smooth, float 
 
 /* Element x against target t: its smooth-L1 loss (0.5 d^2 / beta under beta, |d| - beta / 2
  * above), and *dx = scale * its derivative. */
-K_LOSS_FN double k_smooth_l1_el(float x, float t, float beta, float scale, float *dx)
+ZPS_HD double k_smooth_l1_el(float x, float t, float beta, float scale, float *dx)
 {
     double d = (double)x - t, a = fabs(d), g, l;
     if (a < beta)

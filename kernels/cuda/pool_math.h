@@ -6,18 +6,14 @@
 #ifndef ZPS_KERNELS_CUDA_POOL_MATH_H
 #define ZPS_KERNELS_CUDA_POOL_MATH_H
 
+#include "common/hd.h"
+
 #include <stddef.h>
 
 #include "kernels/kernels.h"
 
-#ifdef __CUDACC__
-#define K_POOL_FN static inline __host__ __device__
-#else
-#define K_POOL_FN static inline
-#endif
-
 /* Output i (flat NCHW index over n, c, oh, ow) of the forward pass over x. */
-K_POOL_FN float k_pool_fwd_at(const k_pool *d, const float *x, size_t i)
+ZPS_HD float k_pool_fwd_at(const k_pool *d, const float *x, size_t i)
 {
     int ox = (int)(i % d->ow), oy = (int)((i / d->ow) % d->oh);
     const float *p = x + (i / ((size_t)d->oh * d->ow)) * d->h * d->w;
@@ -45,7 +41,7 @@ K_POOL_FN float k_pool_fwd_at(const k_pool *d, const float *x, size_t i)
 /* The outputs o in [*lo, *hi] of one axis whose window [o * stride - pad, + k) holds input
  * i: o * stride <= i + pad < o * stride + k (empty when *lo > *hi). Floor division, also of
  * the negative i + pad - k. */
-K_POOL_FN void k_pool_span(int i, int pad, int k, int stride, int n_out, int *lo, int *hi)
+ZPS_HD void k_pool_span(int i, int pad, int k, int stride, int n_out, int *lo, int *hi)
 {
     int a = i + pad - k, below = a >= 0 ? a / stride : -((-a + stride - 1) / stride);
     *lo = below + 1 > 0 ? below + 1 : 0;
@@ -55,7 +51,7 @@ K_POOL_FN void k_pool_span(int i, int pad, int k, int stride, int n_out, int *lo
 /* Input gradient i (flat NCHW index over n, c, h, w): the sum over the outputs whose window
  * holds it (max: whose argmax it is, first maximum in scan order as in ref), visiting only
  * those outputs, in the order a scan of every output would. */
-K_POOL_FN float k_pool_bwd_at(const k_pool *d, const float *x, const float *dy, size_t i)
+ZPS_HD float k_pool_bwd_at(const k_pool *d, const float *x, const float *dy, size_t i)
 {
     int ix = (int)(i % d->w), iy = (int)((i / d->w) % d->h);
     size_t plane = i / ((size_t)d->h * d->w);

@@ -26,7 +26,7 @@ zps_status k_ref_copy(void *dst, const void *src, size_t n)
 static void s_release(void **impl) { *impl = NULL; }
 
 /* An input of a product: as it is, or rounded to bfloat16 for a bf16 convolution. */
-static inline double s_in(const k_conv2d *d, float v) { return d->bf16 ? k_bf16(v) : v; }
+static inline double s_in(const k_conv2d *d, float v) { return d->bf16 ? zps_bf16_round(v) : v; }
 
 zps_status k_ref_conv2d_fwd(k_conv2d *d, const float *x, const float *w, const float *b,
                             float *y)
