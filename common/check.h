@@ -5,7 +5,8 @@
  * must return zps_status). Use them for every ZeroMQ, LMDB, file and system call; API misuse
  * inside zps is an assert instead.
  *
- *   ZPS_TRY(expr)            expr returns zps_status; propagate anything but ZPS_OK
+ *   ZPS_TRY(expr)            (common/status.h) expr returns zps_status; propagate anything
+ *                            but ZPS_OK
  *   ZPS_CHECK_ZMQ(expr)      libzmq convention: -1 is failure (NULL-returning calls: ZPS_CHECK_PTR)
  *   ZPS_CHECK_LMDB(expr)     LMDB convention: non-zero return code is failure
  *   ZPS_CHECK_SYS(expr)      POSIX convention: -1 is failure, errno set -> ZPS_ERR_SYS
@@ -22,13 +23,6 @@
 
 #include "common/log.h"
 #include "common/status.h"
-
-#define ZPS_TRY(expr)                                                                  \
-    do {                                                                               \
-        zps_status zps_try_st_ = (expr);                                               \
-        if (zps_try_st_ != ZPS_OK)                                                     \
-            return zps_try_st_;                                                        \
-    } while (0)
 
 #define ZPS_CHECK_ZMQ(expr)                                                            \
     do {                                                                               \

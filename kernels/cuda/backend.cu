@@ -226,9 +226,9 @@ zps_status k_cuda_grow(void **buf, size_t *cap, size_t bytes, int host)
 static zps_status s_scratch(size_t bytes, void **dev, void **host)
 {
     if (dev)
-        KC_TRY(k_cuda_grow(&s_dscr, &s_dscr_cap, bytes, 0));
+        ZPS_TRY(k_cuda_grow(&s_dscr, &s_dscr_cap, bytes, 0));
     if (host)
-        KC_TRY(k_cuda_grow(&s_hscr, &s_hscr_cap, bytes, 1));
+        ZPS_TRY(k_cuda_grow(&s_hscr, &s_hscr_cap, bytes, 1));
     if (dev)
         *dev = s_dscr;
     if (host)
@@ -238,7 +238,7 @@ static zps_status s_scratch(size_t bytes, void **dev, void **host)
 /* A zeroed device double (scratch) for a kernel to accumulate into. */
 static zps_status s_dev_zero(double **d)
 {
-    KC_TRY(s_scratch(sizeof(double), (void **)d, NULL));
+    ZPS_TRY(s_scratch(sizeof(double), (void **)d, NULL));
     KC_CUDA(cudaMemsetAsync(*d, 0, sizeof(double), k_cuda_stream));
     return ZPS_OK;
 }
@@ -325,7 +325,7 @@ static zps_status s_softmax_xent(int n, int k, const float *z, const int32_t *la
      * and back on the host: one wait for the stream, after the kernel */
     size_t bytes = (sizeof(float) + sizeof(int)) * (size_t)n;
     void *dv, *hv;
-    KC_TRY(s_scratch(bytes, &dv, &hv));
+    ZPS_TRY(s_scratch(bytes, &dv, &hv));
     float *rl = (float *)dv;
     int *rr = (int *)(rl + n);
     g_xent<<<(n + 127) / 128, 128, 0, k_cuda_stream>>>(n, k, z, labels, smooth, scale, rl, rr, dz);

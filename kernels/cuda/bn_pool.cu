@@ -157,7 +157,7 @@ zps_status k_cuda_bn_fwd_train(k_bn *d, const float *x, const float *gamma, cons
                                  float *y, float *mean, float *var, float *rm, float *rv)
 {
     s_bn_impl *im;
-    KC_TRY(s_bn_get(d, &im));
+    ZPS_TRY(s_bn_get(d, &im));
     int hw = d->h * d->w;
     double cnt = (double)d->n * hw;
     g_bn_part<<<dim3(d->c, im->splits), KC_T, 0, k_cuda_stream>>>(0, d->n, d->c, hw, im->per, x, NULL,
@@ -186,7 +186,7 @@ zps_status k_cuda_bn_bwd(k_bn *d, const float *x, const float *y, const float *d
                            float *dgamma, float *dbeta)
 {
     s_bn_impl *im;
-    KC_TRY(s_bn_get(d, &im));
+    ZPS_TRY(s_bn_get(d, &im));
     int hw = d->h * d->w;
     g_bn_part<<<dim3(d->c, im->splits), KC_T, 0, k_cuda_stream>>>(1, d->n, d->c, hw, im->per, x, y,
                                                             dy, mean, var, d->eps, d->relu,

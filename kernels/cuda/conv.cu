@@ -132,7 +132,7 @@ static zps_status s_conv_ws(s_conv_impl *im, size_t bytes)
 
 static zps_status s_conv_build(const k_conv2d *d, s_conv_impl *im)
 {
-    KC_TRY(s_conv_set_make(d, &im->f, CUDNN_DATA_FLOAT));
+    ZPS_TRY(s_conv_set_make(d, &im->f, CUDNN_DATA_FLOAT));
     KC_CUDNN(cudnnCreateTensorDescriptor(&im->b));
     KC_CUDNN(cudnnSetTensor4dDescriptor(im->b, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, d->k, 1, 1));
     size_t ws = 0;
@@ -201,7 +201,7 @@ static zps_status s_bf16_inputs(int k, const float *const *src, const size_t *n,
     size_t total = 0;
     for (int i = 0; i < k; i++)
         total += src[i] ? s_al64(n[i]) : 0;
-    KC_TRY(k_cuda_grow((void **)&s_bscr, &s_bscr_cap, total * sizeof(float), 0));
+    ZPS_TRY(k_cuda_grow((void **)&s_bscr, &s_bscr_cap, total * sizeof(float), 0));
     float *at = s_bscr;
     for (int i = 0; i < k; i++) {
         out[i] = NULL;
@@ -221,7 +221,7 @@ static zps_status s_bf16_buffers(int k, const float *const *src, const size_t *n
     size_t total = 0;
     for (int i = 0; i < k; i++)
         total += s_al64(n[i]);
-    KC_TRY(k_cuda_grow((void **)&s_bscr, &s_bscr_cap, total * sizeof(uint16_t), 0));
+    ZPS_TRY(k_cuda_grow((void **)&s_bscr, &s_bscr_cap, total * sizeof(uint16_t), 0));
     uint16_t *at = (uint16_t *)s_bscr;
     for (int i = 0; i < k; i++) {
         out[i] = at;
@@ -293,22 +293,22 @@ zps_status k_cuda_conv2d_fwd(k_conv2d *d, const float *x, const float *w, const 
         return st;
     float one = 1, zero = 0;
     if (d->bf16)
-        KC_TRY(s_conv_tc(d, im));
-    KC_TRY(k_cuda_grow(&s_ws, &s_ws_cap, im->ws_need, 0)); /* a no-op but after a failed growth */
+        ZPS_TRY(s_conv_tc(d, im));
+    ZPS_TRY(k_cuda_grow(&s_ws, &s_ws_cap, im->ws_need, 0)); /* a no-op but after a failed growth */
     if (d->bf16 && im->tc > 0) {
         const float *in[3] = {x, w, NULL};
         size_t n[3] = {(size_t)d->n * d->c * d->h * d->w, (size_t)d->k * d->c * d->r * d->s,
                        (size_t)d->n * d->k * d->oh * d->ow};
         uint16_t *h[3];
-        KC_TRY(s_bf16_buffers(3, in, n, h));
+        ZPS_TRY(s_bf16_buffers(3, in, n, h));
         KC_CUDNN(cudnnConvolutionForward(s_cudnn, &one, im->h.x, h[0], im->h.w, h[1], im->h.conv,
                                         im->h.fa, s_ws, s_ws_cap, &zero, im->h.y, h[2]));
-        KC_TRY(s_widen(n[2], h[2], y, 0));
+        ZPS_TRY(s_widen(n[2], h[2], y, 0));
     } else {
         if (d->bf16) {
             const float *in[2] = {x, w}, *r[2];
             size_t n[2] = {(size_t)d->n * d->c * d->h * d->w, (size_t)d->k * d->c * d->r * d->s};
-            KC_TRY(s_bf16_inputs(2, in, n, r));
+            ZPS_TRY(s_bf16_inputs(2, in, n, r));
             x = r[0], w = r[1];
         }
         KC_CUDNN(cudnnConvolutionForward(s_cudnn, &one, im->f.x, x, im->f.w, w, im->f.conv, im->f.fa,
@@ -329,18 +329,18 @@ static zps_status s_conv2d_bwd_tc(k_conv2d *d, s_conv_impl *im, const float *x, 
     size_t n[5] = {(size_t)d->n * d->k * d->oh * d->ow, dx ? nw : 0, dw ? nx : 0, dx ? nx : 0,
                    dw ? nw : 0};
     uint16_t *h[5]; // dy, w, x, dx, dw
-    KC_TRY(s_bf16_buffers(5, in, n, h));
+    ZPS_TRY(s_bf16_buffers(5, in, n, h));
     if (dx) {
         KC_CUDNN(cudnnConvolutionBackwardData(s_cudnn, &one, im->h.w, h[1], im->h.y, h[0],
                                              im->h.conv, im->h.da, s_ws, s_ws_cap, &zero,
                                              im->h.x, h[3]));
-        KC_TRY(s_widen(nx, h[3], dx, 0));
+        ZPS_TRY(s_widen(nx, h[3], dx, 0));
     }
     if (dw) { /* accumulate: the bfloat16 result added to dw in float */
         KC_CUDNN(cudnnConvolutionBackwardFilter(s_cudnn, &one, im->h.x, h[2], im->h.y, h[0],
                                                im->h.conv, im->h.wa, s_ws, s_ws_cap, &zero,
                                                im->h.w, h[4]));
-        KC_TRY(s_widen(nw, h[4], dw, 1));
+        ZPS_TRY(s_widen(nw, h[4], dw, 1));
     }
     return ZPS_OK;
 }
@@ -356,15 +356,15 @@ zps_status k_cuda_conv2d_bwd(k_conv2d *d, const float *x, const float *w, const 
     if (db) /* the float sum of dy, bf16 or not: before dy is rounded */
         KC_CUDNN(cudnnConvolutionBackwardBias(s_cudnn, &one, im->f.y, dy, &one, im->b, db));
     if (d->bf16)
-        KC_TRY(s_conv_tc(d, im));
-    KC_TRY(k_cuda_grow(&s_ws, &s_ws_cap, im->ws_need, 0));
+        ZPS_TRY(s_conv_tc(d, im));
+    ZPS_TRY(k_cuda_grow(&s_ws, &s_ws_cap, im->ws_need, 0));
     if (d->bf16 && im->tc > 0)
         return s_conv2d_bwd_tc(d, im, x, w, dy, dx, dw);
     if (d->bf16) {
         const float *in[3] = {dx ? w : NULL, dw ? x : NULL, dy}, *r[3];
         size_t n[3] = {(size_t)d->k * d->c * d->r * d->s, (size_t)d->n * d->c * d->h * d->w,
                        (size_t)d->n * d->k * d->oh * d->ow};
-        KC_TRY(s_bf16_inputs(3, in, n, r));
+        ZPS_TRY(s_bf16_inputs(3, in, n, r));
         w = r[0], x = r[1], dy = r[2];
     }
     if (dx)

@@ -44,12 +44,6 @@ struct k_event {
     } while (0)
 #define KC_CUDA(expr) KC_CHECK(cudaError_t, cudaSuccess, cudaGetErrorString, ZPS_ERR_CUDA, expr)
 #define KC_LAUNCHED() KC_CUDA(cudaGetLastError())
-#define KC_TRY(expr)                                                                   \
-    do {                                                                               \
-        zps_status t_ = (expr);                                                        \
-        if (t_ != ZPS_OK)                                                              \
-            return t_;                                                                 \
-    } while (0)
 
 /* Threads per block of the grid-stride kernels, and their blocks over n elements: at least
  * 1, so n = 0 is a launch that does nothing (a grid of 0 blocks is
