@@ -6,7 +6,8 @@
  *    with input, forward, backward inside;
  *  - all-reduce (2 trainers under zps-launch, "{trainer}" in the path): each trainer's
  *    file, with the bucket reductions as async spans overlapping backward;
- *  - a PS fleet (sync, 2 servers, 2 trainers): pushes overlapping backward;
+ *  - a PS fleet (sync, 2 servers, 2 trainers): pushes overlapping backward, also with
+ *    --accumulate 2 (the last micro-batch's backward);
  *  - an unwritable path is refused before training (exit 1, one line); a run that ends
  *    before the window says so and writes nothing.
  * The checker needs nothing but Debian's python3.
@@ -75,15 +76,16 @@ Test(it_trace, local_window_has_exactly_its_steps, .init = s_init, .fini = s_fin
 }
 
 /* zps-launch with --trainer-args: 2 trainers, "{trainer}" in the trace path; extra
- * flags (servers, mode) and the checks after. */
-static void s_fleet_traces(const char *servers, const char *mode, const char *overlap)
+ * flags (servers, mode, more trainer flags) and the checks after. */
+static void s_fleet_traces(const char *servers, const char *mode, const char *more,
+                           const char *overlap)
 {
     const char *root = getenv("ZPS_ROOT"), *bin = getenv("ZPS_BIN");
     char launch[4096], targs[1600], run[700], t0[700], t1[700];
     snprintf(launch, sizeof launch, "%s/scripts/zps-launch", root ? root : ".");
     snprintf(run, sizeof run, "%s/run", s_tmp);
     snprintf(targs, sizeof targs, "--mode %s --data %s --model convnet --steps 10 "
-             "--no-progress --trace %s/t-{trainer}.json", mode, s_data, s_tmp);
+             "--no-progress --trace %s/t-{trainer}.json %s", mode, s_data, s_tmp, more);
     snprintf(t0, sizeof t0, "%s/t-0.json", s_tmp);
     snprintf(t1, sizeof t1, "%s/t-1.json", s_tmp);
     const char *args[] = {"--bin-dir", bin ? bin : "build/bin", "--trainers", "2", "--servers",
@@ -100,14 +102,23 @@ static void s_fleet_traces(const char *servers, const char *mode, const char *ov
 Test(it_trace, allreduce_buckets_overlap_backward, .init = s_init, .fini = s_fini,
      .timeout = 300)
 {
-    s_fleet_traces("0", "allreduce", "allreduce");
+    s_fleet_traces("0", "allreduce", "", "allreduce");
 }
 
 /* A sync PS fleet (2 servers, 2 trainers): each bucket's PUSHPULL is a span from the moment
  * it leaves during backward to its reply, overlapping backward. */
 Test(it_trace, sync_pushes_overlap_backward, .init = s_init, .fini = s_fini, .timeout = 300)
 {
-    s_fleet_traces("2", "sync", "pushpull");
+    s_fleet_traces("2", "sync", "", "pushpull");
+}
+
+/* The same with --accumulate 2: the last micro-batch's backward averages each layer and
+ * hands it on at once, so the pushes still overlap backward (they used to leave only after
+ * it, one variable at a time). */
+Test(it_trace, accumulated_pushes_overlap_the_last_backward, .init = s_init, .fini = s_fini,
+     .timeout = 300)
+{
+    s_fleet_traces("2", "sync", "--accumulate 2", "pushpull");
 }
 
 Test(it_trace, unwritable_path_is_refused_and_a_short_run_writes_nothing, .init = s_init,

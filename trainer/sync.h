@@ -45,10 +45,11 @@
  *    data. sync_local and sync_nccl work on env.be's memory, wherever that is (k_optim_apply,
  *    NCCL on device buffers); they move nothing between the host and a device but sync_nccl's
  *    starting values (and its sum through the host when trainers share a GPU).
- *  - Gradient accumulation is the loop's business: with --accumulate K > 1 the loop averages
- *    the K micro-batches into env.grads and then calls grads_ready once per variable, last
- *    first; with K = 1 the model's backward calls it per layer. Either way every variable
- *    is reported once per step, after its gradient is final and before end_step.
+ *  - Gradient accumulation is the loop's business: with --accumulate K > 1 the loop sums the
+ *    K micro-batches into env.grads, and the last one's backward averages each layer there
+ *    and reports it; with K = 1 the model's backward reports its own gradients. Either way
+ *    grads_ready comes per layer group, in backward's order, every variable once per step,
+ *    after its gradient is final and before end_step.
  *  - Once grads_ready(first, n) returned, the back-end may change those variables' values
  *    before end_step (all-reduce: the fused update on its communication thread): backward
  *    must not read them again in this step (nn calls a layer's hook after its whole

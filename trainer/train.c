@@ -65,6 +65,7 @@ typedef struct s_job {
     const nn_var *vars;
     float *params, *grads;       // the model's flat buffers
     float *acc;                  // (nparams) mean gradient of the micro-batches (--accumulate > 1)
+    zps_status acc_err;          // s_acc_hook's first failure in this backward
     ds_pipeline *train;
     int in_c, in_h, in_w, classes;
     size_t sample_floats;
@@ -534,10 +535,33 @@ static void s_grads_hook(void *ctx, size_t first, size_t n)
     (void)s->grads_ready(s, first, n);
 }
 
+/* --accumulate K > 1, in the last micro-batch's backward: a layer's gradients are final, so
+ * its range of the accumulator is too (acc += grads, acc *= 1 / K: the operations the whole
+ * buffer would get, element for element), and it goes to the back-end at once, in the layer
+ * groups of K = 1, while backward computes the layers below. */
+static void s_acc_hook(void *ctx, size_t first, size_t n)
+{
+    s_job *j = ctx;
+    if (j->acc_err != ZPS_OK)
+        return;
+    const nn_var *top = &j->vars[first + n - 1];
+    size_t lo = j->vars[first].offset, len = top->offset + top->count - lo;
+    zps_status st = k_axpy(j->be, len, 1.0f, j->grads + lo, j->acc + lo);
+    if (st == ZPS_OK)
+        st = k_scale(j->be, len, 1.0f / (float)j->cfg->accumulate, j->acc + lo);
+    if (st != ZPS_OK) {
+        zps_log(ZPS_ERROR, "trainer", "averaging the micro-batches' gradients: %s",
+                zps_strerror(st));
+        j->acc_err = st;
+        return;
+    }
+    (void)j->sync->grads_ready(j->sync, first, n);
+}
+
 /* Forward and backward over the step's K = --accumulate micro-batches. K = 1: backward hands
  * each layer's gradients to the back-end as soon as they are final. K > 1: the gradients are
- * averaged into j->acc and then handed over one variable at a time, last first, as a
- * backward would. */
+ * summed into j->acc, and the last micro-batch's backward averages and hands them over the
+ * same way, layer by layer (s_acc_hook). */
 static zps_status s_forward_backward(s_job *j, tr_step_record *rec)
 {
     const tr_config *c = j->cfg;
@@ -564,18 +588,18 @@ static zps_status s_forward_backward(s_job *j, tr_step_record *rec)
         }
         loss_sum += loss;
         t0 = tr_trace_now(j->trace);
-        ZPS_TRY(j->task->backward(j->task, K == 1 ? s_grads_hook : NULL, j->sync));
+        j->acc_err = ZPS_OK;
+        if (K == 1)
+            ZPS_TRY(j->task->backward(j->task, s_grads_hook, j->sync));
+        else
+            ZPS_TRY(j->task->backward(j->task, m == K - 1 ? s_acc_hook : NULL, j));
+        ZPS_TRY(j->acc_err);
         tr_trace_span(j->trace, TR_TRACE_MAIN, "backward", t0, -1);
         ZPS_TRY(tr_input_done(j->input, j->step + 1 == j->total && m == K - 1, j->step + 1));
         if (K > 1 && m == 0) /* acc = 0 + 1 * grads: the copy, exactly, on any back-end */
             ZPS_TRY(k_fill(j->be, j->nparams, 0.0f, j->acc));
-        if (K > 1)
+        if (K > 1 && m < K - 1)
             ZPS_TRY(k_axpy(j->be, j->nparams, 1.0f, j->grads, j->acc));
-    }
-    if (K > 1) {
-        ZPS_TRY(k_scale(j->be, j->nparams, 1.0f / (float)K, j->acc));
-        for (size_t v = j->nvars; v-- > 0;)
-            ZPS_TRY(j->sync->grads_ready(j->sync, v, 1));
     }
     rec->images = (int64_t)c->batch * K;
     rec->loss = loss_sum / K;
