@@ -2,7 +2,8 @@
  *
  * Suite `allreduce` (in one process, so it runs under the sanitizers): argument checks,
  * two ranks played by two threads, and the fused-update callback of tr_allreduce_sum_apply
- * (each element handed over once, final, and the callback's writes kept). Suite `it_allreduce` forks rank processes: results are
+ * (each element handed over once, final, and the callback's writes kept), and a name
+ * attached again at once by a fast rank while a slow one leaves the old segment. Suite `it_allreduce` forks rank processes: results are
  * bit-identical on every rank and equal to the fixed-order sum ((x0 + x1) + x2) + ...,
  * across many calls with sizes that do not fill a slice or wrap the ring; average,
  * broadcast and barrier; a peer that dies makes the others fail at once instead of hanging,
@@ -188,6 +189,49 @@ Test(allreduce, two_threads_as_ranks_match_fixed_order, .timeout = 30)
     for (int r = 0; r < 2; r++)
         cr_assert_eq(a[r].rc, 0, "rank %d failed with %d; seed %llx", r, a[r].rc,
                      (unsigned long long)seed);
+}
+
+/* The same name attached again at once (sync_node_dev.c's fallback: the node's ranks leave
+ * one segment and meet in a new one of the same name): a fast rank makes the new one while a
+ * slow rank has not left the old one yet, and the slow rank's leaving must not remove the
+ * new one's name, or the two wait in different segments until the timeout. */
+typedef struct s_again_arg {
+    const char *job;
+    int rank;
+    zps_status st[3]; // first attach, second attach, a barrier in the second segment
+} s_again_arg;
+
+static void *s_again_rank(void *p)
+{
+    s_again_arg *a = p;
+    tr_allreduce_opts o = {.timeout_ms = 3000};
+    tr_allreduce *ar = NULL;
+    if ((a->st[0] = tr_allreduce_new(a->job, a->rank, 2, 16, &o, &ar)) != ZPS_OK)
+        return NULL;
+    if (a->rank == 1) { /* the slow rank: leaves only once the fast one made the new name */
+        char path[128];
+        snprintf(path, sizeof path, "/dev/shm/zps-ar-%s", a->job);
+        for (int k = 0; k < 5000 && access(path, F_OK) != 0; k++)
+            usleep(1000);
+    }
+    tr_allreduce_destroy(&ar);
+    if ((a->st[1] = tr_allreduce_new(a->job, a->rank, 2, 16, &o, &ar)) == ZPS_OK)
+        a->st[2] = tr_allreduce_barrier(ar);
+    tr_allreduce_destroy(&ar);
+    return NULL;
+}
+
+Test(allreduce, the_same_name_attached_again_at_once, .timeout = 30)
+{
+    char job[64];
+    (void)s_thread_job(job, sizeof job, "again");
+    s_again_arg a[2] = {{.job = job, .rank = 0}, {.job = job, .rank = 1}};
+    s_two_ranks(s_again_rank, a, sizeof a[0]);
+    for (int r = 0; r < 2; r++)
+        for (int k = 0; k < 3; k++)
+            cr_assert_eq(a[r].st[k], ZPS_OK, "rank %d, %s: %s", r,
+                         k == 0 ? "first attach" : k == 1 ? "second attach" : "barrier",
+                         zps_strerror(a[r].st[k]));
 }
 
 /* tr_allreduce_sum_apply: the callback sees every element once, already final (the mean),

@@ -283,6 +283,7 @@ zps_status tr_allreduce_new(const char *job_name, int rank, int n_ranks, size_t 
     /* everyone has the segment open: drop the name so a crash cannot leave it behind */
     if (shm_unlink(ar->name) != 0 && errno != ENOENT)
         zps_log(ZPS_WARN, "allreduce", "shm_unlink %s: %s", ar->name, strerror(errno));
+    ar->unlinked = 1;
     zps_log(ZPS_DEBUG, "allreduce", "rank %d of %d attached to %s (%zu bytes, slice %zu, ring %d)",
             rank, n_ranks, ar->name, ar->bytes, ar->slice, ar->ring);
     *out = ar;
@@ -313,7 +314,8 @@ void tr_allreduce_destroy(tr_allreduce **par)
                 tr_ar_futex(&me->ctr[c].v, FUTEX_WAKE, INT_MAX, NULL);
         }
         munmap(ar->hdr, ar->bytes);
-        if (shm_unlink(ar->name) != 0 && errno != ENOENT)
+        /* a rank that never saw every rank attach: the name may be left behind */
+        if (!ar->unlinked && shm_unlink(ar->name) != 0 && errno != ENOENT)
             zps_log(ZPS_WARN, "allreduce", "shm_unlink %s: %s", ar->name, strerror(errno));
     }
     free(ar);

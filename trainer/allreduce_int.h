@@ -64,6 +64,8 @@ struct tr_allreduce {
     size_t max_floats;   // bound on n
     int timeout_ms;      // per wait
     int broken;          // a peer failed: every later call fails
+    int unlinked;        // this rank dropped the name once all attached: destroy must not
+                         // (a new job of the same name may have made it again since)
     uint32_t seq;        // next slice number (identical on every rank)
     tr_ar_header *hdr;   // the mapping
     size_t bytes;        // its length
