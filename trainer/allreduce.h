@@ -30,12 +30,12 @@
  *    ZPS_ERR_TIMEOUT, the log names the peer and why, and the object is broken: every later
  *    call fails at once. The rank that notices marks the whole job broken in the segment,
  *    so the other ranks stop waiting too (within 20 ms).
- *  - Every rank unlinks the name as soon as all ranks have attached, so a crash never leaves
- *    a segment behind, and the same name can be attached again at once by a new set of
- *    ranks (a rank's destroy unlinks only when it never got that far: otherwise a slow
- *    rank's destroy could remove the name of the next segment a fast rank just made). A
- *    stale segment left by ranks that died before all attached is detected (all holders
- *    dead) and reinitialised.
+ *  - The last rank to attach unlinks the name before any rank can see that all attached, so
+ *    a crash never leaves a segment behind, and a rank that returns from tr_allreduce_new
+ *    may at once attach a new segment of the same name (sync_node_dev.c's fallback does);
+ *    a rank's destroy unlinks only when not all ranks attached, or a slow rank's destroy
+ *    would remove the fast rank's new name. A stale segment left by ranks that died before
+ *    all attached is detected (all holders dead) and reinitialised.
  *  - Every rank must make the same sequence of calls with the same n (collective calls). One
  *    object per process per job; not thread-safe; destroy it from the thread that created it
  *    (that thread holds the liveness mutex, and a thread that exits drops it).

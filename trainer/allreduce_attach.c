@@ -5,8 +5,8 @@
  * ranks attach one at a time. A segment of another size or geometry is refused while any
  * of its ranks lives (two jobs with one name) and reinitialised when all are dead (a crashed
  * job's leftover). A rank slot is claimed once per job: a live holder, or a dead earlier
- * holder of the same rank in a live job, is refused. The name is unlinked as soon as all
- * ranks attached.
+ * holder of the same rank in a live job, is refused. The last rank to attach unlinks the
+ * name before the others can see that all did.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -161,6 +161,12 @@ static zps_status s_register_rank(tr_allreduce *ar, tr_ar_header *h)
     for (int c = 0; c < TR_AR_NCOUNTERS; c++)
         atomic_store(&me->ctr[c].v, 0);
     atomic_store(&me->pid, (int32_t)getpid());
+    /* The last rank drops the name before anyone can see that all attached (registrations
+     * are serialised by the file lock), so a crash cannot leave it behind, and a rank that
+     * returns from tr_allreduce_new may make a new segment of the same name at once. */
+    if (atomic_load(&h->attached.v) + 1 == (uint32_t)ar->n_ranks && shm_unlink(ar->name) != 0 &&
+        errno != ENOENT)
+        zps_log(ZPS_WARN, "allreduce", "shm_unlink %s: %s", ar->name, strerror(errno));
     tr_ar_publish(h, &h->attached.v, atomic_fetch_add(&h->attached.v, 1) + 1);
     return ZPS_OK;
 }
@@ -280,10 +286,7 @@ zps_status tr_allreduce_new(const char *job_name, int rank, int n_ranks, size_t 
         tr_allreduce_destroy(&ar);
         return st;
     }
-    /* everyone has the segment open: drop the name so a crash cannot leave it behind */
-    if (shm_unlink(ar->name) != 0 && errno != ENOENT)
-        zps_log(ZPS_WARN, "allreduce", "shm_unlink %s: %s", ar->name, strerror(errno));
-    ar->unlinked = 1;
+    ar->unlinked = 1; /* by the last rank to attach (s_register_rank) */
     zps_log(ZPS_DEBUG, "allreduce", "rank %d of %d attached to %s (%zu bytes, slice %zu, ring %d)",
             rank, n_ranks, ar->name, ar->bytes, ar->slice, ar->ring);
     *out = ar;

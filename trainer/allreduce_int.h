@@ -64,8 +64,8 @@ struct tr_allreduce {
     size_t max_floats;   // bound on n
     int timeout_ms;      // per wait
     int broken;          // a peer failed: every later call fails
-    int unlinked;        // this rank dropped the name once all attached: destroy must not
-                         // (a new job of the same name may have made it again since)
+    int unlinked;        // all attached, so the name is gone: destroy must not unlink it
+                         // (a new segment of the same name may have taken it since)
     uint32_t seq;        // next slice number (identical on every rank)
     tr_ar_header *hdr;   // the mapping
     size_t bytes;        // its length
