@@ -359,6 +359,7 @@ typedef struct s_script {
     size_t n;
 } s_script;
 static s_script *s_scripted; // the one made by s_script_new (a test has one)
+static int s_script_calls;    // grads_ready calls of every s_script, also after it is gone
 
 static zps_status s_sc_begin(tr_sync *b, int64_t step, int *stop)
 {
@@ -380,6 +381,7 @@ static zps_status s_sc_grads(tr_sync *b, size_t first, size_t n)
         size_t hi = s->vars[first + n - 1].offset + s->vars[first + n - 1].count;
         s->wrong += memcmp(s->grads + lo, s->want + lo, (hi - lo) * sizeof(float)) != 0;
     }
+    __atomic_add_fetch(&s_script_calls, 1, __ATOMIC_SEQ_CST);
     if (s->pushed == ZPS_OK && __atomic_add_fetch(&s->handed, 1, __ATOMIC_SEQ_CST) == s->fail_at)
         s->pushed = ZPS_ERR_TIMEOUT;
     return s->pushed;
@@ -556,9 +558,12 @@ Test(tr_sync, node_hands_each_bucket_on_during_backward)
 
 typedef struct s_hcoll {
     tr_allreduce *ar;
-    float *q[S_NV + 1];   // queued sums, in order
-    size_t qn[S_NV + 1];
-    int nq, points;
+    float *q[S_NV + 2];   // queued collectives, in order: sums, and a broadcast (qb)
+    size_t qn[S_NV + 2];
+    int qb[S_NV + 2];
+    int nq;
+    int invalid;          // as after an abort: valid() and join() fail
+    k_event *copies;      // the staged copy queue's end, to run what it holds
 } s_hcoll;
 
 static zps_status s_hc_run(void *ctx)
@@ -566,38 +571,63 @@ static zps_status s_hc_run(void *ctx)
     s_hcoll *c = ctx;
     zps_status st = ZPS_OK;
     for (int i = 0; i < c->nq && st == ZPS_OK; i++)
-        st = tr_allreduce_sum(c->ar, c->q[i], c->qn[i], 1);
+        st = c->qb[i] ? tr_allreduce_broadcast(c->ar, c->q[i], c->qn[i] * sizeof(float), 0)
+                      : tr_allreduce_sum(c->ar, c->q[i], c->qn[i], 1);
     c->nq = 0;
     return st;
 }
+static zps_status s_hc_queue(s_hcoll *c, float *dev, size_t n, int bcast)
+{
+    if (c->nq == S_NV + 2)
+        return ZPS_ERR_INTERNAL;
+    c->q[c->nq] = dev, c->qn[c->nq] = n, c->qb[c->nq++] = bcast;
+    return ZPS_OK;
+}
+/* A device would have run the copies queued so far by now: a copy that did not wait for
+ * the point after the sums copies the gradients as backward left them. */
 static zps_status s_hc_sum(void *ctx, float *dev, size_t n)
 {
     s_hcoll *c = ctx;
-    if (c->nq == S_NV + 1)
-        return ZPS_ERR_INTERNAL;
-    c->q[c->nq] = dev, c->qn[c->nq++] = n;
-    return ZPS_OK;
+    const k_backend *be = k_backend_staged();
+    ZPS_TRY(be->event_record(c->copies, K_QUEUE_COPY));
+    ZPS_TRY(be->event_sync(c->copies));
+    return s_hc_queue(c, dev, n, 0);
 }
 static zps_status s_hc_broadcast(void *ctx, float *dev, size_t n)
 {
-    ZPS_TRY(s_hc_run(ctx));
-    return tr_allreduce_broadcast(((s_hcoll *)ctx)->ar, dev, n * sizeof(float), 0);
+    return s_hc_queue(ctx, dev, n, 1);
 }
 static zps_status s_hc_point(void *ctx, struct k_event *e)
 {
-    ((s_hcoll *)ctx)->points++;
     ZPS_TRY(s_hc_run(ctx));
     return k_backend_staged()->event_record(e, K_QUEUE_COMPUTE);
 }
-static void s_hc_destroy(void *ctx) { free(ctx); }
+static zps_status s_hc_valid(void *ctx) { return ((s_hcoll *)ctx)->invalid ? ZPS_ERR_NCCL : 0; }
+static zps_status s_hc_join(void *ctx)
+{
+    ZPS_TRY(s_hc_valid(ctx));
+    return s_hc_run(ctx);
+}
+static void s_hc_destroy(void *ctx)
+{
+    k_backend_staged()->event_free(((s_hcoll *)ctx)->copies);
+    free(ctx);
+}
+static s_hcoll *s_hc_last; // the one s_hc_new made last
 static zps_status s_hc_new(tr_allreduce *ar, const tr_sync_env *env, tr_node_coll *out)
 {
     (void)env;
     s_hcoll *c = zps_xcalloc(1, sizeof *c);
     c->ar = ar;
+    s_hc_last = c;
+    zps_status st = k_backend_staged()->event_new(&c->copies);
+    if (st != ZPS_OK) {
+        free(c);
+        return st;
+    }
     *out = (tr_node_coll){.ctx = c, .sum = s_hc_sum, .broadcast = s_hc_broadcast,
-                          .point = s_hc_point, .join = s_hc_run, .drain = s_hc_run,
-                          .destroy = s_hc_destroy};
+                          .point = s_hc_point, .valid = s_hc_valid, .join = s_hc_join,
+                          .drain = s_hc_run, .destroy = s_hc_destroy};
     return ZPS_OK;
 }
 
@@ -712,6 +742,40 @@ static void s_dev_node(int n_ranks, const k_backend *be, tr_node_coll_new_fn col
 Test(tr_sync, node_on_devices_spreads_the_mean_and_the_leaders_values)
 {
     s_dev_node(2, k_backend_staged(), s_hc_new);
+}
+
+/* An NCCL abort ends the sums' kernels early, and the copies after them complete: what they
+ * copied is no mean and must not reach the servers. One rank whose collectives are broken
+ * after their points were recorded: nothing is handed on, and the step fails. */
+Test(tr_sync, node_on_devices_hands_nothing_on_after_an_abort)
+{
+    zt_seed_init();
+    zps_log_set_level(ZPS_LOG_OFF);
+    static s_fixture f;
+    static nn_var vars[S_NV];
+    s_bucket_rank(&f, vars, 0);
+    f.env.n_trainers = 1;
+    f.cfg.node_trainers = 1;
+    const k_backend *be = k_backend_staged();
+    float *dp = be->alloc(sizeof f.params), *dg = be->alloc(sizeof f.grads);
+    cr_assert(dp && dg);
+    cr_assert_eq(be->copy_in(dp, f.params, sizeof f.params), ZPS_OK);
+    cr_assert_eq(be->copy_in(dg, f.grads, sizeof f.grads), ZPS_OK);
+    f.env.be = be, f.env.params = dp, f.env.grads = dg;
+    tr_sync *s = NULL;
+    cr_assert_eq(tr_sync_node_dev_with(&f.env, s_hc_new, s_script_new, &s), ZPS_OK);
+    int stop = 0;
+    cr_assert_eq(s->begin_step(s, 0, &stop), ZPS_OK);
+    s_hc_last->invalid = 1; /* the points of this step's buckets come, then the abort */
+    for (int v = S_NV - 1; v >= 0; v--)
+        (void)s->grads_ready(s, (size_t)v, 1);
+    tr_step_record rec = tr_step_record_empty(1);
+    zps_status st = s->end_step(s, &rec);
+    cr_assert_neq(st, ZPS_OK, "a step over broken collectives succeeded");
+    tr_sync_destroy(&s); /* the hand-offs still queued run first */
+    cr_assert_eq(s_script_calls, 0, "%d group(s) handed on after the abort", s_script_calls);
+    be->free(dp);
+    be->free(dg);
 }
 
 /* The same on a real GPU with NCCL (one rank: NCCL refuses two on one GPU, and the lent

@@ -129,6 +129,9 @@ zps_status tr_nccl_join(tr_nccl *nc);
 /* Waits until every sum queued so far finished on the device (judging the peers as it
  * waits): a job's last step, before its final evaluation reads the values. */
 zps_status tr_nccl_drain(tr_nccl *nc);
+/* ZPS_OK while the communicator stands; ZPS_ERR_NCCL once it was aborted (the reason was
+ * logged then): what its finished kernels wrote may be partial. Logs nothing. */
+zps_status tr_nccl_ok(tr_nccl *nc);
 /* The judgement's timeout from now on (made with the segment's). */
 void tr_nccl_set_timeout(tr_nccl *nc, int timeout_ms);
 /* This rank stops early (an error, a signal): marks the job failed in the segment and aborts

@@ -379,6 +379,14 @@ zps_status tr_nccl_join(tr_nccl *nc)
     return st;
 }
 
+zps_status tr_nccl_ok(tr_nccl *nc)
+{
+    pthread_mutex_lock(&nc->mu);
+    int aborted = nc->aborted;
+    pthread_mutex_unlock(&nc->mu);
+    return aborted ? ZPS_ERR_NCCL : ZPS_OK;
+}
+
 zps_status tr_nccl_drain(tr_nccl *nc)
 {
     pthread_mutex_lock(&nc->mu);

@@ -63,9 +63,8 @@ typedef struct s_stage {
     nn_grad_hook inner_hook;   // the inner back-end's forward hook (PS: waits for pulls)
     void *inner_ctx;
     k_event *point;            // where reported gradients are final (reused: waited for
-                               // as recorded): the compute queue's, or env's grads_point
-    zps_status (*grads_point)(void *ctx, k_event *e); // env's (NULL: the compute queue)
-    void *grads_point_ctx;
+                               // as recorded): the compute queue's, or the source's
+    const tr_grads_source *src; // env's (NULL: the compute queue)
     k_event *up;               // the last H2D's end (reused likewise)
     k_event **ev;              // (nvars) hand-off events: ev[first] for the group at first
     zps_status err;            // first failure (training thread's side)
@@ -95,6 +94,8 @@ static zps_status s_hand_off(void *ctx, const tr_job *h, zps_status failed)
     if (failed != ZPS_OK) /* the step's hand-offs stop at the first failure */
         return failed;
     ZPS_TRY(s->be->event_sync(s->ev[h->first]));
+    if (s->src) /* (NCCL aborted: its sums ended early, the copy holds no mean) */
+        ZPS_TRY(s->src->valid(s->src->ctx));
     return s->inner->grads_ready(s->inner, h->first, h->n);
 }
 
@@ -115,8 +116,8 @@ static zps_status s_grads_ready(tr_sync *b, size_t first, size_t n)
     if (s->bf16) /* rounded where they are: half the bytes cross */
         st = k_pack_bf16(s->be, span, s->dgrads + off, s->dgrads16 + off);
     if (st == ZPS_OK)
-        st = s->grads_point ? s->grads_point(s->grads_point_ctx, s->point)
-                            : s->be->event_record(s->point, K_QUEUE_COMPUTE);
+        st = s->src ? s->src->point(s->src->ctx, s->point)
+                    : s->be->event_record(s->point, K_QUEUE_COMPUTE);
     if (st == ZPS_OK)
         st = s->be->event_wait(K_QUEUE_COPY, s->point);
     if (st == ZPS_OK)
@@ -316,19 +317,18 @@ zps_status tr_sync_staged_new(const tr_sync_env *env, tr_sync_new_fn inner_new, 
     const k_backend *be = env->model ? nn_model_backend(env->model) : env->be;
     if (!be || !k_backend_async(be)) {
         zps_log(ZPS_ERROR, "trainer", "the %s back-end has no copy queue to stage through",
-                be->name);
+                be ? be->name : "(no)");
         return ZPS_ERR_UNSUPPORTED;
     }
-    if (bf16_out && env->grads_point) {
+    if (bf16_out && env->grads_source) {
         zps_log(ZPS_ERROR, "trainer", "bf16 gradients are rounded on the compute queue, "
-                "before a grads_point elsewhere: not supported together");
+                "before they are final elsewhere: not supported together");
         return ZPS_ERR_INTERNAL;
     }
     s_stage *s = zps_xcalloc(1, sizeof *s);
     *s = (s_stage){.be = be, .model = env->model, .vars = env->vars, .nvars = env->nvars,
                    .nparams = env->nparams, .dparams = env->params, .dgrads = env->grads,
-                   .bf16 = bf16_out, .grads_point = env->grads_point,
-                   .grads_point_ctx = env->grads_point_ctx};
+                   .bf16 = bf16_out, .src = env->grads_source};
     s->base = (tr_sync){.begin_step = s_begin_step, .params_ready = s_params_ready,
                         .grads_ready = s_grads_ready, .end_step = s_end_step,
                         .finish = s_finish, .leave = s_leave, .abandon = s_abandon,
@@ -344,8 +344,7 @@ zps_status tr_sync_staged_new(const tr_sync_env *env, tr_sync_new_fn inner_new, 
         host.grads_bf16 = s->hgrads16;
         host.set_forward_hook = s_set_inner_hook;
         host.hook_owner = s;
-        host.grads_point = NULL;
-        host.grads_point_ctx = NULL;
+        host.grads_source = NULL;
         st = inner_new(&host, &s->inner);
     }
     if (st != ZPS_OK) {

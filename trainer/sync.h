@@ -97,11 +97,8 @@ typedef struct tr_sync_env {
     int n_uris;
     const volatile sig_atomic_t *stop; // raised by SIGTERM/SIGINT: network waits end at once
     size_t bucket_floats;     // all-reduce: gradients reduced together (0: the default)
-    /* stage.c: records e where the gradients reported so far are final, for the copy queue
-     * to wait for (NULL: the compute queue, after their backward; sync_node_dev.c: after
-     * the node's sums on NCCL's stream) */
-    zps_status (*grads_point)(void *ctx, struct k_event *e);
-    void *grads_point_ctx;
+    const struct tr_grads_source *grads_source; // stage.c: where reported gradients become
+                              // final (NULL: on the compute queue, after their backward)
     struct tr_trace *trace;   // --trace (trace.h; NULL: none): transfers and waits go in it
 } tr_sync_env;
 
@@ -145,6 +142,20 @@ struct tr_sync {
     int64_t start_step;
 };
 
+/* Where a device trainer's reported gradients become final when that is not the compute
+ * queue after their backward (sync_node_dev.c: after the node's sums on NCCL's stream), as
+ * stage.c sees it. */
+typedef struct tr_grads_source {
+    void *ctx;
+    /* Records e after the gradients reported so far are final, for the copy queue to wait
+     * for. */
+    zps_status (*point)(void *ctx, struct k_event *e);
+    /* Once such a point was reached: ZPS_OK when the gradients are what it promised (NCCL:
+     * the communicator was not aborted, which ends its kernels early); else they must not be
+     * handed on. */
+    zps_status (*valid)(void *ctx);
+} tr_grads_source;
+
 /* The back-ends. Each logs what failed; *out is the caller's (tr_sync_destroy). */
 typedef zps_status (*tr_sync_new_fn)(const tr_sync_env *env, tr_sync **out);
 zps_status tr_sync_local_new(const tr_sync_env *env, tr_sync **out);
@@ -158,7 +169,7 @@ zps_status tr_sync_node_lead_new(const tr_sync_env *env, tr_sync_new_fn lead_new
                                  tr_sync **out);
 /* --node-trainers with each trainer of the node on a GPU of its own (sync_node_dev.c): the
  * node's sums and values cross between the GPUs over NCCL, and the leader's PS back-end runs
- * under stage.c. ZPS_ERR_UNSUPPORTED (said at INFO) when trainers of the node share a GPU:
+ * under stage.c. ZPS_OK with *out NULL (said at INFO) when trainers of the node share a GPU:
  * then sync_node.c under stage.c instead. */
 zps_status tr_sync_node_dev_new(const tr_sync_env *env, tr_sync **out);
 struct tr_allreduce;
@@ -169,8 +180,10 @@ typedef struct tr_node_coll {
      * (the host does not wait): the node's mean; local rank 0's values on every rank. */
     zps_status (*sum)(void *ctx, float *dev, size_t n);
     zps_status (*broadcast)(void *ctx, float *dev, size_t n);
-    /* e: a point after every collective queued so far (env.grads_point) */
+    /* e: a point after every collective queued so far, and whether what it reached is whole
+     * (tr_grads_source's) */
     zps_status (*point)(void *ctx, struct k_event *e);
+    zps_status (*valid)(void *ctx);
     zps_status (*join)(void *ctx);  // the compute queue's later work waits for them
     zps_status (*drain)(void *ctx); // the host waits for them
     void (*abandon)(void *ctx);     // this rank stops early (NULL: nothing to tell)
@@ -178,8 +191,8 @@ typedef struct tr_node_coll {
 } tr_node_coll;
 typedef zps_status (*tr_node_coll_new_fn)(struct tr_allreduce *ar, const tr_sync_env *env,
                                           tr_node_coll *out);
-/* NCCL over the node's GPUs (each rank's k_device_gpu); ZPS_ERR_UNSUPPORTED (said at INFO)
- * when two ranks use one GPU. */
+/* NCCL over the node's GPUs (each rank's k_device_gpu). When two ranks use one GPU it makes
+ * nothing (out->sum NULL; said at INFO), and tr_sync_node_dev_with then neither. */
 zps_status tr_node_coll_nccl_new(struct tr_allreduce *ar, const tr_sync_env *env,
                                  tr_node_coll *out);
 /* tr_sync_node_dev_new with the node's collectives made by coll_new over the node's segment,

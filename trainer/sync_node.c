@@ -286,6 +286,8 @@ zps_status tr_sync_node_lead_new(const tr_sync_env *env, tr_sync_new_fn lead_new
                         .destroy = s_destroy, .redo_from = -1};
     zps_status st = s_setup(s, env, group, lead_new);
     if (st != ZPS_OK) {
+        if (s->ps && s->ps->abandon) /* it joined the servers: they hear of it now */
+            s->ps->abandon(s->ps);
         s_destroy(&s->base);
         return st;
     }

@@ -30,8 +30,8 @@
  *               the PS back-end
  *
  * Trainers of a node that share one GPU (NCCL refuses that: two trainers on a one-GPU
- * machine) cannot use this: tr_sync_node_dev_new answers ZPS_ERR_UNSUPPORTED and the trainer
- * runs sync_node.c under stage.c's mirrors instead (train.c), with the node's sums on the host.
+ * machine) cannot use this: tr_sync_node_dev_new makes nothing and the trainer runs
+ * sync_node.c under stage.c's mirrors instead (train.c), with the node's sums on the host.
  *
  * Invariants:
  *  - Every rank of a node makes the same collective calls in the same order: per step, the
@@ -44,7 +44,9 @@
  *    join; the leader's copy of it waits for the point after its sum.
  *  - A failure of the node's collectives (the NCCL communicator, the segment) breaks the
  *    back-end: every later call fails and the loop ends. A hand-off the PS back-end refused
- *    is the PS back-end's to judge in its end_step, as in sync_node.c.
+ *    is the PS back-end's to judge in its end_step, as in sync_node.c. Gradients are handed
+ *    to it only while the communicator stands: an abort ends NCCL's kernels early, and the
+ *    copy after them holds no mean (stage.c asks tr_grads_source.valid after each copy).
  *  - Nothing is allocated per step.
  * Not run on two GPUs yet (no session had a machine with more than one): the CPU suite proves
  * the logic over the staged back-end with the node's collectives on the host
@@ -69,12 +71,14 @@ typedef struct s_nd {
     tr_sync *lead;            // the leader's staged PS back-end (NULL on the other ranks)
     tr_allreduce *ar;         // the node's segment: the words, NCCL's id, the peers' liveness
     tr_node_coll coll;        // the node's collectives on device memory (NCCL's)
+    tr_grads_source src;      // leader: coll's point and validity, for stage.c
     int rank;
     float *params, *grads;    // (n) the model's, in device memory
     size_t n;
     tr_buckets buckets;       // this step's (sync.h)
     zps_status err;           // the node's collectives failed: the back-end is broken
-    int handing;              // leader: this step's hand-offs go on (none after a refusal)
+    int handing;              // leader: this step's hand-offs go on (none once the staged
+                              // back-end refused one: its own failure, kept for end_step)
     struct tr_trace *trace;
 } s_nd;
 
@@ -108,7 +112,7 @@ static zps_status s_post(s_nd *s, const tr_bucket *k)
     if (!s->lead || !s->handing || k->nv == 0)
         return ZPS_OK;
     zps_status st = s->lead->grads_ready(s->lead, k->first, k->nv);
-    s->handing = st == ZPS_OK; /* refused: its end_step judges it */
+    s->handing = st == ZPS_OK; /* refused: its end_step returns why */
     return ZPS_OK;
 }
 
@@ -235,8 +239,9 @@ static zps_status s_setup(s_nd *s, const tr_sync_env *env, int group, tr_sync_ne
         tr_sync_env lead = *env;
         lead.id = node;
         lead.n_trainers = nodes;
-        lead.grads_point = s->coll.point;
-        lead.grads_point_ctx = s->coll.ctx;
+        s->src = (tr_grads_source){.ctx = s->coll.ctx, .point = s->coll.point,
+                                   .valid = s->coll.valid};
+        lead.grads_source = &s->src;
         w.status = tr_sync_staged_new(&lead, lead_new, 0, &s->lead);
         if (s->lead) {
             w.start_step = s->lead->start_step;
@@ -265,9 +270,15 @@ zps_status tr_sync_node_dev_with(const tr_sync_env *env, tr_node_coll_new_fn col
     zps_status st = tr_node_open(env, &s->ar);
     if (st == ZPS_OK)
         st = coll_new(s->ar, env, &s->coll);
+    if (st == ZPS_OK && !s->coll.sum) { /* declined (GPUs shared): the caller's choice */
+        s_destroy(&s->base);
+        return ZPS_OK;
+    }
     if (st == ZPS_OK)
         st = s_setup(s, env, group, lead_new);
     if (st != ZPS_OK) {
+        if (s->lead && s->lead->abandon) /* it joined the servers: they hear of it now */
+            s->lead->abandon(s->lead);
         s_destroy(&s->base);
         return st;
     }
@@ -289,6 +300,7 @@ static zps_status s_nccl_broadcast(void *ctx, float *dev, size_t n)
     return tr_nccl_broadcast_device_async(ctx, dev, n, 0);
 }
 static zps_status s_nccl_point(void *ctx, struct k_event *e) { return tr_nccl_record(ctx, e); }
+static zps_status s_nccl_valid(void *ctx) { return tr_nccl_ok(ctx); }
 static zps_status s_nccl_join(void *ctx) { return tr_nccl_join(ctx); }
 static zps_status s_nccl_drain(void *ctx) { return tr_nccl_drain(ctx); }
 static void s_nccl_abandon(void *ctx) { tr_nccl_abandon(ctx); }
@@ -301,20 +313,23 @@ static void s_nccl_destroy(void *ctx)
 zps_status tr_node_coll_nccl_new(tr_allreduce *ar, const tr_sync_env *env, tr_node_coll *out)
 {
     int shared = 0;
+    *out = (tr_node_coll){0};
     ZPS_TRY(tr_nccl_gpus_shared(ar, &shared));
     if (shared) {
         zps_log(ZPS_INFO, "trainer", "trainer %d: trainers of this node share a GPU, which "
                 "NCCL cannot run on: the node sums through pinned host memory", env->id);
-        return ZPS_ERR_UNSUPPORTED;
+        return ZPS_OK;
     }
     tr_nccl *nc;
     ZPS_TRY(tr_nccl_new(ar, k_device_gpu(), &nc));
     *out = (tr_node_coll){.ctx = nc, .sum = s_nccl_sum, .broadcast = s_nccl_broadcast,
-                          .point = s_nccl_point, .join = s_nccl_join, .drain = s_nccl_drain,
+                          .point = s_nccl_point, .valid = s_nccl_valid, .join = s_nccl_join,
+                          .drain = s_nccl_drain,
                           .abandon = s_nccl_abandon, .destroy = s_nccl_destroy};
     return ZPS_OK;
 }
 
+/* (ZPS_OK with *out NULL when the node's trainers share a GPU: sync.h) */
 zps_status tr_sync_node_dev_new(const tr_sync_env *env, tr_sync **out)
 {
     return tr_sync_node_dev_with(env, tr_node_coll_nccl_new, tr_sync_ps_new, out);

@@ -396,9 +396,9 @@ static zps_status s_sync_new(s_job *j)
     if (host_new == tr_sync_node_new && strcmp(j->be->name, "cuda") == 0) {
         /* a GPU per trainer: the node's sums between the GPUs; trainers that share one sum
          * through the host (the mirrors below) */
-        zps_status st = tr_sync_node_dev_new(&env, &j->sync);
-        if (st != ZPS_ERR_UNSUPPORTED)
-            return st;
+        ZPS_TRY(tr_sync_node_dev_new(&env, &j->sync));
+        if (j->sync)
+            return ZPS_OK;
     }
     return tr_sync_staged_new(&env, host_new, bf16_out, &j->sync);
 }
