@@ -199,6 +199,10 @@ zps_status tr_node_coll_nccl_new(struct tr_allreduce *ar, const tr_sync_env *env
  * and the leader's back-end under stage.c made by lead_new (tests script both). */
 zps_status tr_sync_node_dev_with(const tr_sync_env *env, tr_node_coll_new_fn coll_new,
                                  tr_sync_new_fn lead_new, tr_sync **out);
+/* The all-reduce back-ends' start of a step (sync_allreduce.c, sync_nccl.c): *stop in, this
+ * rank's wish; out, rank 0's, broadcast over the segment to every rank (a rank that stopped
+ * alone would leave the others waiting in the next sum). */
+zps_status tr_sync_rank0_stop(struct tr_allreduce *ar, int *stop);
 /* What they share with sync_node.c: what the leader tells its node at set-up and after each
  * step, over the node's segment ... */
 typedef struct tr_node_word {
@@ -264,9 +268,6 @@ typedef struct tr_bucket {
 void tr_buckets_init(tr_buckets *b, const tr_sync_env *env, size_t per_step, size_t min);
 /* A step begins: no variable reported yet. */
 void tr_buckets_reset(tr_buckets *b);
-/* A step begins (tr_buckets_reset): *stop in, this rank's wish; out, rank 0's, broadcast to every rank (a rank
- * that stopped alone would leave the others waiting in the next sum). */
-zps_status tr_buckets_begin(tr_buckets *b, struct tr_allreduce *ar, int *stop);
 /* Variables [first, first + n) are final: 1 with the full bucket *out to send now, 0 when
  * none is full, -1 (logged) when they came out of order. */
 int tr_buckets_report(tr_buckets *b, size_t first, size_t n, tr_bucket *out);

@@ -85,7 +85,8 @@ static zps_status s_begin_step(tr_sync *s, int64_t step, int *stop)
 {
     s_ar *a = (s_ar *)s;
     ZPS_TRY(tr_worker_err(&a->worker)); // idle: end_step waited for it
-    ZPS_TRY(tr_buckets_begin(&a->buckets, a->ar, stop));
+    ZPS_TRY(tr_sync_rank0_stop(a->ar, stop));
+    tr_buckets_reset(&a->buckets);
     tr_sync_local_begin(&a->local, step);
     s->net_wait = 0;
     return ZPS_OK;

@@ -2,9 +2,10 @@
  * backward's reports gather into, and rank 0's stop decision at the start of a step.
  *
  * sync_allreduce.c (shared memory, on its communication thread), sync_nccl.c (NCCL on the
- * GPU) and sync_node.c and sync_node_dev.c (a node's sum, then its leader's pushes) send the
- * gradient in buckets of consecutive variables, last first, as backward makes them final. The edges depend only on the model (its variables and the hook order) and
- * the bucket size, so every rank cuts the same buckets and the collective calls match.
+ * GPU), sync_node.c and sync_node_dev.c (a node's sum, then its leader's pushes) send the
+ * gradient in buckets of consecutive variables, last first, as backward makes them final.
+ * The edges depend only on the model (its variables and the hook order) and the bucket
+ * size, so every rank cuts the same buckets and the collective calls match.
  */
 #include "trainer/sync.h"
 
@@ -27,12 +28,11 @@ void tr_buckets_reset(tr_buckets *b)
     b->vlo = b->vhi = b->nvars;
 }
 
-zps_status tr_buckets_begin(tr_buckets *b, struct tr_allreduce *ar, int *stop)
+zps_status tr_sync_rank0_stop(struct tr_allreduce *ar, int *stop)
 {
     int32_t flag = *stop;
     ZPS_TRY(tr_allreduce_broadcast(ar, &flag, sizeof flag, 0));
     *stop = flag;
-    tr_buckets_reset(b);
     return ZPS_OK;
 }
 
