@@ -9,11 +9,14 @@
  *   backward hook (first, n)   (PS with --push-dtype bf16: the group's gradients rounded to
  *                              bfloat16 on the compute queue, k_pack_bf16, so half the bytes
  *                              cross and the pushes send them as they are) the compute
- *                              queue's point after that layer -> the copy queue
- *                              waits for it -> gradients D2H into the mirror -> an event,
- *                              handed to the staging thread; that thread waits for the event
- *                              and then calls the inner grads_ready(first, n), so pushes
- *                              leave while the device computes the layers before
+ *                              queue's point after that layer (or, with env.grads_source,
+ *                              that source's: sync_node_dev.c's after the node's NCCL sums)
+ *                              -> the copy queue waits for it -> gradients D2H into the
+ *                              mirror -> an event, handed to the staging thread; that thread
+ *                              waits for the event (and asks the source whether what it
+ *                              copied is whole) and then calls the inner grads_ready(first,
+ *                              n), so pushes leave while the device computes the layers
+ *                              before
  *   end_step                   waits until the staging thread handed over every group, then
  *                              the inner end_step; every variable's device copy is now stale
  *   forward hook (first, n)    for stale variables: the inner forward hook (PS: waits for
