@@ -234,6 +234,46 @@ Test(allreduce, the_same_name_attached_again_at_once, .timeout = 30)
                          zps_strerror(a[r].st[k]));
 }
 
+/* A rank refused at attach (its slot is held by a live rank) leaves the job's name alone:
+ * the job's missing rank still finds the segment its first rank waits in. */
+typedef struct s_dup_arg {
+    const char *job;
+    zps_status st;
+} s_dup_arg;
+
+static void *s_dup_first(void *p)
+{
+    s_dup_arg *a = p;
+    tr_allreduce_opts o = {.timeout_ms = 5000};
+    tr_allreduce *ar = NULL;
+    a->st = tr_allreduce_new(a->job, 0, 2, 16, &o, &ar);
+    tr_allreduce_destroy(&ar);
+    return NULL;
+}
+
+Test(allreduce, a_refused_rank_leaves_the_jobs_name_alone, .timeout = 30)
+{
+    char job[64], path[128];
+    (void)s_thread_job(job, sizeof job, "dup");
+    zps_log_set_level(ZPS_LOG_OFF);
+    snprintf(path, sizeof path, "/dev/shm/zps-ar-%s", job);
+    s_dup_arg first = {.job = job};
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, s_dup_first, &first), 0);
+    for (int k = 0; k < 5000 && access(path, F_OK) != 0; k++) /* rank 0 is in, waiting */
+        usleep(1000);
+    tr_allreduce_opts o = {.timeout_ms = 5000};
+    tr_allreduce *dup = NULL, *second = NULL;
+    zps_status st = tr_allreduce_new(job, 0, 2, 16, &o, &dup);
+    cr_expect_eq(st, ZPS_ERR_EXISTS, "a second rank 0: %s", zps_strerror(st));
+    tr_allreduce_destroy(&dup);
+    st = tr_allreduce_new(job, 1, 2, 16, &o, &second);
+    tr_allreduce_destroy(&second);
+    pthread_join(th, NULL);
+    cr_assert_eq(st, ZPS_OK, "rank 1: %s", zps_strerror(st));
+    cr_assert_eq(first.st, ZPS_OK, "rank 0: %s", zps_strerror(first.st));
+}
+
 /* tr_allreduce_sum_apply: the callback sees every element once, already final (the mean),
  * and what it writes stays (the fused update's contract). */
 #define S_APPLY_N 70001 // several slices (small slices below), a ragged end

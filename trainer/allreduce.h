@@ -33,8 +33,9 @@
  *  - The last rank to attach unlinks the name before any rank can see that all attached, so
  *    a crash never leaves a segment behind, and a rank that returns from tr_allreduce_new
  *    may at once attach a new segment of the same name (sync_node_dev.c's fallback does);
- *    a rank's destroy unlinks only when not all ranks attached, or a slow rank's destroy
- *    would remove the fast rank's new name. A stale segment left by ranks that died before
+ *    a rank's destroy unlinks only when it registered and not all ranks attached (a rank
+ *    refused at attach, or a slow rank leaving, would otherwise remove a live job's or a
+ *    newer segment's name). A stale segment left by ranks that died before
  *    all attached is detected (all holders dead) and reinitialised.
  *  - Every rank must make the same sequence of calls with the same n (collective calls). One
  *    object per process per job; not thread-safe; destroy it from the thread that created it

@@ -168,6 +168,7 @@ static zps_status s_register_rank(tr_allreduce *ar, tr_ar_header *h)
         errno != ENOENT)
         zps_log(ZPS_WARN, "allreduce", "shm_unlink %s: %s", ar->name, strerror(errno));
     tr_ar_publish(h, &h->attached.v, atomic_fetch_add(&h->attached.v, 1) + 1);
+    ar->registered = 1;
     return ZPS_OK;
 }
 
@@ -317,8 +318,10 @@ void tr_allreduce_destroy(tr_allreduce **par)
                 tr_ar_futex(&me->ctr[c].v, FUTEX_WAKE, INT_MAX, NULL);
         }
         munmap(ar->hdr, ar->bytes);
-        /* a rank that never saw every rank attach: the name may be left behind */
-        if (!ar->unlinked && shm_unlink(ar->name) != 0 && errno != ENOENT)
+        /* a rank that registered but never saw every rank attach: the job failed, and the
+         * name may be left behind. One that was refused must not touch it (it is another
+         * job's, still assembling, or a newer segment's). */
+        if (ar->registered && !ar->unlinked && shm_unlink(ar->name) != 0 && errno != ENOENT)
             zps_log(ZPS_WARN, "allreduce", "shm_unlink %s: %s", ar->name, strerror(errno));
     }
     free(ar);

@@ -64,6 +64,7 @@ struct tr_allreduce {
     size_t max_floats;   // bound on n
     int timeout_ms;      // per wait
     int broken;          // a peer failed: every later call fails
+    int registered;      // this rank holds a slot of the segment under the name
     int unlinked;        // all attached, so the name is gone: destroy must not unlink it
                          // (a new segment of the same name may have taken it since)
     uint32_t seq;        // next slice number (identical on every rank)
