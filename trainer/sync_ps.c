@@ -11,9 +11,9 @@
  * params_ready waits for whatever is left.
  *
  * Invariants:
- *  - A group is the range of variables one backward hook call reported; the groups are
- *    learnt in the first step and fixed from then on (with --accumulate > 1 the loop reports
- *    one variable at a time, so a group is one variable). There are at most nvars of them.
+ *  - A group is the range of variables one backward hook call reported (a layer's, also
+ *    with --accumulate > 1); the groups are learnt in the first step that ends well and
+ *    fixed from then on. There are at most nvars of them.
  *  - A pushed range is read by the client until its ticket is waited for: end_step (async,
  *    ssp) or params_ready (sync: every PUSHPULL) waits for every push before the next
  *    backward overwrites the gradients.
@@ -353,6 +353,8 @@ static zps_status s_begin_step(tr_sync *s, int64_t step, int *stop)
     s->net_wait = 0;
     s->redo_from = -1;
     p->n_hook = 0;
+    if (!p->groups_known) /* a first step that failed (a rollback redoes it): learn again */
+        p->n_groups = p->n_buckets = 0;
     return ZPS_OK;
 }
 
