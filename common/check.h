@@ -5,7 +5,7 @@
  * must return zps_status). Use them for every ZeroMQ, LMDB, file and system call; API misuse
  * inside zps is an assert instead.
  *
- *   ZPS_TRY(expr)            (common/status.h) expr returns zps_status; propagate anything
+ *   ZPS_TRY(expr)            (common/try.h) expr returns zps_status; propagate anything
  *                            but ZPS_OK
  *   ZPS_CHECK_ZMQ(expr)      libzmq convention: -1 is failure (NULL-returning calls: ZPS_CHECK_PTR)
  *   ZPS_CHECK_LMDB(expr)     LMDB convention: non-zero return code is failure
@@ -23,6 +23,7 @@
 
 #include "common/log.h"
 #include "common/status.h"
+#include "common/try.h"
 
 #define ZPS_CHECK_ZMQ(expr)                                                            \
     do {                                                                               \

@@ -60,14 +60,6 @@ typedef enum zps_status {
 /* Number of codes in ZPS_STATUS_LIST; codes are 0, -1, ..., -(ZPS_STATUS_COUNT - 1). */
 enum { ZPS_STATUS_COUNT = 41 };
 
-/* Returns expr's status from the calling function when it is a failure. */
-#define ZPS_TRY(expr)                                                                  \
-    do {                                                                               \
-        zps_status zps_try_st_ = (expr);                                               \
-        if (zps_try_st_ != ZPS_OK)                                                     \
-            return zps_try_st_;                                                        \
-    } while (0)
-
 /* Readable message; never NULL ("unknown status" for a value outside the list). */
 const char *zps_strerror(int status);
 /* Symbolic name such as "ZPS_ERR_RANGE"; NULL for a value outside the list. */

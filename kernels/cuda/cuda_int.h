@@ -16,6 +16,7 @@
 #include <cuda_runtime.h>
 #include <stdio.h>
 
+#include "common/try.h"
 #include "kernels/kernels.h"
 
 /* The text of the latest failure (k_cuda_last_error): this library cannot call zps_log (it is
