@@ -76,7 +76,6 @@ typedef struct k_conv2d {
     void *impl;                // back-end state (k_op_release)
 } k_conv2d;
 
-
 /* Batchnorm over (n, h, w) per channel c, optionally followed by a fused ReLU. */
 typedef struct k_bn {
     int n, c, h, w;  // data shape

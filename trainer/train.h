@@ -6,10 +6,11 @@
  *
  *   local      forward, backward, optimizer here (ps/optim.h, the servers' own code)
  *   sync/async/ssp  forward; backward pushes each layer's gradients to the servers as soon
- *              as they exist (last layers first; with --accumulate > 1, once the
- *              micro-batches are averaged); then pulls of the fresh values are issued in
- *              forward order and the next forward waits for each layer's values just
- *              before it needs them, so computation and communication overlap
+ *              as they exist (last layers first; with --accumulate > 1, in the last
+ *              micro-batch's backward, each layer once averaged); then pulls of the
+ *              fresh values are issued in forward order and the next forward waits for
+ *              each layer's values just before it needs them, so computation and
+ *              communication overlap
  *   allreduce  forward, backward, gradient mean over the node's trainers (shared memory),
  *              optimizer here; every trainer holds the same model bit for bit
  *

@@ -16,7 +16,7 @@
  *
  * bf16 (k_conv2d.bf16): the primitives read x, w and dy as bfloat16 (oneDNN's bf16 kernels,
  * native with AVX512_BF16) and write y, dx and dw as float, so the edges always reorder the
- * inputs, converting as they go (round to nearest even, k_bf16's rounding), and the outputs
+ * inputs, converting as they go (round to nearest even, zps_bf16_round's rounding), and the outputs
  * only where the layouts differ. In 16-channel blocks on both sides (oneDNN 2.6's plain-layout
  * bf16 forward wrote garbage at the right padding of a 1x5 kernel over 15 channels); never
  * Winograd. Where oneDNN has no bf16 kernel for a shape (its thin layers, under 16 channels)
