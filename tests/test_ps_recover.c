@@ -20,7 +20,7 @@
  * see one trainer), the fault run on staged trainers. Every run evaluates after each step
  * (--eval-every 1): a rollback may show in an evaluation's wait for values.
  *
- * a_redone_first_step_learns_its_groups_once: a rollback inside a job's first step.
+ * a_rollback_in_the_first_step_is_redone: a rollback inside a job's first step.
  *
  * failover_resends_at_once, restored_server_answers_a_waiting_pull: a request the dead
  * server never answered is resent as soon as the restarted server accepts the connection,
@@ -613,7 +613,7 @@ static zps_status s_ps_step(tr_sync *s, int64_t step, float *grads, size_t n)
     return st == ZPS_OK ? s->end_step(s, &rec) : st;
 }
 
-Test(it_ps_recover, a_redone_first_step_learns_its_groups_once, .timeout = 90)
+Test(it_ps_recover, a_rollback_in_the_first_step_is_redone, .timeout = 90)
 {
     char tmp[512], ck[600];
     pst_tmpdir(tmp, sizeof tmp);
