@@ -273,7 +273,9 @@ Test(it_launch, gpus_place_trainers_round_robin, .timeout = 10)
         const char *end = strchr(line, '\n');
         const char *at = strstr(line, want[t]);
         cr_assert(at && (!end || at < end), "trainer %d: want '%s' in\n%s", t, want[t], r.out);
-        cr_assert(strstr(line, "CUDA_VISIBLE_DEVICES"), "%s", r.out);
+        const char *cvd = strstr(line, "CUDA_VISIBLE_DEVICES");
+        cr_assert(cvd && (!end || cvd < end), "trainer %d's line sets no CUDA_VISIBLE_DEVICES:\n%s",
+                  t, r.out);
     }
     const char *srv = strstr(r.out, "server 0 on");
     cr_assert(srv, "%s", r.out);
