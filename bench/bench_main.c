@@ -123,6 +123,13 @@ static int s_env(int argc, char **argv)
     zps_status st = k_device_select(c.device, &info);
     printf("device: %s (%s)\n", info.kind == K_DEVICE_CUDA ? "cuda" : "cpu", info.reason);
     printf("cuda_devices: %d\n", info.cuda_devices);
+    char why[320] = "", msg[256] = "";
+    const k_cuda_lib *lib = info.cuda_devices > 0 ? k_device_cuda_lib(why, sizeof why) : NULL;
+    int v = 0;
+    if (lib && lib->nccl_version(&v, msg, sizeof msg) == 0)
+        printf("nccl: %d.%d.%d\n", v / 10000, v / 100 % 100, v % 100);
+    else if (lib)
+        printf("nccl: unknown (%s)\n", msg);
     return st == ZPS_OK ? 0 : 1;
 }
 

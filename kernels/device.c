@@ -80,6 +80,7 @@ static int s_load(void)
     S_SYM(probe, k_cuda_probe);
     S_SYM(backend, k_cuda_backend);
     S_SYM(last_error, k_cuda_last_error);
+    S_SYM(nccl_version, k_nccl_version);
     S_SYM(nccl_unique_id, k_nccl_unique_id);
     S_SYM(nccl_init, k_nccl_init);
     S_SYM(nccl_allreduce_async, k_nccl_allreduce_async);

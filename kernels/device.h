@@ -47,7 +47,8 @@ typedef struct k_cuda_lib {
     k_cuda_probe_fn probe;                      // device count and name
     k_cuda_backend_fn backend;                  // the cuda op table
     k_cuda_last_error_fn last_error;            // text of the library's last failure
-    k_nccl_unique_id_fn nccl_unique_id;         // NCCL all-reduce (nccl_allreduce.cu) ...
+    k_nccl_version_fn nccl_version;             // NCCL all-reduce (nccl_allreduce.cu) ...
+    k_nccl_unique_id_fn nccl_unique_id;
     k_nccl_init_fn nccl_init;
     k_nccl_allreduce_async_fn nccl_allreduce_async;
     k_nccl_broadcast_async_fn nccl_broadcast_async;

@@ -52,7 +52,8 @@ Test(device, cuda_library_loads_when_built)
     const k_cuda_lib *lib = k_device_cuda_lib(why, sizeof why);
     cr_assert_not_null(lib, "libzps_cuda.so did not load: %s", why);
     /* every entry point was looked up at load time */
-    cr_assert(lib->probe && lib->backend && lib->last_error && lib->nccl_unique_id &&
+    cr_assert(lib->probe && lib->backend && lib->last_error && lib->nccl_version &&
+              lib->nccl_unique_id &&
               lib->nccl_init && lib->nccl_allreduce_async && lib->nccl_broadcast_async &&
               lib->nccl_record && lib->nccl_mark && lib->nccl_join &&
               lib->nccl_progress && lib->nccl_abort && lib->nccl_finalize &&

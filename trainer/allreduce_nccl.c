@@ -306,6 +306,10 @@ zps_status tr_nccl_new(tr_allreduce *ar, int device, tr_nccl **out)
         tr_nccl_destroy(&nc);
         return st;
     }
+    int v = 0;
+    if (ar->rank == 0 && lib->nccl_version(&v, msg, sizeof msg) == 0)
+        zps_log(ZPS_INFO, "allreduce", "NCCL %d.%d.%d, %d ranks, non-blocking communicator",
+                v / 10000, v / 100 % 100, v % 100, ar->n_ranks);
     *out = nc;
     return ZPS_OK;
 }

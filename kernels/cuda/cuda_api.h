@@ -34,6 +34,9 @@ const char *k_cuda_last_error(void);
  * k_nccl_progress until it answers 0 before the next call), -1 on failure with the NCCL/CUDA
  * error text in msg. */
 #define K_NCCL_ID_BYTES 128 /* sizeof(ncclUniqueId) */
+/* *version: the NCCL library's (ncclGetVersion: major * 10000 + minor * 100 + patch). */
+typedef int (*k_nccl_version_fn)(int *version, char *msg, size_t msg_len);
+int k_nccl_version(int *version, char *msg, size_t msg_len);
 /* Rank 0 makes the id that every rank passes to k_nccl_init. */
 typedef int (*k_nccl_unique_id_fn)(void *id, char *msg, size_t msg_len);
 int k_nccl_unique_id(void *id, char *msg, size_t msg_len);

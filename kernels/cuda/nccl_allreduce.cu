@@ -81,6 +81,12 @@ static void s_free(k_nccl_comm *c)
     free(c);
 }
 
+extern "C" int k_nccl_version(int *version, char *msg, size_t msg_len)
+{
+    S_NCCL(ncclGetVersion(version));
+    return 0;
+}
+
 extern "C" int k_nccl_unique_id(void *id, char *msg, size_t msg_len)
 {
     ncclUniqueId u;
