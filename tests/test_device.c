@@ -64,6 +64,41 @@ Test(device, cuda_library_loads_when_built)
 #endif
 }
 
+/* The NCCL calls that came with 2.14 are weak references in the CUDA library: with an older
+ * NCCL on a GPU machine the library still loads (and the GPU trains without NCCL) instead of
+ * failing to load for a missing symbol; k_nccl_init then names what is missing. The older
+ * calls stay strong. */
+Test(device, nccl_2_14_calls_are_weak_references)
+{
+#if ZPS_HAVE_CUDA
+    const char *bin = getenv("ZPS_BIN");
+    cr_assert_not_null(bin, "ZPS_BIN unset: run through make test");
+    char cmd[4200], line[256];
+    snprintf(cmd, sizeof cmd, "nm -D '%s/../lib/libzps_cuda.so'", bin);
+    FILE *f = popen(cmd, "r");
+    cr_assert_not_null(f, "%s", cmd);
+    const char *weak[] = {"ncclCommInitRankConfig", "ncclCommFinalize", "ncclGetLastError"};
+    int seen_weak = 0, seen_strong = 0;
+    while (fgets(line, sizeof line, f)) {
+        char kind = 0, name[200] = "";
+        if (sscanf(line, " %c %199s", &kind, name) != 2)
+            continue;
+        for (int i = 0; i < 3; i++)
+            if (strcmp(name, weak[i]) == 0) {
+                cr_expect_eq(kind, 'w', "%s is '%c', not a weak reference", name, kind);
+                seen_weak++;
+            }
+        if (strcmp(name, "ncclAllReduce") == 0)
+            seen_strong += kind == 'U';
+    }
+    cr_assert_eq(pclose(f), 0, "%s failed", cmd);
+    cr_assert_eq(seen_weak, 3, "the library does not reference the 2.14 calls");
+    cr_assert_eq(seen_strong, 1, "ncclAllReduce is not an undefined (strong) reference");
+#else
+    ZPS_GPU_SKIP("zps built without CUDA (CUDA=0 or no nvcc/cuDNN): no CUDA library");
+#endif
+}
+
 Test(device, the_choice_is_one_info_line_for_a_gpu_and_none_for_the_cpu,
      .init = cr_redirect_stderr)
 {

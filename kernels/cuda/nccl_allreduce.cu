@@ -24,6 +24,14 @@
 
 static_assert(sizeof(ncclUniqueId) == K_NCCL_ID_BYTES, "K_NCCL_ID_BYTES != sizeof(ncclUniqueId)");
 
+/* What NCCL 2.14 added (non-blocking communicators, finalize, the last error's text): weak, so
+ * that an older NCCL on the machine still lets this library load, and the GPU train without
+ * NCCL, instead of failing dlopen for the whole CUDA back-end; k_nccl_init says what is
+ * missing. */
+#pragma weak ncclCommInitRankConfig
+#pragma weak ncclCommFinalize
+#pragma weak ncclGetLastError
+
 struct k_nccl_comm {
     ncclComm_t comm;     // the communicator
     cudaStream_t stream; // its stream
@@ -59,7 +67,7 @@ static int s_state(ncclResult_t r, const char *call, ncclComm_t comm, char *msg,
     if (r == ncclSuccess || r == ncclInProgress)
         return r == ncclInProgress;
     snprintf(msg, msg_len, "%s: %s (%s)", call, ncclGetErrorString(r),
-             comm ? ncclGetLastError(comm) : "");
+             comm && ncclGetLastError ? ncclGetLastError(comm) : "");
     return -1;
 }
 
@@ -99,6 +107,14 @@ extern "C" int k_nccl_init(void **comm, int n_ranks, int rank, const void *id, i
                            char *msg, size_t msg_len)
 {
     *comm = NULL;
+    if (!ncclCommInitRankConfig || !ncclCommFinalize) {
+        int v = 0;
+        ncclGetVersion(&v);
+        snprintf(msg, msg_len, "NCCL %d.%d.%d has no non-blocking communicators "
+                 "(ncclCommInitRankConfig, ncclCommFinalize): zps needs NCCL 2.14 or later",
+                 v / 10000, v / 100 % 100, v % 100);
+        return -1;
+    }
     ncclUniqueId u;
     memcpy(&u, id, sizeof u);
     S_CUDA(cudaSetDevice(device));
