@@ -52,7 +52,8 @@ HAVE_CUDA := 0
 endif
 NVCCFLAGS := -O2 -std=c++17 -Xcompiler -fPIC,-Wall -I. \
 	-gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
-CUDA_LIBS := -lcudnn -lcublas -lnccl
+# NCCL is not linked: nccl_allreduce.cu loads it on first use (a GPU without it still trains)
+CUDA_LIBS := -lcudnn -lcublas -ldl
 CU_SRC := $(wildcard kernels/cuda/*.cu)
 CUDA_SO := $(B)/lib/libzps_cuda.so
 

@@ -14,7 +14,9 @@
  * also says how many queued sums the device has not finished.
  */
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 #include <nccl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,13 +26,76 @@
 
 static_assert(sizeof(ncclUniqueId) == K_NCCL_ID_BYTES, "K_NCCL_ID_BYTES != sizeof(ncclUniqueId)");
 
-/* What NCCL 2.14 added (non-blocking communicators, finalize, the last error's text): weak, so
- * that an older NCCL on the machine still lets this library load, and the GPU train without
- * NCCL, instead of failing dlopen for the whole CUDA back-end; k_nccl_init says what is
- * missing. */
-#pragma weak ncclCommInitRankConfig
-#pragma weak ncclCommFinalize
-#pragma weak ncclGetLastError
+/* NCCL itself is loaded on first use (dlopen of libnccl.so.2 from the loader's paths), not
+ * linked: a GPU machine without NCCL, or with one older than 2.14 (no non-blocking
+ * communicators), still loads this library and trains on the GPU in every mode but the NCCL
+ * ones, whose set-up says what is missing. */
+static struct {
+    ncclResult_t (*GetVersion)(int *);
+    ncclResult_t (*GetUniqueId)(ncclUniqueId *);
+    ncclResult_t (*CommInitRankConfig)(ncclComm_t *, int, ncclUniqueId, int, ncclConfig_t *);
+    ncclResult_t (*AllReduce)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t,
+                              ncclComm_t, cudaStream_t);
+    ncclResult_t (*Broadcast)(const void *, void *, size_t, ncclDataType_t, int, ncclComm_t,
+                              cudaStream_t);
+    ncclResult_t (*CommGetAsyncError)(ncclComm_t, ncclResult_t *);
+    ncclResult_t (*CommAbort)(ncclComm_t);
+    ncclResult_t (*CommFinalize)(ncclComm_t);
+    ncclResult_t (*CommDestroy)(ncclComm_t);
+    const char *(*GetErrorString)(ncclResult_t);
+    const char *(*GetLastError)(ncclComm_t);
+} s_nccl;
+static pthread_once_t s_nccl_once = PTHREAD_ONCE_INIT;
+static char s_nccl_why[320]; // empty when loaded
+
+#define S_SYM(field)                                                                   \
+    do {                                                                               \
+        *(void **)&s_nccl.field = dlsym(lib, "nccl" #field);                           \
+        if (!s_nccl.field && !s_nccl_why[0])                                           \
+            snprintf(s_nccl_why, sizeof s_nccl_why, "%s has no nccl" #field, name);    \
+    } while (0)
+
+static void s_nccl_load(void)
+{
+    const char *name = "libnccl.so.2";
+    void *lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+        snprintf(s_nccl_why, sizeof s_nccl_why, "cannot load NCCL (%s): %s", name, dlerror());
+        return;
+    }
+    S_SYM(GetVersion);
+    S_SYM(GetUniqueId);
+    S_SYM(AllReduce);
+    S_SYM(Broadcast);
+    S_SYM(CommGetAsyncError);
+    S_SYM(CommAbort);
+    S_SYM(CommDestroy);
+    S_SYM(GetErrorString);
+    *(void **)&s_nccl.GetLastError = dlsym(lib, "ncclGetLastError"); // optional: 2.13+
+    if (s_nccl_why[0])
+        return;
+    S_SYM(CommInitRankConfig); // 2.14: non-blocking communicators
+    S_SYM(CommFinalize);
+    if (s_nccl_why[0]) {
+        int v = 0;
+        s_nccl.GetVersion(&v);
+        snprintf(s_nccl_why, sizeof s_nccl_why, "NCCL %d.%d.%d has no non-blocking "
+                 "communicators (ncclCommInitRankConfig, ncclCommFinalize): zps needs NCCL "
+                 "2.14 or later", v / 10000, v / 100 % 100, v % 100);
+    }
+    /* on failure the library stays loaded: unloading NCCL is not safe */
+}
+#undef S_SYM
+
+/* 0 once NCCL is usable, else -1 with why in msg. */
+static int s_nccl_ready(char *msg, size_t msg_len)
+{
+    pthread_once(&s_nccl_once, s_nccl_load);
+    if (!s_nccl_why[0])
+        return 0;
+    snprintf(msg, msg_len, "%s", s_nccl_why);
+    return -1;
+}
 
 struct k_nccl_comm {
     ncclComm_t comm;     // the communicator
@@ -56,7 +121,7 @@ struct k_nccl_comm {
     do {                                                                               \
         ncclResult_t r_ = (call);                                                      \
         if (r_ != ncclSuccess) {                                                       \
-            snprintf(msg, msg_len, "%s: %s", #call, ncclGetErrorString(r_));           \
+            snprintf(msg, msg_len, "%s: %s", #call, s_nccl.GetErrorString(r_));           \
             return -1;                                                                 \
         }                                                                              \
     } while (0)
@@ -66,8 +131,8 @@ static int s_state(ncclResult_t r, const char *call, ncclComm_t comm, char *msg,
 {
     if (r == ncclSuccess || r == ncclInProgress)
         return r == ncclInProgress;
-    snprintf(msg, msg_len, "%s: %s (%s)", call, ncclGetErrorString(r),
-             comm && ncclGetLastError ? ncclGetLastError(comm) : "");
+    snprintf(msg, msg_len, "%s: %s (%s)", call, s_nccl.GetErrorString(r),
+             comm && s_nccl.GetLastError ? s_nccl.GetLastError(comm) : "");
     return -1;
 }
 
@@ -77,7 +142,7 @@ static int s_state(ncclResult_t r, const char *call, ncclComm_t comm, char *msg,
 static void s_free(k_nccl_comm *c)
 {
     if (c->comm && !c->aborted)
-        ncclCommDestroy(c->comm);
+        s_nccl.CommDestroy(c->comm);
     if (c->stream)
         cudaStreamSynchronize(c->stream);
     if (c->after)
@@ -91,14 +156,22 @@ static void s_free(k_nccl_comm *c)
 
 extern "C" int k_nccl_version(int *version, char *msg, size_t msg_len)
 {
-    S_NCCL(ncclGetVersion(version));
+    *version = 0;
+    pthread_once(&s_nccl_once, s_nccl_load);
+    if (!s_nccl.GetVersion) {
+        snprintf(msg, msg_len, "%s", s_nccl_why);
+        return -1;
+    }
+    S_NCCL(s_nccl.GetVersion(version));
     return 0;
 }
 
 extern "C" int k_nccl_unique_id(void *id, char *msg, size_t msg_len)
 {
+    if (s_nccl_ready(msg, msg_len) != 0)
+        return -1;
     ncclUniqueId u;
-    S_NCCL(ncclGetUniqueId(&u));
+    S_NCCL(s_nccl.GetUniqueId(&u));
     memcpy(id, &u, sizeof u);
     return 0;
 }
@@ -107,14 +180,8 @@ extern "C" int k_nccl_init(void **comm, int n_ranks, int rank, const void *id, i
                            char *msg, size_t msg_len)
 {
     *comm = NULL;
-    if (!ncclCommInitRankConfig || !ncclCommFinalize) {
-        int v = 0;
-        ncclGetVersion(&v);
-        snprintf(msg, msg_len, "NCCL %d.%d.%d has no non-blocking communicators "
-                 "(ncclCommInitRankConfig, ncclCommFinalize): zps needs NCCL 2.14 or later",
-                 v / 10000, v / 100 % 100, v % 100);
+    if (s_nccl_ready(msg, msg_len) != 0)
         return -1;
-    }
     ncclUniqueId u;
     memcpy(&u, id, sizeof u);
     S_CUDA(cudaSetDevice(device));
@@ -136,11 +203,11 @@ extern "C" int k_nccl_init(void **comm, int n_ranks, int rank, const void *id, i
     }
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
-    int rc = s_state(ncclCommInitRankConfig(&c->comm, n_ranks, u, rank, &config),
+    int rc = s_state(s_nccl.CommInitRankConfig(&c->comm, n_ranks, u, rank, &config),
                      "ncclCommInitRankConfig", NULL, msg, msg_len);
     if (rc < 0) {
         if (c->comm) { // half made: abort, not destroy
-            ncclCommAbort(c->comm);
+            s_nccl.CommAbort(c->comm);
             c->aborted = 1;
         }
         s_free(c);
@@ -165,7 +232,7 @@ extern "C" int k_nccl_allreduce_async(void *comm, float *dev_buf, size_t n, int 
     k_nccl_comm *c = (k_nccl_comm *)comm;
     if (s_after_compute(c, msg, msg_len) != 0)
         return -1;
-    return s_state(ncclAllReduce(dev_buf, dev_buf, n, ncclFloat32, average ? ncclAvg : ncclSum,
+    return s_state(s_nccl.AllReduce(dev_buf, dev_buf, n, ncclFloat32, average ? ncclAvg : ncclSum,
                                  c->comm, c->stream),
                    "ncclAllReduce", c->comm, msg, msg_len);
 }
@@ -176,7 +243,7 @@ extern "C" int k_nccl_broadcast_async(void *comm, float *dev_buf, size_t n, int 
     k_nccl_comm *c = (k_nccl_comm *)comm;
     if (s_after_compute(c, msg, msg_len) != 0)
         return -1;
-    return s_state(ncclBroadcast(dev_buf, dev_buf, n, ncclFloat32, root, c->comm, c->stream),
+    return s_state(s_nccl.Broadcast(dev_buf, dev_buf, n, ncclFloat32, root, c->comm, c->stream),
                    "ncclBroadcast", c->comm, msg, msg_len);
 }
 
@@ -219,7 +286,7 @@ extern "C" int k_nccl_progress(void *comm, unsigned long long *posted,
     if (__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE))
         return 0;
     ncclResult_t state = ncclSuccess;
-    S_NCCL(ncclCommGetAsyncError(c->comm, &state));
+    S_NCCL(s_nccl.CommGetAsyncError(c->comm, &state));
     return s_state(state, "the communicator", c->comm, msg, msg_len);
 }
 
@@ -231,7 +298,7 @@ extern "C" int k_nccl_abort(void *comm, char *msg, size_t msg_len)
     /* the watchdog's thread may never have used the GPU; abort even if this fails, or the
      * kernels would never return */
     cudaError_t e = cudaSetDevice(c->device);
-    S_NCCL(ncclCommAbort(c->comm));
+    S_NCCL(s_nccl.CommAbort(c->comm));
     if (e != cudaSuccess) {
         snprintf(msg, msg_len, "cudaSetDevice before ncclCommAbort: %s", cudaGetErrorString(e));
         return -1;
@@ -242,7 +309,7 @@ extern "C" int k_nccl_abort(void *comm, char *msg, size_t msg_len)
 extern "C" int k_nccl_finalize(void *comm, char *msg, size_t msg_len)
 {
     k_nccl_comm *c = (k_nccl_comm *)comm;
-    return s_state(ncclCommFinalize(c->comm), "ncclCommFinalize", c->comm, msg, msg_len);
+    return s_state(s_nccl.CommFinalize(c->comm), "ncclCommFinalize", c->comm, msg, msg_len);
 }
 
 extern "C" int k_nccl_destroy(void *comm)
