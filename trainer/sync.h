@@ -43,8 +43,9 @@
  *  - sync_ps, sync_allreduce and sync_node read and write host memory only (env.params,
  *    env.grads); with a model on a device, stage.c gives them host mirrors and moves the
  *    data. sync_local and sync_nccl work on env.be's memory, wherever that is (k_optim_apply,
- *    NCCL on device buffers); they move nothing between the host and a device but sync_nccl's
- *    starting values (and its sum through the host when trainers share a GPU).
+ *    NCCL on device buffers); they move nothing between the host and a device. When
+ *    trainers share a GPU (NCCL refuses that), sync_nccl.c and sync_node_dev.c decline and
+ *    train.c puts their host-memory counterparts under stage.c instead.
  *  - Gradient accumulation is the loop's business: with --accumulate K > 1 the loop sums the
  *    K micro-batches into env.grads, and the last one's backward averages each layer there
  *    and reports it; with K = 1 the model's backward reports its own gradients. Either way
@@ -161,6 +162,8 @@ typedef zps_status (*tr_sync_new_fn)(const tr_sync_env *env, tr_sync **out);
 zps_status tr_sync_local_new(const tr_sync_env *env, tr_sync **out);
 zps_status tr_sync_ps_new(const tr_sync_env *env, tr_sync **out);
 zps_status tr_sync_allreduce_new(const tr_sync_env *env, tr_sync **out);
+/* ZPS_OK with *out NULL (and a warning) when trainers of the node share a GPU: then
+ * sync_allreduce.c under stage.c instead. */
 zps_status tr_sync_nccl_new(const tr_sync_env *env, tr_sync **out);
 zps_status tr_sync_node_new(const tr_sync_env *env, tr_sync **out);
 /* tr_sync_node_new with the leader's back-end made by lead_new instead of tr_sync_ps_new

@@ -16,9 +16,10 @@
  *               step fails the job here, before an evaluation or the export reads values)
  *   abandon     marks the job failed and aborts NCCL, so the peers stop waiting for our sums
  *   destroy
- * Every rank starts from rank 0's values (copied through the host once at set-up). Ranks that
- * share one GPU (two trainers on a one-GPU machine: NCCL refuses that) sum the whole gradient
- * through the host and the segment at end_step instead, without overlap, and say so.
+ * Every rank starts from rank 0's values (one NCCL broadcast at set-up). Ranks that share one
+ * GPU (two trainers on a one-GPU machine: NCCL refuses that) are declined (*out NULL, with a
+ * warning): train.c then runs the shared-memory all-reduce under stage.c's mirrors, as for
+ * any device without NCCL.
  *
  * Invariants:
  *  - Every rank makes the same collective calls in the same order: the stop broadcast per
@@ -47,7 +48,6 @@ typedef struct s_nccl {
     tr_nccl *nc;
     tr_buckets buckets;       // this step's (sync.h)
     zps_status err;           // the first failure (hooks cannot return one)
-    float *host;              // (n) ranks sharing a GPU: the gradient's way through the host
 } s_nccl;
 
 /* Queues [lo, hi) as one all-reduce (mean). */
@@ -72,7 +72,7 @@ static zps_status s_grads_ready(tr_sync *s, size_t first, size_t n)
 {
     s_nccl *a = (s_nccl *)s;
     tr_bucket k;
-    if (a->err != ZPS_OK || a->host)
+    if (a->err != ZPS_OK)
         return a->err;
     int full = tr_buckets_report(&a->buckets, first, n, &k);
     if (full < 0)
@@ -82,22 +82,10 @@ static zps_status s_grads_ready(tr_sync *s, size_t first, size_t n)
     return a->err;
 }
 
-/* Ranks that share a GPU: the whole mean gradient through the host and the segment. */
-static zps_status s_host_sum(s_nccl *a)
-{
-    const k_backend *be = a->local.be;
-    size_t bytes = a->local.n * sizeof(float);
-    ZPS_TRY(be->copy_out(a->host, a->local.grads, bytes));
-    ZPS_TRY(tr_allreduce_sum(a->ar, a->host, a->local.n, 1));
-    return be->copy_in(a->local.grads, a->host, bytes);
-}
-
 static zps_status s_end_step(tr_sync *s, tr_step_record *rec)
 {
     s_nccl *a = (s_nccl *)s;
-    if (a->host && a->err == ZPS_OK)
-        a->err = s_host_sum(a);
-    else if (a->err == ZPS_OK) {
+    if (a->err == ZPS_OK) {
         tr_bucket k;
         if (tr_buckets_rest(&a->buckets, &k))
             s_post(a, k.lo, k.hi);
@@ -120,7 +108,7 @@ static zps_status s_params_ready(tr_sync *s)
 {
     s_nccl *a = (s_nccl *)s;
     ZPS_TRY(a->err);
-    return a->nc ? tr_nccl_drain(a->nc) : ZPS_OK;
+    return tr_nccl_drain(a->nc);
 }
 
 static zps_status s_finish(tr_sync *s, int *fresh)
@@ -141,23 +129,14 @@ static void s_destroy(tr_sync *s)
     tr_nccl_destroy(&a->nc);
     tr_allreduce_destroy(&a->ar);
     tr_sync_local_free(&a->local);
-    free(a->host);
     free(a);
 }
 
-/* Rank 0's values everywhere: through the host, once. */
+/* Rank 0's values everywhere; the first forward waits for them. */
 static zps_status s_broadcast_values(s_nccl *a)
 {
-    const k_backend *be = a->local.be;
-    size_t bytes = a->local.n * sizeof(float);
-    float *host = zps_xmalloc(bytes);
-    zps_status st = be->copy_out(host, a->local.params, bytes);
-    if (st == ZPS_OK)
-        st = tr_allreduce_broadcast(a->ar, host, bytes, 0);
-    if (st == ZPS_OK)
-        st = be->copy_in(a->local.params, host, bytes);
-    free(host);
-    return st;
+    ZPS_TRY(tr_nccl_broadcast_device_async(a->nc, a->local.params, a->local.n, 0));
+    return tr_nccl_join(a->nc);
 }
 
 zps_status tr_sync_nccl_new(const tr_sync_env *env, tr_sync **out)
@@ -178,9 +157,15 @@ zps_status tr_sync_nccl_new(const tr_sync_env *env, tr_sync **out)
     int shared = 0;
     if (st == ZPS_OK)
         st = tr_nccl_gpus_shared(a->ar, &shared);
-    if (st == ZPS_OK && shared)
-        a->host = zps_xmalloc(env->nparams * sizeof(float));
-    else if (st == ZPS_OK)
+    if (st == ZPS_OK && shared) {
+        zps_log(ZPS_WARN, "trainer", "all-reduce rank %d of %d: trainers of this node share a "
+                "GPU, which NCCL cannot run on: the gradients are summed through pinned host "
+                "memory (one trainer per GPU: --gpu N, or zps-launch --gpus)", env->id,
+                env->n_trainers);
+        s_destroy(&a->local.base);
+        return ZPS_OK;
+    }
+    if (st == ZPS_OK)
         st = tr_nccl_new(a->ar, k_device_gpu(), &a->nc);
     if (st == ZPS_OK)
         st = s_broadcast_values(a);
@@ -188,14 +173,8 @@ zps_status tr_sync_nccl_new(const tr_sync_env *env, tr_sync **out)
         s_destroy(&a->local.base);
         return st;
     }
-    if (shared)
-        zps_log(ZPS_WARN, "trainer", "all-reduce rank %d of %d: trainers of this node share a "
-                "GPU, which NCCL cannot run on: the gradients are summed through the host "
-                "(one trainer per GPU: --gpu N, or zps-launch --gpus)", env->id,
-                env->n_trainers);
-    else
-        zps_log(ZPS_INFO, "trainer", "all-reduce rank %d of %d over NCCL on GPU %d (buckets "
-                "of %zu floats)", env->id, env->n_trainers, k_device_gpu(), a->buckets.floats);
+    zps_log(ZPS_INFO, "trainer", "all-reduce rank %d of %d over NCCL on GPU %d (buckets of %zu "
+            "floats)", env->id, env->n_trainers, k_device_gpu(), a->buckets.floats);
     *out = &a->local.base;
     return ZPS_OK;
 }

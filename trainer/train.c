@@ -387,8 +387,11 @@ static zps_status s_sync_new(s_job *j)
     case TR_MODE_ALLREDUCE:
         /* device gradients: NCCL on the GPU (by name: asking k_backend_cuda would open a
          * GPU for a --device cpu run) */
-        if (strcmp(j->be->name, "cuda") == 0)
-            return tr_sync_nccl_new(&env, &j->sync);
+        if (strcmp(j->be->name, "cuda") == 0) {
+            ZPS_TRY(tr_sync_nccl_new(&env, &j->sync));
+            if (j->sync) /* else trainers share a GPU: the mirrors below */
+                return ZPS_OK;
+        }
         break;
     }
     if (j->be->host_memory)
