@@ -719,17 +719,28 @@ static int s_nccl_child(int rank, void *p)
     return rc;
 }
 
+/* fn as one rank in a child, on the built CUDA library; its exit code (the test skips, saying
+ * `what` did not run, when the child found no device: 77). */
+static int s_one_gpu_rank(s_seq_ctx *c, const char *job, int (*fn)(int, void *),
+                          const char *what)
+{
+    *c = (s_seq_ctx){.n = 1, .seed = s_seed()};
+    s_use_built_cuda_lib();
+    s_job(c->job, sizeof c->job, job, c->seed);
+    int code;
+    s_fork_ranks(1, fn, c, &code);
+    if (code == 77) {
+        ZPS_GPU_SKIP("no CUDA device (or no CUDA library): %s not run", what);
+    }
+    return code;
+}
+
 Test(it_gpu_nccl, allreduce_matches_the_sum, .timeout = 60)
 {
-    s_seq_ctx c = {.n = 1, .seed = s_seed()};
-    s_use_built_cuda_lib();
-    s_job(c.job, sizeof c.job, "nccl", c.seed);
+    s_seq_ctx c;
+    int rc = s_one_gpu_rank(&c, "nccl", s_nccl_child, "NCCL all-reduce"); // any single GPU
+    cr_assert_eq(rc, 0, "1-rank NCCL exit %d", rc);
     int codes[2];
-    s_fork_ranks(1, s_nccl_child, &c, codes); // one rank: any single GPU
-    if (codes[0] == 77) {
-        ZPS_GPU_SKIP("no CUDA device (or no CUDA library): NCCL all-reduce not run");
-    }
-    cr_assert_eq(codes[0], 0, "1-rank NCCL exit %d", codes[0]);
     c.n = 2;
     s_job(c.job, sizeof c.job, "nccl2", c.seed);
     s_fork_ranks(2, s_nccl_child, &c, codes);
@@ -802,14 +813,8 @@ static int s_nccl_stuck_child(int rank, void *p)
 
 Test(it_gpu_nccl, watchdog_aborts_a_step_stuck_past_the_timeout, .timeout = 60)
 {
-    s_seq_ctx c = {.n = 1, .seed = s_seed()};
-    s_use_built_cuda_lib();
-    s_job(c.job, sizeof c.job, "nccl-stuck", c.seed);
-    int codes[1];
-    s_fork_ranks(1, s_nccl_stuck_child, &c, codes);
-    if (codes[0] == 77) {
-        ZPS_GPU_SKIP("no CUDA device (or no CUDA library): NCCL watchdog not run");
-    }
-    cr_assert_eq(codes[0], 0, "exit %d (3 alloc, 4 fill, 5 matmul, 6 first sum, 7 never "
-                 "aborted, 8 compute stream)", codes[0]);
+    s_seq_ctx c;
+    int rc = s_one_gpu_rank(&c, "nccl-stuck", s_nccl_stuck_child, "NCCL watchdog");
+    cr_assert_eq(rc, 0, "exit %d (3 alloc, 4 fill, 5 matmul, 6 first sum, 7 never aborted, "
+                 "8 compute stream)", rc);
 }
