@@ -153,7 +153,9 @@ static void s_bn_case(uint64_t seed)
         int ch = (int)((i / hw) % d.c);
         y[i] = k_bn_apply_el(x[i], m[ch], K_BN_RSQRTF(v[ch] + d.eps), g[ch], b[ch], d.relu);
     }
-    s_bn_grid(1, &d, splits, per, x, y, dy, m, v, part);
+    /* backward from ref's y, as ref's backward: with relu, a y within rounding of 0 on one
+     * side and not the other would flip that element's mask and move dbeta by a whole dy */
+    s_bn_grid(1, &d, splits, per, x, ry, dy, m, v, part);
     for (int ch = 0; ch < d.c; ch++) {
         double a, bb;
         k_bn_total(part, d.c, splits, ch, &a, &bb);
@@ -162,7 +164,7 @@ static void s_bn_case(uint64_t seed)
     for (size_t i = 0; i < nx; i++) {
         int ch = (int)((i / hw) % d.c);
         float fc = (float)cnt;
-        dx[i] = k_bn_dx_at(x, y, dy, i, g[ch], m[ch], K_BN_RSQRTF(v[ch] + d.eps), sg[ch] / fc,
+        dx[i] = k_bn_dx_at(x, ry, dy, i, g[ch], m[ch], K_BN_RSQRTF(v[ch] + d.eps), sg[ch] / fc,
                            sgx[ch] / fc, d.relu);
     }
     char who[96];
