@@ -13,6 +13,9 @@ one file per run:
     dL/dx (n x c x s x s)
     PREFIX.f64 / .f32 / .pertK: as tests/ref/inception_ref.py (truth, float32, float32 on a
     perturbed input).
+    PREFIX.kinks: one line per layer (BasicConv2d) whose ReLU input has an element so close to
+    0 that float32's rounding could flip its mask, and whose flip alone would move the layer's
+    bias gradient past the test's bound (see kinks()); empty for a draw the test can judge.
 Runs under Debian's /usr/bin/python3 (python3-torch, python3-torchvision).
 """
 import argparse
@@ -105,6 +108,56 @@ class Net(torch.nn.Module):
         return outs
 
 
+class KinkWatch:
+    """Every BasicConv2d's ReLU input (its batchnorm's output, before the in-place ReLU) and
+    the gradient arriving at its output, from one run."""
+
+    def __init__(self, model):
+        self.pre, self.grad = {}, {}
+        for name, mod in model.named_modules():
+            if isinstance(mod, BasicConv2d):
+                mod.bn.register_forward_hook(self._pre_hook(name))
+                mod.register_forward_hook(self._out_hook(name))
+
+    def _pre_hook(self, name):
+        def hook(_mod, _inp, out):
+            self.pre[name] = out.detach().clone()
+        return hook
+
+    def _out_hook(self, name):
+        def hook(_mod, _inp, out):
+            def keep(g):
+                self.grad[name] = g.detach().clone()
+            out.register_hook(keep)
+        return hook
+
+
+def rel(a, ref):
+    return float((a - ref).norm() / (ref.norm() + 1e-30))
+
+
+def kinks(w64, w32, biases):
+    """Layers where a ReLU mask flip would decide the test: ReLU inputs within 4x PyTorch's
+    own float32 error of 0 (the layer's root mean square; zps's is 1 to 2 times that) whose
+    gradients, were those masks flipped, would move the layer's bias gradient by more than
+    half its bound (1e-3 + 4 x the float32 runs' deviation, as the test computes it). The
+    perturbed runs flip masks of their own, which widens the bounds where flips are many; one
+    flip in a small layer (extra.*: a few cells per channel) that they happen to miss would
+    fail zps alone, on a difference of float32 rounding, not of arithmetic."""
+    out = []
+    for name, x64 in w64.pre.items():
+        rms = float((w32.pre[name].double() - x64).pow(2).mean().sqrt())
+        near = x64.abs() < 4 * rms
+        if not bool(near.any()):
+            continue
+        db = biases[0][name]
+        impact = float(w64.grad[name][near].norm()) / (float(db.norm()) + 1e-30)
+        bound = 1e-3 + 4 * max(rel(b[name], db) for b in biases[1:])
+        if impact > bound / 2:
+            out.append(f"{name} {int(near.sum())} {impact:.3g} {bound:.3g}")
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--weights", required=True)
@@ -121,10 +174,13 @@ def main():
     n, s = a.batch, a.size
     x = np.fromfile(a.input, dtype="<f4").reshape(n, -1, s, s)
     gflat = np.fromfile(a.grads, dtype="<f4")
+    watch, biases = [], []
     for xin, suffix, dtype in make_runs(x, a.perturb):
         model = Net(shapes)
         load_state(model, params, stats, values)
         model = model.to(dtype)
+        if len(watch) < 2:  # float64 and float32 on the same input
+            watch.append(KinkWatch(model))
         model.train()
         xt = torch.from_numpy(xin).to(dtype).requires_grad_(True)
         cls, loc = model(xt)
@@ -133,6 +189,8 @@ def main():
         loss = (cls * g_cls).sum() + (loc * g_loc).sum()
         loss.backward()
         named = dict(model.named_parameters())
+        biases.append({name: named[name + ".bn.bias"].grad.detach().double()
+                       for name in watch[0].pre})
         sd = model.state_dict()
         parts = [np.array([loss.item()]), cls.detach().double().numpy().ravel(),
                  loc.detach().double().numpy().ravel()]
@@ -142,6 +200,9 @@ def main():
             parts.append(sd[name].detach().double().numpy().ravel())
         parts.append(xt.grad.detach().double().numpy().ravel())
         np.concatenate(parts).astype("<f8").tofile(f"{a.out}.{suffix}")
+    with open(f"{a.out}.kinks", "w") as f:
+        for line in kinks(watch[0], watch[1], biases):
+            f.write(line + "\n")
 
 
 if __name__ == "__main__":
