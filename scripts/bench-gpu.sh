@@ -19,7 +19,10 @@
 #    trainer does not pay for either.
 #    JSON: BENCH_DIR/gpu_ps.json.
 # BENCH_DIR (ZPS_BENCH_DIR): $OUT when set (a folder a remote runner copies back), else
-# build/bench.
+# build/bench; the trainers' and the fleet's logs go there too (bench-gpu-*.log, and the
+# fleet's run folder bench-gpu-fleet/ with each process's log).
+# ZPS_GPU_BENCH_S (default 240): seconds each of the four commands may take; a hang ends
+# there, named, and the rest still runs (device time is short: docs/gpu.md).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu-env.sh "${1:-.gpu}" bench-gpu || exit 2
@@ -30,14 +33,24 @@ export ZPS_BENCH_DIR=$bench
 pairs=${ZPS_GPU_PAIRS:-3} steps=${ZPS_GPU_STEPS:-100}
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 rc=0
+limit=${ZPS_GPU_BENCH_S:-240}
+# bounded CMD...: runs CMD for at most $limit seconds; says so when it was stopped
+bounded() {
+  timeout --kill-after=10 "$limit" "$@"
+  local st=$?
+  [ $st -eq 124 ] || [ $st -eq 137 ] &&
+    echo "bench-gpu: $(basename "$1") passed its $limit s (ZPS_GPU_BENCH_S) and was stopped" >&2
+  return $st
+}
 
-"$B/bin/zps-bench" train-step --device cuda --model inception_v3 --shapes 299x32,299x128 \
+bounded "$B/bin/zps-bench" train-step --device cuda --model inception_v3 --shapes 299x32,299x128 \
   --pairs "$pairs" --steps 10 --warmup 3 || rc=1
-"$B/bin/zps-bench" train-step --device cuda --model inception_v3 --shapes 299x32,299x128 \
+bounded "$B/bin/zps-bench" train-step --device cuda --model inception_v3 --shapes 299x32,299x128 \
   --pairs "$pairs" --steps 10 --warmup 3 --precision bf16 --append || rc=1
 
 tmp=$(mktemp -d /tmp/zps-bench-gpu.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
+logs=${OUT:-$tmp}
 "$B/bin/zps-data" convert fashion-mnist --out "$tmp/fm" --limit 8192 --shards 2 >"$tmp/convert.log" 2>&1 ||
   { echo "bench-gpu: cannot convert Fashion-MNIST:" >&2; tail -5 "$tmp/convert.log" >&2; exit 1; }
 targs="--device cuda --data $tmp/fm --model inception_v3 --in-channels 3 --input-size 299 \
@@ -46,12 +59,14 @@ ips() { python3 -c 'import json,sys
 for l in open(sys.argv[1]):
     r = json.loads(l)
     if r.get("type") == "summary": print(r["img_s"])' "$1"; }
-"$B/bin/zps-trainer" $targs --mode local --metrics "$tmp/alone.jsonl" >"$tmp/alone.log" 2>&1 ||
-  { echo "bench-gpu: the lone trainer failed:"; tail -20 "$tmp/alone.log"; rc=1; }
-ZPS_BIN=$B/bin python3 scripts/zps-launch --servers 2 --trainers 1 --run-dir "$tmp/fleet" \
+bounded "$B/bin/zps-trainer" $targs --mode local --metrics "$tmp/alone.jsonl" \
+  >"$logs/bench-gpu-alone.log" 2>&1 ||
+  { echo "bench-gpu: the lone trainer failed:"; tail -20 "$logs/bench-gpu-alone.log"; rc=1; }
+bounded python3 scripts/zps-launch --servers 2 --trainers 1 --run-dir "$logs/bench-gpu-fleet" \
   --on-trainer-exit stop --checkpoint-every-versions 0 \
-  --quiet --trainer-args "$targs --mode sync --metrics $tmp/fleet.jsonl" >"$tmp/fleet.log" 2>&1 ||
-  { echo "bench-gpu: the PS fleet failed:"; tail -20 "$tmp/fleet.log"; rc=1; }
+  --quiet --trainer-args "$targs --mode sync --metrics $tmp/fleet.jsonl" \
+  >"$logs/bench-gpu-fleet.log" 2>&1 ||
+  { echo "bench-gpu: the PS fleet failed:"; tail -20 "$logs/bench-gpu-fleet.log"; rc=1; }
 alone=$(ips "$tmp/alone.jsonl" 2>/dev/null) fleet=$(ips "$tmp/fleet.jsonl" 2>/dev/null)
 if [ -n "$alone" ] && [ -n "$fleet" ]; then
   python3 - "$alone" "$fleet" "$bench/gpu_ps.json" <<'PY'
