@@ -21,6 +21,8 @@
  * (--eval-every 1): a rollback may show in an evaluation's wait for values.
  *
  * a_rollback_in_the_first_step_is_redone: a rollback inside a job's first step.
+ * a_stale_backup_worker_pulls_its_buckets_together: a backup worker's stale step catches up
+ * with one pull per bucket, sent together (trainer/sync_ps.c s_catch_up).
  *
  * failover_resends_at_once, restored_server_answers_a_waiting_pull: a request the dead
  * server never answered is resent as soon as the restarted server accepts the connection,
@@ -38,6 +40,7 @@
 #include <unistd.h>
 
 #include "common/clock.h"
+#include "common/log.h"
 #include "common/mem.h"
 #include "ps/client.h"
 #include "ps/optim.h"
@@ -613,6 +616,45 @@ static zps_status s_ps_step(tr_sync *s, int64_t step, float *grads, size_t n)
     return st == ZPS_OK ? s->end_step(s, &rec) : st;
 }
 
+/* An in-process sync trainer (trainer/sync_ps.c) of s_vars against the server at uri. */
+typedef struct s_tr {
+    tr_config cfg;
+    nn_var vars[NV];
+    float *params, *grads;
+    size_t n;
+    const char *uris[1];
+    tr_sync_env env;
+} s_tr;
+
+static void s_tr_init(s_tr *t, const char *uri, int id, int n_trainers)
+{
+    tr_config_default(&t->cfg);
+    t->cfg.mode = TR_MODE_SYNC;
+    t->cfg.timeout_ms = 2000;
+    t->n = 0;
+    for (int v = 0; v < NV; v++) {
+        t->vars[v] = (nn_var){.offset = t->n, .count = s_vars[v].count, .ndim = 1,
+                              .shape = {(int)s_vars[v].count}};
+        snprintf(t->vars[v].name, sizeof t->vars[v].name, "%s", s_vars[v].name);
+        t->n += s_vars[v].count;
+    }
+    t->params = zps_xcalloc(t->n, sizeof *t->params);
+    t->grads = zps_xcalloc(t->n, sizeof *t->grads);
+    for (size_t i = 0; i < t->n; i++)
+        t->params[i] = 0.01f * (float)(i % 13);
+    t->uris[0] = uri;
+    t->env = (tr_sync_env){.cfg = &t->cfg, .id = id, .n_trainers = n_trainers,
+                           .vars = t->vars, .nvars = NV, .nparams = t->n,
+                           .params = t->params, .grads = t->grads, .uris = t->uris,
+                           .n_uris = 1, .set_forward_hook = s_no_hook};
+}
+
+static void s_tr_free(s_tr *t)
+{
+    free(t->params);
+    free(t->grads);
+}
+
 Test(it_ps_recover, a_rollback_in_the_first_step_is_redone, .timeout = 90)
 {
     char tmp[512], ck[600];
@@ -624,27 +666,13 @@ Test(it_ps_recover, a_rollback_in_the_first_step_is_redone, .timeout = 90)
     cr_assert_eq(pst_spawn(&srv, NULL, sargs), 0);
     char uri[256];
     snprintf(uri, sizeof uri, "%s", srv.uri);
-    static tr_config cfg;
-    tr_config_default(&cfg);
-    cfg.mode = TR_MODE_SYNC;
-    cfg.timeout_ms = 2000;
-    nn_var vars[NV];
-    size_t n = 0;
-    for (int v = 0; v < NV; v++) {
-        vars[v] = (nn_var){.offset = n, .count = s_vars[v].count, .ndim = 1,
-                           .shape = {(int)s_vars[v].count}};
-        snprintf(vars[v].name, sizeof vars[v].name, "%s", s_vars[v].name);
-        n += s_vars[v].count;
-    }
-    float *params = zps_xcalloc(n, sizeof *params), *grads = zps_xcalloc(n, sizeof *grads);
-    for (size_t i = 0; i < n; i++)
-        params[i] = 0.01f * (float)(i % 13);
-    const char *uris[1] = {uri};
-    tr_sync_env env = {.cfg = &cfg, .id = 0, .n_trainers = 1, .vars = vars, .nvars = NV,
-                       .nparams = n, .params = params, .grads = grads, .uris = uris,
-                       .n_uris = 1, .set_forward_hook = s_no_hook};
+    static s_tr tr;
+    s_tr_init(&tr, uri, 0, 1);
+    float *grads = tr.grads;
+    size_t n = tr.n;
+    const char *const *uris = tr.uris;
     tr_sync *s = NULL;
-    cr_assert_eq(tr_sync_ps_new(&env, &s), ZPS_OK);
+    cr_assert_eq(tr_sync_ps_new(&tr.env, &s), ZPS_OK);
     int stop = 0;
     cr_assert_eq(s->begin_step(s, 0, &stop), ZPS_OK);
     cr_assert_eq(s->params_ready(s), ZPS_OK);
@@ -674,8 +702,68 @@ Test(it_ps_recover, a_rollback_in_the_first_step_is_redone, .timeout = 90)
     free(json);
     ps_client_destroy(&c);
     pst_kill(&srv, SIGTERM);
-    free(params);
-    free(grads);
+    s_tr_free(&tr);
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
+    int rc = system(cmd);
+    (void)rc;
+}
+
+/* A backup worker (--replicas-to-aggregate 2 of 3) whose step the fleet finished without it:
+ * each of its PUSHPULLs comes back stale, with no values. It catches up with one plain pull
+ * per bucket, all sent before any is waited for (one round trip, not one a bucket), and
+ * ends the step with the values the others got, bit for bit. */
+Test(it_ps_recover, a_stale_backup_worker_pulls_its_buckets_together, .timeout = 60)
+{
+    const char *sargs[] = {"--mode", "sync", "--num-trainers", "3", "--replicas-to-aggregate",
+                           "2", NULL};
+    pst_server srv;
+    cr_assert_eq(pst_spawn(&srv, NULL, sargs), 0);
+    static s_tr tr[3];
+    tr_sync *s[3] = {NULL};
+    for (int i = 0; i < 3; i++) {
+        s_tr_init(&tr[i], srv.uri, i, 3);
+        cr_assert_eq(tr_sync_ps_new(&tr[i].env, &s[i]), ZPS_OK, "trainer %d", i);
+    }
+    for (int i = 0; i < 3; i++) { /* step 0 computes with version 0 everywhere */
+        int stop = 0;
+        cr_assert_eq(s[i]->begin_step(s[i], 0, &stop), ZPS_OK);
+        cr_assert_eq(s[i]->params_ready(s[i]), ZPS_OK);
+        for (size_t k = 0; k < tr[i].n; k++)
+            tr[i].grads[k] = 0.001f * (float)((k + (size_t)i) % 7);
+    }
+    /* trainers 0 and 1 make version 1 (the first 2 pushes of a bucket win, so trainer 2
+     * pushes only after their steps ended with the new values); trainer 2 comes too late */
+    for (int i = 0; i < 3; i++) {
+        for (int v = NV - 1; v >= 0; v--)
+            cr_assert_eq(s[i]->grads_ready(s[i], (size_t)v, 1), ZPS_OK, "trainer %d", i);
+        if (i == 1)
+            for (int j = 0; j < 2; j++) {
+                tr_step_record rec = tr_step_record_empty(1);
+                cr_assert_eq(s[j]->end_step(s[j], &rec), ZPS_OK, "trainer %d", j);
+            }
+    }
+    char tmp[512];
+    pst_tmpdir(tmp, sizeof tmp);
+    zps_log_set_level(ZPS_LOG_DEBUG);
+    zt_capture_begin(tmp);
+    tr_step_record rec = tr_step_record_empty(1);
+    zps_status st = s[2]->end_step(s[2], &rec);
+    char *log = zt_capture_end();
+    zps_log_set_level(ZPS_LOG_WARN);
+    cr_assert_eq(st, ZPS_OK, "the backup worker's stale step: %s", zps_strerror(st));
+    cr_assert_not_null(strstr(log, "3 of 3 buckets came back stale: pulling them together"),
+                       "the backup worker did not pull its buckets together:\n%s", log);
+    free(log);
+    cr_assert_eq(memcmp(tr[2].params, tr[0].params, tr[0].n * sizeof(float)), 0,
+                 "the backup worker's values differ from version 1's");
+    cr_assert_eq(memcmp(tr[1].params, tr[0].params, tr[0].n * sizeof(float)), 0);
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(s[i]->leave(s[i]), ZPS_OK);
+        tr_sync_destroy(&s[i]);
+        s_tr_free(&tr[i]);
+    }
+    pst_kill(&srv, SIGTERM);
     char cmd[700];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
     int rc = system(cmd);

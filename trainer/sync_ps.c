@@ -90,6 +90,7 @@ typedef struct s_ps {
     ps_ticket *pull_t;        // (nvars) pull (sync: PUSHPULL) ticket of each bucket
     int *var_pull;            // (nvars) the bucket of each variable
     uint8_t *pull_done;       // (nvars) that pull was waited for
+    int *stale_b;             // (nvars) sync: the buckets a catch-up pulls (s_catch_up)
     int pulls_pending;
     uint64_t pull_vmin;       // oldest version among the pulls waited for
     zps_status pull_err;      // first failure among them
@@ -224,18 +225,72 @@ static zps_status s_issue_pulls(s_ps *p, int64_t step)
     return ZPS_OK;
 }
 
-/* sync: bucket g's PUSHPULL came back stale, its values unsent (this trainer's gradients
- * were not needed: a backup worker, docs/ps.md "Backup workers"). Unless the fleet rolled
- * back (params_ready's recovery takes that), the values come by a plain pull. */
-static zps_status s_pull_after_stale(s_ps *p, int g, uint64_t *v)
+/* Bucket g's pull (sync: PUSHPULL) reply, unless taken already: its status and version. */
+static zps_status s_take_pull(s_ps *p, int g, uint64_t *v)
 {
-    if (ps_client_rollback_pending(p->client, NULL))
-        return ZPS_ERR_STALE;
-    zps_log(ZPS_DEBUG, "trainer", "step %lld: push of bucket %d was stale", (long long)p->step, g);
-    ps_ticket t;
-    ZPS_TRY(ps_client_pull(p->client, p->buckets[g].first, p->buckets[g].n, p->params,
-                           p->pp_step + 1, &t));
-    return s_wait(p, t, v);
+    p->pull_done[g] = 1;
+    uint64_t tw = tr_trace_now(p->trace);
+    zps_status st = s_wait(p, p->pull_t[g], v);
+    s_trace_transfer(p, p->pushpull ? "pushpull" : "pull", p->pull_t[g], p->pull_t0[g],
+                     p->buckets[g].first, p->buckets[g].n);
+    if (tw && zps_now_ns() - tw > 20000) /* waits that cost something: over 20 us */
+        tr_trace_span(p->trace, TR_TRACE_MAIN, "wait: values", tw, g);
+    return st;
+}
+
+/* Keeps what a pull brought: its failure (the first), or its version (the oldest). */
+static void s_note_pull(s_ps *p, zps_status st, uint64_t v)
+{
+    if (st != ZPS_OK && p->pull_err == ZPS_OK)
+        p->pull_err = st;
+    if (st == ZPS_OK && v < p->pull_vmin)
+        p->pull_vmin = v;
+}
+
+/* sync: bucket g's PUSHPULL came back stale, its values unsent: this trainer's gradients
+ * were not needed (a backup worker, docs/ps.md "Backup workers"), so the step went on
+ * without it, and the other buckets' replies are as good as here. Unless the fleet rolled
+ * back (params_ready's recovery takes that), every stale bucket's values come by a plain
+ * pull, all sent before any is waited for: one round trip, not one a bucket. */
+static void s_catch_up(s_ps *p, int g)
+{
+    int n = 0;
+    p->stale_b[n++] = g;
+    for (int b = p->n_buckets - 1; b >= 0; b--) { /* the replies are on their way */
+        if (p->pull_done[b])
+            continue;
+        uint64_t v = 0;
+        zps_status st = s_take_pull(p, b, &v);
+        if (st == ZPS_ERR_STALE)
+            p->stale_b[n++] = b;
+        else
+            s_note_pull(p, st, v);
+    }
+    if (ps_client_rollback_pending(p->client, NULL)) {
+        s_note_pull(p, ZPS_ERR_STALE, 0);
+        return;
+    }
+    zps_log(ZPS_DEBUG, "trainer", "step %lld: %d of %d buckets came back stale: pulling them "
+            "together", (long long)p->step, n, p->n_buckets);
+    int sent = 0;
+    for (; sent < n; sent++) {
+        int b = p->stale_b[sent];
+        p->pull_t0[b] = tr_trace_now(p->trace);
+        zps_status st = ps_client_pull(p->client, p->buckets[b].first, p->buckets[b].n,
+                                       p->params, p->pp_step + 1, &p->pull_t[b]);
+        if (st != ZPS_OK) {
+            s_note_pull(p, st, 0);
+            break;
+        }
+    }
+    for (int i = 0; i < sent; i++) {
+        int b = p->stale_b[i];
+        uint64_t v = 0;
+        zps_status st = s_wait(p, p->pull_t[b], &v);
+        s_trace_transfer(p, "pull", p->pull_t[b], p->pull_t0[b], p->buckets[b].first,
+                         p->buckets[b].n);
+        s_note_pull(p, st, v);
+    }
 }
 
 /* Waits for bucket g's pull unless that was done already. */
@@ -243,19 +298,12 @@ static void s_wait_pull(s_ps *p, int g)
 {
     if (p->pull_done[g])
         return;
-    p->pull_done[g] = 1;
-    uint64_t v = 0, tw = tr_trace_now(p->trace);
-    zps_status st = s_wait(p, p->pull_t[g], &v);
-    s_trace_transfer(p, p->pushpull ? "pushpull" : "pull", p->pull_t[g], p->pull_t0[g],
-                     p->buckets[g].first, p->buckets[g].n);
-    if (tw && zps_now_ns() - tw > 20000) /* waits that cost something: over 20 us */
-        tr_trace_span(p->trace, TR_TRACE_MAIN, "wait: values", tw, g);
-    if (st == ZPS_ERR_STALE && p->pushpull)
-        st = s_pull_after_stale(p, g, &v);
-    if (st != ZPS_OK && p->pull_err == ZPS_OK)
-        p->pull_err = st;
-    if (st == ZPS_OK && v < p->pull_vmin)
-        p->pull_vmin = v;
+    uint64_t v = 0;
+    zps_status st = s_take_pull(p, g, &v);
+    if (st == ZPS_ERR_STALE && p->pushpull && !ps_client_rollback_pending(p->client, NULL))
+        s_catch_up(p, g);
+    else
+        s_note_pull(p, st, v);
 }
 
 /* Forward hook: a layer is about to read [first, first + n); wait for its values. A failure
@@ -563,6 +611,7 @@ static void s_destroy(tr_sync *s)
     free(p->groups);
     free(p->var_pull);
     free(p->pull_done);
+    free(p->stale_b);
     free(p->buckets);
     free(p->group_bucket);
     free(p->var_count);
@@ -712,6 +761,7 @@ zps_status tr_sync_ps_new(const tr_sync_env *env, tr_sync **out)
     p->pull_t = zps_xcalloc(env->nvars, sizeof *p->pull_t);
     p->groups = zps_xcalloc(env->nvars, sizeof *p->groups);
     p->pull_done = zps_xcalloc(env->nvars, sizeof *p->pull_done);
+    p->stale_b = zps_xcalloc(env->nvars, sizeof *p->stale_b);
     p->var_pull = zps_xcalloc(env->nvars, sizeof *p->var_pull);
     p->buckets = zps_xcalloc(env->nvars, sizeof *p->buckets);
     p->group_bucket = zps_xcalloc(env->nvars, sizeof *p->group_bucket);
