@@ -219,7 +219,14 @@ zps_status k_cuda_grow(void **buf, size_t *cap, size_t bytes, int host)
         KC_CUDA(host ? cudaFreeHost(*buf) : cudaFree(*buf));
     *buf = NULL, *cap = 0;
     size_t want = bytes < 4096 ? 4096 : bytes;
-    KC_CUDA(host ? cudaMallocHost(buf, want) : cudaMalloc(buf, want));
+    cudaError_t r = host ? cudaMallocHost(buf, want) : cudaMalloc(buf, want);
+    if (r != cudaSuccess) { /* cleared, or the next launch check would report it as its own */
+        (void)cudaGetLastError();
+        *buf = NULL;
+        snprintf(k_cuda_err, sizeof k_cuda_err, "%s:%d %s of %zu bytes: %s", __FILE__, __LINE__,
+                 host ? "cudaMallocHost" : "cudaMalloc", want, cudaGetErrorString(r));
+        return ZPS_ERR_CUDA;
+    }
     *cap = want;
     return ZPS_OK;
 }

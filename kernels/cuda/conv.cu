@@ -4,9 +4,13 @@
  *
  * A descriptor's cuDNN state (s_conv_impl) is made on its first use, once per shape: a float
  * set of descriptors and algorithms (cuDNN's heuristics, checked), and a BF16 set on first
- * bf16 use. Every convolution shares one grow-only workspace and one grow-only bf16 scratch:
- * they all run on the compute stream, one after another. Backward accumulates (+=) into dw
- * and db and overwrites dx.
+ * bf16 use. Each of the three operations takes the first of cuDNN's candidates that cuDNN
+ * reports usable and can size the workspace of, with that candidate's math type, which is
+ * set on the convolution descriptor before the operation runs (the three may differ). A
+ * BF16 set that cuDNN refuses (no candidate, no workspace, or a refusal when it runs) leaves
+ * that shape emulated (below). Every convolution shares one grow-only workspace and one
+ * grow-only bf16 scratch: they all run on the compute stream, one after another. Backward
+ * accumulates (+=) into dw and db and overwrites dx.
  */
 #include <cudnn.h>
 #include <stdlib.h>
@@ -41,14 +45,16 @@ zps_status k_cuda_pack_bf16(size_t n, const float *x, uint16_t *y)
 }
 
 
+/* The three operations of a convolution (s_conv_set.algo and .math are indexed by them). */
+enum { S_FWD, S_BWD_DATA, S_BWD_FILTER, S_OPS };
+
 /* One convolution's descriptors in one data type, and cuDNN's algorithms for them. */
 typedef struct s_conv_set {
     cudnnTensorDescriptor_t x, y;      // input, output
     cudnnFilterDescriptor_t w;
-    cudnnConvolutionDescriptor_t conv; // products summed in float
-    cudnnConvolutionFwdAlgo_t fa;
-    cudnnConvolutionBwdDataAlgo_t da;
-    cudnnConvolutionBwdFilterAlgo_t wa;
+    cudnnConvolutionDescriptor_t conv; // products summed in float; math type per operation
+    int algo[S_OPS];                   // cudnnConvolution{Fwd,BwdData,BwdFilter}Algo_t
+    cudnnMathType_t math[S_OPS];
 } s_conv_set;
 
 typedef struct s_conv_impl {
@@ -96,38 +102,110 @@ static void s_conv_set_free(s_conv_set *set)
         cudnnDestroyConvolutionDescriptor(set->conv);
 }
 
-/* cuDNN's choice of the three algorithms for set (heuristics, once per shape), and the
- * workspace they need in *ws. 0 when it has none for one of them: *st then holds the failed
- * query's status (CUDNN_STATUS_SUCCESS when it answered with no usable algorithm). */
-static int s_conv_set_algos(s_conv_set *set, size_t *ws, cudnnStatus_t *st)
+/* One of cuDNN's candidate algorithms for an operation (its perf struct, whatever the op). */
+typedef struct s_cand {
+    int algo;
+    cudnnStatus_t status;
+    cudnnMathType_t math;
+} s_cand;
+#define S_MAX_CANDS 16 /* more than any *_ALGO_COUNT (8, 6, 7 in cuDNN 9) */
+static_assert(CUDNN_CONVOLUTION_FWD_ALGO_COUNT <= S_MAX_CANDS &&
+                  CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT <= S_MAX_CANDS &&
+                  CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT <= S_MAX_CANDS,
+              "S_MAX_CANDS holds every candidate cuDNN may return");
+
+/* cuDNN's candidates for operation op of set (heuristics, best first) into c, *n of them. */
+static cudnnStatus_t s_candidates(const s_conv_set *set, int op, s_cand *c, int *n)
 {
-    int got[3] = {0, 0, 0};
-    cudnnConvolutionFwdAlgoPerf_t fp;
-    cudnnConvolutionBwdDataAlgoPerf_t dp;
-    cudnnConvolutionBwdFilterAlgoPerf_t wp;
-    if ((*st = cudnnGetConvolutionForwardAlgorithm_v7(s_cudnn, set->x, set->w, set->conv, set->y, 1, &got[0], &fp)) ||
-        (*st = cudnnGetConvolutionBackwardDataAlgorithm_v7(s_cudnn, set->w, set->y, set->conv, set->x, 1, &got[1], &dp)) ||
-        (*st = cudnnGetConvolutionBackwardFilterAlgorithm_v7(s_cudnn, set->x, set->y, set->conv, set->w, 1, &got[2], &wp)))
-        return 0;
-    if (got[0] < 1 || got[1] < 1 || got[2] < 1 || fp.status != CUDNN_STATUS_SUCCESS ||
-        dp.status != CUDNN_STATUS_SUCCESS || wp.status != CUDNN_STATUS_SUCCESS)
-        return 0;
-    set->fa = fp.algo, set->da = dp.algo, set->wa = wp.algo;
-    size_t a = 0, b = 0, c = 0;
-    if ((*st = cudnnGetConvolutionForwardWorkspaceSize(s_cudnn, set->x, set->w, set->conv, set->y, set->fa, &a)) ||
-        (*st = cudnnGetConvolutionBackwardDataWorkspaceSize(s_cudnn, set->w, set->y, set->conv, set->x, set->da, &b)) ||
-        (*st = cudnnGetConvolutionBackwardFilterWorkspaceSize(s_cudnn, set->x, set->y, set->conv, set->w, set->wa, &c)))
-        return 0;
-    *ws = a > b ? (a > c ? a : c) : (b > c ? b : c);
+    cudnnStatus_t st;
+    *n = 0;
+    if (op == S_FWD) {
+        cudnnConvolutionFwdAlgoPerf_t p[S_MAX_CANDS];
+        st = cudnnGetConvolutionForwardAlgorithm_v7(s_cudnn, set->x, set->w, set->conv, set->y,
+                                                    CUDNN_CONVOLUTION_FWD_ALGO_COUNT, n, p);
+        for (int i = 0; st == CUDNN_STATUS_SUCCESS && i < *n; i++)
+            c[i] = (s_cand){(int)p[i].algo, p[i].status, p[i].mathType};
+    } else if (op == S_BWD_DATA) {
+        cudnnConvolutionBwdDataAlgoPerf_t p[S_MAX_CANDS];
+        st = cudnnGetConvolutionBackwardDataAlgorithm_v7(s_cudnn, set->w, set->y, set->conv,
+                                                         set->x,
+                                                         CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
+                                                         n, p);
+        for (int i = 0; st == CUDNN_STATUS_SUCCESS && i < *n; i++)
+            c[i] = (s_cand){(int)p[i].algo, p[i].status, p[i].mathType};
+    } else {
+        cudnnConvolutionBwdFilterAlgoPerf_t p[S_MAX_CANDS];
+        st = cudnnGetConvolutionBackwardFilterAlgorithm_v7(s_cudnn, set->x, set->y, set->conv,
+                                                           set->w,
+                                                           CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
+                                                           n, p);
+        for (int i = 0; st == CUDNN_STATUS_SUCCESS && i < *n; i++)
+            c[i] = (s_cand){(int)p[i].algo, p[i].status, p[i].mathType};
+    }
+    return st;
+}
+
+/* The workspace operation op of set needs with algorithm algo (under the math type set on
+ * set->conv). */
+static cudnnStatus_t s_workspace(const s_conv_set *set, int op, int algo, size_t *bytes)
+{
+    if (op == S_FWD)
+        return cudnnGetConvolutionForwardWorkspaceSize(s_cudnn, set->x, set->w, set->conv,
+                                                       set->y, (cudnnConvolutionFwdAlgo_t)algo,
+                                                       bytes);
+    if (op == S_BWD_DATA)
+        return cudnnGetConvolutionBackwardDataWorkspaceSize(
+            s_cudnn, set->w, set->y, set->conv, set->x, (cudnnConvolutionBwdDataAlgo_t)algo,
+            bytes);
+    return cudnnGetConvolutionBackwardFilterWorkspaceSize(
+        s_cudnn, set->x, set->y, set->conv, set->w, (cudnnConvolutionBwdFilterAlgo_t)algo,
+        bytes);
+}
+
+/* cuDNN's choice of the three algorithms for set (heuristics, once per shape): for each
+ * operation the first candidate cuDNN reports usable whose workspace it can size under the
+ * candidate's own math type, but never one in math type `refuse`: a float set refuses
+ * CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION (float data rounded to half precision), a BF16 set
+ * CUDNN_FMA_MATH (no tensor cores). The workspace they need in *ws. 0 when an operation
+ * has none: *st then holds the failed query's status (CUDNN_STATUS_SUCCESS when cuDNN
+ * answered with no usable candidate). */
+static int s_conv_set_algos(s_conv_set *set, cudnnMathType_t refuse, size_t *ws,
+                            cudnnStatus_t *st)
+{
+    size_t need = 0;
+    for (int op = 0; op < S_OPS; op++) {
+        s_cand c[S_MAX_CANDS];
+        int n = 0, found = 0;
+        if ((*st = s_candidates(set, op, c, &n)) != CUDNN_STATUS_SUCCESS)
+            return 0;
+        for (int i = 0; i < n && !found; i++) {
+            size_t b = 0;
+            if (c[i].status != CUDNN_STATUS_SUCCESS || c[i].math == refuse ||
+                cudnnSetConvolutionMathType(set->conv, c[i].math) != CUDNN_STATUS_SUCCESS ||
+                s_workspace(set, op, c[i].algo, &b) != CUDNN_STATUS_SUCCESS)
+                continue;
+            set->algo[op] = c[i].algo;
+            set->math[op] = c[i].math;
+            need = b > need ? b : need;
+            found = 1;
+        }
+        if (!found) {
+            *st = CUDNN_STATUS_SUCCESS;
+            return 0;
+        }
+    }
+    *ws = need;
     return 1;
 }
 
-/* im's algorithms need bytes of workspace: noted, and the shared one grown to hold them. */
+/* im's algorithms need bytes of workspace: the shared one grown to hold them, and noted once
+ * it does (a growth that failed leaves the need as it was). */
 static zps_status s_conv_ws(s_conv_impl *im, size_t bytes)
 {
-    if (bytes > im->ws_need)
-        im->ws_need = bytes;
-    return k_cuda_grow(&s_ws, &s_ws_cap, im->ws_need, 0);
+    size_t need = bytes > im->ws_need ? bytes : im->ws_need;
+    ZPS_TRY(k_cuda_grow(&s_ws, &s_ws_cap, need, 0));
+    im->ws_need = need;
+    return ZPS_OK;
 }
 
 static zps_status s_conv_build(const k_conv2d *d, s_conv_impl *im)
@@ -137,7 +215,7 @@ static zps_status s_conv_build(const k_conv2d *d, s_conv_impl *im)
     KC_CUDNN(cudnnSetTensor4dDescriptor(im->b, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, d->k, 1, 1));
     size_t ws = 0;
     cudnnStatus_t cst;
-    if (!s_conv_set_algos(&im->f, &ws, &cst)) {
+    if (!s_conv_set_algos(&im->f, CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION, &ws, &cst)) {
         snprintf(k_cuda_err, sizeof k_cuda_err, "%s:%d cuDNN has no algorithm for the convolution "
                  "%dx%dx%dx%d * %dx%dx%d (stride %d, pad %d): %s", __FILE__, __LINE__, d->n,
                  d->c, d->h, d->w, d->k, d->r, d->s, d->stride_h, d->pad_h,
@@ -242,9 +320,16 @@ static zps_status s_widen(size_t n, const uint16_t *x, float *y, int acc)
 
 static int s_bf16_emulate = -1; // ZPS_CUDA_BF16=emulate: every bf16 convolution emulated
 
+/* cuDNN refusing a request (a parameter, shape or type it does not take: the status ranges
+ * 2000-3999 of cuDNN 9), as opposed to failing in itself (internal, execution). */
+static int s_refused(cudnnStatus_t c)
+{
+    return c >= CUDNN_STATUS_BAD_PARAM && c < CUDNN_STATUS_INTERNAL_ERROR;
+}
+
 /* The tensor-core set-up of a bf16 convolution, once per shape: im->tc = 1, or -1 (emulated)
- * when cuDNN offers no BF16 algorithm for it or ZPS_CUDA_BF16=emulate. Grows the workspace
- * to what the BF16 algorithms need. */
+ * when cuDNN offers no BF16 algorithm for it, the workspace they need cannot be had, or
+ * ZPS_CUDA_BF16=emulate. */
 static zps_status s_conv_tc(const k_conv2d *d, s_conv_impl *im)
 {
     if (im->tc)
@@ -260,12 +345,10 @@ static zps_status s_conv_tc(const k_conv2d *d, s_conv_impl *im)
     zps_status st = s_conv_set_make(d, &im->h, CUDNN_DATA_BFLOAT16);
     size_t ws = 0;
     cudnnStatus_t cst;
-    if (st == ZPS_OK && !s_conv_set_algos(&im->h, &ws, &cst)) {
-        /* None offered, or a refusal of the request (unsupported, or a parameter BF16 does
-         * not take for this shape): no BF16 path, emulate. cuDNN failing in itself
-         * (internal, execution, initialisation) is an error. */
-        if (cst == CUDNN_STATUS_SUCCESS || (cst >= CUDNN_STATUS_BAD_PARAM &&
-                                            cst < CUDNN_STATUS_INTERNAL_ERROR)) {
+    if (st == ZPS_OK && !s_conv_set_algos(&im->h, CUDNN_FMA_MATH, &ws, &cst)) {
+        /* None offered, or a refusal of the request: no BF16 path, emulate. cuDNN failing
+         * in itself (internal, execution, initialisation) is an error. */
+        if (cst == CUDNN_STATUS_SUCCESS || s_refused(cst)) {
             im->tc = -1;
             return ZPS_OK;
         }
@@ -274,8 +357,11 @@ static zps_status s_conv_tc(const k_conv2d *d, s_conv_impl *im)
                  d->h, d->w, d->k, d->r, d->s, cudnnGetErrorString(cst));
         st = ZPS_ERR_CUDNN;
     }
-    if (st == ZPS_OK)
-        st = s_conv_ws(im, ws);
+    if (st == ZPS_OK && s_conv_ws(im, ws) != ZPS_OK) { /* the float workspace is there */
+        (void)cudaGetLastError();
+        im->tc = -1;
+        return ZPS_OK;
+    }
     if (st != ZPS_OK) { /* an error, not a missing path: none made, the next call tries again */
         s_conv_set_free(&im->h);
         memset(&im->h, 0, sizeof im->h);
@@ -285,63 +371,116 @@ static zps_status s_conv_tc(const k_conv2d *d, s_conv_impl *im)
     return ZPS_OK;
 }
 
+/* Operation op of set with its algorithm and math type: y = a (*) b + beta * y, a and b
+ * being (x, w) forward, (w, dy) backward-data and (x, dy) backward-filter. */
+static cudnnStatus_t s_run(const s_conv_set *set, int op, const void *a, const void *b,
+                           float beta, void *out)
+{
+    float one = 1;
+    cudnnStatus_t c = cudnnSetConvolutionMathType(set->conv, set->math[op]);
+    if (c != CUDNN_STATUS_SUCCESS)
+        return c;
+    if (op == S_FWD)
+        return cudnnConvolutionForward(s_cudnn, &one, set->x, a, set->w, b, set->conv,
+                                       (cudnnConvolutionFwdAlgo_t)set->algo[op], s_ws, s_ws_cap,
+                                       &beta, set->y, out);
+    if (op == S_BWD_DATA)
+        return cudnnConvolutionBackwardData(s_cudnn, &one, set->w, a, set->y, b, set->conv,
+                                            (cudnnConvolutionBwdDataAlgo_t)set->algo[op], s_ws,
+                                            s_ws_cap, &beta, set->x, out);
+    return cudnnConvolutionBackwardFilter(s_cudnn, &one, set->x, a, set->y, b, set->conv,
+                                          (cudnnConvolutionBwdFilterAlgo_t)set->algo[op], s_ws,
+                                          s_ws_cap, &beta, set->w, out);
+}
+
+/* A BF16 execution that did not succeed: a refusal makes the shape emulated from now on
+ * (ZPS_OK: the caller emulates this call too); a failure of cuDNN itself is the error. */
+static zps_status s_tc_failed(const k_conv2d *d, s_conv_impl *im, cudnnStatus_t c, int op)
+{
+    static const char *const what[S_OPS] = {"forward", "backward-data", "backward-filter"};
+    if (s_refused(c)) {
+        (void)cudaGetLastError();
+        im->tc = -1;
+        return ZPS_OK;
+    }
+    snprintf(k_cuda_err, sizeof k_cuda_err, "%s:%d cuDNN's BF16 %s of the convolution "
+             "%dx%dx%dx%d * %dx%dx%d: %s", __FILE__, __LINE__, what[op], d->n, d->c, d->h,
+             d->w, d->k, d->r, d->s, cudnnGetErrorString(c));
+    return ZPS_ERR_CUDNN;
+}
+
+/* Forward on the tensor cores: x and w packed, y back from bfloat16. *done = 0 when cuDNN
+ * refused it (the shape is emulated from now on). */
+static zps_status s_conv2d_fwd_tc(k_conv2d *d, s_conv_impl *im, const float *x, const float *w,
+                                  float *y, int *done)
+{
+    const float *in[3] = {x, w, NULL};
+    size_t n[3] = {(size_t)d->n * d->c * d->h * d->w, (size_t)d->k * d->c * d->r * d->s,
+                   (size_t)d->n * d->k * d->oh * d->ow};
+    uint16_t *h[3];
+    ZPS_TRY(s_bf16_buffers(3, in, n, h));
+    cudnnStatus_t c = s_run(&im->h, S_FWD, h[0], h[1], 0.0f, h[2]);
+    *done = c == CUDNN_STATUS_SUCCESS;
+    if (!*done)
+        return s_tc_failed(d, im, c, S_FWD);
+    return s_widen(n[2], h[2], y, 0);
+}
+
 zps_status k_cuda_conv2d_fwd(k_conv2d *d, const float *x, const float *w, const float *b, float *y)
 {
     s_conv_impl *im;
     zps_status st = s_conv_get(d, &im);
     if (st != ZPS_OK)
         return st;
-    float one = 1, zero = 0;
+    float one = 1;
     if (d->bf16)
         ZPS_TRY(s_conv_tc(d, im));
     ZPS_TRY(k_cuda_grow(&s_ws, &s_ws_cap, im->ws_need, 0)); /* a no-op but after a failed growth */
-    if (d->bf16 && im->tc > 0) {
-        const float *in[3] = {x, w, NULL};
-        size_t n[3] = {(size_t)d->n * d->c * d->h * d->w, (size_t)d->k * d->c * d->r * d->s,
-                       (size_t)d->n * d->k * d->oh * d->ow};
-        uint16_t *h[3];
-        ZPS_TRY(s_bf16_buffers(3, in, n, h));
-        KC_CUDNN(cudnnConvolutionForward(s_cudnn, &one, im->h.x, h[0], im->h.w, h[1], im->h.conv,
-                                        im->h.fa, s_ws, s_ws_cap, &zero, im->h.y, h[2]));
-        ZPS_TRY(s_widen(n[2], h[2], y, 0));
-    } else {
+    int done = 0;
+    if (d->bf16 && im->tc > 0)
+        ZPS_TRY(s_conv2d_fwd_tc(d, im, x, w, y, &done));
+    if (!done) {
         if (d->bf16) {
             const float *in[2] = {x, w}, *r[2];
             size_t n[2] = {(size_t)d->n * d->c * d->h * d->w, (size_t)d->k * d->c * d->r * d->s};
             ZPS_TRY(s_bf16_inputs(2, in, n, r));
             x = r[0], w = r[1];
         }
-        KC_CUDNN(cudnnConvolutionForward(s_cudnn, &one, im->f.x, x, im->f.w, w, im->f.conv, im->f.fa,
-                                        s_ws, s_ws_cap, &zero, im->f.y, y));
+        KC_CUDNN(s_run(&im->f, S_FWD, x, w, 0.0f, y));
     }
     if (b)
         KC_CUDNN(cudnnAddTensor(s_cudnn, &one, im->b, b, &one, im->f.y, y));
     return ZPS_OK;
 }
 
-/* Backward on the tensor cores: dy, w, x packed; dx and dw come back as bfloat16. */
+/* Backward on the tensor cores: dy, w, x packed; dx and dw come back as bfloat16 (dx
+ * overwritten, dw accumulated in float). *done = 0 when cuDNN refused a part: the shape is
+ * emulated from now on, and the caller redoes the whole backward (dw is touched only by a
+ * part that succeeded, and then by nothing after it). */
 static zps_status s_conv2d_bwd_tc(k_conv2d *d, s_conv_impl *im, const float *x, const float *w,
-                                  const float *dy, float *dx, float *dw)
+                                  const float *dy, float *dx, float *dw, int *done)
 {
-    float one = 1, zero = 0;
     size_t nx = (size_t)d->n * d->c * d->h * d->w, nw = (size_t)d->k * d->c * d->r * d->s;
     const float *in[5] = {dy, dx ? w : NULL, dw ? x : NULL, NULL, NULL};
     size_t n[5] = {(size_t)d->n * d->k * d->oh * d->ow, dx ? nw : 0, dw ? nx : 0, dx ? nx : 0,
                    dw ? nw : 0};
     uint16_t *h[5]; // dy, w, x, dx, dw
     ZPS_TRY(s_bf16_buffers(5, in, n, h));
+    *done = 0;
+    cudnnStatus_t c;
     if (dx) {
-        KC_CUDNN(cudnnConvolutionBackwardData(s_cudnn, &one, im->h.w, h[1], im->h.y, h[0],
-                                             im->h.conv, im->h.da, s_ws, s_ws_cap, &zero,
-                                             im->h.x, h[3]));
+        if ((c = s_run(&im->h, S_BWD_DATA, h[1], h[0], 0.0f, h[3])) != CUDNN_STATUS_SUCCESS)
+            return s_tc_failed(d, im, c, S_BWD_DATA);
+    }
+    if (dw) {
+        if ((c = s_run(&im->h, S_BWD_FILTER, h[2], h[0], 0.0f, h[4])) != CUDNN_STATUS_SUCCESS)
+            return s_tc_failed(d, im, c, S_BWD_FILTER);
+    }
+    if (dx)
         ZPS_TRY(s_widen(nx, h[3], dx, 0));
-    }
-    if (dw) { /* accumulate: the bfloat16 result added to dw in float */
-        KC_CUDNN(cudnnConvolutionBackwardFilter(s_cudnn, &one, im->h.x, h[2], im->h.y, h[0],
-                                               im->h.conv, im->h.wa, s_ws, s_ws_cap, &zero,
-                                               im->h.w, h[4]));
+    if (dw) /* accumulate: the bfloat16 result added to dw in float */
         ZPS_TRY(s_widen(nw, h[4], dw, 1));
-    }
+    *done = 1;
     return ZPS_OK;
 }
 
@@ -352,14 +491,18 @@ zps_status k_cuda_conv2d_bwd(k_conv2d *d, const float *x, const float *w, const 
     zps_status st = s_conv_get(d, &im);
     if (st != ZPS_OK)
         return st;
-    float one = 1, zero = 0;
+    float one = 1;
     if (db) /* the float sum of dy, bf16 or not: before dy is rounded */
         KC_CUDNN(cudnnConvolutionBackwardBias(s_cudnn, &one, im->f.y, dy, &one, im->b, db));
     if (d->bf16)
         ZPS_TRY(s_conv_tc(d, im));
     ZPS_TRY(k_cuda_grow(&s_ws, &s_ws_cap, im->ws_need, 0));
-    if (d->bf16 && im->tc > 0)
-        return s_conv2d_bwd_tc(d, im, x, w, dy, dx, dw);
+    if (d->bf16 && im->tc > 0) {
+        int done = 0;
+        ZPS_TRY(s_conv2d_bwd_tc(d, im, x, w, dy, dx, dw, &done));
+        if (done)
+            return ZPS_OK;
+    }
     if (d->bf16) {
         const float *in[3] = {dx ? w : NULL, dw ? x : NULL, dy}, *r[3];
         size_t n[3] = {(size_t)d->k * d->c * d->r * d->s, (size_t)d->n * d->c * d->h * d->w,
@@ -368,11 +511,9 @@ zps_status k_cuda_conv2d_bwd(k_conv2d *d, const float *x, const float *w, const 
         w = r[0], x = r[1], dy = r[2];
     }
     if (dx)
-        KC_CUDNN(cudnnConvolutionBackwardData(s_cudnn, &one, im->f.w, w, im->f.y, dy, im->f.conv, im->f.da,
-                                             s_ws, s_ws_cap, &zero, im->f.x, dx));
+        KC_CUDNN(s_run(&im->f, S_BWD_DATA, w, dy, 0.0f, dx));
     if (dw) /* beta = 1: accumulate */
-        KC_CUDNN(cudnnConvolutionBackwardFilter(s_cudnn, &one, im->f.x, x, im->f.y, dy, im->f.conv,
-                                               im->f.wa, s_ws, s_ws_cap, &one, im->f.w, dw));
+        KC_CUDNN(s_run(&im->f, S_BWD_FILTER, x, dy, 1.0f, dw));
     return ZPS_OK;
 }
 
