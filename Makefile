@@ -131,7 +131,10 @@ $(B)/obj/%.o: %.c $(GEN_H) $(B)/.flags | $(B)/.deps-ok
 # ps/: the server's per-element loops (NaN/Inf check, optimizers, sync sums) are memory-bound
 # streams that -O2 leaves scalar; -O3 vectorises them (elementwise, so results are unchanged).
 $(B)/obj/ps/%.o: CFLAGS_BASE += -O3
-$(B)/obj/common/optim_apply.o: CFLAGS_BASE += -O3
+# The optimizers' loop also -fno-math-errno: sqrtf that may set errno is a call GCC cannot
+# vectorise, which left rmsprop, adam and adagrad scalar (the square root is IEEE's correctly
+# rounded one either way: the same bits).
+$(B)/obj/common/optim_apply.o: CFLAGS_BASE += -O3 -fno-math-errno
 # The cpu back-end's NCHW batchnorm loops: the same (-O2's cheap cost model leaves them scalar).
 $(B)/obj/kernels/cpu/bn_plain.o: CFLAGS_BASE += -O3
 
@@ -183,7 +186,7 @@ $(B)/pic/%.o: %.c $(GEN_H) $(B)/.flags | $(B)/.deps-ok
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS_BASE) -fPIC $(PIC_VIS) -Iinclude -DZPS_HAVE_CUDA=$(HAVE_CUDA) -MMD -MP -c $< -o $@
 $(B)/pic/ps/%.o: CFLAGS_BASE += -O3
-$(B)/pic/common/optim_apply.o: CFLAGS_BASE += -O3
+$(B)/pic/common/optim_apply.o: CFLAGS_BASE += -O3 -fno-math-errno
 # zps/status.h (= common/status.h) is public: its two functions are exported too
 PIC_VIS := -fvisibility=hidden
 $(B)/pic/common/status.o: PIC_VIS :=
