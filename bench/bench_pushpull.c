@@ -93,19 +93,22 @@ static int s_spawn_raw(proc *p, int warm)
     return s_spawn(p, argv, NULL);
 }
 
-static int s_zps_io_threads = 1; // --server-io-threads
+static int s_zps_io_threads = 1;    // --server-io-threads
+static int s_zps_apply_threads = 1; // --server-apply-threads
 
 static int s_spawn_zps(proc *p, int n_clients)
 {
     char bin[PATH_MAX];
     if (s_bin_path(bin, sizeof bin, "zps-server"))
         return -1;
-    char nt[16], io[16];
+    char nt[16], io[16], ap[16];
     snprintf(nt, sizeof nt, "%d", n_clients);
     snprintf(io, sizeof io, "%d", s_zps_io_threads);
+    snprintf(ap, sizeof ap, "%d", s_zps_apply_threads);
     const char *argv[] = {bin, "--bind", "tcp://127.0.0.1:0", "--mode", "async",
                           "--num-trainers", nt, "--stats-every", "0", "--log-level", "warn",
-                          "--max-message-bytes", "1073741824", "--io-threads", io, NULL};
+                          "--max-message-bytes", "1073741824", "--io-threads", io,
+                          "--apply-threads", ap, NULL};
     return s_spawn(p, argv, "zps-server listening on ");
 }
 
@@ -339,6 +342,7 @@ typedef struct cfg {
     int streams;           // ps_client_opts.streams
     ps_dtype dtype;        // --push-dtype
     int io_threads;        // zps-server --io-threads
+    int apply_threads;     // zps-server --apply-threads
     int raw_warm, raw_fd;  // internal: run as a raw server writing its endpoint to raw_fd
 } cfg;
 
@@ -346,7 +350,8 @@ static void s_defaults(void *p)
 {
     *(cfg *)p = (cfg){.reps = 3, .op_mask = 7, .shape_mask = 3, .sides = 7,
                       .max_bytes = 64u << 20, .msg_bytes = 1u << 20, .streams = 1,
-                      .dtype = PS_DTYPE_F32, .io_threads = 1, .raw_fd = -1};
+                      .dtype = PS_DTYPE_F32, .io_threads = 1, .apply_threads = 1,
+                      .raw_fd = -1};
 }
 
 #define F(f) ZPS_OPT_FIELD(cfg, f)
@@ -378,6 +383,8 @@ static const zps_opt s_opt[] = {
              "the bytes, and GB/s still counts 4 bytes per value"},
     {"server-io-threads", ZPS_OPT_INT, F(io_threads), 1, 16, .meta = "N",
      .help = "zps-server --io-threads"},
+    {"server-apply-threads", ZPS_OPT_INT, F(apply_threads), 1, 64, .meta = "N",
+     .help = "zps-server --apply-threads"},
     {"raw-warm", ZPS_OPT_SET, F(raw_warm), .help = "internal: the raw server keeps memory warm"},
     {"raw-server-fd", ZPS_OPT_INT, F(raw_fd), 0, 1 << 20, .meta = "FD", .dflt = "",
      .help = "internal: run as a raw server writing its endpoint to FD"},
@@ -392,6 +399,7 @@ static int s_parse(int argc, char **argv, cfg *c)
 {
     int rc = bench_opts_parse(&s_spec, c, argc, argv);
     s_zps_io_threads = c->io_threads;
+    s_zps_apply_threads = c->apply_threads;
     return rc;
 }
 
@@ -449,14 +457,14 @@ static void s_report_cell(FILE *js, int first, const cfg *c, const cell *cl, con
     fflush(stdout);
     fprintf(js,
             "%s  {\"servers\": %d, \"clients\": %d, \"bytes\": %zu, \"op\": \"%s\", "
-            "\"push_dtype\": \"%s\", "
+            "\"push_dtype\": \"%s\", \"server_apply_threads\": %d, "
             "\"zps_gbps\": %.4f, \"raw_gbps\": %.4f, \"ratio\": %.4f, "
             "\"raw_warm_gbps\": %.4f, \"ratio_warm\": %.4f, \"zps_p50_us\": %.1f, "
             "\"raw_p50_us\": %.1f, \"raw_warm_p50_us\": %.1f, \"zps_p99_us\": %.1f, "
             "\"raw_p99_us\": %.1f, \"zps_cpu_s_per_gb\": %.4f, \"raw_cpu_s_per_gb\": %.4f, "
             "\"raw_warm_cpu_s_per_gb\": %.4f}",
             first ? "" : ",\n", cl->ns, cl->nc, cl->bytes, s_ops[cl->op], ps_dtype_name(c->dtype),
-            z->gbps, w->gbps, ratio[0], m->gbps, ratio[1], z->p50, w->p50, m->p50, z->p99, w->p99,
+            c->apply_threads, z->gbps, w->gbps, ratio[0], m->gbps, ratio[1], z->p50, w->p50, m->p50, z->p99, w->p99,
             z->cpu_s_per_gb, w->cpu_s_per_gb, m->cpu_s_per_gb);
 }
 

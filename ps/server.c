@@ -52,6 +52,7 @@ void ps_server_config_default(ps_server_config *c)
     c->stats_every_s = 30;
     c->metrics_every_s = 10;
     c->io_threads = 1;
+    c->apply_threads = 1;
     c->shm = 1;
 }
 
@@ -549,7 +550,10 @@ zps_status ps_server_new(const ps_server_config *cfg, ps_server **out)
     s->incarnation = s_incarnation();
     double now = zps_now_s();
     s->last_ckpt_s = s->last_stats_s = s->last_liveness_s = now;
-    zps_status st = s_open_socket(s);
+    zps_status st = ps_apply_pool_new(cfg->apply_threads > 0 ? cfg->apply_threads : 1,
+                                      &s->apply);
+    if (st == ZPS_OK)
+        st = s_open_socket(s);
     if (st == ZPS_OK && cfg->restore)
         st = ps_srv_restore(s);
     if (st == ZPS_OK)
@@ -580,6 +584,7 @@ void ps_server_destroy(ps_server **ps)
     ps_srv_shard_free(s);
     ps_srv_reap_retired(s, 1); // zmq_ctx_term above released every frame
     ps_srv_shm_free_old(s);
+    ps_apply_pool_destroy(&s->apply);
     free(s->trainers);
     free(s->frames);
     free(s->ranges);

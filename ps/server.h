@@ -57,6 +57,8 @@ typedef struct ps_server_config {
                                   // file"); "" = none
     double metrics_every_s;       // seconds between its records (default 10)
     int io_threads;               // ZeroMQ I/O threads (default 1)
+    int apply_threads;            // threads of one optimizer update (ps/apply_pool.h;
+                                  // default 1: the request's own thread alone)
     int shm;                      // offer trainers on this host the shared-memory data
                                   // plane (docs/ps.md "Shared memory"; default 1)
     char curve_key[512];          // CURVE key pair file (ps/curve.h); "" = plaintext

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "common/cluster.h"
+#include "ps/apply_pool.h"
 
 const zps_opt_name ps_mode_names[] = {
     {"sync", PS_MODE_SYNC}, {"async", PS_MODE_ASYNC}, {"ssp", PS_MODE_SSP}, {NULL, 0}};
@@ -70,6 +71,11 @@ static const zps_opt s_opt[] = {
      .help = "seconds between the --metrics records"},
     {"io-threads", ZPS_OPT_INT, F(cfg.io_threads), 1, 16, .meta = "N",
      .help = "ZeroMQ I/O threads: connections are spread over them"},
+    {"apply-threads", ZPS_OPT_INT, F(cfg.apply_threads), 1, PS_APPLY_MAX_THREADS, .meta = "N",
+     .help = "threads of one optimizer update: a chunk of 32 Ki floats or\n"
+             "more is cut over them (requests are still handled one at a\n"
+             "time); try 2-4 where cores idle, e.g. beside a GPU trainer\n"
+             "(docs/ps.md \"Threads\")"},
     {"no-shm", ZPS_OPT_CLEAR, F(cfg.shm),
      .help = "never offer shared memory to trainers on this host: every\n"
              "payload goes through ZeroMQ (docs/ps.md \"Shared memory\")"},

@@ -275,8 +275,8 @@ static void s_sync_try_apply(ps_server *s, uint32_t lc)
     float *sp[2];
     if (shm)
         ps_shm_write_begin(shm, lc);
-    ps_optim_apply(&s->opt, c->version, s->values + c->off, ps_srv_slot_ptrs(s, c->off, sp), g,
-                   c->count);
+    ps_apply_pool_run(s->apply, &s->opt, c->version, s->values + c->off,
+                      ps_srv_slot_ptrs(s, c->off, sp), g, c->count);
     if (shm)
         ps_shm_write_end(shm, lc);
     c->version++;

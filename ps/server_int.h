@@ -24,6 +24,7 @@
 
 #include "common/proto.h"
 #include "common/status.h"
+#include "ps/apply_pool.h"
 #include "ps/curve.h"
 #include "ps/optim.h"
 #include "ps/server.h"
@@ -204,6 +205,7 @@ struct ps_server {
     float *values;         // (local_total)
     float *slots[2];       // (local_total) each
     float *scratch;        // (max_chunk) averaged gradient / unaligned input
+    ps_apply_pool *apply;  // the optimizer's updates, over --apply-threads threads
     atomic_int *readers;   // (n_local) reply frames zmq still reads from the chunk's values
     /* the same-host data plane (ps/shm.h; server_shard.c): the segment whose values are
      * s->values while it is valid; replaced ones stay mapped until destroy (old), since zmq

@@ -313,7 +313,8 @@ void ps_srv_apply_ranges(ps_server *s, uint32_t n)
             uint64_t at = c->off + g->off + b;
             if (shm)
                 ps_shm_write_begin(shm, g->lc);
-            ps_optim_apply(&s->opt, g->version, s->values + at, ps_srv_slot_ptrs(s, at, sp), d, k);
+            ps_apply_pool_run(s->apply, &s->opt, g->version, s->values + at,
+                              ps_srv_slot_ptrs(s, at, sp), d, k);
             if (shm)
                 ps_shm_write_end(shm, g->lc);
         }

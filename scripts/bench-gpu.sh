@@ -21,6 +21,8 @@
 # BENCH_DIR (ZPS_BENCH_DIR): $OUT when set (a folder a remote runner copies back), else
 # build/bench; the trainers' and the fleet's logs go there too (bench-gpu-*.log, and the
 # fleet's run folder bench-gpu-fleet/ with each process's log).
+# ZPS_GPU_SERVER_ARGS: more zps-server flags for the fleet's servers (e.g. "--apply-threads
+# 4", docs/ps.md "Threads"; default none).
 # ZPS_GPU_BENCH_S (default 240): seconds each of the four commands may take; a hang ends
 # there, named, and the rest still runs (device time is short: docs/gpu.md).
 set -uo pipefail
@@ -63,7 +65,7 @@ bounded "$B/bin/zps-trainer" $targs --mode local --metrics "$tmp/alone.jsonl" \
   >"$logs/bench-gpu-alone.log" 2>&1 ||
   { echo "bench-gpu: the lone trainer failed:"; tail -20 "$logs/bench-gpu-alone.log"; rc=1; }
 bounded python3 scripts/zps-launch --servers 2 --trainers 1 --run-dir "$logs/bench-gpu-fleet" \
-  --on-trainer-exit stop --checkpoint-every-versions 0 \
+  --on-trainer-exit stop --checkpoint-every-versions 0 --server-args "${ZPS_GPU_SERVER_ARGS:-}" \
   --quiet --trainer-args "$targs --mode sync --metrics $tmp/fleet.jsonl" \
   >"$logs/bench-gpu-fleet.log" 2>&1 ||
   { echo "bench-gpu: the PS fleet failed:"; tail -20 "$logs/bench-gpu-fleet.log"; rc=1; }

@@ -93,7 +93,8 @@ static void s_async_push(acase *a, int k)
  * in arrival order, each gradient as the server received it (bf16: rounded, then widened;
  * every other push of each trainer through ps_client_push_bf16, rounded by the caller:
  * trainer 0's packed, trainer 1's zero-copy from its buffer). */
-static void s_async_case(const ps_var *vars, int nv, uint64_t chunk_bytes, ps_dtype dt)
+static void s_async_case(const ps_var *vars, int nv, uint64_t chunk_bytes, ps_dtype dt,
+                         const char *apply_threads)
 {
     acase a = {.seed = pst_seed(), .nv = nv, .dt = dt};
     a.r = a.seed;
@@ -101,7 +102,9 @@ static void s_async_case(const ps_var *vars, int nv, uint64_t chunk_bytes, ps_dt
     cr_assert_eq(ps_plan_new(vars, nv, 2, chunk_bytes, &plan), ZPS_OK);
     uint64_t n = a.n = plan->total;
     pst_server srv[2];
-    const char *args[] = {"--mode", "async", "--num-trainers", "2", NULL};
+    const char *args[] = {"--mode", "async", "--num-trainers", "2", NULL, NULL, NULL};
+    if (apply_threads) /* zps-server --apply-threads (ps/apply_pool.h) */
+        args[4] = "--apply-threads", args[5] = apply_threads;
     const char *uris[2];
     for (int i = 0; i < 2; i++) {
         cr_assert_eq(pst_spawn(&srv[i], NULL, args), 0);
@@ -152,7 +155,15 @@ static void s_async_case(const ps_var *vars, int nv, uint64_t chunk_bytes, ps_dt
 
 Test(it_ps_modes, async_applies_pushes_in_arrival_order, .timeout = 30)
 {
-    s_async_case(s_vars, NV, 4096, PS_DTYPE_F32);
+    s_async_case(s_vars, NV, 4096, PS_DTYPE_F32, NULL);
+}
+
+/* --apply-threads 3 (ps/apply_pool.h): the plan cuts chunks of 2.2 M / 64 = 34375 floats,
+ * each updated in two slices on two threads; the values are the same bits. */
+Test(it_ps_modes, async_with_apply_threads_applies_the_same_bits, .timeout = 60)
+{
+    static const ps_var vars[] = {{"w", 2200000}, {"b", 5}};
+    s_async_case(vars, 2, 4u << 20, PS_DTYPE_F32, "3");
 }
 
 /* bf16 gradients. The plan cuts chunks of total / 64 values (ps/plan.h): about 9,450 here,
@@ -160,7 +171,7 @@ Test(it_ps_modes, async_applies_pushes_in_arrival_order, .timeout = 30)
 Test(it_ps_modes, async_applies_bf16_pushes_as_received, .timeout = 30)
 {
     static const ps_var vars[] = {{"w1", 3000}, {"b1", 7}, {"w2", 600000}, {"b2", 3}};
-    s_async_case(vars, 4, 4u << 20, PS_DTYPE_BF16);
+    s_async_case(vars, 4, 4u << 20, PS_DTYPE_BF16, NULL);
 }
 
 Test(it_ps_modes, ssp_blocks_fast_trainer_three_clocks_ahead, .timeout = 30)

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "common/mem.h"
+#include "ps/apply_pool.h"
 #include "ps/optim.h"
 #include "tests/ps_test_util.h"
 
@@ -163,4 +164,59 @@ Test(ps_optim, validation_and_proto_round_trip)
     cr_assert(strstr(why, "lamb"));
     zps__optimizer_config__free_unpacked(u, NULL);
     free(b);
+}
+
+/* ps/apply_pool.h: an update cut over threads gives ps_optim_apply's bits, for every
+ * optimizer, at sizes below, at and past the cut's thresholds, on 1 to 5 threads. */
+Test(ps_optim, apply_pool_gives_the_same_bits_on_any_threads)
+{
+    uint64_t seed = pst_seed(), r = seed;
+    static const size_t sizes[] = {0, 1, 100, 2 * PS_APPLY_MIN - 1, 2 * PS_APPLY_MIN,
+                                   3 * PS_APPLY_MIN + 17, 7 * PS_APPLY_MIN + 5};
+    const size_t most = 7 * PS_APPLY_MIN + 5;
+    float *w0 = malloc(most * 4), *g = malloc(most * 4), *s0[2] = {malloc(most * 4), malloc(most * 4)};
+    float *w1 = malloc(most * 4), *s1[2] = {malloc(most * 4), malloc(most * 4)};
+    for (size_t i = 0; i < most; i++) {
+        w0[i] = pst_uniform(&r), g[i] = pst_uniform(&r);
+        s0[0][i] = 0.5f + 0.5f * pst_uniform(&r), s0[1][i] = 0.5f + 0.5f * pst_uniform(&r);
+    }
+    static const ps_optim_kind kinds[] = {PS_OPT_SGD, PS_OPT_MOMENTUM, PS_OPT_RMSPROP,
+                                          PS_OPT_ADAM, PS_OPT_ADAGRAD};
+    for (int threads = 1; threads <= 5; threads += 2) {
+        ps_apply_pool *p;
+        cr_assert_eq(ps_apply_pool_new(threads, &p), ZPS_OK);
+        cr_assert_eq(ps_apply_pool_threads(p), threads);
+        for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+            ps_optim_config o = pst_optim(kinds[k], 0.01);
+            o.weight_decay = 1e-3, o.momentum = 0.9;
+            for (size_t z = 0; z < sizeof sizes / sizeof sizes[0]; z++) {
+                size_t n = sizes[z];
+                memcpy(w1, w0, most * 4), memcpy(s1[0], s0[0], most * 4);
+                memcpy(s1[1], s0[1], most * 4);
+                float *want[3] = {malloc(most * 4), malloc(most * 4), malloc(most * 4)};
+                memcpy(want[0], w0, most * 4), memcpy(want[1], s0[0], most * 4);
+                memcpy(want[2], s0[1], most * 4);
+                float *ws[2] = {want[1], want[2]};
+                for (uint64_t step = 3; step < 5; step++) {
+                    ps_optim_apply(&o, step, want[0], ws, g, n);
+                    ps_apply_pool_run(p, &o, step, w1, s1, g, n);
+                }
+                for (int a = 0; a < 3; a++) {
+                    const float *got = a == 0 ? w1 : s1[a - 1];
+                    cr_assert(!memcmp(got, want[a], most * 4),
+                              "kind %d, %zu floats, %d threads: array %d differs (seed %llu)",
+                              (int)kinds[k], n, threads, a, (unsigned long long)seed);
+                    free(want[a]);
+                }
+            }
+        }
+        ps_apply_pool_destroy(&p);
+        cr_assert_null(p);
+    }
+    ps_apply_pool *bad;
+    cr_assert_eq(ps_apply_pool_new(0, &bad), ZPS_ERR_INVALID);
+    cr_assert_eq(ps_apply_pool_new(PS_APPLY_MAX_THREADS + 1, &bad), ZPS_ERR_INVALID);
+    ps_optim_config sgd = pst_optim(PS_OPT_SGD, 0.1);
+    ps_apply_pool_run(NULL, &sgd, 0, w1, s1, g, 100); /* no pool: one call */
+    free(w0), free(g), free(w1), free(s0[0]), free(s0[1]), free(s1[0]), free(s1[1]);
 }
