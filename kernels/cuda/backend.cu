@@ -145,11 +145,28 @@ __global__ void g_relu_bwd(size_t n, const float *y, const float *dy, float *dx)
 {
     KC_LOOP(i, n) dx[i] = y[i] > 0 ? dy[i] : 0.0f;
 }
+/* Adds every thread's acc of the block to *out: a tree in shared memory (KC_T is a power of
+ * two), then one atomic per block, not one per thread (16.7 M on the one address for a large
+ * n). Every thread of the block must call it. */
+__device__ void kc_block_add(double acc, double *out)
+{
+    __shared__ double part[KC_T];
+    part[threadIdx.x] = acc;
+    __syncthreads();
+    for (unsigned s = KC_T / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s)
+            part[threadIdx.x] += part[threadIdx.x + s];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0)
+        atomicAdd(out, part[0]);
+}
+
 __global__ void g_sum(size_t n, const float *x, int sq, double *out)
 {
     double acc = 0;
     KC_LOOP(i, n) acc += sq ? (double)x[i] * x[i] : (double)x[i];
-    atomicAdd(out, acc);
+    kc_block_add(acc, out);
 }
 
 __global__ void g_dropout(size_t n, uint64_t thr, float keep, uint64_t seed, const float *x, float *y)
@@ -365,7 +382,7 @@ __global__ void g_smooth_l1(size_t n, const float *x, const float *t, float beta
         if (dx)
             dx[i] = g;
     }
-    atomicAdd(loss, acc);
+    kc_block_add(acc, loss);
 }
 static zps_status s_smooth_l1(size_t n, const float *x, const float *t, float beta, float scale,
                               float *loss, float *dx)
