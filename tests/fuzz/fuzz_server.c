@@ -20,6 +20,7 @@
  * or it becomes a REGISTER with an incarnation made from the input (docs/ps.md "Trainer
  * identity").
  */
+#include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -27,6 +28,7 @@
 #include <string.h>
 #include <zmq.h>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "common/proto.h"
 #include "ps/client.h"
@@ -88,6 +90,39 @@ static void s_setup(void)
         abort();
 }
 
+/* libFuzzer checks its -timeout with SIGALRM: a wait it interrupts (EINTR) is resumed, or
+ * a reply that was on its way read as missing (a false finding, seen about once a minute
+ * with -timeout=10). */
+static void s_send(const void *p, size_t n, int flags)
+{
+    while (zmq_send(s_dealer, p, n, flags) == -1 && zmq_errno() == EINTR)
+        ;
+}
+
+static int s_recv_frame(zmq_msg_t *m)
+{
+    int rc;
+    while ((rc = zmq_msg_recv(m, s_dealer, 0)) == -1 && zmq_errno() == EINTR)
+        ;
+    return rc;
+}
+
+/* 1 when a reply is there within ms milliseconds, waiting through interruptions. */
+static int s_reply_within(int ms)
+{
+    zmq_pollitem_t it = {s_dealer, 0, ZMQ_POLLIN, 0};
+    uint64_t end = zps_now_ns() + (uint64_t)ms * 1000000u;
+    for (;;) {
+        uint64_t now = zps_now_ns();
+        int left = now < end ? (int)((end - now) / 1000000u) : 0;
+        int rc = zmq_poll(&it, 1, left);
+        if (rc == 1)
+            return 1;
+        if (rc == 0 || zmq_errno() != EINTR || now >= end)
+            return 0;
+    }
+}
+
 /* Pulls the values through the handler into s_check (a PULL of every chunk). */
 static void s_pull_all(void)
 {
@@ -112,18 +147,18 @@ static void s_pull_all(void)
     h.ranges = rp;
     uint8_t buf[4096];
     size_t hl = zps__header__pack(&h, buf);
-    zmq_send(s_dealer, buf, hl, 0);
+    s_send(buf, hl, 0);
     int handled = 0;
     while (!handled)
         ps_server_run_once(s_srv, 1000, &handled);
     zmq_msg_t m;
     zmq_msg_init(&m);
-    zmq_msg_recv(&m, s_dealer, 0);
+    s_recv_frame(&m);
     int more = zmq_msg_more(&m);
     zmq_msg_close(&m);
     for (size_t i = 0; more; i++) {
         zmq_msg_init(&m);
-        zmq_msg_recv(&m, s_dealer, 0);
+        s_recv_frame(&m);
         more = zmq_msg_more(&m);
         if (i < n && zmq_msg_size(&m) == s_plan->chunks[i].count * 4)
             memcpy(s_check + s_plan->chunks[i].offset, zmq_msg_data(&m), zmq_msg_size(&m));
@@ -323,21 +358,20 @@ static void s_direct(const s_input *in)
 static int s_through_socket(const s_input *in)
 {
     for (int f = 0; f < in->n; f++)
-        zmq_send(s_dealer, in->p[f], in->len[f], f + 1 < in->n ? ZMQ_SNDMORE : 0);
+        s_send(in->p[f], in->len[f], f + 1 < in->n ? ZMQ_SNDMORE : 0);
     int handled = 0;
     for (int tries = 0; !handled && tries < 50; tries++)
         ps_server_run_once(s_srv, 100, &handled);
     if (!handled)
         s_die("the message never arrived as a whole");
     /* Every request gets a reply (pulls may wait in ssp/sync; this server is async). */
-    zmq_pollitem_t it = {s_dealer, 0, ZMQ_POLLIN, 0};
     /* 10 s: a missing reply is a finding, a VM that stalls for a second or two (seen with
      * ASan and other work on the 2 cores) is not */
-    if (zmq_poll(&it, 1, 10000) != 1)
+    if (!s_reply_within(10000))
         s_die("no reply within 10 s");
     zmq_msg_t m;
     zmq_msg_init(&m);
-    zmq_msg_recv(&m, s_dealer, 0);
+    s_recv_frame(&m);
     Zps__Header *rh = zps__header__unpack(NULL, zmq_msg_size(&m), zmq_msg_data(&m));
     if (!rh || !rh->is_reply || rh->status > 0 || rh->status <= -ZPS_STATUS_COUNT)
         s_die("not a well-formed reply");
@@ -347,7 +381,7 @@ static int s_through_socket(const s_input *in)
     zmq_msg_close(&m);
     while (more) {
         zmq_msg_init(&m);
-        zmq_msg_recv(&m, s_dealer, 0);
+        s_recv_frame(&m);
         more = zmq_msg_more(&m);
         zmq_msg_close(&m);
     }
