@@ -25,7 +25,7 @@
 #include "ps/optim.h"
 
 /* Floats per slice at the least: below this a thread's hand-off costs what it saves. */
-#define PS_APPLY_MIN 16384
+#define PS_APPLY_MIN 32768
 
 typedef struct ps_apply_pool ps_apply_pool;
 

@@ -72,7 +72,7 @@ static const zps_opt s_opt[] = {
     {"io-threads", ZPS_OPT_INT, F(cfg.io_threads), 1, 16, .meta = "N",
      .help = "ZeroMQ I/O threads: connections are spread over them"},
     {"apply-threads", ZPS_OPT_INT, F(cfg.apply_threads), 1, PS_APPLY_MAX_THREADS, .meta = "N",
-     .help = "threads of one optimizer update: a chunk of 32 Ki floats or\n"
+     .help = "threads of one optimizer update: a chunk of 64 Ki floats or\n"
              "more is cut over them (requests are still handled one at a\n"
              "time); try 2-4 where cores idle, e.g. beside a GPU trainer\n"
              "(docs/ps.md \"Threads\")"},

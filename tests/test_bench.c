@@ -1,4 +1,4 @@
-/* test_bench.c — `zps-bench pushpull` and `train-step` end to end (suite it_bench: runs
+/* test_bench.c — `zps-bench pushpull`, `optim` and `train-step` end to end (suite it_bench: runs
  * $ZPS_BIN/zps-bench): one small pushpull cell with all three sides (zps, raw, raw with warm
  * memory) exits 0 and writes build/bench-style JSON with every documented field, filled; bad
  * options are usage errors. train-step's zps side runs with zps-trainer's OpenMP policy (a
@@ -87,6 +87,38 @@ Test(it_bench, pushpull_writes_every_documented_field)
         cr_expect_gt(s_num(js, pos[i]), 0, "%s is not > 0 in:\n%s", pos[i], js);
     cr_expect_geq(s_num(js, "zps_p99_us"), s_num(js, "zps_p50_us"));
     cr_expect_geq(s_num(js, "raw_p99_us"), s_num(js, "raw_p50_us"));
+}
+
+/* optim: every optimizer, one row each, both zps runs and the PyTorch peer filled in; a bad
+ * size list is a usage error. */
+Test(it_bench, optim_writes_every_optimizer_with_its_peer)
+{
+    char *out;
+    const char *const args[] = {"optim", "--sizes", "70000", "--reps", "3", "--warmup", "1",
+                                "--threads", "2", NULL};
+    int rc = s_bench(&out, 120, args);
+    cr_assert_eq(rc, 0, "zps-bench optim exited %d:\n%s", rc, out);
+    free(out);
+    char js[8192];
+    s_json("optim.json", js, sizeof js);
+    static const char *const kinds[] = {"sgd", "momentum", "rmsprop", "adam", "adagrad"};
+    for (size_t k = 0; k < 5; k++) {
+        char pat[64];
+        snprintf(pat, sizeof pat, "\"optimizer\": \"%s\"", kinds[k]);
+        const char *row = strstr(js, pat);
+        cr_assert_not_null(row, "no %s row in:\n%s", kinds[k], js);
+        cr_expect_eq(s_num(row, "floats"), 70000);
+        cr_expect_eq(s_num(row, "threads"), 2);
+        const char *pos[] = {"zps_ms", "zps_threads_ms", "torch_ms", "ratio"};
+        for (size_t i = 0; i < 4; i++)
+            cr_expect_gt(s_num(row, pos[i]), 0, "%s: %s is not > 0 in:\n%s", kinds[k], pos[i],
+                         js);
+    }
+    const char *const bad[] = {"optim", "--sizes", "12,x", NULL};
+    rc = s_bench(&out, 30, bad);
+    cr_assert_eq(rc, 2, "a bad size list: exit %d:\n%s", rc, out);
+    cr_assert_not_null(strstr(out, "--sizes"), "%s", out);
+    free(out);
 }
 
 Test(it_bench, pushpull_refuses_bad_options)

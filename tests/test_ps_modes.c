@@ -158,11 +158,11 @@ Test(it_ps_modes, async_applies_pushes_in_arrival_order, .timeout = 30)
     s_async_case(s_vars, NV, 4096, PS_DTYPE_F32, NULL);
 }
 
-/* --apply-threads 3 (ps/apply_pool.h): the plan cuts chunks of 2.2 M / 64 = 34375 floats,
+/* --apply-threads 3 (ps/apply_pool.h): the plan cuts chunks of 4.3 M / 64 = 67188 floats,
  * each updated in two slices on two threads; the values are the same bits. */
 Test(it_ps_modes, async_with_apply_threads_applies_the_same_bits, .timeout = 60)
 {
-    static const ps_var vars[] = {{"w", 2200000}, {"b", 5}};
+    static const ps_var vars[] = {{"w", 4300000}, {"b", 5}};
     s_async_case(vars, 2, 4u << 20, PS_DTYPE_F32, "3");
 }
 
