@@ -50,6 +50,13 @@ char **bench_argv(void);
 int bench_loadavg(double *load);
 /* 1 when load is above the cores online: a figure taken then is not to be trusted. */
 int bench_busy(double load);
+/* Runs the peer scripts/SCRIPT ARGS under Debian's /usr/bin/python3 (from $ZPS_ROOT, else
+ * the working directory) and keeps its stdout in out (cap bytes, NUL-ended). 0, or -1
+ * after logging why (it did not start, or exited non-zero). */
+int bench_peer(const char *script, const char *args, char *out, size_t cap);
+/* The numbers after each "KEY": in the JSON text js, in order, into v (at most n); how
+ * many there were. */
+int bench_json_numbers(const char *js, const char *key, double *v, int n);
 /* Median of n doubles (sorts v in place). n > 0. */
 double bench_median(double *v, size_t n);
 /* p-th percentile (0..100) of n doubles, nearest rank (sorts v in place). n > 0. */

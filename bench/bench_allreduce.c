@@ -111,37 +111,16 @@ static void s_run_gloo(const s_cfg *c, double *gbps)
 {
     for (int i = 0; i < c->n_sizes; i++)
         gbps[i] = -1;
-    const char *root = getenv("ZPS_ROOT");
-    char cmd[2048], sizes[512] = "";
+    char args[1024], sizes[512] = "";
     size_t o = 0;
     for (int i = 0; i < c->n_sizes; i++)
         o += (size_t)snprintf(sizes + o, sizeof sizes - o, "%s%zu", i ? "," : "", c->sizes[i]);
-    snprintf(cmd, sizeof cmd,
-             "/usr/bin/python3 %s/scripts/gloo_allreduce.py --ranks %d --sizes %s --reps %d "
-             "--warmup %d",
-             root && *root ? root : ".", c->ranks, sizes, c->reps, c->warmup);
-    FILE *p = popen(cmd, "r");
-    if (!p) {
-        zps_log(ZPS_ERROR, "bench", "cannot run %s", cmd);
-        return;
-    }
+    snprintf(args, sizeof args, "--ranks %d --sizes %s --reps %d --warmup %d", c->ranks, sizes,
+             c->reps, c->warmup);
     static char out[1 << 16];
-    size_t n = fread(out, 1, sizeof out - 1, p);
-    out[n] = 0;
-    int st = pclose(p);
-    if (st != 0) {
-        zps_log(ZPS_ERROR, "bench", "gloo peer failed (status %d): %s", st, cmd);
-        return;
-    }
     /* the peer prints [{"bytes": B, "median_s": T, "gbps": G, ...}, ...] in size order */
-    const char *s = out;
-    for (int i = 0; i < c->n_sizes; i++) {
-        const char *g = strstr(s, "\"gbps\":");
-        if (!g)
-            break;
-        gbps[i] = strtod(g + 7, NULL);
-        s = g + 7;
-    }
+    if (bench_peer("gloo_allreduce.py", args, out, sizeof out) == 0)
+        bench_json_numbers(out, "gbps", gbps, c->n_sizes);
 }
 
 static int s_parse_sizes(const char *arg, s_cfg *c)

@@ -20,7 +20,6 @@
 
 #include "bench/bench.h"
 #include "common/clock.h"
-#include "common/log.h"
 #include "common/mem.h"
 #include "ps/apply_pool.h"
 #include "ps/optim.h"
@@ -76,37 +75,16 @@ static void s_run_torch(const s_cfg *c, double *torch)
 {
     for (int i = 0; i < S_KINDS * c->n_sizes; i++)
         torch[i] = -1;
-    const char *root = getenv("ZPS_ROOT");
-    char cmd[2048], sizes[256] = "";
+    char args[512], sizes[256] = "";
     size_t o = 0;
     for (int i = 0; i < c->n_sizes; i++)
         o += (size_t)snprintf(sizes + o, sizeof sizes - o, "%s%zu", i ? "," : "", c->sizes[i]);
-    snprintf(cmd, sizeof cmd,
-             "/usr/bin/python3 %s/scripts/optim_step.py --sizes %s --reps %d --warmup %d "
-             "--threads 1",
-             root && *root ? root : ".", sizes, c->reps, c->warmup);
-    FILE *p = popen(cmd, "r");
-    if (!p) {
-        zps_log(ZPS_ERROR, "bench", "cannot run %s", cmd);
-        return;
-    }
+    snprintf(args, sizeof args, "--sizes %s --reps %d --warmup %d --threads 1", sizes, c->reps,
+             c->warmup);
     static char out[1 << 18];
-    size_t n = fread(out, 1, sizeof out - 1, p);
-    out[n] = 0;
-    int st = pclose(p);
-    if (st != 0) {
-        zps_log(ZPS_ERROR, "bench", "the PyTorch peer failed (status %d): %s", st, cmd);
-        return;
-    }
     /* [{"kind": K, "floats": N, "median_ms": T, ...}, ...], kinds outer, sizes inner */
-    const char *s = out;
-    for (int i = 0; i < S_KINDS * c->n_sizes; i++) {
-        const char *m = strstr(s, "\"median_ms\":");
-        if (!m)
-            break;
-        torch[i] = strtod(m + 12, NULL);
-        s = m + 12;
-    }
+    if (bench_peer("optim_step.py", args, out, sizeof out) == 0)
+        bench_json_numbers(out, "median_ms", torch, S_KINDS * c->n_sizes);
 }
 
 static int s_parse_sizes(void *cfg, const char *arg)

@@ -1,9 +1,12 @@
 /* bench_util.c — helpers every benchmark shares (bench.h): its flags, where its JSON goes,
- * whether the machine was busy. */
+ * whether the machine was busy, running a Python peer. */
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "bench/bench.h"
+#include "common/log.h"
 
 int bench_opts_parse(const zps_opts *o, void *cfg, int argc, char **argv)
 {
@@ -42,4 +45,37 @@ int bench_busy(double load)
 {
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     return cores > 0 && load > (double)cores;
+}
+
+int bench_peer(const char *script, const char *args, char *out, size_t cap)
+{
+    const char *root = getenv("ZPS_ROOT");
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/scripts/%s %s", root && *root ? root : ".",
+             script, args);
+    out[0] = 0;
+    FILE *p = popen(cmd, "r");
+    if (!p) {
+        zps_log(ZPS_ERROR, "bench", "cannot run %s", cmd);
+        return -1;
+    }
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = 0;
+    int st = pclose(p);
+    if (st != 0) {
+        zps_log(ZPS_ERROR, "bench", "the peer failed (status %d): %s", st, cmd);
+        return -1;
+    }
+    return 0;
+}
+
+int bench_json_numbers(const char *js, const char *key, double *v, int n)
+{
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    size_t pl = strlen(pat);
+    int k = 0;
+    for (const char *at = strstr(js, pat); at && k < n; at = strstr(at + pl, pat))
+        v[k++] = strtod(at + pl, NULL);
+    return k;
 }
