@@ -13,8 +13,10 @@
  *   - async / ssp: a chunk's version counts the trainer pushes that covered it whole; a
  *     trainer's clock is its largest pushed step + 1, and an ssp pull at step s waits until
  *     the slowest live trainer's clock is at least s - staleness.
- *   - A trainer that timed out or left is not waited for (sync aggregation, ssp clocks,
- *     barrier) until it speaks again; the check runs whenever one drops (ps_srv_after_drop).
+ *   - A trainer that timed out is not waited for (sync aggregation, ssp clocks, barrier)
+ *     until it speaks again; one that left, until it registers again (its requests still
+ *     on their way do not bring it back). The check runs whenever one drops
+ *     (ps_srv_after_drop).
  *   - The per-trainer sync accumulators and held frames are allocated once and reused.
  *   - Liveness also decides who holds a trainer id (ps_srv_incarnation_live): a holder that
  *     left, was dropped, or is silent past the timeout can be replaced.

@@ -190,7 +190,12 @@ static int s_check_ranged(ps_server *s, zmq_msg_t *ident, const Zps__Header *h, 
         ps_srv_reject(s, ident, h->op, h->request_id, st, why);
         return 0;
     }
-    ps_srv_seen(s, h->trainer_id);
+    /* a word brings back a trainer that was dropped, but one that left comes back only by
+     * REGISTER, as with heartbeats: its own requests still on their way after its LEAVE (a
+     * pull its client resent through ZeroMQ when a shared-memory read raced an update, a
+     * push on another stream) must not make the fleet wait for it again */
+    if (!s->trainers[h->trainer_id].left)
+        ps_srv_seen(s, h->trainer_id);
     return 1;
 }
 

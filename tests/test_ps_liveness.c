@@ -276,3 +276,52 @@ Test(it_ps_liveness, heartbeat_thread_keeps_a_busy_trainer_live, .timeout = 30)
     pst_kill(&srv, SIGTERM);
     ps_plan_destroy(&plan);
 }
+
+/* sync, no --trainer-timeout: trainer 0 LEAVEs, then a pull of its own arrives (a client
+ * resends one through ZeroMQ when a shared-memory read races an update, and may do so while
+ * it waits for LEAVE's reply). The pull is answered, but the servers do not wait for
+ * trainer 0 again: trainer 1's step goes through alone. Before, the pull brought trainer 0
+ * back and trainer 1 waited for a trainer that was gone. */
+Test(it_ps_liveness, a_pull_after_leave_does_not_bring_the_trainer_back, .timeout = 30)
+{
+    pst_server srv;
+    const char *args[] = {"--mode", "sync", "--num-trainers", "2", NULL};
+    ps_plan *plan = s_start(&srv, args);
+    ps_client *c0 = pst_client_init(srv.uri, plan, pst_seed(), NULL);
+    const char *uris[1] = {srv.uri};
+    ps_client_opts o;
+    ps_client_opts_default(&o);
+    o.timeout_ms = 3000; /* a wait for trainer 0 ends in ZPS_ERR_TIMEOUT, not a hang */
+    ps_client *c1;
+    cr_assert_eq(ps_client_new(uris, 1, 1, &o, &c1), ZPS_OK);
+    cr_assert_eq(ps_client_register(c1, plan, NULL, NULL), ZPS_OK, "%s",
+                 ps_client_last_error(c1));
+    size_t n = plan->total;
+    float *v = zps_xcalloc(n, sizeof *v), *g = zps_xcalloc(n, sizeof *g);
+    for (size_t i = 0; i < n; i++)
+        g[i] = 0.01f * (float)(i % 7);
+    cr_assert_eq(ps_client_leave(c0), ZPS_OK, "%s", ps_client_last_error(c0));
+    ps_ticket t;
+    cr_assert_eq(ps_client_pull(c0, 0, 2, v, -1, &t), ZPS_OK);
+    cr_assert_eq(ps_client_wait(c0, t), ZPS_OK, "the late pull is still answered: %s",
+                 ps_client_last_error(c0));
+    cr_assert_eq(ps_client_pushpull(c1, 0, 2, g, v, 0, &t), ZPS_OK);
+    uint64_t ver = 0;
+    zps_status st = ps_client_wait_version(c1, t, &ver);
+    cr_assert_eq(st, ZPS_OK, "trainer 1's step after trainer 0 left and pulled: %s (%s)",
+                 zps_strerror(st), ps_client_last_error(c1));
+    cr_assert_eq(ver, 1);
+    const char *want[] = {"\"trainers_left\":1,", "\"live_trainers\":1,",
+                          "\"trainers_rejoined\":0,", NULL};
+    char *json;
+    cr_assert_eq(ps_client_stats(c1, 0, &json), ZPS_OK);
+    for (int i = 0; want[i]; i++)
+        cr_expect(strstr(json, want[i]), "%s: %s", want[i], json);
+    free(json);
+    free(v);
+    free(g);
+    ps_client_destroy(&c0);
+    ps_client_destroy(&c1);
+    pst_kill(&srv, SIGTERM);
+    ps_plan_destroy(&plan);
+}
