@@ -47,7 +47,6 @@ fi
 failed=$((tested - passed))
 [ $rc -ne 0 ] && [ $failed -eq 0 ] && failed=1
 [ "$tested" -gt 0 ] || { echo "test-gpu: no GPU test ran (filter $filter)"; failed=$((failed + 1)); }
-[ -n "${OUT:-}" ] || rm -f "$log"
 
 if [ "${ZPS_GPU_SANITIZE:-1}" != 0 ] && command -v compute-sanitizer >/dev/null; then
   tmp=$(mktemp -d /tmp/zps-sanitize.XXXXXX)
