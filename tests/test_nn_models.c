@@ -446,14 +446,17 @@ Test(nn_models, weights_file_round_trip_and_rejections, .init = s_init, .timeout
 }
 
 /* The planner's contract (nn.h): nothing is planned before a forward, a batch size plans
- * once and later steps of that size reuse the same buffers, a new size re-plans. */
+ * once and later steps of that size reuse the same buffers; an evaluation of fewer rows runs
+ * on that plan (the same loss and count as on a plan of its own), a buffer given in place
+ * (its rows only) and a training forward of another size plan again. */
 Test(nn_models, a_batch_size_is_planned_once, .init = s_init, .timeout = 30)
 {
     nn_model_opts o;
     nn_model_opts_default(&o, "convnet");
     o.seed = zt_rand();
-    nn_model *m;
+    nn_model *m, *own;
     cr_assert_eq(nn_model_create(k_backend_cpu(), &o, &m), ZPS_OK);
+    cr_assert_eq(nn_model_create(k_backend_cpu(), &o, &own), ZPS_OK);
     cr_assert_eq(nn_model_activation_bytes(m), 0u);
     float *x, *t, *t2;
     int32_t *labels;
@@ -471,14 +474,69 @@ Test(nn_models, a_batch_size_is_planned_once, .init = s_init, .timeout = 30)
     cr_assert_eq(nn_model_activation_bytes(m), b8);
     cr_assert_eq(nn_model_tensor(m, "conv2", &t2, &tn, &tc, &th, &tw), ZPS_OK);
     cr_assert_eq(t2, t, "the same batch size must not plan again");
-    cr_assert_eq(nn_model_eval(m, x, labels, 5, &loss, NULL), ZPS_OK);
+    /* 5 rows, the last ones: the plan's input still holds the first 8 */
+    memcpy(nn_model_params(own), nn_model_params(m), nn_model_param_count(m) * sizeof(float));
+    memcpy(nn_model_statbuf(own), nn_model_statbuf(m), nn_model_stat_count(m) * sizeof(float));
+    int c, h, w;
+    nn_model_input_shape(m, &c, &h, &w);
+    const float *x5 = x + (size_t)3 * c * h * w;
+    float l5, lo;
+    int c5, co;
+    cr_assert_eq(nn_model_eval(m, x5, labels + 3, 5, &l5, &c5), ZPS_OK);
     cr_assert_eq(nn_model_tensor(m, "conv2", &t2, &tn, &tc, &th, &tw), ZPS_OK);
-    cr_assert_eq(tn, 5);
+    cr_assert(tn == 5 && t2 == t && nn_model_activation_bytes(m) == b8,
+              "an evaluation of 5 rows after a plan of 8 planned again");
+    cr_assert_eq(nn_model_eval(own, x5, labels + 3, 5, &lo, &co), ZPS_OK);
+    cr_assert_lt(nn_model_activation_bytes(own), b8);
+    cr_assert(c5 == co && fabsf(l5 - lo) <= 1e-6f * (1 + fabsf(lo)), "5 rows on the 8-row plan: "
+              "loss %.9g, %d right; on their own plan %.9g, %d (seed %llu)", l5, c5, lo, co,
+              (unsigned long long)s_seed);
+    nn_model_set_input(m, x5); /* in place: a buffer of 5 rows only */
+    cr_assert_eq(nn_model_eval(m, NULL, labels + 3, 5, &loss, NULL), ZPS_OK);
     cr_assert_lt(nn_model_activation_bytes(m), b8);
+    cr_assert_eq(loss, lo);
     cr_assert_eq(nn_model_forward(m, x, labels, 8, 1, &loss, NULL), ZPS_OK);
     cr_assert_eq(nn_model_activation_bytes(m), b8);
+    cr_assert_eq(nn_model_forward(m, x, labels, 5, 1, &loss, NULL), ZPS_OK);
+    cr_assert_lt(nn_model_activation_bytes(m), b8, "a training forward plans its own size");
     free(x), free(labels);
-    nn_model_destroy(&m);
+    nn_model_destroy(&m), nn_model_destroy(&own);
+}
+
+/* Dropout's masks follow the training forwards only: an evaluation between two steps (any
+ * number of forwards, any batch) leaves the next step's loss and gradients bit for bit as
+ * without it, so turning --eval-every on does not change what a run trains. */
+Test(nn_models, an_evaluation_between_steps_changes_no_training_result, .init = s_init,
+     .timeout = 30)
+{
+    nn_model_opts o;
+    nn_model_opts_default(&o, "convnet");
+    o.seed = zt_rand(), o.dropout = 0.5f;
+    nn_model *a, *b;
+    cr_assert_eq(nn_model_create(k_backend_cpu(), &o, &a), ZPS_OK);
+    cr_assert_eq(nn_model_create(k_backend_cpu(), &o, &b), ZPS_OK);
+    float *x, *e, la, lb, le;
+    int32_t *labels, *el;
+    s_batch(a, 8, &x, &labels);
+    s_batch(a, 20, &e, &el);
+    int c, h, w;
+    nn_model_input_shape(a, &c, &h, &w);
+    for (int k = 0; k < 2; k++) {
+        cr_assert_eq(nn_model_forward(a, x, labels, 8, 1, &la, NULL), ZPS_OK);
+        cr_assert_eq(nn_model_backward(a, NULL, NULL), ZPS_OK);
+        cr_assert_eq(nn_model_forward(b, x, labels, 8, 1, &lb, NULL), ZPS_OK);
+        cr_assert_eq(nn_model_backward(b, NULL, NULL), ZPS_OK);
+        cr_assert_eq(la, lb, "step %d: loss %.9g after an evaluation, %.9g without (seed %llu)",
+                     k, la, lb, (unsigned long long)s_seed);
+        cr_assert_eq(memcmp(nn_model_grads(a), nn_model_grads(b),
+                            nn_model_param_count(a) * sizeof(float)), 0,
+                     "step %d: the gradients differ after an evaluation", k);
+        for (int off = 0; off < 20; off += 7) /* 7, 7 and 6 rows */
+            cr_assert_eq(nn_model_eval(a, e + (size_t)off * c * h * w, el + off,
+                                       off + 7 > 20 ? 20 - off : 7, &le, NULL), ZPS_OK);
+    }
+    free(x), free(labels), free(e), free(el);
+    nn_model_destroy(&a), nn_model_destroy(&b);
 }
 
 Test(nn_models, mlp_and_convnet_learn_a_separable_task, .init = s_init, .timeout = 60)

@@ -219,6 +219,65 @@ Test(nn_ssd, cpu_outputs_and_gradients_equal_ref, .init = s_init, .timeout = 30)
     nn_model_destroy(&a), nn_model_destroy(&b);
 }
 
+/* All outputs of m's last forward of n rows into one buffer (NCHW each, in output order),
+ * followed by 64 guard floats that nn_model_output_read must leave alone. */
+static float *s_outputs(nn_model *m, int n)
+{
+    size_t total = s_out_total(m, n);
+    float *y = malloc((total + 64) * sizeof *y);
+    cr_assert(y);
+    for (int k = 0; k < 64; k++)
+        y[total + k] = 1234.5f;
+    for (int i = 0, off = 0; i < nn_model_outputs(m); i++) {
+        int c, h, w;
+        nn_model_output_shape(m, i, &c, &h, &w);
+        cr_assert_eq(nn_model_output_read(m, i, y + off), ZPS_OK);
+        off += n * c * h * w;
+    }
+    for (int k = 0; k < 64; k++)
+        cr_assert_eq(y[total + k], 1234.5f, "output_read wrote past the forward's %d rows", n);
+    return y;
+}
+
+/* An inference forward of fewer rows than planned runs on that plan (no new plan: the same
+ * block, the same bytes), reads back only its rows, blocked and NCHW outputs alike, and they
+ * equal those of a model planned for exactly that many rows; a training forward plans for
+ * its own size, and an inference forward of more rows than planned plans again. */
+Test(nn_ssd, inference_of_fewer_rows_runs_on_the_plan, .init = s_init, .timeout = 30)
+{
+    uint64_t seed = zt_rand();
+    nn_model *a = s_graph(k_backend_cpu(), seed), *b = s_graph(k_backend_cpu(), seed);
+    memcpy(nn_model_params(a), nn_model_params(b), nn_model_param_count(b) * sizeof(float));
+    float *x = s_rand((size_t)8 * 2 * 64, -1, 1), *t8, *t3;
+    int tn, tc, th, tw;
+    cr_assert_eq(nn_model_forward_outputs(a, x, 8, 1), ZPS_OK);
+    size_t b8 = nn_model_activation_bytes(a);
+    cr_assert_eq(nn_model_tensor(a, "b", &t8, &tn, &tc, &th, &tw), ZPS_OK);
+    /* the training forward moved a's running statistics */
+    memcpy(nn_model_statbuf(b), nn_model_statbuf(a), nn_model_stat_count(a) * sizeof(float));
+    const float *x3 = x + 5 * 2 * 64; /* rows 5..7: not the rows already in the plan's input */
+    cr_assert_eq(nn_model_forward_outputs(a, x3, 3, 0), ZPS_OK);
+    cr_assert_eq(nn_model_activation_bytes(a), b8, "an inference of 3 rows planned again");
+    cr_assert_eq(nn_model_tensor(a, "b", &t3, &tn, &tc, &th, &tw), ZPS_OK);
+    cr_assert(t3 == t8 && tn == 3, "tensor b: %p, %d rows after the 3-row forward (plan at %p)",
+              (void *)t3, tn, (void *)t8);
+    float *ya = s_outputs(a, 3);
+    cr_assert_eq(nn_model_forward_outputs(b, x3, 3, 0), ZPS_OK);
+    cr_assert_lt(nn_model_activation_bytes(b), b8);
+    float *yb = s_outputs(b, 3);
+    size_t total = s_out_total(a, 3);
+    for (size_t j = 0; j < total; j++)
+        cr_assert(fabsf(ya[j] - yb[j]) <= 1e-5f * (1 + fabsf(yb[j])), "output float %zu: %g on "
+                  "the 8-row plan, %g on a 3-row one (seed %llu)", j, ya[j], yb[j],
+                  (unsigned long long)s_seed);
+    cr_assert_eq(nn_model_forward_outputs(a, x3, 3, 1), ZPS_OK); /* training: its own plan */
+    cr_assert_lt(nn_model_activation_bytes(a), b8);
+    cr_assert_eq(nn_model_forward_outputs(a, x, 8, 0), ZPS_OK); /* more rows: planned again */
+    cr_assert_eq(nn_model_activation_bytes(a), b8);
+    free(ya), free(yb), free(x);
+    nn_model_destroy(&a), nn_model_destroy(&b);
+}
+
 Test(nn_ssd, misuse_is_refused, .init = s_init, .timeout = 30)
 {
     zps_log_set_level(ZPS_LOG_OFF); /* the errors below are expected */

@@ -55,8 +55,7 @@ zps_status nn_model_forward_outputs(nn_model *m, const float *x, int n, int trai
         zps_log(ZPS_ERROR, "nn", "forward_outputs: %s", n <= 0 ? "empty batch" : "no outputs");
         return ZPS_ERR_INVALID;
     }
-    ZPS_TRY(nn_plan(m, n));
-    ZPS_TRY(nn_input_in(m, x, in_place, n));
+    ZPS_TRY(nn_forward_in(m, x, in_place, n, train));
     m->have_forward = 0;
     ZPS_TRY(nn_forward_nodes(m, train));
     m->have_forward = train;
@@ -81,7 +80,7 @@ zps_status nn_model_output_read(nn_model *m, int i, float *dst)
     const nn_tensor *t = &m->t[m->outs[i]];
     if (m->plan_n == 0)
         return ZPS_ERR_INVALID;
-    size_t n = nn_tensor_floats(m, m->outs[i], m->plan_n);
+    size_t n = nn_tensor_floats(m, m->outs[i], m->fwd_n); /* a prefix: rows are outermost */
     const float *src = t->x;
     if (!m->be->host_memory) {
         float *host = t->blocked ? s_relayout(m, n) : dst;
@@ -90,7 +89,7 @@ zps_status nn_model_output_read(nn_model *m, int i, float *dst)
             return ZPS_OK;
         src = host;
     }
-    k_from_layout(t->blocked, m->plan_n, t->c, t->h, t->w, src, dst);
+    k_from_layout(t->blocked, m->fwd_n, t->c, t->h, t->w, src, dst);
     return ZPS_OK;
 }
 

@@ -404,7 +404,7 @@ zps_status nn_model_tensor(nn_model *m, const char *name, float **data, int *n, 
                 return ZPS_ERR_INVALID;
             }
             *data = m->t[i].x;
-            *n = m->plan_n, *c = m->t[i].c, *h = m->t[i].h, *w = m->t[i].w;
+            *n = m->plan_n ? m->fwd_n : 0, *c = m->t[i].c, *h = m->t[i].h, *w = m->t[i].w;
             return ZPS_OK;
         }
     return ZPS_ERR_NOT_FOUND;

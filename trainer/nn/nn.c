@@ -121,22 +121,28 @@ const float *nn_input_take(nn_model *m)
     return x;
 }
 
-zps_status nn_input_in(nn_model *m, const float *x, const float *in_place, int n)
+zps_status nn_forward_in(nn_model *m, const float *x, const float *in_place, int n, int train)
 {
+    /* a caller's buffer in place holds n rows only: the plan is for n */
+    if (train || in_place || m->plan_n < n)
+        ZPS_TRY(nn_plan(m, n));
+    m->fwd_n = n;
     if (in_place) { /* tensor 0 is only ever read: the caller's buffer serves as it */
         m->t[0].x = (float *)in_place;
         return ZPS_OK;
     }
     m->t[0].x = m->input_plan;
-    return m->be->copy_in(m->t[0].x, x, nn_tensor_floats(m, 0, n) * sizeof(float));
+    size_t have = nn_tensor_floats(m, 0, n), all = nn_tensor_floats(m, 0, m->plan_n);
+    ZPS_TRY(m->be->copy_in(m->t[0].x, x, have * sizeof(float)));
+    return all > have ? k_fill(m->be, all - have, 0.0f, m->t[0].x + have) : ZPS_OK;
 }
 
 /* The batch into tensor 0 and, on back-ends with their own memory, the labels into the
  * planned label buffer; *lab is where the loss reads them. */
 static zps_status s_batch_in(nn_model *m, const float *x, const float *in_place,
-                             const int32_t *labels, int n, const int32_t **lab)
+                             const int32_t *labels, int n, int train, const int32_t **lab)
 {
-    ZPS_TRY(nn_input_in(m, x, in_place, n));
+    ZPS_TRY(nn_forward_in(m, x, in_place, n, train));
     *lab = labels;
     if (!m->be->host_memory) {
         ZPS_TRY(m->be->copy_in(m->labels, labels, sizeof(int32_t) * (size_t)n));
@@ -171,7 +177,7 @@ static zps_status s_heads(nn_model *m, const int32_t *lab, int n, int train, flo
 
 zps_status nn_forward_nodes(nn_model *m, int train)
 {
-    m->step++;
+    m->step += train != 0; /* dropout's seeds: an evaluation between steps changes none */
     for (int i = 0; i < m->nn; i++) {
         nn_node *nd = &m->nodes[i];
         if (!train && nd->train_only)
@@ -199,9 +205,8 @@ zps_status nn_model_forward(nn_model *m, const float *x, const int32_t *labels, 
         return ZPS_ERR_INVALID;
     }
     ZPS_TRY(s_check_labels(m, labels, n));
-    ZPS_TRY(nn_plan(m, n));
     const int32_t *lab;
-    ZPS_TRY(s_batch_in(m, x, in_place, labels, n, &lab));
+    ZPS_TRY(s_batch_in(m, x, in_place, labels, n, train, &lab));
     ZPS_TRY(nn_forward_nodes(m, train));
     ZPS_TRY(s_heads(m, lab, n, train, loss, correct));
     m->have_forward = train;

@@ -123,7 +123,8 @@ float *nn_model_statbuf(nn_model *m); // (stat_count) running statistics
 void nn_model_input_shape(const nn_model *m, int *c, int *h, int *w);
 int nn_model_classes(const nn_model *m);
 /* The output of the layer called name after the last forward (a feature map for detector
- * heads): data in back-end memory, shape (n, c, h, w). ZPS_ERR_NOT_FOUND for unknown names,
+ * heads): data in back-end memory, shape (n, c, h, w), n that forward's rows (the buffer
+ * may hold more: an inference forward of fewer rows than planned runs on that plan). ZPS_ERR_NOT_FOUND for unknown names,
  * ZPS_ERR_INVALID for a tensor that recompute does not keep (nn_model_set_recompute). */
 zps_status nn_model_tensor(nn_model *m, const char *name, float **data, int *n, int *c, int *h,
                            int *w);
@@ -182,7 +183,10 @@ void nn_model_set_bn_momentum(nn_model *m, float momentum);
  * x: (n, c, h, w) floats in host memory; labels: n int32 in host memory, each in
  * [0, classes). train=1: batch statistics, dropout, every head, state kept for backward;
  * train=0: running statistics, no dropout, first head only. loss: weighted sum of the heads'
- * mean losses; correct (may be NULL): rows where the first head's argmax is the label. */
+ * mean losses; correct (may be NULL): rows where the first head's argmax is the label.
+ * A training forward plans for n (the plan is remade when n changes: descriptors, and on a
+ * device its memory); one with train=0 runs on the plan already made when n is no larger,
+ * so evaluating in batches of the training batch makes no plan of its own. */
 zps_status nn_model_forward(nn_model *m, const float *x, const int32_t *labels, int n, int train,
                             float *loss, int *correct);
 /* Gradients of the last training forward's loss into grads (overwritten); hook may be NULL. */
@@ -204,7 +208,8 @@ zps_status nn_model_forward_outputs(nn_model *m, const float *x, int n, int trai
  * later call (so a per-step caller allocates once), freed with m. One user at a time: the
  * next call may move it. */
 void *nn_model_scratch(nn_model *m, size_t bytes);
-/* Output i of the last forward into dst: (n, c, h, w) floats, NCHW, host memory. */
+/* Output i of the last forward into dst: (n, c, h, w) floats, NCHW, host memory (n: that
+ * forward's rows, which an inference forward may run on a plan of more rows). */
 zps_status nn_model_output_read(nn_model *m, int i, float *dst);
 /* Gradients into grads (overwritten) from dys[i] = dL/d(output i), (n, c, h, w) NCHW host
  * floats of the last training forward's batch (NULL: no gradient reaches output i). The

@@ -105,6 +105,7 @@ struct nn_model {
     int finished;
     /* plan (memplan.c) */
     int plan_n;             // batch size planned (0: none)
+    int fwd_n;              // rows of the last forward (<= plan_n; nn_forward_in)
     size_t plan_bytes;
     zps_arena *arena;       // host back-ends
     void *dev_block;        // non-host back-ends
@@ -120,7 +121,7 @@ struct nn_model {
     int recomputing;        // a segment's forward is running again
     /* step (nn.c) */
     int have_forward;       // a training forward ran since the last backward
-    uint64_t step;          // forward counter (dropout seeds)
+    uint64_t step;          // training forwards so far (dropout seeds)
     uint64_t seed;          // init seed
     nn_grad_hook fwd_hook;  // called before a layer with parameters runs forward
     void *fwd_ctx;
@@ -149,10 +150,15 @@ void nn_plan_free(nn_model *m);
  * hook. */
 zps_status nn_node_fwd(nn_model *m, nn_node *nd, int train);
 /* nn.c: what nn_model_set_input gave (NULL: nothing), taken by a forward at its start so
- * that it serves that forward only, even one that fails early; then the batch (plan made)
- * into tensor 0: in_place read as it is, else host x copied into the plan's buffer. */
+ * that it serves that forward only, even one that fails early; then the plan a forward of n
+ * samples runs on, and the batch into tensor 0: in_place read as it is, else host x copied
+ * into the plan's buffer. A training forward plans exactly n (batch statistics see every
+ * row). An inference forward of fewer rows than planned runs on that plan (its rows are
+ * independent, so the first n come out the same) with the rows past n zeroed: the last
+ * partial batch of an evaluation, or one image, makes no new plan (on a device: memory freed
+ * and taken again, every descriptor rebuilt, and the same again at the next step). */
 const float *nn_input_take(nn_model *m);
-zps_status nn_input_in(nn_model *m, const float *x, const float *in_place, int n);
+zps_status nn_forward_in(nn_model *m, const float *x, const float *in_place, int n, int train);
 zps_status nn_node_backward(nn_model *m, nn_node *nd, nn_grad_hook hook, void *ctx);
 /* recompute.c: the segments of a plan for n samples (nodes' seg, tensors' local, nseg), or
  * none (nseg 1); the backward of a plan with segments. */
