@@ -539,6 +539,60 @@ Test(nn_models, an_evaluation_between_steps_changes_no_training_result, .init = 
     nn_model_destroy(&a), nn_model_destroy(&b);
 }
 
+/* An inference plan (an evaluation where no plan of as many rows exists) shares the
+ * activations' space by liveness and holds no gradients: less memory than a training plan
+ * (a quarter or less on Inception), the same loss and count bit for bit as the same
+ * evaluation on a training plan of that size (the same descriptors), for each model kind
+ * (Inception with its train-only aux head), and intermediate tensors are refused. */
+Test(nn_models, an_inference_plan_is_smaller_and_computes_the_same, .init = s_init,
+     .timeout = 60)
+{
+    const char *names[] = {"mlp", "convnet", "inception_v3"};
+    for (int k = 0; k < 3; k++) {
+        nn_model_opts o;
+        nn_model_opts_default(&o, names[k]);
+        o.seed = zt_rand(), o.dropout = 0;
+        if (k == 2)
+            o.in_size = 299, o.width = 0.25f, o.in_channels = 1, o.classes = 10, o.aux = 1;
+        nn_model *inf, *tr;
+        cr_assert_eq(nn_model_create(k_backend_cpu(), &o, &inf), ZPS_OK);
+        cr_assert_eq(nn_model_create(k_backend_cpu(), &o, &tr), ZPS_OK);
+        float *x, li, lt;
+        int32_t *labels;
+        int ci, ct, n = k == 2 ? 3 : 6;
+        s_batch(inf, n, &x, &labels);
+        cr_assert_eq(nn_model_forward(tr, x, labels, n, 1, &lt, NULL), ZPS_OK);
+        memcpy(nn_model_statbuf(inf), nn_model_statbuf(tr),
+               nn_model_stat_count(tr) * sizeof(float));
+        size_t train_bytes = nn_model_activation_bytes(tr);
+        cr_assert_eq(nn_model_eval(tr, x, labels, n, &lt, &ct), ZPS_OK);
+        cr_assert_eq(nn_model_eval(inf, x, labels, n, &li, &ci), ZPS_OK);
+        size_t infer_bytes = nn_model_activation_bytes(inf);
+        cr_assert(li == lt && ci == ct, "%s: inference plan loss %.9g (%d right), training "
+                  "plan %.9g (%d) (seed %llu)", names[k], li, ci, lt, ct,
+                  (unsigned long long)s_seed);
+        cr_assert_lt(infer_bytes, train_bytes, "%s", names[k]);
+        if (k == 2) {
+            cr_assert_leq(4 * infer_bytes, train_bytes, "Inception: inference %zu bytes, "
+                          "training %zu", infer_bytes, train_bytes);
+            float *d;
+            int tn, tc, th, tw;
+            zps_log_set_level(ZPS_LOG_OFF);
+            cr_assert_eq(nn_model_tensor(inf, "Mixed_5b", &d, &tn, &tc, &th, &tw),
+                         ZPS_ERR_INVALID);
+            zps_log_set_level(ZPS_LOG_WARN);
+            cr_assert_eq(nn_model_tensor(inf, "fc", &d, &tn, &tc, &th, &tw), ZPS_OK);
+            cr_assert_eq(nn_model_tensor(tr, "Mixed_5b", &d, &tn, &tc, &th, &tw), ZPS_OK);
+        }
+        /* a training forward after an inference plan plans for training */
+        cr_assert_eq(nn_model_forward(inf, x, labels, n, 1, &li, NULL), ZPS_OK);
+        cr_assert_eq(nn_model_backward(inf, NULL, NULL), ZPS_OK);
+        cr_assert_eq(nn_model_activation_bytes(inf), train_bytes);
+        free(x), free(labels);
+        nn_model_destroy(&inf), nn_model_destroy(&tr);
+    }
+}
+
 Test(nn_models, mlp_and_convnet_learn_a_separable_task, .init = s_init, .timeout = 60)
 {
     const char *names[2] = {"mlp", "convnet"};

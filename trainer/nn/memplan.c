@@ -5,6 +5,10 @@
  * largest conv output, tmp_acc: the largest tensor) and the gradient pool. Every piece is
  * rounded to 16 floats (64 bytes), so a piece's place depends only on the shapes before it.
  *
+ * An inference plan (nn_plan's infer, made for forwards with train=0 where no plan of as many
+ * rows exists) holds the activations by liveness instead, and no gradient pool
+ * (s_place_infer).
+ *
  * Invariants:
  *   - a plan is made for one batch size and kept until the size changes: the same size never
  *     allocates again (the arena is reset and asked for the same bytes, so it does not grow;
@@ -345,6 +349,67 @@ static void s_place_gradients(nn_model *m, int n, s_offsets *o)
     free(pa.len);
 }
 
+/* An inference plan's pieces (nn_plan with infer): activations share one pool by
+ * liveness in node order, a tensor from its producer to its last reader (taken before the
+ * producer's inputs are given back, so an output never overlaps an input), while the input,
+ * the loss heads and the marked outputs hold their place throughout (they are read after the
+ * forward); every conv+bn node's pre-batchnorm map is the one tmp_pre (its batchnorm reads it
+ * at once); nothing for backward. */
+static void s_place_infer(nn_model *m, int n, s_offsets *o)
+{
+    nn_segments_clear(m);
+    int *last = zps_xcalloc((size_t)m->nt, sizeof *last); // last reader + 1 (0: none)
+    for (int i = 0; i < m->nn; i++)
+        for (int j = 0; j < m->nodes[i].nin; j++)
+            last[m->nodes[i].in[j]] = i + 1;
+    char *kept = zps_xcalloc((size_t)m->nt, 1), *freed = zps_xcalloc((size_t)m->nt, 1);
+    kept[0] = 1;
+    for (int h = 0; h < m->nheads; h++)
+        kept[m->heads[h].t] = 1;
+    for (int h = 0; h < m->nouts; h++)
+        kept[m->outs[h]] = 1;
+    size_t max_pre = 0;
+    for (int t = 0; t < m->nt; t++)
+        if (kept[t]) {
+            o->x[t] = o->total;
+            o->total += s_round(nn_tensor_floats(m, t, n));
+        }
+    for (int i = 0; i < m->nn; i++) {
+        nn_node *nd = &m->nodes[i];
+        o->node[i] = o->total;
+        if (nd->kind != NN_CONV_BN)
+            continue;
+        o->total += 2 * s_round((size_t)nd->k);
+        if (nn_tensor_floats(m, nd->out, n) > max_pre)
+            max_pre = nn_tensor_floats(m, nd->out, n);
+    }
+    o->tmp_pre = o->tmp_stats = o->tmp_acc = o->total;
+    o->total += s_round(max_pre);
+    for (int i = 0; i < m->nn; i++)
+        o->pre[i] = o->tmp_pre;
+    s_pool_alloc pa = {0};
+    size_t *at = zps_xcalloc((size_t)m->nt, sizeof *at);
+    for (int i = 0; i < m->nn; i++) {
+        nn_node *nd = &m->nodes[i];
+        int t = nd->out;
+        if (!kept[t])
+            at[t] = s_pa_alloc(&pa, s_round(nn_tensor_floats(m, t, n)));
+        for (int j = 0; j <= nd->nin; j++) { /* the inputs read last here; an unread output */
+            int u = j < nd->nin ? nd->in[j] : t;
+            if (!kept[u] && !freed[u] && last[u] <= i + 1) {
+                s_pa_free(&pa, at[u], s_round(nn_tensor_floats(m, u, n)));
+                freed[u] = 1;
+            }
+        }
+    }
+    for (int t = 0; t < m->nt; t++)
+        if (!kept[t])
+            o->x[t] = o->total + at[t];
+    o->total += pa.peak;
+    o->gpool = o->total;
+    free(pa.off), free(pa.len), free(at), free(last), free(kept), free(freed);
+}
+
 /* The block itself: from the arena on host back-ends (reset, so the same size reuses the
  * same memory), from the back-end's allocator otherwise, with a device buffer for labels. */
 static zps_status s_take_block(nn_model *m, int n, size_t bytes, float **base)
@@ -387,9 +452,9 @@ static void s_bind(nn_model *m, const s_offsets *o, float *base)
     m->tmp_acc = base + o->tmp_acc;
 }
 
-zps_status nn_plan(nn_model *m, int n)
+zps_status nn_plan(nn_model *m, int n, int infer)
 {
-    if (m->plan_n == n)
+    if (m->plan_n == n && m->plan_infer == infer)
         return ZPS_OK;
     s_release_descriptors(m);
     m->plan_n = 0, m->plan_bytes = 0;
@@ -406,18 +471,24 @@ zps_status nn_plan(nn_model *m, int n)
     size_t bytes = 0;
     if (st == ZPS_OK) {
         s_fuse(m);
-        s_place_forward(m, n, &o);
-        s_place_gradients(m, n, &o);
+        if (infer) {
+            s_place_infer(m, n, &o);
+        } else {
+            s_place_forward(m, n, &o);
+            s_place_gradients(m, n, &o);
+        }
         bytes = o.total * sizeof(float) + 64;
         st = s_take_block(m, n, bytes, &base);
     }
     if (st == ZPS_OK) {
         s_bind(m, &o, base);
         m->plan_n = n;
+        m->plan_infer = infer;
         m->plan_bytes = bytes;
-        zps_log(ZPS_DEBUG, "nn", "planned batch %d: %.1f MiB of activations and gradients%s", n,
-                (double)bytes / (1 << 20), m->nseg > 1 ? " (recompute)" : "");
-        if (m->recompute && m->nseg == 1)
+        zps_log(ZPS_DEBUG, "nn", "planned batch %d: %.1f MiB of activations%s", n,
+                (double)bytes / (1 << 20), infer ? " (inference)" : m->nseg > 1 ?
+                " and gradients (recompute)" : " and gradients");
+        if (!infer && m->recompute && m->nseg == 1)
             zps_log(ZPS_WARN, "nn", "recompute: the model has no place to cut into segments "
                     "(too few layers, or one tensor never alone): every activation is kept");
     }

@@ -124,8 +124,8 @@ const float *nn_input_take(nn_model *m)
 zps_status nn_forward_in(nn_model *m, const float *x, const float *in_place, int n, int train)
 {
     /* a caller's buffer in place holds n rows only: the plan is for n */
-    if (train || in_place || m->plan_n < n)
-        ZPS_TRY(nn_plan(m, n));
+    if (train ? m->plan_n != n || m->plan_infer : m->plan_n < n || (in_place && m->plan_n != n))
+        ZPS_TRY(nn_plan(m, n, !train));
     m->fwd_n = n;
     if (in_place) { /* tensor 0 is only ever read: the caller's buffer serves as it */
         m->t[0].x = (float *)in_place;

@@ -105,6 +105,7 @@ struct nn_model {
     int finished;
     /* plan (memplan.c) */
     int plan_n;             // batch size planned (0: none)
+    int plan_infer;         // the plan is an inference plan (nn_plan)
     int fwd_n;              // rows of the last forward (<= plan_n; nn_forward_in)
     size_t plan_bytes;
     zps_arena *arena;       // host back-ends
@@ -138,9 +139,12 @@ static inline size_t nn_tensor_floats(const nn_model *m, int t, int n)
     return (size_t)n * m->t[t].c * m->t[t].h * m->t[t].w;
 }
 
-/* memplan.c: makes plan_n == n (nothing to do when it already is). On failure no plan is
- * left (plan_n == 0). */
-zps_status nn_plan(nn_model *m, int n);
+/* memplan.c: makes plan_n == n and plan_infer == infer (nothing to do when they already
+ * are). An inference plan (infer) holds what a forward with train=0 needs and no more: no
+ * gradients, activations sharing space by liveness (only the input, the loss heads and the
+ * marked outputs keep their values after the forward). On failure no plan is left
+ * (plan_n == 0). */
+zps_status nn_plan(nn_model *m, int n, int infer);
 /* nn.c: runs the nodes forward on the batch already in tensor 0 (plan made). */
 zps_status nn_forward_nodes(nn_model *m, int train);
 /* memplan.c: everything the plans took (descriptors, block, label buffer); for destroy. */
@@ -152,11 +156,12 @@ zps_status nn_node_fwd(nn_model *m, nn_node *nd, int train);
 /* nn.c: what nn_model_set_input gave (NULL: nothing), taken by a forward at its start so
  * that it serves that forward only, even one that fails early; then the plan a forward of n
  * samples runs on, and the batch into tensor 0: in_place read as it is, else host x copied
- * into the plan's buffer. A training forward plans exactly n (batch statistics see every
- * row). An inference forward of fewer rows than planned runs on that plan (its rows are
- * independent, so the first n come out the same) with the rows past n zeroed: the last
- * partial batch of an evaluation, or one image, makes no new plan (on a device: memory freed
- * and taken again, every descriptor rebuilt, and the same again at the next step). */
+ * into the plan's buffer. A training forward needs a training plan of exactly n (batch
+ * statistics see every row). An inference forward runs on any plan of at least n rows (its
+ * rows are independent, so the first n come out the same) with the rows past n zeroed, and
+ * makes an inference plan only where there is none: an evaluation in the training batch
+ * makes no plan of its own, nor does its last partial batch or the one image drawn (on a
+ * device: no memory freed and taken again, no descriptor rebuilt, twice per evaluation). */
 const float *nn_input_take(nn_model *m);
 zps_status nn_forward_in(nn_model *m, const float *x, const float *in_place, int n, int train);
 zps_status nn_node_backward(nn_model *m, nn_node *nd, nn_grad_hook hook, void *ctx);
