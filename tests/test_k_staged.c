@@ -9,11 +9,13 @@
  *             event after them is waited for, in order; fresh memory is NaN; the compute
  *             queue never waits; and whole models (the convnet with heads, the detector's
  *             outputs in blocked layouts) give the cpu back-end's loss and gradients bit for
- *             bit when their tensors live in staged memory.
+ *             bit when their tensors live in staged memory, evaluations too (on a training
+ *             plan, with fewer rows than planned, on an inference plan).
  *   gpu_model one training step of the convnet and of Inception-v3 (w0.25 at 139x139) on
  *             the cuda back-end against the cpu's, in full f32, each variable within 1e-3
- *             relative L2 plus 4 x the cpu's own sensitivity to a 1e-5 input change (SKIP
- *             without a GPU; the GPU suite requires it).
+ *             relative L2 plus 4 x the cpu's own sensitivity to a 1e-5 input change, and
+ *             the evaluations of k_staged within 1e-3 (SKIP without a GPU; the GPU suite
+ *             requires it).
  * Fresh random inputs every run (seed printed on failure; ZPS_TEST_SEED reproduces).
  */
 #include <criterion/criterion.h>
@@ -285,6 +287,111 @@ Test(gpu_model, inception_v3_step_close_to_cpu, .init = s_init, .timeout = 300)
     o.in_size = 139;
     o.width = 0.25f;
     s_same_step(&o, 8, be, 1e-3);
+}
+
+/* Evaluations on back-end be against the cpu's, from the same seed and batch: after a
+ * training forward of 8 (its plan), an evaluation of 8 rows and one of the last 5 (on that
+ * plan: 5 rows copied in, 3 zeroed in the back-end's memory), and on a fresh model one of 5
+ * (an inference plan, in memory that staged fills with NaN, so a piece the liveness plan
+ * handed out twice or a row left unzeroed would show); the detector's outputs the same way.
+ * tol 0: losses, counts and outputs bit for bit; else the losses and outputs within tol
+ * relative (outputs: L2) and the counts within one. */
+static void s_evals(const k_backend *be, double tol)
+{
+    const k_backend *bes[2] = {k_backend_cpu(), be};
+    nn_model_opts o;
+    s_opts(&o, "convnet");
+    float loss[2][3];
+    int right[2][3];
+    float *x = NULL;
+    int32_t y[8];
+    for (int k = 0; k < 2; k++) {
+        nn_model *m, *fresh;
+        cr_assert_eq(nn_model_create(bes[k], &o, &m), ZPS_OK);
+        cr_assert_eq(nn_model_create(bes[k], &o, &fresh), ZPS_OK);
+        int c, h, w;
+        nn_model_input_shape(m, &c, &h, &w);
+        size_t row = (size_t)c * h * w;
+        if (!x) {
+            x = malloc(8 * row * sizeof *x);
+            for (size_t i = 0; i < 8 * row; i++)
+                x[i] = zt_unif(-1, 1);
+            for (int i = 0; i < 8; i++)
+                y[i] = (int32_t)(zt_rand() % (uint32_t)nn_model_classes(m));
+        }
+        float l;
+        cr_assert_eq(nn_model_forward(m, x, y, 8, 1, &l, NULL), ZPS_OK);
+        cr_assert_eq(nn_model_eval(m, x, y, 8, &loss[k][0], &right[k][0]), ZPS_OK);
+        cr_assert_eq(nn_model_eval(m, x + 3 * row, y + 3, 5, &loss[k][1], &right[k][1]), ZPS_OK);
+        cr_assert_eq(nn_model_eval(fresh, x + 3 * row, y + 3, 5, &loss[k][2], &right[k][2]),
+                     ZPS_OK);
+        nn_model_destroy(&m), nn_model_destroy(&fresh);
+    }
+    static const char *what[3] = {"8 rows on the training plan", "5 rows on the 8-row plan",
+                                  "5 rows on an inference plan"};
+    for (int e = 0; e < 3; e++)
+        cr_assert(isfinite(loss[1][e]) &&
+                  fabsf(loss[0][e] - loss[1][e]) <= tol * fabsf(loss[0][e]) &&
+                  abs(right[0][e] - right[1][e]) <= (tol > 0), "evaluation of %s: loss %.9g, "
+                  "%d right on cpu; %.9g, %d on %s (seed %llu)", what[e], loss[0][e],
+                  right[0][e], loss[1][e], right[1][e], be->name, (unsigned long long)s_seed);
+    free(x);
+    /* the detector: outputs of the last row, on a 2-row training plan and on a fresh model */
+    float *out[2][2][16] = {{{0}}};
+    size_t osz[16] = {0};
+    int nouts = 0;
+    x = NULL;
+    for (int k = 0; k < 2; k++) {
+        nn_model_opts_default(&o, "ssd");
+        o.seed = s_seed;
+        nn_model *m[2];
+        cr_assert_eq(nn_model_create(bes[k], &o, &m[0]), ZPS_OK);
+        cr_assert_eq(nn_model_create(bes[k], &o, &m[1]), ZPS_OK);
+        int c, h, w;
+        nn_model_input_shape(m[0], &c, &h, &w);
+        size_t row = (size_t)c * h * w;
+        if (!x) {
+            x = malloc(2 * row * sizeof *x);
+            for (size_t i = 0; i < 2 * row; i++)
+                x[i] = zt_unif(0, 1);
+        }
+        cr_assert_eq(nn_model_forward_outputs(m[0], x, 2, 1), ZPS_OK);
+        for (int f = 0; f < 2; f++) {
+            cr_assert_eq(nn_model_forward_outputs(m[f], x + row, 1, 0), ZPS_OK);
+            nouts = nn_model_outputs(m[f]);
+            for (int i = 0; i < nouts; i++) {
+                nn_model_output_shape(m[f], i, &c, &h, &w);
+                osz[i] = (size_t)c * h * w;
+                out[k][f][i] = malloc(osz[i] * sizeof(float));
+                cr_assert_eq(nn_model_output_read(m[f], i, out[k][f][i]), ZPS_OK);
+            }
+            nn_model_destroy(&m[f]);
+        }
+    }
+    for (int f = 0; f < 2; f++)
+        for (int i = 0; i < nouts; i++) {
+            double d2 = 0, r2 = 0;
+            for (size_t j = 0; j < osz[i]; j++) {
+                double d = (double)out[1][f][i][j] - out[0][f][i][j];
+                d2 += d * d, r2 += (double)out[0][f][i][j] * out[0][f][i][j];
+            }
+            cr_assert(tol > 0 ? sqrt(d2) <= tol * sqrt(r2) : d2 == 0, "detector output %d of "
+                      "one row on %s differs between cpu and %s: relative L2 %g (seed %llu)", i,
+                      f ? "an inference plan" : "a 2-row training plan", be->name,
+                      sqrt(d2 / (r2 > 0 ? r2 : 1)), (unsigned long long)s_seed);
+            free(out[0][f][i]), free(out[1][f][i]);
+        }
+    free(x);
+}
+
+Test(k_staged, evaluations_equal_cpu, .init = s_init, .timeout = 120)
+{
+    s_evals(k_backend_staged(), 0);
+}
+
+Test(gpu_model, evaluations_close_to_cpu, .init = s_init, .timeout = 120)
+{
+    s_evals(s_cuda_or_skip(), 1e-3);
 }
 
 /* The detector's outputs are kept in cpu's blocked layouts: reading them from staged memory
