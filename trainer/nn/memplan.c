@@ -208,6 +208,35 @@ static void s_offsets_free(s_offsets *o)
     free(o->x), free(o->g), free(o->has), free(o->node), free(o->pre);
 }
 
+/* nfloats (rounded) at the end of the block so far: their offset. */
+static size_t s_take(s_offsets *o, size_t nfloats)
+{
+    size_t at = o->total;
+    o->total += s_round(nfloats);
+    return at;
+}
+
+/* Each node's scratch: a conv+bn node's batch mean and variance, and its pre-batchnorm map
+ * where pre; the largest such map and the widest batchnorm into *max_pre, *max_k. */
+static void s_place_nodes(nn_model *m, int n, s_offsets *o, int pre, size_t *max_pre,
+                          size_t *max_k)
+{
+    for (int i = 0; i < m->nn; i++) {
+        nn_node *nd = &m->nodes[i];
+        o->node[i] = o->total;
+        if (nd->kind != NN_CONV_BN)
+            continue;
+        o->total += 2 * s_round((size_t)nd->k);
+        size_t map = nn_tensor_floats(m, nd->out, n);
+        if (pre)
+            o->pre[i] = s_take(o, map);
+        if (map > *max_pre)
+            *max_pre = map;
+        if ((size_t)nd->k > *max_k)
+            *max_k = (size_t)nd->k;
+    }
+}
+
 /* The segments' shared region (recompute.c): every local tensor and pre-batchnorm map of a
  * segment from the region's start, the region as large as the largest segment. */
 static void s_place_local(nn_model *m, int n, s_offsets *o)
@@ -247,34 +276,16 @@ static void s_place_forward(nn_model *m, int n, s_offsets *o)
     for (int t = 0; t < m->nt; t++) {
         if (nn_tensor_floats(m, t, n) > max_t)
             max_t = nn_tensor_floats(m, t, n);
-        if (m->t[t].local)
-            continue;
-        o->x[t] = o->total;
-        o->total += s_round(nn_tensor_floats(m, t, n));
+        if (!m->t[t].local)
+            o->x[t] = s_take(o, nn_tensor_floats(m, t, n));
     }
-    for (int i = 0; i < m->nn; i++) {
-        nn_node *nd = &m->nodes[i];
-        o->node[i] = o->total;
-        if (nd->kind != NN_CONV_BN)
-            continue;
-        o->total += 2 * s_round((size_t)nd->k);
-        if (!m->recompute) {
-            o->pre[i] = o->total;
-            o->total += s_round(nn_tensor_floats(m, nd->out, n));
-        }
-        if (nn_tensor_floats(m, nd->out, n) > max_pre)
-            max_pre = nn_tensor_floats(m, nd->out, n);
-        if ((size_t)nd->k > max_k)
-            max_k = (size_t)nd->k;
-    }
+    s_place_nodes(m, n, o, !m->recompute, &max_pre, &max_k);
     if (m->recompute)
         s_place_local(m, n, o);
     o->tmp_stats = o->total;
     o->total += m->recompute ? 2 * s_round(max_k) : 0;
-    o->tmp_pre = o->total;
-    o->total += s_round(max_pre);
-    o->tmp_acc = o->total;
-    o->total += s_round(max_t);
+    o->tmp_pre = s_take(o, max_pre);
+    o->tmp_acc = s_take(o, max_t);
 }
 
 /* Every node's op descriptors for n samples. */
@@ -368,23 +379,12 @@ static void s_place_infer(nn_model *m, int n, s_offsets *o)
         kept[m->heads[h].t] = 1;
     for (int h = 0; h < m->nouts; h++)
         kept[m->outs[h]] = 1;
-    size_t max_pre = 0;
+    size_t max_pre = 0, max_k = 0;
     for (int t = 0; t < m->nt; t++)
-        if (kept[t]) {
-            o->x[t] = o->total;
-            o->total += s_round(nn_tensor_floats(m, t, n));
-        }
-    for (int i = 0; i < m->nn; i++) {
-        nn_node *nd = &m->nodes[i];
-        o->node[i] = o->total;
-        if (nd->kind != NN_CONV_BN)
-            continue;
-        o->total += 2 * s_round((size_t)nd->k);
-        if (nn_tensor_floats(m, nd->out, n) > max_pre)
-            max_pre = nn_tensor_floats(m, nd->out, n);
-    }
-    o->tmp_pre = o->tmp_stats = o->tmp_acc = o->total;
-    o->total += s_round(max_pre);
+        if (kept[t])
+            o->x[t] = s_take(o, nn_tensor_floats(m, t, n));
+    s_place_nodes(m, n, o, 0, &max_pre, &max_k);
+    o->tmp_pre = o->tmp_stats = o->tmp_acc = s_take(o, max_pre);
     for (int i = 0; i < m->nn; i++)
         o->pre[i] = o->tmp_pre;
     s_pool_alloc pa = {0};
