@@ -235,6 +235,69 @@ static void s_feed(tr_metrics *m, int n, int eval)
     }
 }
 
+/* An evaluation's time is its own: the evaluating step's record has eval_s and an img_s
+ * over its training time only, like the progress line's rate; the summary adds the
+ * evaluations up in eval_time, and its img_s (what the run delivered) includes them. Steps
+ * of 0.1 s and 10 images; every 5th step also evaluates for 0.4 s. */
+Test(metrics, an_evaluation_is_timed_apart_from_training, .timeout = 10)
+{
+    char path[] = "/tmp/zps-metrics-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    close(fd);
+    FILE *prog = tmpfile();
+    tr_metrics_opts o = {.jsonl_path = path, .progress = prog, .progress_every_s = 1000,
+                         .trainer_id = 0, .total_steps = 20};
+    tr_metrics *m = NULL;
+    cr_assert_eq(tr_metrics_new(&o, &m), ZPS_OK);
+    double now = 0;
+    for (int s = 1; s <= 20; s++) {
+        tr_step_record r = tr_step_record_empty(s);
+        r.images = 10;
+        r.loss = 1.0;
+        now += 0.1;
+        if (s % 5 == 0) {
+            r.test_accuracy = 0.5;
+            r.eval_s = 0.4;
+            now += 0.4;
+        }
+        tr_metrics_set_fake_time(m, now);
+        cr_assert_eq(tr_metrics_step(m, &r), ZPS_OK);
+    }
+    tr_metrics_totals tot;
+    tr_metrics_get_totals(m, &tot);
+    cr_assert_float_eq(tot.eval_s, 1.6, 1e-9);
+    tr_metrics_destroy(&m);
+    size_t len;
+    char *text = s_slurp(path, &len);
+    unlink(path);
+    char *save = NULL;
+    int lines = 0;
+    for (char *l = strtok_r(text, "\n", &save); l; l = strtok_r(NULL, "\n", &save), lines++) {
+        if (lines == 0)
+            continue;
+        if (lines == 21) {
+            cr_assert_float_eq(s_field(l, "eval_time"), 1.6, 1e-6, "%s", l);
+            cr_assert_float_eq(s_field(l, "img_s"), 200 / 3.6, 1e-3, "%s", l);
+            continue;
+        }
+        cr_assert_float_eq(s_field(l, "img_s"), 100, 1e-3, "training's rate: %s", l);
+        if (lines % 5 == 0)
+            cr_assert_float_eq(s_field(l, "eval_s"), 0.4, 1e-6, "%s", l);
+        else
+            cr_assert_eq(s_field(l, "eval_s"), -999, "eval_s without an evaluation: %s", l);
+    }
+    cr_assert_eq(lines, 22);
+    rewind(prog);
+    char buf[8192];
+    size_t n = fread(buf, 1, sizeof buf - 1, prog);
+    buf[n] = 0;
+    fclose(prog);
+    cr_assert(strstr(buf, "| 100 img/s"), "the progress line's rate leaves evaluations out: %s",
+              buf);
+    cr_assert_null(strstr(buf, "| 55 img/s"), "%s", buf);
+}
+
 Test(metrics, plain_progress_lines_on_a_file)
 {
     FILE *prog = tmpfile();

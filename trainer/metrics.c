@@ -37,6 +37,7 @@ struct tr_metrics {
     double last_print_t;      // time of the previous progress output
     int64_t print_images;     // images since the previous progress output
     double print_net_wait;    // network wait since the previous progress output
+    double print_eval_s;      // evaluation time since the previous progress output
     tr_metrics_totals tot;    // running totals
     double staleness_sum;     // for the mean
     int64_t staleness_n;      // steps that reported staleness
@@ -139,7 +140,8 @@ static void s_progress(tr_metrics *m, double now, int force)
     if (m->tot.last_accuracy >= 0)
         s_append(m, m->o.score_map ? " | test mAP %.2f%%" : " | test acc %.2f%%",
                  100.0 * m->tot.last_accuracy);
-    double rate = since > 0 ? (double)m->print_images / since : 0;
+    double busy = since - m->print_eval_s; /* training's rate: evaluations left out */
+    double rate = busy > 0 ? (double)m->print_images / busy : 0;
     if (rate > 0)
         s_append(m, " | %.0f img/s", rate);
     if (since > 0 && m->print_net_wait > 0)
@@ -161,6 +163,7 @@ static void s_progress(tr_metrics *m, double now, int force)
     m->last_print_t = now;
     m->print_images = 0;
     m->print_net_wait = 0;
+    m->print_eval_s = 0;
 }
 
 /* ---------------------------------------------------------------- API */
@@ -177,6 +180,7 @@ tr_step_record tr_step_record_empty(int64_t step)
     r.test_loss = -1;
     r.test_map = -1;
     r.matched = -1;
+    r.eval_s = -1;
     return r;
 }
 
@@ -257,8 +261,9 @@ zps_status tr_metrics_step(tr_metrics *m, const tr_step_record *r)
         zps_log(ZPS_ERROR, "metrics", "step %lld after finish", (long long)r->step);
         return ZPS_ERR_INVALID;
     }
-    double now = s_now(m), dt = now - m->last_t;
-    double img_s = dt > 0 ? (double)r->images / dt : NAN;
+    double now = s_now(m), dt = now - m->last_t, ev = r->eval_s > 0 ? r->eval_s : 0;
+    /* training's rate: an evaluation's time is its own field, not a dip in img_s */
+    double img_s = dt - ev > 0 ? (double)r->images / (dt - ev) : NAN;
     tr_metrics_totals *t = &m->tot;
     /* a step number not past the last one is a redo after a sync rollback (docs/ps.md
      * "Recovery"): work done (images, time), but not a new step */
@@ -297,6 +302,8 @@ zps_status tr_metrics_step(tr_metrics *m, const tr_step_record *r)
     m->last_step = r->step;
     m->print_images += r->images;
     m->print_net_wait += r->net_wait_s > 0 ? r->net_wait_s : 0;
+    m->print_eval_s += ev;
+    t->eval_s += ev;
 
     s_reset(m);
     s_append(m, "{\"type\":\"step\",\"trainer\":%d,\"step\":%lld", m->o.trainer_id,
@@ -322,6 +329,8 @@ zps_status tr_metrics_step(tr_metrics *m, const tr_step_record *r)
         s_num(m, m->o.score_map ? "map" : "accuracy", score, 6);
         s_opt(m, "test_loss", r->test_loss, 6);
     }
+    if (r->eval_s >= 0)
+        s_num(m, "eval_s", r->eval_s, 6);
     s_append(m, "}");
     zps_status st = s_write_line(m);
     int last = m->o.total_steps > 0 && r->step >= m->o.total_steps;
@@ -351,6 +360,7 @@ zps_status tr_metrics_finish(tr_metrics *m)
     s_num(m, "net_wait_frac", t->time_s > 0 ? t->net_wait_s / t->time_s : 0, 4);
     s_opt(m, "staleness_mean", t->staleness_mean, 6);
     s_opt(m, "staleness_max", t->staleness_max, 6);
+    s_num(m, "eval_time", t->eval_s, 6);
     s_append(m, ",\"evals\":%d,\"skipped_records\":%lld,\"redone_steps\":%lld,\"end\":\"%s\"}",
              t->evals, (long long)m->skipped, (long long)t->redone_steps, m->end);
     zps_status st = s_write_line(m);

@@ -99,6 +99,7 @@ typedef struct tr_step_record {
     double loss_conf;        // detector: the loss's cross-entropy part (matched < 0: none)
     double loss_loc;         // detector: its smooth-L1 part
     int64_t matched;         // detector: priors matched to a box in the step (< 0: none)
+    double eval_s;           // seconds of the step spent evaluating (< 0: it did not)
 } tr_step_record;
 
 typedef struct tr_metrics tr_metrics;
@@ -146,6 +147,7 @@ typedef struct tr_metrics_totals {
     double staleness_mean;  // < 0 when never reported
     double staleness_max;   // < 0 when never reported
     int evals;
+    double eval_s;          // seconds spent evaluating, all evaluations
 } tr_metrics_totals;
 void tr_metrics_get_totals(const tr_metrics *m, tr_metrics_totals *out);
 

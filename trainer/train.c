@@ -619,7 +619,9 @@ static zps_status s_maybe_evaluate(s_job *j, tr_step_record *rec)
         return ZPS_OK;
     uint64_t t0 = tr_trace_now(j->trace);
     ZPS_TRY(j->sync->params_ready(j->sync)); /* evaluate the newest values */
+    double e0 = zps_now_s();
     ZPS_TRY(s_evaluate(j, &j->last_acc, &j->last_loss));
+    rec->eval_s = zps_now_s() - e0;
     tr_trace_span(j->trace, TR_TRACE_MAIN, "evaluate", t0, -1);
     if (j->score_map)
         rec->test_map = j->last_acc;
