@@ -8,6 +8,7 @@
 #   make bench-peers  TensorFlow into build/peers-venv (once), then zps against TF and PyTorch
 #   make demo       the main job (see README.md)
 #   make fuzz       libFuzzer targets under tests/fuzz (clang)
+#   make tsan       ThreadSanitizer over real PS and all-reduce fleets (scripts/tsan-fleets.sh)
 #   make gpu-bundle build here and pack bin, libs, tests and data for a GPU machine (.gpu/)
 #   make test-gpu   on a GPU machine: the GPU suite from that bundle (docs/gpu.md)
 #   make bench-gpu  on a GPU machine: the GPU benchmarks from that bundle (docs/gpu.md)
@@ -80,7 +81,7 @@ TEST_BIN := $(B)/tests/zps-tests
 TEST_JOBS ?= 2
 TEST_ARGS ?=
 
-.PHONY: all deps test test-unit soak bench bench-peers demo fuzz clean parts gpu-bundle test-gpu bench-gpu py-venv
+.PHONY: all deps test test-unit soak bench bench-peers demo fuzz tsan clean parts gpu-bundle test-gpu bench-gpu py-venv
 .DEFAULT_GOAL := all
 .DELETE_ON_ERROR:
 
@@ -265,6 +266,12 @@ bench-gpu:
 	bash scripts/bench-gpu.sh $(GPU_BUNDLE)
 
 FUZZ_SRC := $(wildcard tests/fuzz/fuzz_*.c)
+# ThreadSanitizer over real fleets (scripts/tsan-fleets.sh): Criterion's runner does not
+# start under TSan, so the threads of the servers, trainers and all-reduce are checked here.
+tsan: all
+	$(MAKE) SAN=thread CUDA=0 build-thread/bin/zps-server build-thread/bin/zps-trainer
+	bash scripts/tsan-fleets.sh build-thread/bin "$$(bash scripts/fashion-data.sh $(B)/bin)"
+
 fuzz: $(B)/.deps-ok $(GEN_H) $(B)/gen/zps_git.h
 	@mkdir -p build-fuzz
 	@for f in $(FUZZ_SRC); do n=$$(basename $$f .c); \

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# tsan-fleets.sh BIN DATA — ThreadSanitizer over real fleets, where the unit suite cannot go
+# (Criterion's runner does not start under TSan). BIN holds zps-server and zps-trainer built
+# with SAN=thread (`make tsan` builds them); DATA a Fashion-MNIST conversion. Runs on
+# 127.0.0.1:
+#   1. a sync fleet: 2 servers with --apply-threads 4 (the optimizer's update over a thread
+#      pool), 2 trainers, Inception-v3 w0.25 (chunks past the pool's threshold);
+#   2. the same in async mode;
+#   3. two trainers in --mode allreduce (the shared-memory all-reduce's threads).
+# Every process's TSan reports go to its own log under $TSAN_OUT (default build-thread/tsan);
+# reports inside libzmq are suppressed (it is not instrumented: its own queues look like
+# races to TSan). Each process is bounded ($TSAN_LIMIT_S, default 600 s) and stopped by PID.
+# Exit status 1 when any process reported a race or failed; the last line says which.
+set -u
+BIN=${1:?usage: tsan-fleets.sh BIN DATA}
+DATA=${2:?usage: tsan-fleets.sh BIN DATA}
+OUT=${TSAN_OUT:-build-thread/tsan}
+LIMIT=${TSAN_LIMIT_S:-600}
+rm -rf "$OUT"
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+printf 'called_from_lib:libzmq.so.5\n' > "$OUT/suppressions.txt"
+export TSAN_OPTIONS="halt_on_error=0 exitcode=66 suppressions=$OUT/suppressions.txt"
+# the runtime lays out its shadow memory only without address randomisation on some kernels
+R=()
+setarch -R true 2>/dev/null && R=(setarch -R)
+servers=()
+bad=()
+stop_servers() {
+  for p in "${servers[@]}"; do kill -TERM "$p" 2>/dev/null; done
+  for p in "${servers[@]}"; do wait "$p" 2>/dev/null; done
+  servers=()
+}
+trap 'stop_servers' EXIT
+
+# start_server NAME MODE: its URI into $uri (read from its first line)
+start_server() {
+  local log="$OUT/$1"
+  timeout "$LIMIT" "${R[@]}" "$BIN/zps-server" --bind tcp://127.0.0.1:0 --mode "$2" --apply-threads 4 \
+    --trainer-timeout 300 > "$log.out" 2> "$log.err" &
+  servers+=($!)
+  uri=""
+  for _ in $(seq 1 200); do # the listening line comes once the socket is bound
+    uri=$(sed -n 's/^zps-server listening on //p' "$log.out" 2>/dev/null)
+    [ -n "$uri" ] && return 0
+    kill -0 "${servers[-1]}" 2>/dev/null || break
+    sleep 0.1
+  done
+  echo "tsan-fleets: server $1 did not start (see $log.err)" >&2
+  return 1
+}
+
+# trainers NAME ARGS...: two trainers with ARGS, waited for by PID
+trainers() {
+  local name=$1
+  shift
+  local pids=() t
+  for t in 0 1; do
+    timeout "$LIMIT" "${R[@]}" "$BIN/zps-trainer" --data "$DATA" --trainer-id $t --num-trainers 2 \
+      --timeout-ms 300000 --no-progress --log-level warn "$@" \
+      > "$OUT/$name-trainer$t.out" 2> "$OUT/$name-trainer$t.err" &
+    pids+=($!)
+  done
+  for t in 0 1; do
+    wait "${pids[$t]}" || bad+=("$name-trainer$t (exit $?)")
+  done
+}
+
+inception=(--model inception_v3 --width 0.25 --input-size 75 --batch-size 16 --steps 10
+           --eval-batches 1 --optimizer adam --lr 0.002)
+for mode in sync async; do
+  echo "=== $mode: 2 servers (--apply-threads 4), 2 trainers"
+  start_server "$mode-server0" "$mode" || { bad+=("$mode-server0"); continue; }
+  s0=$uri
+  start_server "$mode-server1" "$mode" || { bad+=("$mode-server1"); stop_servers; continue; }
+  trainers "$mode" --mode "$mode" --servers "$s0,$uri" "${inception[@]}"
+  stop_servers
+done
+echo "=== allreduce: 2 trainers"
+trainers allreduce --mode allreduce --job "tsan-$$" --model convnet --steps 20 --eval-batches 1
+
+for f in "$OUT"/*.err; do
+  n=$(grep -c 'WARNING: ThreadSanitizer' "$f")
+  [ "$n" -gt 0 ] && bad+=("$(basename "$f" .err): $n report(s)")
+done
+if [ ${#bad[@]} -gt 0 ]; then
+  echo "tsan-fleets: FAILED: ${bad[*]} (logs in $OUT)" >&2
+  exit 1
+fi
+echo "tsan-fleets: no race reported by any of the 2 servers x 2 modes and 6 trainers (logs in $OUT)"
