@@ -6,7 +6,9 @@
 #   1. a sync fleet: 2 servers with --apply-threads 4 (the optimizer's update over a thread
 #      pool), 2 trainers, Inception-v3 w0.25 (chunks past the pool's threshold);
 #   2. the same in async mode;
-#   3. two trainers in --mode allreduce (the shared-memory all-reduce's threads).
+#   3. a sync fleet of 2 --device staged trainers (the GPU path's mirrors and copy queue on
+#      the CPU's stand-in for a device), and the same as one --node-trainers 2 node;
+#   4. two trainers in --mode allreduce (the shared-memory all-reduce's threads).
 # Every process's TSan reports go to its own log under $TSAN_OUT (default build-thread/tsan);
 # reports inside libzmq are suppressed (it is not instrumented: its own queues look like
 # races to TSan). Each process is bounded ($TSAN_LIMIT_S, default 600 s) and stopped by PID.
@@ -66,16 +68,27 @@ trainers() {
   done
 }
 
+# fleet NAME MODE TRAINER-ARGS...: 2 servers in MODE, 2 trainers
+fleet() {
+  local name=$1 mode=$2
+  shift 2
+  echo "=== $name: 2 $mode servers (--apply-threads 4), 2 trainers $*"
+  start_server "$name-server0" "$mode" || { bad+=("$name-server0"); stop_servers; return; }
+  local s0=$uri
+  start_server "$name-server1" "$mode" || { bad+=("$name-server1"); stop_servers; return; }
+  trainers "$name" --mode "$mode" --servers "$s0,$uri" "$@"
+  stop_servers
+}
+
 inception=(--model inception_v3 --width 0.25 --input-size 75 --batch-size 16 --steps 10
            --eval-batches 1 --optimizer adam --lr 0.002)
-for mode in sync async; do
-  echo "=== $mode: 2 servers (--apply-threads 4), 2 trainers"
-  start_server "$mode-server0" "$mode" || { bad+=("$mode-server0"); continue; }
-  s0=$uri
-  start_server "$mode-server1" "$mode" || { bad+=("$mode-server1"); stop_servers; continue; }
-  trainers "$mode" --mode "$mode" --servers "$s0,$uri" "${inception[@]}"
-  stop_servers
-done
+fleet sync sync "${inception[@]}"
+fleet async async "${inception[@]}"
+# the GPU paths on the staged back-end (a device's copy queue on a thread of its own): the
+# PS mirrors and their copies (trainer/stage.c), and a node pushing through its leader
+fleet staged sync --device staged --model convnet --steps 20 --eval-batches 1
+fleet node sync --device staged --node-trainers 2 --job "tsan-node-$$" --model convnet \
+  --steps 20 --eval-batches 1
 echo "=== allreduce: 2 trainers"
 trainers allreduce --mode allreduce --job "tsan-$$" --model convnet --steps 20 --eval-batches 1
 
@@ -87,4 +100,4 @@ if [ ${#bad[@]} -gt 0 ]; then
   echo "tsan-fleets: FAILED: ${bad[*]} (logs in $OUT)" >&2
   exit 1
 fi
-echo "tsan-fleets: no race reported by any of the 2 servers x 2 modes and 6 trainers (logs in $OUT)"
+echo "tsan-fleets: no race reported by any of the 8 servers and 10 trainers (logs in $OUT)"
