@@ -255,3 +255,15 @@ int zps_net_endpoint_here(const char *ep)
     int k = s_endpoint(ep, &p);
     return k < 0 ? 0 : k ? 1 : zps_net_host_here(p.host);
 }
+
+void zps_net_ctx_end(void *ctx, const char *who)
+{
+    if (!ctx)
+        return;
+    int rc;
+    while ((rc = zmq_ctx_term(ctx)) == -1 && zmq_errno() == EINTR)
+        ;
+    if (rc == -1)
+        zps_log(ZPS_ERROR, "net", "%s: ending the ZeroMQ context: %s", who,
+                zmq_strerror(zmq_errno()));
+}

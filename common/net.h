@@ -61,4 +61,11 @@ int zps_net_host_here(const char *host);
 int zps_net_endpoint_loopback(const char *ep);
 int zps_net_endpoint_here(const char *ep);
 
+/* Ends a ZeroMQ context (every socket closed before): zmq_ctx_term, again while a signal
+ * interrupts it. Only its return means zmq's threads are joined and every zero-copy frame
+ * released, so an interrupted one (a second SIGTERM, one sent to the process and its group)
+ * must not be taken for done: the frames freed after it would still be in zmq's hands. Any
+ * other failure is logged with `who`. */
+void zps_net_ctx_end(void *ctx, const char *who);
+
 #endif

@@ -25,6 +25,7 @@
 
 #include "common/check.h"
 #include "common/mem.h"
+#include "common/net.h"
 #include "ps/client_int.h"
 #include "ps/curve.h"
 
@@ -175,8 +176,10 @@ zps_status ps_client_new(const char *const *server_uris, int n_servers, uint32_t
     void *ctx = zmq_ctx_new();
     ZPS_CHECK_PTR(ctx, ZPS_ERR_ZMQ);
     if (opts->streams > 1 && zmq_ctx_set(ctx, ZMQ_IO_THREADS, opts->streams) == -1) {
-        zmq_ctx_term(ctx);
-        ZPS_CHECK_ZMQ(-1);
+        zps_log(ZPS_ERROR, "client", "zmq_ctx_set(ZMQ_IO_THREADS, %d): %s", opts->streams,
+                zmq_strerror(zmq_errno()));
+        zps_net_ctx_end(ctx, "client");
+        return ZPS_ERR_ZMQ;
     }
     ps_client *c = zps_xcalloc(1, sizeof *c);
     c->o = *opts;
@@ -213,8 +216,7 @@ void ps_client_destroy(ps_client **pc)
     ps_client_hb_stop(c);
     for (int i = 0; i < c->n; i++)
         ps_client_close_socket(c, i);
-    if (c->ctx)
-        zmq_ctx_term(c->ctx); // returns once zmq released every zero-copy frame
+    zps_net_ctx_end(c->ctx, "client"); // returns once zmq released every zero-copy frame
     for (uint32_t i = 0; i < PS_CLIENT_SLOTS; i++) {
         free(c->slots[i].pieces);
         free(c->slots[i].wire);

@@ -579,8 +579,7 @@ void ps_server_destroy(ps_server **ps)
     if (s->sock)
         zmq_close(s->sock);
     ps_curve_zap_destroy(&s->zap); // its sockets must be closed before the context ends
-    if (s->ctx)
-        zmq_ctx_term(s->ctx); // returns once zmq released every zero-copy reply frame
+    zps_net_ctx_end(s->ctx, "server"); // returns once zmq released every zero-copy reply frame
     ps_srv_shard_free(s);
     ps_srv_reap_retired(s, 1); // zmq_ctx_term above released every frame
     ps_srv_shm_free_old(s);

@@ -2,7 +2,8 @@
  *
  * Suite net: the resolver on names, IPv4 and [IPv6] literals, pass-through endpoints, unknown
  * names and malformed endpoints; binds that try addresses in order; ZeroMQ round trips
- * through a name and through [::1] (which needs ZMQ_IPV6 on the connecting socket).
+ * through a name and through [::1] (which needs ZMQ_IPV6 on the connecting socket); ending a
+ * ZeroMQ context that a signal interrupts.
  * Suite it_net (real processes on loopback): zps-server binds `--bind localhost:0`, the
  * machine's host name and [::1]; a fleet whose cluster file names its servers by name (and
  * [::1]) trains; an unresolvable server host stops zps-server and zps-trainer at once with
@@ -20,7 +21,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -298,6 +301,60 @@ static void s_cleanup(void)
 {
     if (s_tmp[0])
         zt_rmtmp(s_tmp);
+}
+
+static volatile sig_atomic_t s_alarms;
+static void s_on_alarm(int sig)
+{
+    (void)sig;
+    s_alarms++;
+}
+
+/* A context whose ending blocks: a PUSH socket with one message queued for a peer that never
+ * answers (127.0.0.1:1 refuses), lingering 400 ms; a SIGALRM (no SA_RESTART) comes at 50 ms.
+ * Returns the context, the alarm armed. */
+static void *s_lingering_ctx(void)
+{
+    void *ctx = zmq_ctx_new();
+    cr_assert_not_null(ctx);
+    void *sock = zmq_socket(ctx, ZMQ_PUSH);
+    cr_assert_not_null(sock);
+    int linger = 400;
+    cr_assert_eq(zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof linger), 0);
+    cr_assert_eq(zmq_connect(sock, "tcp://127.0.0.1:1"), 0);
+    cr_assert_eq(zmq_send(sock, "x", 1, ZMQ_DONTWAIT), 1);
+    cr_assert_eq(zmq_close(sock), 0);
+    s_alarms = 0;
+    struct itimerval it = {.it_value = {.tv_sec = 0, .tv_usec = 50000}};
+    cr_assert_eq(setitimer(ITIMER_REAL, &it, NULL), 0);
+    return ctx;
+}
+
+/* zmq_ctx_term interrupted by a signal returns EINTR with the context not ended (its threads
+ * running, its frames not released); zps_net_ctx_end goes on until it has ended: it returns
+ * after the linger, with the signal handled on the way. A server freeing its zero-copy
+ * frames after an interrupted zmq_ctx_term (a second SIGTERM) would free frames zmq held. */
+Test(net, ending_a_context_outlasts_a_signal, .timeout = 10)
+{
+    struct sigaction sa, old;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = s_on_alarm; /* no SA_RESTART: blocking calls return EINTR */
+    cr_assert_eq(sigaction(SIGALRM, &sa, &old), 0);
+    void *ctx = s_lingering_ctx();
+    int rc = zmq_ctx_term(ctx), err = zmq_errno();
+    cr_assert(rc == -1 && err == EINTR && s_alarms == 1, "zmq_ctx_term under a signal: rc %d "
+              "(%s), %d alarm(s): the case this test is about did not arise", rc,
+              zmq_strerror(err), (int)s_alarms);
+    while (zmq_ctx_term(ctx) == -1 && zmq_errno() == EINTR)
+        ;
+    ctx = s_lingering_ctx();
+    uint64_t t0 = zps_now_ns();
+    zps_net_ctx_end(ctx, "test");
+    double took = (double)(zps_now_ns() - t0) * 1e-9;
+    cr_assert(s_alarms == 1 && took >= 0.3, "zps_net_ctx_end returned after %.3f s with %d "
+              "alarm(s): before the 400 ms linger, so the signal ended it early", took,
+              (int)s_alarms);
+    cr_assert_eq(sigaction(SIGALRM, &old, NULL), 0);
 }
 
 TestSuite(it_net, .fini = s_cleanup, .timeout = 120);
