@@ -257,7 +257,11 @@ static int s_stats_field(fleet *f, int i, const char *key, char *val, size_t len
 
 /* sync: the cut every server can still reach, for CHECKPOINT or SHUTDOWN. Round 0 asks
  * for the newest version any server has; a server already past it (training moved on)
- * answers ZPS_ERR_STALE, and the next round asks for a later one. */
+ * answers ZPS_ERR_STALE, and the next round asks for a later one: ahead of the newest by
+ * twice what training did since the last ask, so that a fleet whose steps are shorter than
+ * a round of asking (a small model on a loaded machine: it overtook 10 rounds in a row) is
+ * met where it will be. A server keeps a cut it has not reached and answers on reaching it;
+ * only an overtaken round, proof that training moves, asks ahead. */
 static int s_cut(fleet *f, int shutdown, ps_client_answer *ans, uint64_t *at)
 {
     const char *what = shutdown ? "SHUTDOWN" : "CHECKPOINT";
@@ -271,7 +275,8 @@ static int s_cut(fleet *f, int shutdown, ps_client_answer *ans, uint64_t *at)
             uint64_t x = strtoull(v, NULL, 10);
             top = x > top ? x : top;
         }
-        want = round && top <= want ? want + 1 : top;
+        uint64_t moved = round && top > want ? top - want : 1;
+        want = round ? (top > want ? top : want) + 2 * moved : top;
         zps_status st = ps_client_admin(f->c, shutdown, 1, want, ans);
         if (st == ZPS_OK) {
             *at = want;
