@@ -12,7 +12,7 @@
 #   make gpu-bundle build here and pack bin, libs, tests and data for a GPU machine (.gpu/)
 #   make test-gpu   on a GPU machine: the GPU suite from that bundle (docs/gpu.md)
 #   make bench-gpu  on a GPU machine: the GPU benchmarks from that bundle (docs/gpu.md)
-#   make SAN=address|undefined ...   sanitizer build in build-SAN/
+#   make SAN=address|undefined|address+undefined ...   sanitizer build in build-SAN/
 #   make CUDA=0     never build the CUDA library (default CUDA=auto)
 #   make install    libzps.so, include/zps, zps.pc, zps-server, zps-ctl into PREFIX (DESTDIR)
 #   make install-files  the same copies without building first (what tests/test_capi.c runs)
@@ -24,8 +24,11 @@ SAN ?=
 ifeq ($(SAN),)
 B := build
 else
-B := build-$(SAN)
+B := build-$(subst +,-,$(SAN))
 endif
+# SAN=address+undefined: both sanitizers in one build (build-address-undefined/)
+comma := ,
+SAN_FLAG := $(subst +,$(comma),$(SAN))
 
 CC ?= gcc
 PKGS := libzmq libprotobuf-c lmdb dnnl libturbojpeg libpng libsodium
@@ -33,9 +36,9 @@ CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -O2 -g -Wall -Wextra -Wstrict-prototypes -
 	-fno-omit-frame-pointer -pthread -I. -I$(B)/gen
 CFLAGS_GEN := -std=c11 -D_GNU_SOURCE -O2 -g -fPIC -pthread -I$(B)/gen
 ifneq ($(SAN),)
-CFLAGS_BASE += -fsanitize=$(SAN) -fno-sanitize-recover=all
-CFLAGS_GEN += -fsanitize=$(SAN)
-LDSAN := -fsanitize=$(SAN)
+CFLAGS_BASE += -fsanitize=$(SAN_FLAG) -fno-sanitize-recover=all
+CFLAGS_GEN += -fsanitize=$(SAN_FLAG)
+LDSAN := -fsanitize=$(SAN_FLAG)
 endif
 CFLAGS_BASE += $(EXTRA_CFLAGS)
 LDLIBS := -lzmq -lprotobuf-c -llmdb -ldnnl -lturbojpeg -lpng -lsodium -lz -ldl -lrt -lm -pthread
@@ -93,7 +96,7 @@ parts:
 	   "$(if $(filter 1,$(HAVE_CUDA)),✓,✗)" \
 	   "$(if $(NVCC),: $(NVCC), not found)" "$(if $(CUDNN_H),: $(CUDNN_H), not found)" \
 	   "$(if $(filter 0,$(CUDA)), — disabled by CUDA=0,)"; \
-	 printf '  %s sanitizer %s\n' "$(if $(SAN),✓,✗)" "$(if $(SAN),$(SAN),(none; make SAN=address|undefined))"; \
+	 printf '  %s sanitizer %s\n' "$(if $(SAN),✓,✗)" "$(if $(SAN),$(SAN),(none; make SAN=address|undefined|address+undefined))"; \
 	 printf '  %s python3-torch reference tests\n' "$$(/usr/bin/python3 -c 'import torch' 2>/dev/null && echo ✓ || echo ✗)"
 
 deps: $(B)/.deps-ok
@@ -282,6 +285,6 @@ fuzz: $(B)/.deps-ok $(GEN_H) $(B)/gen/zps_git.h
 	@bash scripts/fuzz.sh build-fuzz
 
 clean:
-	rm -rf build build-address build-undefined build-thread build-fuzz
+	rm -rf build build-address build-undefined build-address-undefined build-thread build-fuzz
 
 -include $(shell find $(B)/obj -name '*.d' 2>/dev/null)
