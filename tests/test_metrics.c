@@ -64,6 +64,14 @@ static char *s_slurp(const char *path, size_t *len)
     return buf;
 }
 
+/* An empty file of its own at the mkstemp template path (rewritten in place). */
+static void s_mktemp(char *path)
+{
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0, "mkstemp %s", path);
+    close(fd);
+}
+
 enum { N_STEPS = 40 };
 
 /* What the test fed tr_metrics (index = step, 1..N_STEPS), and the totals the summary must
@@ -178,9 +186,7 @@ Test(metrics, jsonl_records_match_the_steps, .timeout = 10)
     zps_log_set_level(ZPS_LOG_OFF);
     fed f = {.seed = s_seed()};
     char path[] = "/tmp/zps-metrics-XXXXXX";
-    int fd = mkstemp(path);
-    cr_assert_geq(fd, 0);
-    close(fd);
+    s_mktemp(path);
     FILE *prog = tmpfile();
     tr_metrics_opts o = {.jsonl_path = path, .progress = prog, .trainer_id = 1,
                          .mode_name = "as\"ync", .model = "lenet", .batch = 32,
@@ -242,9 +248,7 @@ static void s_feed(tr_metrics *m, int n, int eval)
 Test(metrics, an_evaluation_is_timed_apart_from_training, .timeout = 10)
 {
     char path[] = "/tmp/zps-metrics-XXXXXX";
-    int fd = mkstemp(path);
-    cr_assert_geq(fd, 0);
-    close(fd);
+    s_mktemp(path);
     FILE *prog = tmpfile();
     tr_metrics_opts o = {.jsonl_path = path, .progress = prog, .progress_every_s = 1000,
                          .trainer_id = 0, .total_steps = 20};
@@ -364,8 +368,7 @@ Test(metrics, steps_do_not_grow_the_heap)
 {
     FILE *prog = tmpfile();
     char path[] = "/tmp/zps-metrics-XXXXXX";
-    int fd = mkstemp(path);
-    close(fd);
+    s_mktemp(path); /* its return checked now, as in the other tests */
     tr_metrics_opts o = {.jsonl_path = path, .progress = prog, .mode = TR_PROGRESS_PLAIN,
                          .progress_every_s = 1};
     tr_metrics *m = NULL;
@@ -403,9 +406,7 @@ Test(metrics, detector_runs_report_map_and_the_loss_parts, .timeout = 10)
 {
     zps_log_set_level(ZPS_LOG_OFF);
     char path[] = "/tmp/zps-metrics-XXXXXX";
-    int fd = mkstemp(path);
-    cr_assert_geq(fd, 0);
-    close(fd);
+    s_mktemp(path);
     FILE *prog = tmpfile();
     tr_metrics_opts o = {.jsonl_path = path, .progress = prog, .mode = TR_PROGRESS_PLAIN,
                          .trainer_id = 0, .total_steps = 2, .target_accuracy = 0.5,
@@ -450,9 +451,7 @@ Test(metrics, redone_steps_count_once, .timeout = 10)
 {
     zps_log_set_level(ZPS_LOG_OFF);
     char path[] = "/tmp/zps-metrics-XXXXXX";
-    int fd = mkstemp(path);
-    cr_assert_geq(fd, 0);
-    close(fd);
+    s_mktemp(path);
     tr_metrics_opts o = {.jsonl_path = path, .mode_name = "sync", .model = "mlp", .batch = 8,
                          .n_trainers = 2, .total_steps = 6};
     tr_metrics *m = NULL;
