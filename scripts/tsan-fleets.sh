@@ -5,7 +5,7 @@
 # 127.0.0.1:
 #   1. a sync fleet: 2 servers with --apply-threads 4 (the optimizer's update over a thread
 #      pool), 2 trainers, Inception-v3 w0.25 (chunks past the pool's threshold);
-#   2. the same in async mode;
+#   2. the same in async mode, and in ssp mode (--staleness 2);
 #   3. a sync fleet of 2 --device staged trainers (the GPU path's mirrors and copy queue on
 #      the CPU's stand-in for a device), and the same as one --node-trainers 2 node;
 #   4. two trainers in --mode allreduce (the shared-memory all-reduce's threads).
@@ -84,6 +84,7 @@ inception=(--model inception_v3 --width 0.25 --input-size 75 --batch-size 16 --s
            --eval-batches 1 --optimizer adam --lr 0.002)
 fleet sync sync "${inception[@]}"
 fleet async async "${inception[@]}"
+fleet ssp ssp --staleness 2 "${inception[@]}"
 # the GPU paths on the staged back-end (a device's copy queue on a thread of its own): the
 # PS mirrors and their copies (trainer/stage.c), and a node pushing through its leader
 fleet staged sync --device staged --model convnet --steps 20 --eval-batches 1
@@ -100,4 +101,4 @@ if [ ${#bad[@]} -gt 0 ]; then
   echo "tsan-fleets: FAILED: ${bad[*]} (logs in $OUT)" >&2
   exit 1
 fi
-echo "tsan-fleets: no race reported by any of the 8 servers and 10 trainers (logs in $OUT)"
+echo "tsan-fleets: no race reported by any of the 10 servers and 12 trainers (logs in $OUT)"
