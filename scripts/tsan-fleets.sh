@@ -8,7 +8,9 @@
 #   2. the same in async mode, and in ssp mode (--staleness 2);
 #   3. a sync fleet of 2 --device staged trainers (the GPU path's mirrors and copy queue on
 #      the CPU's stand-in for a device), and the same as one --node-trainers 2 node;
-#   4. two trainers in --mode allreduce (the shared-memory all-reduce's threads).
+#   4. the staged sync fleet again, each trainer stopped by SIGTERM mid-run (trainer 0 goes
+#      on alone for 10 steps after trainer 1 left);
+#   5. two trainers in --mode allreduce (the shared-memory all-reduce's threads).
 # Every process's TSan reports go to its own log under $TSAN_OUT (default build-thread/tsan);
 # reports inside libzmq are suppressed (it is not instrumented: its own queues look like
 # races to TSan). Each process is bounded ($TSAN_LIMIT_S, default 600 s) and stopped by PID.
@@ -90,6 +92,37 @@ fleet ssp ssp --staleness 2 "${inception[@]}"
 fleet staged sync --device staged --model convnet --steps 20 --eval-batches 1
 fleet node sync --device staged --node-trainers 2 --job "tsan-node-$$" --model convnet \
   --steps 20 --eval-batches 1
+# stop NAME: a sync fleet of 2 staged trainers, each stopped by SIGTERM mid-run (the signal
+# path against the threads: the copy queue, heartbeats, LEAVE while requests are in flight)
+echo "=== stop: SIGTERM to each of 2 running staged trainers of a sync fleet"
+if start_server stop-server0 sync && s0=$uri && start_server stop-server1 sync; then
+  spids=()
+  for t in 0 1; do
+    timeout "$LIMIT" "${R[@]}" "$BIN/zps-trainer" --data "$DATA" --trainer-id $t \
+      --num-trainers 2 --servers "$s0,$uri" --mode sync --device staged --model convnet \
+      --steps 1000000 --metrics "$OUT/stop-trainer$t.jsonl" --timeout-ms 300000 \
+      --no-progress --log-level warn > "$OUT/stop-trainer$t.out" 2> "$OUT/stop-trainer$t.err" &
+    spids+=($!)
+  done
+  # trainer 1 once both have run 20 steps, trainer 0 after 10 more steps alone (bounded)
+  want0=20
+  for t in 1 0; do
+    for _ in $(seq 1200); do
+      n0=$(grep -c '"type":"step"' "$OUT/stop-trainer0.jsonl" 2>/dev/null)
+      n1=$(grep -c '"type":"step"' "$OUT/stop-trainer1.jsonl" 2>/dev/null)
+      [ "${n0:-0}" -ge "$want0" ] && { [ $t = 0 ] || [ "${n1:-0}" -ge 20 ]; } && break
+      kill -0 "${spids[$t]}" 2>/dev/null || break
+      sleep 0.1
+    done
+    want0=$(( ${n0:-0} + 10 ))
+    kill -TERM "${spids[$t]}" 2>/dev/null
+    wait "${spids[$t]}" || bad+=("stop-trainer$t (exit $?)")
+  done
+else
+  bad+=("stop-servers")
+fi
+stop_servers
+
 echo "=== allreduce: 2 trainers"
 trainers allreduce --mode allreduce --job "tsan-$$" --model convnet --steps 20 --eval-batches 1
 
@@ -101,4 +134,4 @@ if [ ${#bad[@]} -gt 0 ]; then
   echo "tsan-fleets: FAILED: ${bad[*]} (logs in $OUT)" >&2
   exit 1
 fi
-echo "tsan-fleets: no race reported by any of the 10 servers and 12 trainers (logs in $OUT)"
+echo "tsan-fleets: no race reported by any of the 12 servers and 14 trainers (logs in $OUT)"
