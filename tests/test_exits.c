@@ -241,6 +241,49 @@ Test(it_exits, sigterm_stops_a_trainer_blocked_on_a_dead_server)
     free(sum);
 }
 
+/* --mode allreduce: a SIGTERM to rank 1 alone stops both ranks at the same step and
+ * gracefully (each exits 0 with a summary: rank 1 "signal", rank 0 "done"), where until
+ * 2026-11-27 only rank 0's wish counted and rank 1 trained on, its handler spent. */
+Test(it_exits, sigterm_to_one_allreduce_rank_stops_both)
+{
+    s_make_data(0);
+    char job[64], sid[2][8];
+    snprintf(job, sizeof job, "exits-%d-%u", (int)getpid(), zt_rand());
+    s_trainer t[2];
+    for (int r = 0; r < 2; r++) {
+        snprintf(sid[r], sizeof sid[r], "%d", r);
+        snprintf(t[r].log, sizeof t[r].log, "%s/t%d.log", s_tmp, r);
+        snprintf(t[r].metrics, sizeof t[r].metrics, "%s/t%d.jsonl", s_tmp, r);
+        const char *args[] = {"--data", s_data, "--mode", "allreduce", "--num-trainers", "2",
+                              "--trainer-id", sid[r], "--job", job, "--model", "mlp",
+                              "--steps", "1000000", "--no-progress", "--metrics", t[r].metrics,
+                              "--threads", "0", "--eval-batches", "1", NULL};
+        cr_assert_eq(pst_start(&t[r].p, "zps-trainer", t[r].log, args), 0);
+    }
+    double end = zps_now_s() + 120;
+    while (!(zt_file_has(t[0].metrics, "\"step\":3,") && zt_file_has(t[1].metrics, "\"step\":3,"))
+           && zps_now_s() < end)
+        zps_sleep_ns(20000000);
+    cr_assert(zt_file_has(t[1].metrics, "\"step\":3,"), "the ranks did not reach step 3");
+    cr_assert_eq(kill(t[1].p.pid, SIGTERM), 0);
+    int st[2];
+    for (int r = 1; r >= 0; r--) {
+        st[r] = s_wait(&t[r].p, t[r].log, 30);
+        if (!WIFEXITED(st[r]) || WEXITSTATUS(st[r]) != 0)
+            pst_dump(t[r].log);
+        cr_assert(WIFEXITED(st[r]) && WEXITSTATUS(st[r]) == 0, "rank %d: status %d", r, st[r]);
+    }
+    char *s0 = s_summary_line(t[0].metrics), *s1 = s_summary_line(t[1].metrics);
+    cr_assert(s0 && s1, "a summary record is missing");
+    cr_assert(strstr(s1, "\"end\":\"signal\""), "rank 1: %s", s1);
+    cr_assert(strstr(s0, "\"end\":\"done\""), "rank 0: %s", s0);
+    cr_assert(s_num(s0, "steps") == s_num(s1, "steps") && s_num(s0, "steps") >= 3,
+              "rank 0 stopped after %.0f steps, rank 1 after %.0f", s_num(s0, "steps"),
+              s_num(s1, "steps"));
+    cr_assert(zt_file_has(t[1].log, "stopped by Terminated"), "rank 1 does not say why");
+    free(s0), free(s1);
+}
+
 /* A trainer restarted while its predecessor still holds its id: stopped (SIGSTOP: silent,
  * its pid alive, as a predecessor on another host looks) it holds the id until the server's
  * --trainer-timeout passes, and the new one waits (--register-wait) instead of failing;

@@ -2,8 +2,8 @@
  *
  * local: end_step is exactly the servers' optimizer (ps_optim_apply) on the mean gradient, at
  * the step begun last, with its learning rate in the record. all-reduce: with one rank it is
- * local training bit for bit, plus the byte counts; with two ranks (threads) rank 0's wish to
- * stop is everyone's, and a step reduces and applies each layer's bucket while the layers
+ * local training bit for bit, plus the byte counts; with two ranks (threads) any rank's wish
+ * to stop is everyone's, and a step reduces and applies each layer's bucket while the layers
  * below are still to come (before end_step), ending with the values of one mean and one
  * update. The PS back-end runs against real servers in it_train.
  */
@@ -169,7 +169,7 @@ static void *s_rank_thread(void *p)
     return NULL;
 }
 
-Test(tr_sync, allreduce_stops_when_rank_0_says_so)
+Test(tr_sync, allreduce_stops_when_any_rank_says_so)
 {
     zt_seed_init();
     zps_log_set_level(ZPS_LOG_WARN);
@@ -180,14 +180,23 @@ Test(tr_sync, allreduce_stops_when_rank_0_says_so)
         s_fixture_init(&r[i].f, i, 2);
         r[i].job = job;
     }
-    r[0].wish[0] = 0, r[1].wish[0] = 1; // rank 1 alone cannot stop the job
-    r[0].wish[1] = 1, r[1].wish[1] = 0; // rank 0 stops everyone
+    /* step 0: nobody; step 1: rank 1 alone (a SIGTERM to it) stops everyone */
+    r[0].wish[0] = 0, r[1].wish[0] = 0;
+    r[0].wish[1] = 0, r[1].wish[1] = 1;
     s_two_ranks(s_rank_thread, r, sizeof r[0]);
     for (int i = 0; i < 2; i++) {
         cr_assert_eq(r[i].st, ZPS_OK, "rank %d: %s", i, zps_strerror(r[i].st));
-        cr_assert_eq(r[i].got[0], 0, "rank %d stopped on rank 1's wish", i);
-        cr_assert_eq(r[i].got[1], 1, "rank %d went on after rank 0 stopped", i);
+        cr_assert_eq(r[i].got[0], 0, "rank %d stopped with no wish to", i);
+        cr_assert_eq(r[i].got[1], 1, "rank %d went on after rank 1 wished to stop", i);
     }
+    /* and rank 0 alone, as before */
+    snprintf(job, sizeof job, "stop%d-%u", (int)getpid(), zt_rand());
+    r[0].wish[1] = 1, r[1].wish[1] = 0;
+    s_two_ranks(s_rank_thread, r, sizeof r[0]);
+    for (int i = 0; i < 2; i++)
+        cr_assert(r[i].st == ZPS_OK && r[i].got[0] == 0 && r[i].got[1] == 1,
+                  "rank %d: %s, decisions %d %d", i, zps_strerror(r[i].st), r[i].got[0],
+                  r[i].got[1]);
 }
 
 /* Overlap: four variables, one bucket each (bucket_floats 1). Each rank reports them last

@@ -202,10 +202,12 @@ zps_status tr_node_coll_nccl_new(struct tr_allreduce *ar, const tr_sync_env *env
  * and the leader's back-end under stage.c made by lead_new (tests script both). */
 zps_status tr_sync_node_dev_with(const tr_sync_env *env, tr_node_coll_new_fn coll_new,
                                  tr_sync_new_fn lead_new, tr_sync **out);
-/* The all-reduce back-ends' start of a step (sync_allreduce.c, sync_nccl.c): *stop in, this
- * rank's wish; out, rank 0's, broadcast over the segment to every rank (a rank that stopped
- * alone would leave the others waiting in the next sum). */
-zps_status tr_sync_rank0_stop(struct tr_allreduce *ar, int *stop);
+/* The all-reduce back-ends' start of a step (sync_allreduce.c, sync_nccl.c), and the node
+ * back-ends' before the leader's (sync_node.c, sync_node_dev.c): *stop in, this rank's wish
+ * (a signal, --time-limit, the target reached); out, whether any rank wished to stop, the
+ * same on every rank (one sum over the segment). A rank that stopped alone would leave the
+ * others waiting in the next sum; one whose wish was overruled would ignore its SIGTERM. */
+zps_status tr_sync_any_stop(struct tr_allreduce *ar, int *stop);
 /* What they share with sync_node.c: what the leader tells its node at set-up and after each
  * step, over the node's segment ... */
 typedef struct tr_node_word {

@@ -21,8 +21,9 @@
  *  - Every rank makes the same collective calls in the same order: one broadcast of the stop
  *    decision per step begun, then the step's buckets. Bucket edges depend only on the model
  *    (its variables and the order of the hooks), so they are the same on every rank.
- *    Stopping is decided by rank 0 alone (its wish, broadcast): a rank that stopped on its
- *    own would leave the others waiting in the next sum.
+ *    Every rank stops when any rank wishes to (tr_sync_any_stop: a signal, --time-limit,
+ *    the target reached): a rank that stopped on its own would leave the others waiting in
+ *    the next sum, and one whose wish was overruled would ignore its SIGTERM.
  *  - The thread is the only user of the tr_allreduce between the first bucket and the end
  *    of end_step; the loop's thread uses it (broadcasts) only while the thread is idle, and
  *    the mutex orders the two. Buckets cover [0, nparams) exactly once per step.
@@ -85,7 +86,7 @@ static zps_status s_begin_step(tr_sync *s, int64_t step, int *stop)
 {
     s_ar *a = (s_ar *)s;
     ZPS_TRY(tr_worker_err(&a->worker)); // idle: end_step waited for it
-    ZPS_TRY(tr_sync_rank0_stop(a->ar, stop));
+    ZPS_TRY(tr_sync_any_stop(a->ar, stop));
     tr_buckets_reset(&a->buckets);
     tr_sync_local_begin(&a->local, step);
     s->net_wait = 0;

@@ -28,11 +28,12 @@ void tr_buckets_reset(tr_buckets *b)
     b->vlo = b->vhi = b->nvars;
 }
 
-zps_status tr_sync_rank0_stop(struct tr_allreduce *ar, int *stop)
+zps_status tr_sync_any_stop(struct tr_allreduce *ar, int *stop)
 {
-    int32_t flag = *stop;
-    ZPS_TRY(tr_allreduce_broadcast(ar, &flag, sizeof flag, 0));
-    *stop = flag;
+    float wishes = *stop ? 1.0f : 0.0f;
+    ZPS_TRY(tr_allreduce_sum(ar, &wishes, 1, 0));
+    if (!*stop && wishes > 0) /* another rank's: this one's own reason stays as it was */
+        *stop = 1;
     return ZPS_OK;
 }
 

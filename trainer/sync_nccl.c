@@ -61,7 +61,7 @@ static zps_status s_begin_step(tr_sync *s, int64_t step, int *stop)
 {
     s_nccl *a = (s_nccl *)s;
     ZPS_TRY(a->err);
-    ZPS_TRY(tr_sync_rank0_stop(a->ar, stop));
+    ZPS_TRY(tr_sync_any_stop(a->ar, stop));
     tr_buckets_reset(&a->buckets);
     tr_sync_local_begin(&a->local, step);
     s->net_wait = 0;

@@ -7,8 +7,8 @@
  * segment "<job>-node<k>" (trainer/allreduce.h) and the leader runs the PS back-end
  * (sync_ps.c) as trainer k of N / G, over the same parameter and gradient buffers. A step:
  *
- *   begin_step  the leader's begin_step, its stop decision (and the PS back-end's) broadcast
- *               to the node
+ *   begin_step  whether any rank of the node wishes to stop (one sum), then the leader's
+ *               begin_step, its stop decision (and the PS back-end's) broadcast to the node
  *   backward    the reported gradients gather into buckets of variables (tr_buckets, as the
  *               all-reduce's); a full bucket goes to each rank's communication thread
  *               (tr_worker), which sums it with the node (the mean, in rank order, so every
@@ -107,6 +107,7 @@ static zps_status s_begin_step(tr_sync *b, int64_t step, int *stop)
     tr_buckets_reset(&s->buckets);
     tr_worker_clear(&s->worker); /* a hand-off's failure was the PS back-end's to judge */
     s->hook_err = ZPS_OK;
+    ZPS_TRY(tr_sync_any_stop(s->ar, stop)); /* the node's wishes, then the leader's servers' */
     tr_node_word w = {.stop = *stop, .redo_from = -1};
     if (s->ps)
         w.status = s->ps->begin_step(s->ps, step, stop), w.stop = *stop;

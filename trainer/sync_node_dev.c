@@ -6,8 +6,9 @@
  * leader (local rank 0) moves data to and from the host, for its PS back-end, which runs
  * under stage.c's pinned mirrors as it would for a lone trainer on a GPU. A step:
  *
- *   begin_step  the leader's begin_step; its stop decision and the PS back-end's, broadcast
- *               over the node's segment (a few bytes, like sync_node.c's)
+ *   begin_step  whether any rank of the node wishes to stop (one sum), then the leader's
+ *               begin_step; its stop decision and the PS back-end's, broadcast over the
+ *               node's segment (a few bytes, like sync_node.c's)
  *   backward    the reported gradients gather into buckets of variables (tr_buckets); a full
  *               bucket is queued as one NCCL mean of its device range, ordered after the
  *               compute stream's work so far by an event (the host does not wait). On the
@@ -95,6 +96,7 @@ static zps_status s_begin_step(tr_sync *b, int64_t step, int *stop)
     ZPS_TRY(s->err);
     tr_buckets_reset(&s->buckets);
     s->handing = 1;
+    ZPS_TRY(s_broken(s, tr_sync_any_stop(s->ar, stop))); /* the node's wishes, then the lead's */
     tr_node_word w = {.stop = *stop, .redo_from = -1};
     if (s->lead)
         w.status = s->lead->begin_step(s->lead, step, stop), w.stop = *stop;
