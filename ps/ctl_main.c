@@ -275,8 +275,11 @@ static int s_cut(fleet *f, int shutdown, ps_client_answer *ans, uint64_t *at)
             uint64_t x = strtoull(v, NULL, 10);
             top = x > top ? x : top;
         }
-        uint64_t moved = round && top > want ? top - want : 1;
-        want = round ? (top > want ? top : want) + 2 * moved : top;
+        if (round) { /* overtaken: where training will be once this ask arrives */
+            uint64_t from = top > want ? top : want;
+            top = from + 2 * (top > want ? top - want : 1);
+        }
+        want = top;
         zps_status st = ps_client_admin(f->c, shutdown, 1, want, ans);
         if (st == ZPS_OK) {
             *at = want;

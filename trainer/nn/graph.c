@@ -394,18 +394,6 @@ void nn_model_input_shape(const nn_model *m, int *c, int *h, int *w)
 int nn_model_classes(const nn_model *m) { return m->nheads ? m->t[m->heads[0].t].c : 0; }
 size_t nn_model_activation_bytes(const nn_model *m) { return m->plan_bytes; }
 
-/* The tensors an inference plan keeps after the forward: the input, the loss heads and the
- * marked outputs. */
-static int s_kept_by_inference(const nn_model *m, int t)
-{
-    int kept = t == 0;
-    for (int h = 0; h < m->nheads; h++)
-        kept |= m->heads[h].t == t;
-    for (int h = 0; h < m->nouts; h++)
-        kept |= m->outs[h] == t;
-    return kept;
-}
-
 zps_status nn_model_tensor(nn_model *m, const char *name, float **data, int *n, int *c, int *h,
                            int *w)
 {
@@ -415,7 +403,7 @@ zps_status nn_model_tensor(nn_model *m, const char *name, float **data, int *n, 
                 zps_log(ZPS_ERROR, "nn", "tensor %s is not kept with recompute on", name);
                 return ZPS_ERR_INVALID;
             }
-            if (m->plan_infer && !s_kept_by_inference(m, i)) { /* memplan.c's s_place_infer */
+            if (m->plan_infer && !nn_kept_by_inference(m, i)) {
                 zps_log(ZPS_ERROR, "nn", "tensor %s is not kept by an inference forward (its "
                         "space is reused); a training forward keeps every tensor", name);
                 return ZPS_ERR_INVALID;

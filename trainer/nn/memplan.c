@@ -360,6 +360,16 @@ static void s_place_gradients(nn_model *m, int n, s_offsets *o)
     free(pa.len);
 }
 
+int nn_kept_by_inference(const nn_model *m, int t)
+{
+    int kept = t == 0;
+    for (int h = 0; h < m->nheads; h++)
+        kept |= m->heads[h].t == t;
+    for (int h = 0; h < m->nouts; h++)
+        kept |= m->outs[h] == t;
+    return kept;
+}
+
 /* An inference plan's pieces (nn_plan with infer): activations share one pool by
  * liveness in node order, a tensor from its producer to its last reader (taken before the
  * producer's inputs are given back, so an output never overlaps an input), while the input,
@@ -374,11 +384,8 @@ static void s_place_infer(nn_model *m, int n, s_offsets *o)
         for (int j = 0; j < m->nodes[i].nin; j++)
             last[m->nodes[i].in[j]] = i + 1;
     char *kept = zps_xcalloc((size_t)m->nt, 1), *freed = zps_xcalloc((size_t)m->nt, 1);
-    kept[0] = 1;
-    for (int h = 0; h < m->nheads; h++)
-        kept[m->heads[h].t] = 1;
-    for (int h = 0; h < m->nouts; h++)
-        kept[m->outs[h]] = 1;
+    for (int t = 0; t < m->nt; t++)
+        kept[t] = (char)nn_kept_by_inference(m, t);
     size_t max_pre = 0, max_k = 0;
     for (int t = 0; t < m->nt; t++)
         if (kept[t])

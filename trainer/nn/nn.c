@@ -123,8 +123,11 @@ const float *nn_input_take(nn_model *m)
 
 zps_status nn_forward_in(nn_model *m, const float *x, const float *in_place, int n, int train)
 {
-    /* a caller's buffer in place holds n rows only: the plan is for n */
-    if (train ? m->plan_n != n || m->plan_infer : m->plan_n < n || (in_place && m->plan_n != n))
+    /* training: a training plan of n rows; inference: any plan of at least n, exactly n
+     * for a caller's buffer in place (it holds n rows only) */
+    int fits = train ? m->plan_n == n && !m->plan_infer
+                     : m->plan_n >= n && (!in_place || m->plan_n == n);
+    if (!fits)
         ZPS_TRY(nn_plan(m, n, !train));
     m->fwd_n = n;
     if (in_place) { /* tensor 0 is only ever read: the caller's buffer serves as it */

@@ -145,6 +145,9 @@ static inline size_t nn_tensor_floats(const nn_model *m, int t, int n)
  * marked outputs keep their values after the forward). On failure no plan is left
  * (plan_n == 0). */
 zps_status nn_plan(nn_model *m, int n, int infer);
+/* memplan.c: whether an inference plan keeps tensor t's values after the forward (the input,
+ * the loss heads, the marked outputs); the others' space goes to later tensors. */
+int nn_kept_by_inference(const nn_model *m, int t);
 /* nn.c: runs the nodes forward on the batch already in tensor 0 (plan made). */
 zps_status nn_forward_nodes(nn_model *m, int train);
 /* memplan.c: everything the plans took (descriptors, block, label buffer); for destroy. */
