@@ -8,7 +8,9 @@
 #include "common/net.h"
 
 #include <ctype.h>
+#include <arpa/inet.h>
 #include <errno.h>
+#include <ifaddrs.h>
 #include <net/if.h>
 #include <netdb.h>
 #include <stdarg.h>
@@ -223,9 +225,35 @@ int zps_net_host_loopback(const char *host)
            !strcmp(host, "localhost.");
 }
 
+/* 1 when host is a numeric address (IPv4, or IPv6 without brackets) that one of this
+ * machine's interfaces holds (getifaddrs: this network namespace's). */
+static int s_address_here(const char *host)
+{
+    struct in_addr a4;
+    struct in6_addr a6;
+    int fam = inet_pton(AF_INET, host, &a4) == 1    ? AF_INET
+              : inet_pton(AF_INET6, host, &a6) == 1 ? AF_INET6
+                                                     : 0;
+    struct ifaddrs *ifs = NULL;
+    if (!fam || getifaddrs(&ifs) != 0)
+        return 0;
+    int hit = 0;
+    for (struct ifaddrs *p = ifs; p && !hit; p = p->ifa_next) {
+        if (!p->ifa_addr || p->ifa_addr->sa_family != fam)
+            continue;
+        if (fam == AF_INET)
+            hit = !memcmp(&((struct sockaddr_in *)(void *)p->ifa_addr)->sin_addr, &a4, sizeof a4);
+        else
+            hit = !memcmp(&((struct sockaddr_in6 *)(void *)p->ifa_addr)->sin6_addr, &a6,
+                          sizeof a6);
+    }
+    freeifaddrs(ifs);
+    return hit;
+}
+
 int zps_net_host_here(const char *host)
 {
-    if (zps_net_host_loopback(host))
+    if (zps_net_host_loopback(host) || s_address_here(host))
         return 1;
     char me[256] = "";
     if (gethostname(me, sizeof me - 1) != 0 || !me[0])

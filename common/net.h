@@ -50,12 +50,13 @@ zps_status zps_net_bind_addrs(void *sock, const zps_net_addr *a, int n, const ch
  * ZMQ_IPV6 set when it is IPv6. Logs the failure like zps_net_bind. */
 zps_status zps_net_connect(void *sock, const char *ep, const char *what, int n_conn);
 
-/* Where an endpoint is. loopback: its host is 127.x.x.x, ::1 or localhost; here: loopback, or
- * the host is this machine's name (whole, or both cut at their first dot, as Slurm and short
- * cluster files write names). Endpoints of other transports (ipc://, inproc://) are both; a
- * malformed one is neither. The host forms take a bare host (IPv6 without brackets). Names
- * are not resolved: a cluster file that lists this machine by another address does not count
- * as here. */
+/* Where an endpoint is. loopback: its host is 127.x.x.x, ::1 or localhost; here: loopback,
+ * an address one of this machine's interfaces holds (a cluster file that lists its hosts by
+ * address), or the host is this machine's name (whole, or both cut at their first dot, as
+ * Slurm and short cluster files write names). Endpoints of other transports (ipc://,
+ * inproc://) are both; a malformed one is neither. The host forms take a bare host (IPv6
+ * without brackets). Names are not resolved (no DNS on this path): another name of this
+ * machine does not count as here. */
 int zps_net_host_loopback(const char *host);
 int zps_net_host_here(const char *host);
 int zps_net_endpoint_loopback(const char *ep);

@@ -15,13 +15,14 @@
  */
 #include <arpa/inet.h>
 #include <criterion/criterion.h>
+#include <errno.h>
+#include <ifaddrs.h>
 #include <net/if.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <errno.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/wait.h>
@@ -143,7 +144,8 @@ Test(net, loopback_and_here)
         cr_assert(zps_net_endpoint_loopback(loop[i]), "%s", loop[i]);
         cr_assert(zps_net_endpoint_here(loop[i]), "%s", loop[i]);
     }
-    const char *away[] = {"tcp://10.0.0.1:7000", "tcp://*:7000", "tcp://[fd00::3]:1",
+    /* documentation addresses (RFC 5737, RFC 3849): no machine's interface holds them */
+    const char *away[] = {"tcp://203.0.113.77:7000", "tcp://*:7000", "tcp://[2001:db8::3]:1",
                           "tcp://elsewhere.invalid:7000"};
     for (size_t i = 0; i < sizeof away / sizeof away[0]; i++) {
         cr_assert(!zps_net_endpoint_loopback(away[i]), "%s", away[i]);
@@ -162,6 +164,36 @@ Test(net, loopback_and_here)
     snprintf(shortname, sizeof shortname, "%sx", me);
     cr_assert(!zps_net_host_here(shortname), "%s is another host", shortname);
     cr_assert(!zps_net_host_loopback(me[0] ? "10.0.0.1" : "x") && !zps_net_host_here(""));
+}
+
+/* A cluster file that lists this machine by the address of one of its interfaces (10.x, a
+ * veth in a test's namespace, ...) means this machine: the trainers there share its cores.
+ * Before, only loopback and the host's name counted, so two trainers listed by address each
+ * took every core (and a sync fleet so listed summed differently from one listed on
+ * loopback). */
+Test(net, an_address_of_this_machine_is_here)
+{
+    struct ifaddrs *ifs = NULL;
+    cr_assert_eq(getifaddrs(&ifs), 0, "getifaddrs: %s", strerror(errno));
+    int checked = 0;
+    for (struct ifaddrs *p = ifs; p; p = p->ifa_next) {
+        if (!p->ifa_addr || (p->ifa_addr->sa_family != AF_INET &&
+                             p->ifa_addr->sa_family != AF_INET6))
+            continue;
+        char host[INET6_ADDRSTRLEN], ep[INET6_ADDRSTRLEN + 16];
+        int v6 = p->ifa_addr->sa_family == AF_INET6;
+        const void *a = v6 ? (const void *)&((struct sockaddr_in6 *)(void *)p->ifa_addr)->sin6_addr
+                           : (const void *)&((struct sockaddr_in *)(void *)p->ifa_addr)->sin_addr;
+        cr_assert_not_null(inet_ntop(p->ifa_addr->sa_family, a, host, sizeof host));
+        if (v6 && !strncmp(host, "fe80:", 5))
+            continue; /* link-local: an endpoint would need its zone */
+        snprintf(ep, sizeof ep, v6 ? "tcp://[%s]:7000" : "tcp://%s:7000", host);
+        cr_assert(zps_net_host_here(host), "%s (%s) is this machine's", host, p->ifa_name);
+        cr_assert(zps_net_endpoint_here(ep), "%s", ep);
+        checked++;
+    }
+    freeifaddrs(ifs);
+    cr_assert_geq(checked, 1, "no interface address (loopback at least)");
 }
 
 Test(net, other_transports_and_the_wildcard_pass_through)
