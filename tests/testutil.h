@@ -45,7 +45,7 @@ float zt_unif(float lo, float hi);
 int zt_irand(int lo, int hi);
 
 /* A fresh directory /tmp/<prefix>-XXXXXX into dir (asserts); zt_rmtmp removes it and all
- * below it. */
+ * below it, or keeps it and says so when ZPS_TEST_KEEP is set (a failed run's logs). */
 void zt_mktmp(char *dir, size_t len, const char *prefix);
 void zt_rmtmp(const char *dir);
 /* Captures this process's stderr into dir/stderr.txt (log lines carry shard and key names)
