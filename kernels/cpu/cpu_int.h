@@ -134,6 +134,9 @@ k_pool_bwd_fn k_cpu_pool_bwd;
 void k_cpu_pool_release(k_cpu_head *impl);
 /* 1 where zps's own 2x2 stride-2 max-pool loops run d (16-blocks, even maps, AVX-512). */
 int k_cpu_pool_max2(const k_pool *d);
+/* 1 on an x86-64 CPU with AVX-512F, unless ZPS_CPU_NO_AVX512 is set (not "0"): the layouts
+ * prefers_blocked picks and zps's own AVX-512 loops follow it. */
+int k_cpu_has_avx512(void);
 /* The fused op's workspace in d's impl, made on first use: arg, two 16-bit masks per 16
  * outputs (where the maximum was, as the max-pool loops write them), act, one mask per 16
  * outputs (the maximum was above 0), xmax, x at the maximum (one float per output). */

@@ -43,7 +43,7 @@ int k_cpu_pool_max2(const k_pool *d)
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
     return d->kind == K_POOL_MAX && d->blocked == K_BLOCK16 && d->r == 2 && d->s == 2 &&
            d->stride_h == 2 && d->stride_w == 2 && d->pad_h == 0 && d->pad_w == 0 &&
-           d->h == 2 * d->oh && d->w == 2 * d->ow && __builtin_cpu_supports("avx512f");
+           d->h == 2 * d->oh && d->w == 2 * d->ow && k_cpu_has_avx512();
 #else
     (void)d;
     return 0;
