@@ -66,7 +66,7 @@ typedef struct s_conv_impl {
     size_t ws_need;                    // workspace its algorithms need (both sets)
 } s_conv_impl;
 
-/* One workspace for every convolution (s_conv_ws): they all run on the compute stream, one
+/* One workspace for every convolution (s_conv_set_fit): they all run on the compute stream, one
  * after another, so a per-shape workspace each (about 94 in Inception-v3, some algorithms
  * asking hundreds of MB at batch 128) would only hold memory. Grows to the largest need
  * once, on the first step (cudaFree waits for the device). */
@@ -162,27 +162,44 @@ static cudnnStatus_t s_workspace(const s_conv_set *set, int op, int algo, size_t
         bytes);
 }
 
+/* The math type a set's queries start from, and the candidates it takes. cuDNN's _v7
+ * heuristics offer only what the descriptor's math type allows (CUDNN_FMA_MATH set by one
+ * operation's candidate would hide the tensor cores from the next operation's query), so
+ * every query starts from the set's base. A float set starts from CUDNN_DEFAULT_MATH (TF32
+ * allowed, as PyTorch's default) and refuses CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION (float
+ * data rounded to half precision); a BF16 set takes CUDNN_TENSOR_OP_MATH only (FMA is no
+ * tensor core, ALLOW_CONVERSION would round bfloat16 to half's narrower range). */
+static cudnnMathType_t s_base_math(int bf16)
+{
+    return bf16 ? CUDNN_TENSOR_OP_MATH : CUDNN_DEFAULT_MATH;
+}
+static int s_math_taken(int bf16, cudnnMathType_t m)
+{
+    return bf16 ? m == CUDNN_TENSOR_OP_MATH : m != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
+}
+
 /* cuDNN's choice of the three algorithms for set (heuristics, once per shape): for each
- * operation the first candidate cuDNN reports usable whose workspace it can size under the
- * candidate's own math type, but never one in math type `refuse`: a float set refuses
- * CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION (float data rounded to half precision), a BF16 set
- * CUDNN_FMA_MATH (no tensor cores). The workspace they need in *ws. 0 when an operation
- * has none: *st then holds the failed query's status (CUDNN_STATUS_SUCCESS when cuDNN
- * answered with no usable candidate). */
-static int s_conv_set_algos(s_conv_set *set, cudnnMathType_t refuse, size_t *ws,
+ * operation the first candidate cuDNN reports usable, in a math type the set takes
+ * (s_math_taken), whose workspace it can size under that math type and is at most limit
+ * bytes. The workspace they need in *ws. 0 when an operation has none: *st then holds the
+ * failed query's status (CUDNN_STATUS_SUCCESS when cuDNN answered with no usable
+ * candidate). */
+static int s_conv_set_algos(s_conv_set *set, int bf16, size_t limit, size_t *ws,
                             cudnnStatus_t *st)
 {
     size_t need = 0;
     for (int op = 0; op < S_OPS; op++) {
         s_cand c[S_MAX_CANDS];
         int n = 0, found = 0;
-        if ((*st = s_candidates(set, op, c, &n)) != CUDNN_STATUS_SUCCESS)
+        if ((*st = cudnnSetConvolutionMathType(set->conv, s_base_math(bf16))) !=
+                CUDNN_STATUS_SUCCESS ||
+            (*st = s_candidates(set, op, c, &n)) != CUDNN_STATUS_SUCCESS)
             return 0;
         for (int i = 0; i < n && !found; i++) {
             size_t b = 0;
-            if (c[i].status != CUDNN_STATUS_SUCCESS || c[i].math == refuse ||
+            if (c[i].status != CUDNN_STATUS_SUCCESS || !s_math_taken(bf16, c[i].math) ||
                 cudnnSetConvolutionMathType(set->conv, c[i].math) != CUDNN_STATUS_SUCCESS ||
-                s_workspace(set, op, c[i].algo, &b) != CUDNN_STATUS_SUCCESS)
+                s_workspace(set, op, c[i].algo, &b) != CUDNN_STATUS_SUCCESS || b > limit)
                 continue;
             set->algo[op] = c[i].algo;
             set->math[op] = c[i].math;
@@ -198,14 +215,32 @@ static int s_conv_set_algos(s_conv_set *set, cudnnMathType_t refuse, size_t *ws,
     return 1;
 }
 
-/* im's algorithms need bytes of workspace: the shared one grown to hold them, and noted once
- * it does (a growth that failed leaves the need as it was). */
-static zps_status s_conv_ws(s_conv_impl *im, size_t bytes)
+/* set's algorithms (s_conv_set_algos) with the shared workspace grown to hold them (noted in
+ * im->ws_need). The heuristics rank by speed, not memory: when the workspace of the fastest
+ * cannot be had (a large FFT's at batch 128, beside the model), the choice is made again
+ * under a smaller limit, down to the algorithms that need none. 0 when nothing fits (*st as
+ * s_conv_set_algos's; CUDNN_STATUS_ALLOC_FAILED when it was the workspace). */
+static int s_conv_set_fit(s_conv_impl *im, s_conv_set *set, int bf16, cudnnStatus_t *st)
 {
-    size_t need = bytes > im->ws_need ? bytes : im->ws_need;
-    ZPS_TRY(k_cuda_grow(&s_ws, &s_ws_cap, need, 0));
-    im->ws_need = need;
-    return ZPS_OK;
+    size_t limit = SIZE_MAX, ws = 0;
+    for (;;) {
+        if (!s_conv_set_algos(set, bf16, limit, &ws, st)) {
+            if (limit != SIZE_MAX && *st == CUDNN_STATUS_SUCCESS)
+                *st = CUDNN_STATUS_ALLOC_FAILED;
+            return 0;
+        }
+        size_t need = ws > im->ws_need ? ws : im->ws_need;
+        if (k_cuda_grow(&s_ws, &s_ws_cap, need, 0) == ZPS_OK) {
+            im->ws_need = need;
+            return 1;
+        }
+        (void)cudaGetLastError();
+        if (ws == 0 || ws <= im->ws_need) { /* the other set's need failed: nothing smaller helps */
+            *st = CUDNN_STATUS_ALLOC_FAILED;
+            return 0;
+        }
+        limit = ws - 1;
+    }
 }
 
 static zps_status s_conv_build(const k_conv2d *d, s_conv_impl *im)
@@ -213,16 +248,16 @@ static zps_status s_conv_build(const k_conv2d *d, s_conv_impl *im)
     ZPS_TRY(s_conv_set_make(d, &im->f, CUDNN_DATA_FLOAT));
     KC_CUDNN(cudnnCreateTensorDescriptor(&im->b));
     KC_CUDNN(cudnnSetTensor4dDescriptor(im->b, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, d->k, 1, 1));
-    size_t ws = 0;
     cudnnStatus_t cst;
-    if (!s_conv_set_algos(&im->f, CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION, &ws, &cst)) {
+    if (!s_conv_set_fit(im, &im->f, 0, &cst)) {
         snprintf(k_cuda_err, sizeof k_cuda_err, "%s:%d cuDNN has no algorithm for the convolution "
-                 "%dx%dx%dx%d * %dx%dx%d (stride %d, pad %d): %s", __FILE__, __LINE__, d->n,
-                 d->c, d->h, d->w, d->k, d->r, d->s, d->stride_h, d->pad_h,
+                 "%dx%dx%dx%d * %dx%dx%d (stride %dx%d, pad %dx%d)%s: %s", __FILE__, __LINE__,
+                 d->n, d->c, d->h, d->w, d->k, d->r, d->s, d->stride_h, d->stride_w, d->pad_h,
+                 d->pad_w, cst == CUDNN_STATUS_ALLOC_FAILED ? " whose workspace fits" : "",
                  cst ? cudnnGetErrorString(cst) : "none offered");
         return ZPS_ERR_CUDNN;
     }
-    return s_conv_ws(im, ws);
+    return ZPS_OK;
 }
 
 /* d's descriptors, algorithms and workspace, made on first use; a set-up that fails leaves
@@ -343,12 +378,13 @@ static zps_status s_conv_tc(const k_conv2d *d, s_conv_impl *im)
         return ZPS_OK;
     }
     zps_status st = s_conv_set_make(d, &im->h, CUDNN_DATA_BFLOAT16);
-    size_t ws = 0;
     cudnnStatus_t cst;
-    if (st == ZPS_OK && !s_conv_set_algos(&im->h, CUDNN_FMA_MATH, &ws, &cst)) {
-        /* None offered, or a refusal of the request: no BF16 path, emulate. cuDNN failing
-         * in itself (internal, execution, initialisation) is an error. */
-        if (cst == CUDNN_STATUS_SUCCESS || s_refused(cst)) {
+    if (st == ZPS_OK && !s_conv_set_fit(im, &im->h, 1, &cst)) {
+        /* None offered, no workspace for any, or a refusal of the request: no BF16 path,
+         * emulate (a failed growth freed the workspace: each call grows it back to
+         * ws_need before it runs). cuDNN failing in itself (internal, execution,
+         * initialisation) is an error. */
+        if (cst == CUDNN_STATUS_SUCCESS || cst == CUDNN_STATUS_ALLOC_FAILED || s_refused(cst)) {
             im->tc = -1;
             return ZPS_OK;
         }
@@ -356,11 +392,6 @@ static zps_status s_conv_tc(const k_conv2d *d, s_conv_impl *im)
                  "convolution %dx%dx%dx%d * %dx%dx%d: %s", __FILE__, __LINE__, d->n, d->c,
                  d->h, d->w, d->k, d->r, d->s, cudnnGetErrorString(cst));
         st = ZPS_ERR_CUDNN;
-    }
-    if (st == ZPS_OK && s_conv_ws(im, ws) != ZPS_OK) { /* the float workspace is there */
-        (void)cudaGetLastError();
-        im->tc = -1;
-        return ZPS_OK;
     }
     if (st != ZPS_OK) { /* an error, not a missing path: none made, the next call tries again */
         s_conv_set_free(&im->h);
@@ -492,11 +523,12 @@ zps_status k_cuda_conv2d_bwd(k_conv2d *d, const float *x, const float *w, const 
     if (st != ZPS_OK)
         return st;
     float one = 1;
-    if (db) /* the float sum of dy, bf16 or not: before dy is rounded */
-        KC_CUDNN(cudnnConvolutionBackwardBias(s_cudnn, &one, im->f.y, dy, &one, im->b, db));
     if (d->bf16)
         ZPS_TRY(s_conv_tc(d, im));
     ZPS_TRY(k_cuda_grow(&s_ws, &s_ws_cap, im->ws_need, 0));
+    if (db) /* the float sum of dy, bf16 or not: before dy is rounded; after what can fail
+             * before any output is touched, so a failed call leaves db as it was */
+        KC_CUDNN(cudnnConvolutionBackwardBias(s_cudnn, &one, im->f.y, dy, &one, im->b, db));
     if (d->bf16 && im->tc > 0) {
         int done = 0;
         ZPS_TRY(s_conv2d_bwd_tc(d, im, x, w, dy, dx, dw, &done));
