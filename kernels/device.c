@@ -23,6 +23,7 @@ static int s_tried;          // the load was attempted (under s_mu)
 static k_cuda_lib s_api;     // valid when s_ok
 static int s_ok;             // the library loaded with every symbol
 static char s_why[320];      // why not, when !s_ok
+static int s_present;        // the library file exists (so a failure to load it is a fault)
 static atomic_flag s_told = ATOMIC_FLAG_INIT; // the chosen GPU was logged at info once
 static atomic_int s_gpu;     // the visible device this process uses (k_device_use_gpu)
 
@@ -67,10 +68,12 @@ static int s_load(void)
 {
     char path[PATH_MAX + 32];
     k_device_cuda_lib_path(path, sizeof path);
-    if (access(path, R_OK) != 0) {
+    /* a bare name (ZPS_CUDA_LIB=libzps_cuda.so) is the loader's to find on its paths */
+    if (strchr(path, '/') && access(path, R_OK) != 0) {
         snprintf(s_why, sizeof s_why, "zps was built without CUDA (no %s)", path);
         return 0;
     }
+    s_present = 1;
     void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!lib) {
         snprintf(s_why, sizeof s_why, "cannot load %s: %s", path, dlerror());
@@ -106,6 +109,18 @@ const k_cuda_lib *k_device_cuda_lib(char *reason, size_t reason_len)
     if (!s_ok && reason && reason_len)
         snprintf(reason, reason_len, "%s", s_why);
     return s_ok ? &s_api : NULL;
+}
+
+/* Whether --device auto's fall back to the CPU hides a fault: the CUDA library is there but
+ * does not load (a missing cuDNN or cuBLAS, a CUDA older than it was built for), or it loaded
+ * (`loaded`) and found no device while an NVIDIA driver is present (a driver older than
+ * CUDA 13, a device the container does not pass through). A user on such a machine would
+ * otherwise see only a slow run on the CPU. */
+static int s_broken(int loaded)
+{
+    if (!loaded)
+        return s_present;
+    return access("/proc/driver/nvidia/version", R_OK) == 0 || access("/dev/nvidiactl", F_OK) == 0;
 }
 
 zps_status k_device_select(const char *want, k_device_info *out)
@@ -157,7 +172,8 @@ zps_status k_device_select(const char *want, k_device_info *out)
         return ZPS_ERR_NO_DEVICE;
     }
     /* the usual case on a CPU-only machine is not worth a line on every start; GPUs that
-     * --gpu misses are */
-    zps_log(misplaced ? ZPS_WARN : ZPS_DEBUG, "device", "%s; using the CPU", out->reason);
+     * --gpu misses are, and so is a CUDA that is there but fails (s_broken) */
+    zps_log(misplaced || s_broken(lib != NULL) ? ZPS_WARN : ZPS_DEBUG, "device",
+            "%s; using the CPU", out->reason);
     return ZPS_OK;
 }

@@ -117,3 +117,42 @@ Test(device, the_choice_is_one_info_line_for_a_gpu_and_none_for_the_cpu,
     else
         cr_assert_eq(zt_count(err, "using CUDA device"), 1, "once:\n%s", err);
 }
+
+/* A CUDA library that is there but does not load (a missing cuDNN, a CUDA older than the
+ * build's) is a fault: --device auto still trains on the CPU, but says why at WARN, not only
+ * at DEBUG, so a slow run on a GPU machine explains itself. No library at all stays quiet
+ * (the previous test). */
+Test(device, auto_warns_when_the_cuda_library_is_there_but_does_not_load,
+     .init = cr_redirect_stderr)
+{
+    zps_log_set_level(ZPS_LOG_WARN);
+    char dir[256], path[300];
+    zt_mktmp(dir, sizeof dir, "zps-device");
+    snprintf(path, sizeof path, "%s/libzps_cuda.so", dir);
+    zt_write_file(path, "not an ELF object\n", 18);
+    setenv("ZPS_CUDA_LIB", path, 1);
+    k_device_info info;
+    cr_assert_eq(k_device_select("auto", &info), ZPS_OK);
+    cr_assert_eq(info.kind, K_DEVICE_CPU);
+    cr_assert_not_null(strstr(info.reason, "cannot load"), "%s", info.reason);
+    cr_assert_eq(k_device_select("cuda", &info), ZPS_ERR_NO_DEVICE);
+    fflush(stderr);
+    char err[4096];
+    zt_read_redirected(cr_get_redirected_stderr(), err, sizeof err);
+    zt_rmtmp(dir);
+    cr_assert_eq(zt_count(err, " W "), 1, "one warning for auto:\n%s", err);
+    cr_assert_not_null(strstr(err, path), "the warning names the library:\n%s", err);
+    cr_assert_not_null(strstr(err, "using the CPU"), "%s", err);
+}
+
+/* A bare library name is the dynamic loader's to find (LD_LIBRARY_PATH), not "built without
+ * CUDA". */
+Test(device, a_bare_library_name_is_searched_by_the_loader)
+{
+    zps_log_set_level(ZPS_LOG_OFF);
+    setenv("ZPS_CUDA_LIB", "libzps-no-such-cuda.so", 1);
+    char why[320] = "";
+    cr_assert_null(k_device_cuda_lib(why, sizeof why));
+    cr_assert_null(strstr(why, "built without CUDA"), "%s", why);
+    cr_assert_not_null(strstr(why, "cannot load libzps-no-such-cuda.so"), "%s", why);
+}

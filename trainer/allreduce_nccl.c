@@ -35,6 +35,7 @@
 #include <inttypes.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,7 +48,11 @@
 #include "kernels/device.h"
 
 #define S_WATCH_MS 100     // between the watchdog's looks
-#define S_SPIN_POLLS 1000  // a waiting caller's polls with sched_yield before 1 ms naps
+#define S_SPIN_POLLS 1000  // a waiting caller's polls with sched_yield before naps
+#define S_NAP_NS 20000L    // a nap past them: recent NCCL answers every collective of a
+                           // non-blocking communicator "in progress" and launches it from a
+                           // thread of its own, so the backward hook waits here per bucket;
+                           // a 1 ms nap would cost a step 17 ms where the launch takes ~50 us
 
 struct tr_nccl {
     void *comm;            // ncclComm_t inside the CUDA library
@@ -153,7 +158,7 @@ static void s_nap(int polls)
         sched_yield();
         return;
     }
-    struct timespec ts = {0, 1000000L};
+    struct timespec ts = {0, S_NAP_NS};
     nanosleep(&ts, NULL);
 }
 
@@ -231,7 +236,12 @@ static zps_status s_start_watchdog(tr_nccl *nc)
         zps_log(ZPS_ERROR, "allreduce", "NCCL watchdog: condition variable: %s", strerror(rc));
         return ZPS_ERR_INTERNAL;
     }
-    if ((rc = pthread_create(&nc->watchdog, NULL, s_watchdog, nc)) != 0) {
+    sigset_t all, old; /* the signals stay the training thread's (its handler sets a flag) */
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    rc = pthread_create(&nc->watchdog, NULL, s_watchdog, nc);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc != 0) {
         pthread_cond_destroy(&nc->wake);
         zps_log(ZPS_ERROR, "allreduce", "NCCL watchdog: pthread_create: %s", strerror(rc));
         return ZPS_ERR_INTERNAL;
@@ -279,8 +289,20 @@ zps_status tr_nccl_new(tr_allreduce *ar, int device, tr_nccl **out)
         return ZPS_ERR_NO_DEVICE;
     char id[K_NCCL_ID_BYTES], msg[256] = "";
     memset(id, 0, sizeof id);
-    if (ar->rank == 0 && lib->nccl_unique_id(id, msg, sizeof msg) != 0)
-        zps_log(ZPS_ERROR, "allreduce", "ncclGetUniqueId: %s", msg); // peers fail in init
+    /* rank 0's id, or its failure to make one, which every rank hears: a zeroed id would have
+     * the peers wait in init for a rank that never comes */
+    float no_id = 0;
+    if (ar->rank == 0 && lib->nccl_unique_id(id, msg, sizeof msg) != 0) {
+        zps_log(ZPS_ERROR, "allreduce", "ncclGetUniqueId: %s", msg);
+        no_id = 1;
+    }
+    ZPS_TRY(tr_allreduce_sum(ar, &no_id, 1, 0));
+    if (no_id != 0.0f) {
+        if (ar->rank != 0)
+            zps_log(ZPS_ERROR, "allreduce", "rank %d: rank 0 could not make NCCL's id",
+                    ar->rank);
+        return ZPS_ERR_NCCL;
+    }
     ZPS_TRY(tr_allreduce_broadcast(ar, id, sizeof id, 0));
     const char *env_blocking = getenv("NCCL_COMM_BLOCKING");
     if (env_blocking && strcmp(env_blocking, "0") != 0)
@@ -289,9 +311,10 @@ zps_status tr_nccl_new(tr_allreduce *ar, int device, tr_nccl **out)
                 ar->rank, env_blocking);
     void *comm = NULL;
     int rc = lib->nccl_init(&comm, ar->n_ranks, ar->rank, id, device, msg, sizeof msg);
-    if (rc < 0) {
+    if (rc < 0) { /* the peers wait in init for this rank: tell them the job failed */
         zps_log(ZPS_ERROR, "allreduce", "rank %d: NCCL init on device %d: %s", ar->rank, device,
                 msg);
+        tr_ar_fail_job(ar->hdr, ar->rank, ar->n_ranks);
         return ZPS_ERR_NCCL;
     }
     tr_nccl *nc = zps_xcalloc(1, sizeof *nc);

@@ -8,7 +8,8 @@
  *   grads_ready the reported gradients gather into a bucket; a full bucket is queued as one
  *               NCCL all-reduce (mean) of that device range, ordered after the compute
  *               stream's work so far by an event, so it runs on NCCL's stream while the
- *               compute stream goes on with the layers below. The host never waits
+ *               compute stream goes on with the layers below. The host waits only
+ *               until NCCL has taken the call (allreduce_nccl.c s_settle)
  *   end_step    queues the rest, makes the compute stream wait for NCCL's stream, and queues
  *               the optimizer on the compute stream: the next step's forward follows it
  *   params_ready, finish
@@ -152,7 +153,7 @@ zps_status tr_sync_nccl_new(const tr_sync_env *env, tr_sync **out)
         return st;
     }
     tr_buckets_init(&a->buckets, env, TR_NCCL_BUCKETS, TR_NCCL_BUCKET_MIN);
-    /* the segment carries NCCL's id, the starting values and the stop flags */
+    /* the segment carries NCCL's id and the stop flags (the starting values go by NCCL) */
     st = tr_allreduce_new(env->cfg->job, env->id, env->n_trainers, env->nparams, NULL, &a->ar);
     int shared = 0;
     if (st == ZPS_OK)

@@ -124,8 +124,12 @@ typedef struct s_bn_impl {
 static zps_status s_bn_build(const k_bn *d, s_bn_impl *im)
 {
     k_bn_split(d->n, d->c, S_BN_BLOCKS, &im->splits, &im->per);
-    KC_CUDA(cudaMalloc(&im->part, sizeof(double) * 2 * (size_t)d->c * im->splits));
-    KC_CUDA(cudaMalloc(&im->sums, sizeof(float) * 2 * (size_t)d->c));
+    /* through k_cuda_grow, which clears a failed allocation's error: left pending, the next
+     * op's launch check would report it as its own */
+    size_t cap_part = 0, cap_sums = 0;
+    ZPS_TRY(k_cuda_grow((void **)&im->part, &cap_part,
+                        sizeof(double) * 2 * (size_t)d->c * im->splits, 0));
+    ZPS_TRY(k_cuda_grow((void **)&im->sums, &cap_sums, sizeof(float) * 2 * (size_t)d->c, 0));
     return ZPS_OK;
 }
 

@@ -191,7 +191,13 @@ extern "C" int k_nccl_init(void **comm, int n_ranks, int rank, const void *id, i
         return -1;
     }
     c->device = device;
-    cudaError_t e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
+    /* the highest priority: backward's kernels can fill every SM, and a sum queued behind
+     * them would start only after backward, losing the overlap (PyTorch's NCCL streams do
+     * the same) */
+    int lo = 0, hi = 0;
+    cudaError_t e = cudaDeviceGetStreamPriorityRange(&lo, &hi);
+    if (e == cudaSuccess)
+        e = cudaStreamCreateWithPriority(&c->stream, cudaStreamNonBlocking, hi);
     if (e == cudaSuccess)
         e = cudaEventCreateWithFlags(&c->after, cudaEventDisableTiming);
     if (e == cudaSuccess)
