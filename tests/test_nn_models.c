@@ -269,7 +269,10 @@ Test(nn_models, convnet_runs_blocked_and_equals_ref, .init = s_init, .timeout = 
 {
     nn_model_opts o;
     nn_model_opts_default(&o, "convnet");
-    o.seed = zt_rand();
+    /* no dropout: s_cmp_models's floor comes from a second forward of ref, whose dropout
+     * masks differ, and with them the bound passed a dense layer that read 8-blocks as
+     * 16-blocks (fc1 75% off) */
+    o.seed = zt_rand(), o.dropout = 0;
     nn_model *a, *b;
     cr_assert_eq(nn_model_create(k_backend_cpu(), &o, &a), ZPS_OK);
     cr_assert_eq(nn_model_create(k_backend_ref(), &o, &b), ZPS_OK);
@@ -363,9 +366,10 @@ Test(nn_models, thin_inception_runs_blocked_and_equals_ref, .init = s_init, .tim
     cr_assert_eq(nn_model_create(k_backend_cpu(), &o, &a), ZPS_OK);
     cr_assert_eq(nn_model_create(k_backend_ref(), &o, &b), ZPS_OK);
     s_cmp_models(a, b, 4, 1e-3, "fc.");
-    cr_assert_eq(nn_model_tensor_blocked(a, "Conv2d_2b_3x3"), K_BLOCK16);
+    int b16 = k_backend_cpu()->prefers_blocked(16); /* K_BLOCK8 on a CPU without AVX-512 */
+    cr_assert_eq(nn_model_tensor_blocked(a, "Conv2d_2b_3x3"), b16);
     cr_assert_eq(nn_model_tensor_blocked(a, "Mixed_5b"), K_BLOCK8); /* 16 + 16 + 24 + 8 */
-    cr_assert_eq(nn_model_tensor_blocked(a, "Mixed_6e"), K_BLOCK16); /* 4 x 48 */
+    cr_assert_eq(nn_model_tensor_blocked(a, "Mixed_6e"), b16); /* 4 x 48 */
     cr_assert_eq(nn_model_tensor_blocked(a, "Conv2d_3b_1x1"), K_NCHW); /* 20 */
     nn_model_destroy(&a), nn_model_destroy(&b);
 }

@@ -167,9 +167,10 @@ static zps_status s_describe(nn_model *m, nn_node *nd, int n)
         nd->pool.blocked = x->blocked;
         return ZPS_OK;
     case NN_DENSE:
-        /* at 1x1 the blocked layout is NCHW's */
+        /* at 1x1 the blocked layout is NCHW's; else the map's own layout (K_BLOCK8 too: a
+         * truth value here read 8-blocks as 16-blocks) */
         nd->dense = (k_dense){.n = n, .in = x->c * x->h * x->w, .out = nd->k, .x_c = x->c,
-                              .x_blocked = x->blocked && x->h * x->w > 1};
+                              .x_blocked = x->h * x->w > 1 ? x->blocked : 0};
         return ZPS_OK;
     default:
         return ZPS_OK;
