@@ -103,7 +103,14 @@ void k_cpu_prim_free(k_cpu_prim *p)
 zps_status k_cpu_prim_create(k_cpu_prim *p, const_dnnl_op_desc_t desc,
                                 const_dnnl_primitive_desc_t hint)
 {
-    K_CPU_DNNL(dnnl_primitive_desc_create(&p->pd, desc, NULL, s_engine, hint));
+    /* "unimplemented" is an answer the callers fall back from (a bf16 kernel this CPU lacks,
+     * a layout pair): not worth an error line; the caller says so when nothing is left */
+    dnnl_status_t st = dnnl_primitive_desc_create(&p->pd, desc, NULL, s_engine, hint);
+    if (st == dnnl_unimplemented) {
+        zps_log(ZPS_DEBUG, "kernels", "oneDNN has no primitive for this descriptor");
+        return ZPS_ERR_DNNL;
+    }
+    K_CPU_DNNL(st);
     K_CPU_DNNL(dnnl_primitive_create(&p->p, p->pd));
     return ZPS_OK;
 }
