@@ -669,49 +669,57 @@ static void s_random_blocked_conv(k_conv2d *d, int xl, int yl)
     d->x_blocked = xl, d->y_blocked = yl;
 }
 
+/* The cpu back-end's convolution d (its layouts and bf16 set) against ref's on plain copies:
+ * y, dx, and dw accumulated onto a random start, within tol x sqrt(the sums' lengths), what
+ * names the layouts in a failure. Returns ref's y (the caller frees it). */
+static float *s_blocked_conv_vs_ref(const k_conv2d *dc, double tol, const char *what)
+{
+    const k_backend *cpu = k_backend_cpu(), *ref = k_backend_ref();
+    k_conv2d d = *dc, dr = *dc;
+    int xl = d.x_blocked, yl = d.y_blocked;
+    dr.x_blocked = dr.y_blocked = 0;
+    size_t nx = (size_t)d.n * d.c * d.h * d.w, nw = (size_t)d.k * d.c * d.r * d.s;
+    size_t ny = (size_t)d.n * d.k * d.oh * d.ow;
+    float *x = zt_k_randv(nx, -1, 1), *w = zt_k_randv(nw, -1, 1), *dy = zt_k_randv(ny, -1, 1);
+    float *xbl = s_maybe_blocked(xl, d.n, d.c, d.h, d.w, x);
+    float *dyb = s_maybe_blocked(yl, d.n, d.k, d.oh, d.ow, dy);
+    float *y = zt_k_zeros(ny), *yr = zt_k_zeros(ny), *dx = zt_k_zeros(nx), *dxr = zt_k_zeros(nx);
+    float *dw = zt_k_randv(nw, -1, 1), *dwr = zt_k_copyv(dw, nw);
+    char name[128];
+    cr_assert_eq(k_conv2d_fwd(cpu, &d, xbl, w, NULL, y), ZPS_OK);
+    cr_assert_eq(k_conv2d_fwd(ref, &dr, x, w, NULL, yr), ZPS_OK);
+    float *yp = s_maybe_plain(yl, d.n, d.k, d.oh, d.ow, y);
+    snprintf(name, sizeof name, "%s y (layouts %d->%d, %d->%d channels)", what, xl, yl, d.c, d.k);
+    zt_k_close(s_be->name, name, yp, yr, ny, tol * sqrt((double)d.c * d.r * d.s), 1e-3);
+    cr_assert_eq(k_conv2d_bwd(cpu, &d, xbl, w, dyb, dx, dw, NULL), ZPS_OK);
+    cr_assert_eq(k_conv2d_bwd(ref, &dr, x, w, dy, dxr, dwr, NULL), ZPS_OK);
+    float *dxp = s_maybe_plain(xl, d.n, d.c, d.h, d.w, dx);
+    snprintf(name, sizeof name, "%s dx (layouts %d->%d)", what, xl, yl);
+    zt_k_close(s_be->name, name, dxp, dxr, nx, tol * sqrt((double)d.k * d.r * d.s), 1e-3);
+    snprintf(name, sizeof name, "%s dw (layouts %d->%d)", what, xl, yl);
+    zt_k_close(s_be->name, name, dw, dwr, nw, tol * sqrt((double)d.n * d.oh * d.ow), 1e-3);
+    k_op_release(cpu, &d.impl);
+    free(x), free(w), free(dy), free(xbl), free(dyb), free(y), free(yp);
+    free(dx), free(dxr), free(dxp), free(dw), free(dwr);
+    return yr;
+}
+
 /* bf16 convolutions in every pair of layouts (NCHW, 16- and 8-blocks) give ref's bf16
  * results: oneDNN's bf16 kernels where the CPU has them, float ones on rounded copies
  * ("emulate", conv.c) where it has not, in whatever layouts oneDNN picks at the edges. An
  * AVX2-only CPU asks for 8-blocks (prefers_blocked), so this is the path its bf16 models take. */
 Test(k_cpu, bf16_blocked_layouts_match_ref, .init = s_init_cpu, .timeout = 60)
 {
-    const k_backend *cpu = k_backend_cpu(), *ref = k_backend_ref();
     for (int iter = 0; iter < 16; iter++) {
-        k_conv2d d, dr;
-        int xl = (iter + 1) % 3, yl = (iter + 1) / 3 % 3;
-        s_random_blocked_conv(&d, xl, yl);
+        k_conv2d d;
+        s_random_blocked_conv(&d, (iter + 1) % 3, (iter + 1) / 3 % 3);
         if (iter >= 8) { /* wide 8-blocks, where the float path pads to 16 (s_pad16_pays) */
             cr_assert_eq(k_conv2d_init(&d, 2, 8 * zt_irand(5, 9), 6, 7, 8 * zt_irand(5, 9), 3, 3,
                                        1, 1, 1, 1), ZPS_OK);
-            xl = yl = K_BLOCK8;
-            d.x_blocked = xl, d.y_blocked = yl;
+            d.x_blocked = d.y_blocked = K_BLOCK8;
         }
         d.bf16 = 1;
-        dr = d;
-        dr.x_blocked = dr.y_blocked = 0;
-        size_t nx = (size_t)d.n * d.c * d.h * d.w, nw = (size_t)d.k * d.c * d.r * d.s;
-        size_t ny = (size_t)d.n * d.k * d.oh * d.ow;
-        float *x = zt_k_randv(nx, -1, 1), *w = zt_k_randv(nw, -1, 1), *dy = zt_k_randv(ny, -1, 1);
-        float *xbl = s_maybe_blocked(xl, d.n, d.c, d.h, d.w, x);
-        float *dyb = s_maybe_blocked(yl, d.n, d.k, d.oh, d.ow, dy);
-        float *y = zt_k_zeros(ny), *yr = zt_k_zeros(ny), *dx = zt_k_zeros(nx), *dxr = zt_k_zeros(nx);
-        float *dw = zt_k_zeros(nw), *dwr = zt_k_zeros(nw);
-        cr_assert_eq(k_conv2d_fwd(cpu, &d, xbl, w, NULL, y), ZPS_OK);
-        cr_assert_eq(k_conv2d_fwd(ref, &dr, x, w, NULL, yr), ZPS_OK);
-        float *yp = s_maybe_plain(yl, d.n, d.k, d.oh, d.ow, y);
-        char what[96];
-        snprintf(what, sizeof what, "bf16 conv y (layouts %d->%d, %d->%d ch)", xl, yl, d.c, d.k);
-        zt_k_close(s_be->name, what, yp, yr, ny, 1e-4 * sqrt((double)d.c * d.r * d.s), 1e-3);
-        cr_assert_eq(k_conv2d_bwd(cpu, &d, xbl, w, dyb, dx, dw, NULL), ZPS_OK);
-        cr_assert_eq(k_conv2d_bwd(ref, &dr, x, w, dy, dxr, dwr, NULL), ZPS_OK);
-        float *dxp = s_maybe_plain(xl, d.n, d.c, d.h, d.w, dx);
-        snprintf(what, sizeof what, "bf16 conv dx (layouts %d->%d)", xl, yl);
-        zt_k_close(s_be->name, what, dxp, dxr, nx, 1e-4 * sqrt((double)d.k * d.r * d.s), 1e-3);
-        snprintf(what, sizeof what, "bf16 conv dw (layouts %d->%d)", xl, yl);
-        zt_k_close(s_be->name, what, dw, dwr, nw, 1e-4 * sqrt((double)d.n * d.oh * d.ow), 1e-3);
-        k_op_release(cpu, &d.impl);
-        free(x), free(w), free(dy), free(xbl), free(dyb), free(y), free(yr), free(yp);
-        free(dx), free(dxr), free(dxp), free(dw), free(dwr);
+        free(s_blocked_conv_vs_ref(&d, 1e-4, "bf16 conv"));
     }
 }
 
@@ -868,7 +876,7 @@ Test(k_cpu, blocked_layouts_match_ref, .init = s_init_cpu, .timeout = 60)
     cr_assert(cpu->prefers_blocked);
     cr_assert(cpu->prefers_blocked(24) == K_BLOCK8 && !cpu->prefers_blocked(12));
     for (int iter = 0; iter < 11; iter++) {
-        k_conv2d d, dr;
+        k_conv2d d;
         int xl = (iter + 1) % 3, yl = (iter + 1) / 3 % 3; /* every pair but NCHW -> NCHW */
         if (iter < 8) {
             s_random_blocked_conv(&d, xl, yl);
@@ -879,31 +887,12 @@ Test(k_cpu, blocked_layouts_match_ref, .init = s_init_cpu, .timeout = 60)
                                        3, 1, 1 + iter % 2, iter % 2, 1), ZPS_OK);
             d.x_blocked = xl, d.y_blocked = yl;
         }
-        dr = d;
-        dr.x_blocked = dr.y_blocked = 0;
-        size_t nx = (size_t)d.n * d.c * d.h * d.w, nw = (size_t)d.k * d.c * d.r * d.s;
-        size_t ny = (size_t)d.n * d.k * d.oh * d.ow;
-        float *x = zt_k_randv(nx, -1, 1), *w = zt_k_randv(nw, -1, 1), *dy = zt_k_randv(ny, -1, 1);
-        float *xbl = s_maybe_blocked(xl, d.n, d.c, d.h, d.w, x);
-        float *dyb = s_maybe_blocked(yl, d.n, d.k, d.oh, d.ow, dy);
-        float *y = zt_k_zeros(ny), *yr = zt_k_zeros(ny), *dx = zt_k_zeros(nx), *dxr = zt_k_zeros(nx);
-        float *dw = zt_k_randv(nw, -1, 1), *dwr = zt_k_copyv(dw, nw);
-        cr_assert_eq(k_conv2d_fwd(cpu, &d, xbl, w, NULL, y), ZPS_OK);
-        k_conv2d_fwd(ref, &dr, x, w, NULL, yr);
-        float *yp = s_maybe_plain(yl, d.n, d.k, d.oh, d.ow, y);
-        zt_k_close(s_be->name, "blocked conv y", yp, yr, ny, 4e-4 * sqrt((double)d.c * d.r * d.s), 1e-3);
-        cr_assert_eq(k_conv2d_bwd(cpu, &d, xbl, w, dyb, dx, dw, NULL), ZPS_OK);
-        k_conv2d_bwd(ref, &dr, x, w, dy, dxr, dwr, NULL);
-        float *dxp = s_maybe_plain(xl, d.n, d.c, d.h, d.w, dx);
-        zt_k_close(s_be->name, "blocked conv dx", dxp, dxr, nx, 4e-4 * sqrt((double)d.k * d.r * d.s), 1e-3);
-        zt_k_close(s_be->name, "blocked conv dw", dw, dwr, nw, 4e-4 * sqrt((double)d.n * d.oh * d.ow), 1e-3);
-        k_op_release(cpu, &d.impl);
+        float *yr = s_blocked_conv_vs_ref(&d, 4e-4, "blocked conv");
         if (yl) {
             s_blocked_bn_pool(yl, d.n, d.k, d.oh, d.ow, yr);
             s_blocked_dense(yl, d.n, d.k, d.oh, d.ow, zt_irand(1, 40));
         }
-        free(x), free(w), free(dy), free(xbl), free(dyb), free(y), free(yr), free(yp);
-        free(dx), free(dxr), free(dxp), free(dw), free(dwr);
+        free(yr);
     }
     /* ref has no blocked layout and says so */
     k_conv2d d;
