@@ -54,7 +54,7 @@ HAVE_CUDA := 1
 else
 HAVE_CUDA := 0
 endif
-NVCCFLAGS := -O2 -std=c++17 -Xcompiler -fPIC,-Wall -I. \
+NVCCFLAGS := -O2 -std=c++17 -Xcompiler -fPIC,-Wall -I. --threads 2 \
 	-gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
 # NCCL is not linked: nccl_allreduce.cu loads it on first use (a GPU without it still trains)
 CUDA_LIBS := -lcudnn -lcublas -ldl
@@ -83,6 +83,11 @@ TEST_BIN := $(B)/tests/zps-tests
 # Criterion: each test in its own process; tests carry their own .timeout.
 TEST_JOBS ?= 2
 TEST_ARGS ?=
+# Builds use every core unless the caller chose (make -jN, or -j1 to read errors in order):
+# a fresh build on 2 cores took 86 s serially, 43 s in parallel (2026-12-07).
+ifeq ($(filter -j%,$(MAKEFLAGS))$(filter j%,$(firstword $(MAKEFLAGS))),)
+MAKEFLAGS += -j$(shell nproc 2>/dev/null || echo 2)
+endif
 
 .PHONY: all deps test test-unit soak bench bench-peers demo fuzz tsan clean parts gpu-bundle test-gpu bench-gpu py-venv
 .DEFAULT_GOAL := all
