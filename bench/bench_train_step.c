@@ -259,8 +259,8 @@ static int s_run_peer(const char *cmd, const char *key, s_side *out)
  * thread count stays: it is the one the peers are asked for too). */
 static const char *s_peer_env(void)
 {
-    return zps_omp_env_set("OMP_WAIT_POLICY") ? "env -u OMP_WAIT_POLICY -u ZPS_OMP_CONFIGURED"
-                                              : "env -u ZPS_OMP_CONFIGURED";
+    return zps_omp_env_set("GOMP_SPINCOUNT") ? "env -u GOMP_SPINCOUNT -u ZPS_OMP_CONFIGURED"
+                                             : "env -u ZPS_OMP_CONFIGURED";
 }
 
 static const char *s_root(void)
@@ -482,7 +482,14 @@ static int s_one_shape(const s_cfg *cfg, const char *tf_py, const char *tok, FIL
         return 2;
     }
     c.aux = !convnet && c.size >= 299;
-    const char *policy = getenv("OMP_WAIT_POLICY"), *nth = getenv("OMP_NUM_THREADS");
+    const char *nth = getenv("OMP_NUM_THREADS");
+    char policy[48]; /* the user's OMP_WAIT_POLICY, or the spin zps_omp_env set */
+    if (getenv("OMP_WAIT_POLICY"))
+        snprintf(policy, sizeof policy, "%s", getenv("OMP_WAIT_POLICY"));
+    else if (getenv("GOMP_SPINCOUNT"))
+        snprintf(policy, sizeof policy, "spin %s", getenv("GOMP_SPINCOUNT"));
+    else
+        snprintf(policy, sizeof policy, "default");
     double before = -1, after = -1;
     s_result r = {0};
     bench_loadavg(&before);
@@ -521,7 +528,7 @@ static int s_one_shape(const s_cfg *cfg, const char *tf_py, const char *tok, FIL
             "\"torch_tflops\": %s, \"peak_tflops\": %s, \"zps_peak_fraction\": %s, "
             "\"recompute\": %d, \"zps_activation_mib\": %.1f, \"precision\": \"%s\"}",
             first ? "" : ",", c.channels, c.size, c.size, c.batch, c.aux, r.zps, tb, rb, r.rss,
-            policy ? policy : "", sysconf(_SC_NPROCESSORS_ONLN), before, after,
+            policy, sysconf(_SC_NPROCESSORS_ONLN), before, after,
             busy ? "true" : "false", c.model, (double)c.width, c.classes, cfg->threads,
             nth ? nth : "", r.params, fb, qb, cfg->pairs, r.zps_cpu, s_num(tc, 32, r.torch_cpu),
             s_num(fc, 32, r.tf_cpu), rc, qc, c.cuda ? "cuda" : "cpu", 3 * r.flops, tflops,

@@ -15,9 +15,9 @@ void zps_omp_env(int local, char **argv)
     if (getenv(S_MARK))
         return;
     char set[64] = "";
-    if (!getenv("OMP_WAIT_POLICY")) {
-        setenv("OMP_WAIT_POLICY", "passive", 1);
-        snprintf(set, sizeof set, "OMP_WAIT_POLICY");
+    if (!getenv("OMP_WAIT_POLICY") && !getenv("GOMP_SPINCOUNT")) {
+        setenv("GOMP_SPINCOUNT", ZPS_OMP_SPINCOUNT, 1);
+        snprintf(set, sizeof set, "GOMP_SPINCOUNT");
     }
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     if (!getenv("OMP_NUM_THREADS") && local > 1 && cores > 0) {

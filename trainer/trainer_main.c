@@ -1,8 +1,8 @@
 /* trainer_main.c — zps-trainer: one trainer process (flags: trainer/config.c).
  *
  * Before anything loads OpenMP, main sets its policy and re-executes itself once
- * (common/omp_env.h): passive waiting, and the cores divided among the trainers that share
- * this machine.
+ * (common/omp_env.h): a short spin before idle workers sleep, and the cores divided among the
+ * trainers that share this machine.
  */
 #include <stdio.h>
 #include <stdlib.h>
