@@ -260,8 +260,8 @@ static void s_release(void **impl)
 /* 16 channels side by side where they divide c on a CPU with AVX-512 (its kernels' vector),
  * else 8 (oneDNN's AVX2 kernels: still direct convolutions and its jit batchnorm where NCHW
  * gets gemm and ncsp). An AVX2-only CPU gets 8 wherever it divides c: oneDNN 2.6 has no AVX2
- * batchnorm or pooling for nChw16c, and its reference loops there made the convnet's step 35x
- * slower (187 against 6,600 img/s, an AMD EPYC without AVX-512). */
+ * batchnorm or pooling for nChw16c, and its reference loops there made the convnet's step 12x
+ * slower than with 8-blocks on the same CPU (187 against 2,202 img/s, an AMD EPYC). */
 static int s_prefers_blocked(int c)
 {
     if (c <= 0 || c % 8)
