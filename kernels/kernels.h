@@ -194,7 +194,8 @@ zps_status k_dropout_bwd(const k_backend *be, size_t n, float p, uint64_t seed,
 /* Mean softmax cross-entropy over n rows with label smoothing eps (target 1-eps+eps/K on the
  * label, eps/K elsewhere). loss (host) receives the mean, correct (host, may be NULL) the
  * number of rows whose argmax equals the label, and dlogits (may be NULL) the gradient of
- * grad_scale * loss. Labels outside [0, classes) are ZPS_ERR_INVALID. */
+ * grad_scale * loss. Labels outside [0, classes) are ZPS_ERR_INVALID, with dlogits then
+ * unspecified (cuda has written the other rows'; callers check labels first, as nn does). */
 zps_status k_softmax_xent(const k_backend *be, int n, int classes, const float *logits,
                           const int32_t *labels, float smoothing, float grad_scale,
                           float *loss, int *correct, float *dlogits);

@@ -77,7 +77,7 @@ static void *s_host_alloc(size_t n)
     (void)cudaGetLastError();
     return NULL;
 }
-/* Pinned memory goes back only after every copy queued on the copy stream (an early stop can
+/* Pinned memory goes back only after the copy and compute streams drained (an early stop can
  * free a batch or mirror buffer with a read-ahead still queued): cudaFreeHost is not
  * documented to wait for it. Frees are rare, so the wait costs nothing on the step path. */
 static void s_host_free(void *p)
@@ -335,19 +335,16 @@ static zps_status s_concat_bwd(int n, int hw, int nin, const int *c, const float
 
 /* ---- softmax cross-entropy and smooth-L1 (results summed on the host) ---- */
 
-/* Whether any label is outside [0, k): *bad set (zeroed before). */
-__global__ void g_labels_bad(int n, int k, const int32_t *labels, int *bad)
-{
-    int b = blockIdx.x * blockDim.x + threadIdx.x;
-    if (b < n && (labels[b] < 0 || labels[b] >= k))
-        *bad = 1;
-}
 __global__ void g_xent(int n, int k, const float *z, const int32_t *labels, float smooth,
-                       float scale, const int *bad, float *rowloss, int *right, float *dz)
+                       float scale, float *rowloss, int *right, float *dz)
 {
     int b = blockIdx.x * blockDim.x + threadIdx.x;
-    if (b >= n || *bad) /* a bad label anywhere: nothing written, as ref (the host refuses) */
+    if (b >= n)
         return;
+    if (labels[b] < 0 || labels[b] >= k) { /* the host refuses the call: -1 says why */
+        rowloss[b] = 0, right[b] = -1;
+        return;
+    }
     k_xent_row(k, z + (size_t)b * k, labels[b], smooth, scale, n,
                dz ? dz + (size_t)b * k : NULL, &rowloss[b], &right[b]);
 }
@@ -360,27 +357,28 @@ static zps_status s_softmax_xent(int n, int k, const float *z, const int32_t *la
             *correct = 0;
         return ZPS_OK;
     }
-    /* per row a float loss and an int verdict, then whether any label was bad, on the
-     * device and back on the host: one wait for the stream, after the kernels */
-    size_t bytes = (sizeof(float) + sizeof(int)) * (size_t)n + sizeof(int);
+    /* per row: a float loss and an int verdict (-1: a label outside [0, k)), on the device
+     * and back on the host: one wait for the stream, after the kernel. A bad label is
+     * refused after the other rows' dlogits were written (kernels.h allows it: nn checks
+     * the labels on the host first, so the step path pays no second pass for it) */
+    size_t bytes = (sizeof(float) + sizeof(int)) * (size_t)n;
     void *dv, *hv;
     ZPS_TRY(s_scratch(bytes, &dv, &hv));
     float *rl = (float *)dv;
-    int *rr = (int *)(rl + n), *bad = rr + n;
-    unsigned blocks = (unsigned)((n + 127) / 128);
-    KC_CUDA(cudaMemsetAsync(bad, 0, sizeof(int), k_cuda_stream));
-    g_labels_bad<<<blocks, 128, 0, k_cuda_stream>>>(n, k, labels, bad);
-    g_xent<<<blocks, 128, 0, k_cuda_stream>>>(n, k, z, labels, smooth, scale, bad, rl, rr, dz);
+    int *rr = (int *)(rl + n);
+    g_xent<<<(n + 127) / 128, 128, 0, k_cuda_stream>>>(n, k, z, labels, smooth, scale, rl, rr, dz);
     KC_LAUNCHED();
     float *h = (float *)hv;
     KC_CUDA(cudaMemcpyAsync(h, rl, bytes, cudaMemcpyDeviceToHost, k_cuda_stream));
     KC_CUDA(cudaStreamSynchronize(k_cuda_stream));
-    if (((int *)(h + n))[n])
-        return ZPS_ERR_INVALID;
     double t = 0;
     int c = 0;
-    for (int i = 0; i < n; i++)
-        t += h[i], c += ((int *)(h + n))[i];
+    for (int i = 0; i < n; i++) {
+        int r = ((int *)(h + n))[i];
+        if (r < 0)
+            return ZPS_ERR_INVALID;
+        t += h[i], c += r;
+    }
     *loss = (float)(t / n);
     if (correct)
         *correct = c;
