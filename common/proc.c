@@ -59,3 +59,13 @@ zps_status zps_proc_read_line(int fd, const char *tag, char *buf, size_t len, do
     }
     return ZPS_ERR_TIMEOUT;
 }
+
+int zps_thread_start(pthread_t *t, void *(*fn)(void *), void *arg)
+{
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    int rc = pthread_create(t, NULL, fn, arg);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return rc;
+}

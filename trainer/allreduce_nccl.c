@@ -35,7 +35,6 @@
 #include <inttypes.h>
 #include <pthread.h>
 #include <sched.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,6 +44,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/mem.h"
+#include "common/proc.h"
 #include "kernels/device.h"
 
 #define S_WATCH_MS 100     // between the watchdog's looks
@@ -236,12 +236,7 @@ static zps_status s_start_watchdog(tr_nccl *nc)
         zps_log(ZPS_ERROR, "allreduce", "NCCL watchdog: condition variable: %s", strerror(rc));
         return ZPS_ERR_INTERNAL;
     }
-    sigset_t all, old; /* the signals stay the training thread's (its handler sets a flag) */
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    rc = pthread_create(&nc->watchdog, NULL, s_watchdog, nc);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    if (rc != 0) {
+    if ((rc = zps_thread_start(&nc->watchdog, s_watchdog, nc)) != 0) {
         pthread_cond_destroy(&nc->wake);
         zps_log(ZPS_ERROR, "allreduce", "NCCL watchdog: pthread_create: %s", strerror(rc));
         return ZPS_ERR_INTERNAL;
@@ -287,23 +282,21 @@ zps_status tr_nccl_new(tr_allreduce *ar, int device, tr_nccl **out)
     ZPS_TRY(tr_allreduce_sum(ar, &missing, 1, 0));
     if (missing != 0.0f)
         return ZPS_ERR_NO_DEVICE;
-    char id[K_NCCL_ID_BYTES], msg[256] = "";
-    memset(id, 0, sizeof id);
-    /* rank 0's id, or its failure to make one, which every rank hears: a zeroed id would have
+    /* rank 0's id and, in its last byte, whether it could make one: a zeroed id would have
      * the peers wait in init for a rank that never comes */
-    float no_id = 0;
+    char id[K_NCCL_ID_BYTES + 1], msg[256] = "";
+    memset(id, 0, sizeof id);
     if (ar->rank == 0 && lib->nccl_unique_id(id, msg, sizeof msg) != 0) {
         zps_log(ZPS_ERROR, "allreduce", "ncclGetUniqueId: %s", msg);
-        no_id = 1;
+        id[K_NCCL_ID_BYTES] = 1;
     }
-    ZPS_TRY(tr_allreduce_sum(ar, &no_id, 1, 0));
-    if (no_id != 0.0f) {
+    ZPS_TRY(tr_allreduce_broadcast(ar, id, sizeof id, 0));
+    if (id[K_NCCL_ID_BYTES]) {
         if (ar->rank != 0)
             zps_log(ZPS_ERROR, "allreduce", "rank %d: rank 0 could not make NCCL's id",
                     ar->rank);
         return ZPS_ERR_NCCL;
     }
-    ZPS_TRY(tr_allreduce_broadcast(ar, id, sizeof id, 0));
     const char *env_blocking = getenv("NCCL_COMM_BLOCKING");
     if (env_blocking && strcmp(env_blocking, "0") != 0)
         zps_log(ZPS_WARN, "allreduce", "rank %d: NCCL_COMM_BLOCKING=%s makes the communicator "

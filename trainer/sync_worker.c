@@ -20,11 +20,11 @@
  */
 #include "trainer/sync.h"
 
-#include <signal.h>
 #include <stdlib.h>
 
 #include "common/log.h"
 #include "common/mem.h"
+#include "common/proc.h"
 
 static void *s_thread(void *p)
 {
@@ -59,11 +59,7 @@ zps_status tr_worker_start(tr_worker *w, size_t max_jobs, tr_worker_fn fn, void 
     pthread_cond_init(&w->work, NULL);
     pthread_cond_init(&w->idle, NULL);
     w->inited = 1;
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    int rc = pthread_create(&w->thread, NULL, s_thread, w);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    int rc = zps_thread_start(&w->thread, s_thread, w);
     if (rc != 0) {
         zps_log(ZPS_ERROR, who, "cannot start the communication thread: error %d", rc);
         return ZPS_ERR_SYS;
