@@ -130,9 +130,9 @@ typedef struct s_conv_shape {
 } s_conv_shape;
 
 /* 1 when both channel counts padded to 16 make less than 1.6 times the work (40 channels and
- * up) on a CPU with AVX-512: 8-blocks on both sides run oneDNN's AVX2 kernels, and its 16-blocked AVX-512 ones
- * with the padding and reorders at the edges are then faster (Inception-v3 at width 0.25:
- * 2-3% of its one-thread step). */
+ * up) on a CPU with AVX-512: 8-blocks on both sides run oneDNN's AVX2 kernels, and its
+ * 16-blocked AVX-512 ones with the padding and reorders at the edges are then faster
+ * (Inception-v3 at width 0.25: 2-3% of its one-thread step). */
 static int s_pad16_pays(const k_conv2d *d)
 {
     if (!k_cpu_has_avx512()) /* no 16-wide kernels to pad for */

@@ -230,11 +230,10 @@ static int s_conv_set_fit(s_conv_impl *im, s_conv_set *set, int bf16, cudnnStatu
             return 0;
         }
         size_t need = ws > im->ws_need ? ws : im->ws_need;
-        if (k_cuda_grow(&s_ws, &s_ws_cap, need, 0) == ZPS_OK) {
+        if (k_cuda_grow(&s_ws, &s_ws_cap, need, 0) == ZPS_OK) { /* a failure clears CUDA's error */
             im->ws_need = need;
             return 1;
         }
-        (void)cudaGetLastError();
         if (ws == 0 || ws <= im->ws_need) { /* the other set's need failed: nothing smaller helps */
             *st = CUDNN_STATUS_ALLOC_FAILED;
             return 0;
