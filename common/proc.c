@@ -9,6 +9,7 @@
 
 #include "common/check.h"
 #include "common/clock.h"
+#include "common/log.h"
 
 zps_status zps_proc_start(const char *const *argv, pid_t *pid, int *fd)
 {
@@ -68,4 +69,57 @@ int zps_thread_start(pthread_t *t, void *(*fn)(void *), void *arg)
     int rc = pthread_create(t, NULL, fn, arg);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     return rc;
+}
+
+/* The signal thread: its signals unblocked, asleep until asked to end. A handler that runs
+ * here interrupts the wait, which then goes on (a spurious wake-up reads quit again). */
+static void *s_sigthread_main(void *arg)
+{
+    zps_sigthread *t = arg;
+    pthread_sigmask(SIG_UNBLOCK, &t->set, NULL);
+    pthread_mutex_lock(&t->mu);
+    while (!t->quit)
+        pthread_cond_wait(&t->wake, &t->mu);
+    pthread_mutex_unlock(&t->mu);
+    return NULL;
+}
+
+zps_status zps_sigthread_start(zps_sigthread *t, const int *sigs, int n)
+{
+    memset(t, 0, sizeof *t);
+    sigemptyset(&t->set);
+    for (int i = 0; i < n; i++)
+        sigaddset(&t->set, sigs[i]);
+    int rc = pthread_sigmask(SIG_BLOCK, &t->set, &t->old);
+    if (rc != 0) {
+        zps_log(ZPS_ERROR, "proc", "pthread_sigmask: %s", strerror(rc));
+        return ZPS_ERR_SYS;
+    }
+    pthread_mutex_init(&t->mu, NULL);
+    pthread_cond_init(&t->wake, NULL);
+    rc = zps_thread_start(&t->thread, s_sigthread_main, t);
+    if (rc != 0) {
+        zps_log(ZPS_ERROR, "proc", "the signal thread: pthread_create: %s", strerror(rc));
+        pthread_sigmask(SIG_SETMASK, &t->old, NULL);
+        pthread_cond_destroy(&t->wake);
+        pthread_mutex_destroy(&t->mu);
+        return ZPS_ERR_SYS;
+    }
+    t->running = 1;
+    return ZPS_OK;
+}
+
+void zps_sigthread_stop(zps_sigthread *t)
+{
+    if (!t->running)
+        return;
+    pthread_mutex_lock(&t->mu);
+    t->quit = 1;
+    pthread_cond_signal(&t->wake);
+    pthread_mutex_unlock(&t->mu);
+    pthread_join(t->thread, NULL);
+    pthread_cond_destroy(&t->wake);
+    pthread_mutex_destroy(&t->mu);
+    t->running = 0;
+    pthread_sigmask(SIG_SETMASK, &t->old, NULL);
 }

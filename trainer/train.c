@@ -33,6 +33,7 @@
 #include "common/cluster.h"
 #include "common/log.h"
 #include "common/mem.h"
+#include "common/proc.h"
 #include "datasets/pipeline.h"
 #include "kernels/device.h"
 #include "kernels/kernels.h"
@@ -46,7 +47,8 @@
 
 /* The signal that asked to stop (0: none). The loop checks it before each step and the PS
  * client before each poll slice of a wait, so a trainer blocked on the network stops within
- * 0.1 s. A second signal is not caught: it ends the process the default way. */
+ * 0.1 s. A second signal is not caught: it ends the process the default way. The handler
+ * runs on tr_run's signal thread (zps_sigthread), never on a thread inside a kernel. */
 static volatile sig_atomic_t s_stop;
 static void s_on_signal(int sig)
 {
@@ -754,6 +756,9 @@ zps_status tr_run(const tr_config *cfg, tr_result *res)
                        .score_name = "accuracy"};
     signal(SIGINT, s_on_signal);
     signal(SIGTERM, s_on_signal);
+    /* before any compute thread starts: the handler must never run on one (common/proc.h) */
+    zps_sigthread sigs;
+    (void)zps_sigthread_start(&sigs, (const int[]){SIGINT, SIGTERM}, 2);
 
     int eval_only_done;
     zps_status st = s_setup(&j, res, &eval_only_done);
@@ -769,5 +774,6 @@ zps_status tr_run(const tr_config *cfg, tr_result *res)
                 (long long)j.step);
     }
     s_job_free(&j);
+    zps_sigthread_stop(&sigs);
     return st;
 }
