@@ -14,6 +14,8 @@
  *    and exits 0.
  */
 #include <criterion/criterion.h>
+#include <dirent.h>
+#include <errno.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -212,6 +214,37 @@ Test(it_exits, one_corrupt_record_past_skip_corrupt_is_an_error)
 
 /* ---- signals ---- */
 
+/* How many of process pid's threads take SIGTERM (do not block it), of *threads: from each
+ * /proc/PID/task/TID/status's SigBlk mask. */
+static int s_sigterm_takers(pid_t pid, int *threads)
+{
+    char dir[64];
+    snprintf(dir, sizeof dir, "/proc/%d/task", (int)pid);
+    DIR *d = opendir(dir);
+    cr_assert_not_null(d, "%s: %s", dir, strerror(errno));
+    int takers = 0;
+    *threads = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        if (e->d_name[0] == '.')
+            continue;
+        char path[400], line[256];
+        snprintf(path, sizeof path, "%s/%s/status", dir, e->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f) /* the thread ended since readdir */
+            continue;
+        unsigned long long blk = 0;
+        int found = 0;
+        while (fgets(line, sizeof line, f))
+            found |= sscanf(line, "SigBlk: %llx", &blk) == 1;
+        fclose(f);
+        cr_assert(found, "no SigBlk line in %s", path);
+        ++*threads;
+        takers += !(blk & (1ull << (SIGTERM - 1)));
+    }
+    closedir(d);
+    return takers;
+}
+
 Test(it_exits, sigterm_stops_a_trainer_blocked_on_a_dead_server)
 {
     s_make_data(0);
@@ -225,6 +258,12 @@ Test(it_exits, sigterm_stops_a_trainer_blocked_on_a_dead_server)
     while (!zt_file_has(t.metrics, "\"step\":3,") && zps_now_s() < end)
         zps_sleep_ns(20000000);
     cr_assert(zt_file_has(t.metrics, "\"step\":3,"), "the trainer did not reach step 3");
+    /* One thread takes the signal: the signal thread, never one that computes, where a
+     * handler's frame once landed on oneDNN's heap workspace (common/proc.h). */
+    int threads, takers = s_sigterm_takers(t.p.pid, &threads);
+    cr_log_info("%d of the trainer's %d threads take SIGTERM", takers, threads);
+    cr_assert_eq(takers, 1, "%d of %d threads take SIGTERM", takers, threads);
+    cr_assert_geq(threads, 4, "only %d threads: main, OpenMP, ZeroMQ, signals expected", threads);
     pst_kill(&srv, SIGKILL);
     zps_sleep_ns(1000000000ull); /* the trainer now waits for replies that never come */
     double t0 = zps_now_s();
