@@ -9,12 +9,19 @@ set -uo pipefail
 LOG=${1:?usage: run-tests.sh LOG TEST_BIN [ARGS...]}
 shift
 mkdir -p "$(dirname "$LOG")"
-# The wait zps's own processes use (common/omp_env.h), for the test binary and the Python
-# references too: tests run two at a time on the cores, and with libgomp's default spin
-# (300,000) an idle OpenMP worker of one test burns the core the other test needs. Both
-# Inception-v3 comparisons with PyTorch together took 84 s that way, 34 s with this.
+# The wait zps's own processes use (ZPS_OMP_SPINCOUNT, read from common/omp_env.h so there
+# is one value), for the test binary and the Python references too: tests run two at a time
+# on the cores, and with libgomp's default spin (300,000) an idle OpenMP worker of one test
+# burns the core the other test needs. Both Inception-v3 comparisons with PyTorch together
+# took 84 s that way, 34 s with this.
 if [ -z "${OMP_WAIT_POLICY:-}" ] && [ -z "${GOMP_SPINCOUNT:-}" ]; then
-  export GOMP_SPINCOUNT=3000
+  omp_h="$(dirname "$0")/../common/omp_env.h"
+  spin=$(sed -n 's/^#define ZPS_OMP_SPINCOUNT "\([0-9]*\)".*/\1/p' "$omp_h" 2>/dev/null)
+  if [ -z "$spin" ]; then
+    echo "run-tests.sh: no ZPS_OMP_SPINCOUNT in $omp_h" >&2
+    exit 2
+  fi
+  export GOMP_SPINCOUNT=$spin
 fi
 "$@" 2>&1 | tee "$LOG"
 rc=${PIPESTATUS[0]}
