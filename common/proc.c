@@ -92,14 +92,16 @@ zps_status zps_sigthread_start(zps_sigthread *t, const int *sigs, int n)
         sigaddset(&t->set, sigs[i]);
     int rc = pthread_sigmask(SIG_BLOCK, &t->set, &t->old);
     if (rc != 0) {
-        zps_log(ZPS_ERROR, "proc", "pthread_sigmask: %s", strerror(rc));
+        zps_log(ZPS_WARN, "proc", "no signal thread (pthread_sigmask: %s): a signal may then "
+                "interrupt a compute thread", strerror(rc));
         return ZPS_ERR_SYS;
     }
     pthread_mutex_init(&t->mu, NULL);
     pthread_cond_init(&t->wake, NULL);
     rc = zps_thread_start(&t->thread, s_sigthread_main, t);
     if (rc != 0) {
-        zps_log(ZPS_ERROR, "proc", "the signal thread: pthread_create: %s", strerror(rc));
+        zps_log(ZPS_WARN, "proc", "no signal thread (pthread_create: %s): a signal may then "
+                "interrupt a compute thread", strerror(rc));
         pthread_sigmask(SIG_SETMASK, &t->old, NULL);
         pthread_cond_destroy(&t->wake);
         pthread_mutex_destroy(&t->mu);

@@ -55,7 +55,8 @@ typedef struct zps_sigthread {
  * on (OpenMP's pool, data workers, ZeroMQ's threads) inherits the block, and starts one
  * thread that has them unblocked and sleeps: the kernel then delivers them to it, and the
  * handlers the caller installed run there. Threads started before keep their masks. On a
- * failure (logged) the mask is as before and the signals reach any thread, as without it. */
+ * failure (a warning: the caller goes on) the mask is as before and the signals reach any
+ * thread, as without it. */
 zps_status zps_sigthread_start(zps_sigthread *t, const int *sigs, int n);
 /* Ends and joins the thread and gives the calling thread its old mask back: a signal that
  * came in between is delivered to it then. Does nothing when start failed. */
