@@ -84,6 +84,14 @@ static void *s_sigthread_main(void *arg)
     return NULL;
 }
 
+/* A start that failed in call with error number rc: said, as what it costs. */
+static zps_status s_no_sigthread(const char *call, int rc)
+{
+    zps_log(ZPS_WARN, "proc", "no signal thread (%s: %s): a signal may then interrupt a "
+            "compute thread", call, strerror(rc));
+    return ZPS_ERR_SYS;
+}
+
 zps_status zps_sigthread_start(zps_sigthread *t, const int *sigs, int n)
 {
     memset(t, 0, sizeof *t);
@@ -91,21 +99,16 @@ zps_status zps_sigthread_start(zps_sigthread *t, const int *sigs, int n)
     for (int i = 0; i < n; i++)
         sigaddset(&t->set, sigs[i]);
     int rc = pthread_sigmask(SIG_BLOCK, &t->set, &t->old);
-    if (rc != 0) {
-        zps_log(ZPS_WARN, "proc", "no signal thread (pthread_sigmask: %s): a signal may then "
-                "interrupt a compute thread", strerror(rc));
-        return ZPS_ERR_SYS;
-    }
+    if (rc != 0)
+        return s_no_sigthread("pthread_sigmask", rc);
     pthread_mutex_init(&t->mu, NULL);
     pthread_cond_init(&t->wake, NULL);
     rc = zps_thread_start(&t->thread, s_sigthread_main, t);
     if (rc != 0) {
-        zps_log(ZPS_WARN, "proc", "no signal thread (pthread_create: %s): a signal may then "
-                "interrupt a compute thread", strerror(rc));
         pthread_sigmask(SIG_SETMASK, &t->old, NULL);
         pthread_cond_destroy(&t->wake);
         pthread_mutex_destroy(&t->mu);
-        return ZPS_ERR_SYS;
+        return s_no_sigthread("pthread_create", rc);
     }
     t->running = 1;
     return ZPS_OK;
