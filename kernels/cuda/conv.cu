@@ -7,8 +7,9 @@
  * bf16 use. Each of the three operations takes the first of cuDNN's candidates that cuDNN
  * reports usable and can size the workspace of, with that candidate's math type, which is
  * set on the convolution descriptor before the operation runs (the three may differ). A
+ * float algorithm cuDNN refuses when it runs is replaced by the next candidate (s_run_f). A
  * BF16 set that cuDNN refuses (no candidate, no workspace, or a refusal when it runs) leaves
- * that shape emulated (below). Every convolution shares one grow-only workspace and one
+ * that shape emulated (below; the first such shape is said on stderr). Every convolution shares one grow-only workspace and one
  * grow-only bf16 scratch: they all run on the compute stream, one after another. Backward
  * accumulates (+=) into dw and db and overwrites dx.
  */
@@ -55,6 +56,7 @@ typedef struct s_conv_set {
     cudnnConvolutionDescriptor_t conv; // products summed in float; math type per operation
     int algo[S_OPS];                   // cudnnConvolution{Fwd,BwdData,BwdFilter}Algo_t
     cudnnMathType_t math[S_OPS];
+    unsigned refused[S_OPS];           // bit a: algorithm a refused when it ran (s_run_f)
 } s_conv_set;
 
 typedef struct s_conv_impl {
@@ -180,8 +182,8 @@ static int s_math_taken(int bf16, cudnnMathType_t m)
 
 /* cuDNN's choice of the three algorithms for set (heuristics, once per shape): for each
  * operation the first candidate cuDNN reports usable, in a math type the set takes
- * (s_math_taken), whose workspace it can size under that math type and is at most limit
- * bytes. The workspace they need in *ws. 0 when an operation has none: *st then holds the
+ * (s_math_taken), not refused before (s_run_f), whose workspace it can size under that math
+ * type and is at most limit bytes. The workspace they need in *ws. 0 when an operation has none: *st then holds the
  * failed query's status (CUDNN_STATUS_SUCCESS when cuDNN answered with no usable
  * candidate). */
 static int s_conv_set_algos(s_conv_set *set, int bf16, size_t limit, size_t *ws,
@@ -198,6 +200,7 @@ static int s_conv_set_algos(s_conv_set *set, int bf16, size_t limit, size_t *ws,
         for (int i = 0; i < n && !found; i++) {
             size_t b = 0;
             if (c[i].status != CUDNN_STATUS_SUCCESS || !s_math_taken(bf16, c[i].math) ||
+                (c[i].algo < 32 && set->refused[op] >> c[i].algo & 1u) ||
                 cudnnSetConvolutionMathType(set->conv, c[i].math) != CUDNN_STATUS_SUCCESS ||
                 s_workspace(set, op, c[i].algo, &b) != CUDNN_STATUS_SUCCESS || b > limit)
                 continue;
@@ -361,6 +364,24 @@ static int s_refused(cudnnStatus_t c)
     return c >= CUDNN_STATUS_BAD_PARAM && c < CUDNN_STATUS_INTERNAL_ERROR;
 }
 
+/* Marks d's shape emulated (im->tc = -1) where cuDNN refused its BF16 path (what: the set-up
+ * or the operation refused; c: cuDNN's status, CUDNN_STATUS_SUCCESS for none offered), and
+ * says so on stderr for the first such shape of the process: bf16 then runs at float's speed,
+ * which a benchmark's figure alone would not show (the library has no logger of its own).
+ * ZPS_CUDA_BF16=emulate asks for it and is not said. */
+static int s_emulated_said;
+static void s_emulated(const k_conv2d *d, s_conv_impl *im, const char *what, cudnnStatus_t c)
+{
+    im->tc = -1;
+    if (s_emulated_said++)
+        return;
+    fprintf(stderr, "zps cuda: bf16 convolution %dx%dx%dx%d * %dx%dx%d emulated in float "
+            "(cuDNN's BF16 %s: %s); later shapes that are emulated are not said\n", d->n, d->c,
+            d->h, d->w, d->k, d->r, d->s, what,
+            c == CUDNN_STATUS_SUCCESS ? "no algorithm offered, or its workspace"
+                                      : cudnnGetErrorString(c));
+}
+
 /* The tensor-core set-up of a bf16 convolution, once per shape: im->tc = 1, or -1 (emulated)
  * when cuDNN offers no BF16 algorithm for it, the workspace they need cannot be had, or
  * ZPS_CUDA_BF16=emulate. */
@@ -384,7 +405,7 @@ static zps_status s_conv_tc(const k_conv2d *d, s_conv_impl *im)
          * ws_need before it runs). cuDNN failing in itself (internal, execution,
          * initialisation) is an error. */
         if (cst == CUDNN_STATUS_SUCCESS || cst == CUDNN_STATUS_ALLOC_FAILED || s_refused(cst)) {
-            im->tc = -1;
+            s_emulated(d, im, "set-up", cst);
             return ZPS_OK;
         }
         snprintf(k_cuda_err, sizeof k_cuda_err, "%s:%d cuDNN's BF16 algorithms for the "
@@ -423,18 +444,49 @@ static cudnnStatus_t s_run(const s_conv_set *set, int op, const void *a, const v
                                           s_ws_cap, &beta, set->w, out);
 }
 
+static const char *const s_op_name[S_OPS] = {"forward", "backward-data", "backward-filter"};
+
+/* Operation op of d's float set, as s_run, on the next of cuDNN's candidates where cuDNN
+ * refuses the chosen one when it runs: the heuristics only predict (the legacy API has listed
+ * algorithms that then refuse a shape, and PyTorch too tries the next one). A refused
+ * algorithm stays out of that operation's choice for the shape; the call fails when none is
+ * left, or when cuDNN fails in itself. A refusal runs nothing, so the retry sees out as it
+ * was (beta = 1 accumulates once). */
+static zps_status s_run_f(const k_conv2d *d, s_conv_impl *im, int op, const void *a,
+                          const void *b, float beta, void *out)
+{
+    for (;;) {
+        cudnnStatus_t c = s_run(&im->f, op, a, b, beta, out);
+        if (c == CUDNN_STATUS_SUCCESS)
+            return ZPS_OK;
+        int algo = im->f.algo[op];
+        cudnnStatus_t cst = c;
+        if (s_refused(c) && algo >= 0 && algo < 32) {
+            (void)cudaGetLastError();
+            im->f.refused[op] |= 1u << algo;
+            if (s_conv_set_fit(im, &im->f, 0, &cst))
+                continue;
+        }
+        snprintf(k_cuda_err, sizeof k_cuda_err, "%s:%d cuDNN's %s of the convolution "
+                 "%dx%dx%dx%d * %dx%dx%d with algorithm %d: %s%s%s", __FILE__, __LINE__,
+                 s_op_name[op], d->n, d->c, d->h, d->w, d->k, d->r, d->s, algo,
+                 cudnnGetErrorString(c), s_refused(c) ? "; no other algorithm: " : "",
+                 s_refused(c) ? (cst ? cudnnGetErrorString(cst) : "none offered") : "");
+        return ZPS_ERR_CUDNN;
+    }
+}
+
 /* A BF16 execution that did not succeed: a refusal makes the shape emulated from now on
  * (ZPS_OK: the caller emulates this call too); a failure of cuDNN itself is the error. */
 static zps_status s_tc_failed(const k_conv2d *d, s_conv_impl *im, cudnnStatus_t c, int op)
 {
-    static const char *const what[S_OPS] = {"forward", "backward-data", "backward-filter"};
     if (s_refused(c)) {
         (void)cudaGetLastError();
-        im->tc = -1;
+        s_emulated(d, im, s_op_name[op], c);
         return ZPS_OK;
     }
     snprintf(k_cuda_err, sizeof k_cuda_err, "%s:%d cuDNN's BF16 %s of the convolution "
-             "%dx%dx%dx%d * %dx%dx%d: %s", __FILE__, __LINE__, what[op], d->n, d->c, d->h,
+             "%dx%dx%dx%d * %dx%dx%d: %s", __FILE__, __LINE__, s_op_name[op], d->n, d->c, d->h,
              d->w, d->k, d->r, d->s, cudnnGetErrorString(c));
     return ZPS_ERR_CUDNN;
 }
@@ -476,7 +528,7 @@ zps_status k_cuda_conv2d_fwd(k_conv2d *d, const float *x, const float *w, const 
             ZPS_TRY(s_bf16_inputs(2, in, n, r));
             x = r[0], w = r[1];
         }
-        KC_CUDNN(s_run(&im->f, S_FWD, x, w, 0.0f, y));
+        ZPS_TRY(s_run_f(d, im, S_FWD, x, w, 0.0f, y));
     }
     if (b)
         KC_CUDNN(cudnnAddTensor(s_cudnn, &one, im->b, b, &one, im->f.y, y));
@@ -542,9 +594,9 @@ zps_status k_cuda_conv2d_bwd(k_conv2d *d, const float *x, const float *w, const 
         w = r[0], x = r[1], dy = r[2];
     }
     if (dx)
-        KC_CUDNN(s_run(&im->f, S_BWD_DATA, w, dy, 0.0f, dx));
+        ZPS_TRY(s_run_f(d, im, S_BWD_DATA, w, dy, 0.0f, dx));
     if (dw) /* beta = 1: accumulate */
-        KC_CUDNN(s_run(&im->f, S_BWD_FILTER, x, dy, 1.0f, dw));
+        ZPS_TRY(s_run_f(d, im, S_BWD_FILTER, x, dy, 1.0f, dw));
     return ZPS_OK;
 }
 
