@@ -4,6 +4,7 @@
 #include <criterion/criterion.h>
 #include <criterion/redirect.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -67,7 +68,10 @@ Test(device, cuda_library_loads_when_built)
 /* NCCL is loaded at run time, not linked: the CUDA library references no NCCL symbol (so a
  * GPU machine without NCCL, or with one older than 2.14, still loads it and trains in every
  * mode but the NCCL ones), and loading it here finds every call zps makes: the version
- * query succeeds only when all of them were found, and says 2.14 or later. */
+ * query succeeds only when all of them were found, and says 2.14 or later. The symbol half
+ * reads the file with binutils' nm, which the build machines have (gcc needs it) and a GPU
+ * machine running the bundle may not: there it is said and left to the build machine's run,
+ * as it is a property of the file built there. */
 Test(device, nccl_is_loaded_at_run_time)
 {
     zps_log_set_level(ZPS_LOG_OFF);
@@ -76,17 +80,21 @@ Test(device, nccl_is_loaded_at_run_time)
     cr_assert_not_null(bin, "ZPS_BIN unset: run through make test");
     char path[4096], cmd[4200], line[256];
     snprintf(path, sizeof path, "%s/../lib/libzps_cuda.so", bin);
-    snprintf(cmd, sizeof cmd, "nm -D '%s'", path);
-    FILE *f = popen(cmd, "r");
-    cr_assert_not_null(f, "%s", cmd);
-    int refs = 0, ours = 0;
-    while (fgets(line, sizeof line, f)) {
-        refs += strstr(line, " nccl") != NULL;
-        ours += strstr(line, " T k_nccl_version") != NULL;
+    if (system("command -v nm >/dev/null 2>&1") == 0) {
+        snprintf(cmd, sizeof cmd, "nm -D '%s'", path);
+        FILE *f = popen(cmd, "r");
+        cr_assert_not_null(f, "%s", cmd);
+        int refs = 0, ours = 0;
+        while (fgets(line, sizeof line, f)) {
+            refs += strstr(line, " nccl") != NULL;
+            ours += strstr(line, " T k_nccl_version") != NULL;
+        }
+        cr_assert_eq(pclose(f), 0, "%s failed", cmd);
+        cr_assert_eq(ours, 1, "%s: no k_nccl_version (is this the library?)", cmd);
+        cr_assert_eq(refs, 0, "the CUDA library references NCCL symbols: it must load NCCL itself");
+    } else {
+        cr_log_warn("no nm on this machine: the library's symbols are checked where it is built");
     }
-    cr_assert_eq(pclose(f), 0, "%s failed", cmd);
-    cr_assert_eq(ours, 1, "%s: no k_nccl_version (is this the library?)", cmd);
-    cr_assert_eq(refs, 0, "the CUDA library references NCCL symbols: it must load NCCL itself");
     setenv("ZPS_CUDA_LIB", path, 1);
     char why[320] = "", msg[256] = "";
     const k_cuda_lib *lib = k_device_cuda_lib(why, sizeof why);
