@@ -476,6 +476,62 @@ Test(tr_sync, staged_hand_off_failure_reaches_the_inner_end_step)
     nn_model_destroy(&m);
 }
 
+/* A grads source (sync_node_dev.c's NCCL sums, in this test the compute queue) whose sums
+ * are aborted once *ctx is set. */
+static zps_status s_src_point(void *ctx, struct k_event *e)
+{
+    (void)ctx;
+    return k_backend_staged()->event_record(e, K_QUEUE_COMPUTE);
+}
+static zps_status s_src_valid(void *ctx) { return *(int *)ctx ? ZPS_ERR_NCCL : ZPS_OK; }
+
+/* A failure of the stager's own on its thread (a copy that did not land, or as here the
+ * source's sums aborted) is not the inner back-end's to judge: the inner back-end never saw
+ * the later groups, so the step fails with that failure before the inner end_step (which
+ * would end a step on part of the gradients), and the stager stays failed. */
+Test(tr_sync, staged_copy_failure_fails_the_step_before_the_inner_end_step)
+{
+    zt_seed_init();
+    zps_log_set_level(ZPS_LOG_OFF);
+    nn_model_opts o;
+    nn_model_opts_default(&o, "mlp");
+    nn_model *m;
+    cr_assert_eq(nn_model_create(k_backend_staged(), &o, &m), ZPS_OK);
+    s_fixture f;
+    s_fixture_init(&f, 0, 1);
+    size_t nvars;
+    f.env.model = m;
+    f.env.vars = nn_model_vars(m, &nvars);
+    f.env.nvars = nvars;
+    f.env.nparams = nn_model_param_count(m);
+    f.env.params = nn_model_params(m);
+    f.env.grads = nn_model_grads(m);
+    static int aborted;
+    aborted = 0;
+    tr_grads_source src = {.ctx = &aborted, .point = s_src_point, .valid = s_src_valid};
+    f.env.grads_source = &src;
+    tr_sync *s;
+    cr_assert_eq(tr_sync_staged_new(&f.env, s_script_new, 0, &s), ZPS_OK);
+    s_scripted->fail_at = -1;
+    for (int step = 0; step < 2; step++) {
+        int stop = 0;
+        aborted = step == 1;
+        cr_assert_eq(s->begin_step(s, step, &stop), ZPS_OK);
+        cr_assert_eq(s->params_ready(s), ZPS_OK);
+        for (size_t v = nvars; v-- > 0;)
+            cr_assert_eq(s->grads_ready(s, v, 1), ZPS_OK);
+        tr_step_record rec = tr_step_record_empty(step + 1);
+        zps_status st = s->end_step(s, &rec);
+        cr_assert_eq(st, step == 0 ? ZPS_OK : ZPS_ERR_NCCL, "step %d: %s", step,
+                     zps_strerror(st));
+    }
+    cr_assert_eq(s_scripted->ends, 1, "the inner end_step ran on a step whose copies failed");
+    cr_assert_eq(s_scripted->handed, (int)nvars, "groups handed on after the abort");
+    cr_assert_eq(s->params_ready(s), ZPS_ERR_NCCL, "the stager did not stay failed");
+    tr_sync_destroy(&s);
+    nn_model_destroy(&m);
+}
+
 /* ---- the node back-end (trainer/sync_node.c) over a scripted leader's back-end ---- */
 
 typedef struct s_node_rank {

@@ -33,9 +33,12 @@
  *    (PS sync) or the previous end_step (async, ssp) waited for the pushes that read it; a
  *    parameter range's H2D is queued after the previous backward's last D2H on the same copy
  *    queue, itself ordered after the whole backward: a layer's new values never overwrite
- *    device values a queued backward still reads.
- *  - The stager's own first failure (a copy, an event) is kept; later hooks do nothing, and
- *    end_step and params_ready return it. An inner grads_ready's failure stops the step's
+ *    device values a queued backward still reads. tr_sync_staged_upload (a node leader's
+ *    values, also after a rollback, when a failed hand-off left the later groups' D2H
+ *    unqueued) makes the copy queue wait for the compute queue itself.
+ *  - The stager's own first failure (a copy, an event; on the staging thread too: a D2H
+ *    that did not land, sums NCCL aborted) is kept; later hooks do nothing, and end_step
+ *    (before the inner end_step) and params_ready return it. An inner grads_ready's failure stops the step's
  *    hand-offs and is the inner back-end's to report or recover from in its end_step, as
  *    without a device; the next step starts clean.
  *  - Set up once: mirrors, events (one per variable for the hand-offs) and the thread. A step
@@ -71,6 +74,9 @@ typedef struct s_stage {
     k_event *up;               // the last H2D's end (reused likewise)
     k_event **ev;              // (nvars) hand-off events: ev[first] for the group at first
     zps_status err;            // first failure (training thread's side)
+    zps_status copy_err;       // the staging thread's own first failure (a copy that did
+                               // not land, sums NCCL aborted): written there, read after
+                               // s_drain (the worker's mutex orders it)
     tr_worker worker;          // the staging thread: one job per hand-off
 } s_stage;
 
@@ -90,15 +96,22 @@ static void s_fail(s_stage *s, zps_status st, const char *what)
 
 /* ---- gradients: device -> mirror -> inner ---- */
 
-/* A hand-off, on the staging thread: once the group's copy landed, to the inner back-end. */
+/* A hand-off, on the staging thread: once the group's copy landed, to the inner back-end.
+ * A failure of the copy itself is the stager's (copy_err: end_step returns it); one of the
+ * inner back-end's is that back-end's to judge. */
 static zps_status s_hand_off(void *ctx, const tr_job *h, zps_status failed)
 {
     s_stage *s = ctx;
     if (failed != ZPS_OK) /* the step's hand-offs stop at the first failure */
         return failed;
-    ZPS_TRY(s->be->event_sync(s->ev[h->first]));
-    if (s->src) /* (NCCL aborted: its sums ended early, the copy holds no mean) */
-        ZPS_TRY(s->src->valid(s->src->ctx));
+    zps_status st = s->be->event_sync(s->ev[h->first]);
+    if (st == ZPS_OK && s->src) /* (NCCL aborted: its sums ended early, the copy holds no mean) */
+        st = s->src->valid(s->src->ctx);
+    if (st != ZPS_OK) {
+        if (s->copy_err == ZPS_OK)
+            s->copy_err = st;
+        return st;
+    }
     return s->inner->grads_ready(s->inner, h->first, h->n);
 }
 
@@ -221,7 +234,14 @@ zps_status tr_sync_staged_upload(tr_sync *b)
     s_stage *s = (s_stage *)b;
     if (s->err != ZPS_OK)
         return s->err;
-    zps_status st = s_upload(s, 0, s->nvars);
+    /* Between steps, but after a hand-off that failed the later groups' copies to the host
+     * were never queued, and the copy queue may be ahead of a backward still reading the
+     * values: it waits for the compute queue first (free: nothing else is queued). */
+    zps_status st = s->be->event_record(s->point, K_QUEUE_COMPUTE);
+    if (st == ZPS_OK)
+        st = s->be->event_wait(K_QUEUE_COPY, s->point);
+    if (st == ZPS_OK)
+        st = s_upload(s, 0, s->nvars);
     s_fail(s, st, "values to the device");
     return st;
 }
@@ -231,6 +251,9 @@ static zps_status s_end_step(tr_sync *b, tr_step_record *rec)
     s_stage *s = (s_stage *)b;
     (void)s_drain(s); /* a hand-off's failure is the inner back-end's: its end_step returns
                        * it, or recovers from it (PS sync: a rollback, redo_from) */
+    /* ... but not a copy's: the groups after it never reached the inner back-end, whose
+     * end_step would run on a part of the gradients */
+    s_fail(s, s->copy_err, "gradients to the host");
     if (s->err != ZPS_OK)
         return s->err;
     zps_status st = s->inner->end_step(s->inner, rec);
