@@ -2,8 +2,9 @@
  *
  * Invariants (device back-ends):
  *  - Pair k (host[k], dev[k]) holds at most one batch. Its host buffer is written by a read
- *    only after the copy that last read it ran: that copy fed a forward, which the compute
- *    queue waited for, and whose loss the host has seen. Its device buffer is written by a
+ *    only after the copy that last read it ran: s_read waits for that copy's event (free in
+ *    steady state, where the copy fed a forward whose loss the host has seen; not after a
+ *    seek, which drops a read-ahead whose copy may still be queued). Its device buffer is written by a
  *    copy only after the compute queue's point `used[k]`, recorded after the backward of the
  *    batch it last held.
  *  - `ahead` says that pair `cur` already holds the next batch, copy queued.
@@ -40,6 +41,8 @@ struct tr_input {
 static zps_status s_read(tr_input *in, int k, tr_task_batch *b, int64_t step)
 {
     ds_batch_info info;
+    if (in->dev) /* the copy that last read host[k] has left it (above) */
+        ZPS_TRY(in->be->event_sync(in->in[k]));
     zps_status st = ds_pipeline_next(in->p, in->host[k], in->labels, &info);
     if (st != ZPS_OK) {
         zps_log(ZPS_ERROR, "trainer", "reading training data: %s%s", zps_strerror(st),
