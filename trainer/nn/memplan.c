@@ -435,6 +435,16 @@ static zps_status s_take_block(nn_model *m, int n, size_t bytes, float **base)
     m->labels = m->be->alloc(sizeof(int32_t) * (size_t)n);
     if (!m->dev_block || !m->labels)
         return ZPS_ERR_NOMEM;
+    if (m->be->host_alloc) { /* the labels go up on the copy queue, not by a host sync */
+        if (m->labels_in)
+            ZPS_TRY(m->be->event_sync(m->labels_in)); /* the old staging's copy left it */
+        else
+            ZPS_TRY(m->be->event_new(&m->labels_in));
+        m->be->host_free(m->labels_host);
+        m->labels_host = m->be->host_alloc(sizeof(int32_t) * (size_t)n);
+        if (!m->labels_host)
+            return ZPS_ERR_NOMEM;
+    }
     *base = m->dev_block;
     return ZPS_OK;
 }
@@ -512,7 +522,13 @@ void nn_plan_free(nn_model *m)
         m->be->free(m->dev_block);
         if (!m->be->host_memory)
             m->be->free(m->labels);
+        if (m->labels_in) /* its copy has left the staging before both go */
+            (void)m->be->event_sync(m->labels_in);
+        if (m->be->host_free)
+            m->be->host_free(m->labels_host);
+        if (m->be->event_free)
+            m->be->event_free(m->labels_in);
     }
-    m->dev_block = NULL, m->labels = NULL;
+    m->dev_block = NULL, m->labels = NULL, m->labels_host = NULL, m->labels_in = NULL;
     m->plan_n = 0;
 }

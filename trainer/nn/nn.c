@@ -141,17 +141,27 @@ zps_status nn_forward_in(nn_model *m, const float *x, const float *in_place, int
 }
 
 /* The batch into tensor 0 and, on back-ends with their own memory, the labels into the
- * planned label buffer; *lab is where the loss reads them. */
+ * planned label buffer; *lab is where the loss reads them. With queues the labels go
+ * through their pinned staging on the copy queue, which the compute queue waits for: a
+ * plain copy_in would make the host wait for all the device's queued work (the last step's
+ * backward and optimizer) before it could queue this forward. The staging is rewritten
+ * only once its last copy left it (free: the last forward's loss was read back after it). */
 static zps_status s_batch_in(nn_model *m, const float *x, const float *in_place,
                              const int32_t *labels, int n, int train, const int32_t **lab)
 {
     ZPS_TRY(nn_forward_in(m, x, in_place, n, train));
     *lab = labels;
-    if (!m->be->host_memory) {
-        ZPS_TRY(m->be->copy_in(m->labels, labels, sizeof(int32_t) * (size_t)n));
-        *lab = m->labels;
-    }
-    return ZPS_OK;
+    if (m->be->host_memory)
+        return ZPS_OK;
+    size_t bytes = sizeof(int32_t) * (size_t)n;
+    *lab = m->labels;
+    if (!m->labels_host)
+        return m->be->copy_in(m->labels, labels, bytes);
+    ZPS_TRY(m->be->event_sync(m->labels_in));
+    memcpy(m->labels_host, labels, bytes);
+    ZPS_TRY(m->be->copy_in_async(m->labels, m->labels_host, bytes));
+    ZPS_TRY(m->be->event_record(m->labels_in, K_QUEUE_COPY));
+    return m->be->event_wait(K_QUEUE_COMPUTE, m->labels_in);
 }
 
 /* The loss heads (every head in training, the first in evaluation). In training they are

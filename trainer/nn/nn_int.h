@@ -113,6 +113,8 @@ struct nn_model {
     float *tmp_pre;         // conv+bn: gradient before batchnorm
     float *tmp_acc;         // gradient of a tensor already set, before adding
     int32_t *labels;        // device copy of labels (non-host back-ends)
+    int32_t *labels_host;   // back-ends with queues: the labels' pinned staging, and the
+    struct k_event *labels_in; // end of their copy (s_batch_in)
     float *input_plan;      // the plan's own input buffer (tensor 0's x when copying in)
     const float *input_next; // nn_model_set_input: the next forward reads its batch here
     int recompute;          // nn_model_set_recompute: plan with segments (recompute.c)
