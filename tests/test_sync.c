@@ -431,10 +431,8 @@ static zps_status s_script_new(const tr_sync_env *env, tr_sync **out)
     return ZPS_OK;
 }
 
-/* A hand-off that fails is the inner back-end's to judge in its end_step: the stager still
- * calls it and passes on its recovery (redo_from), and the next step's hand-offs go through
- * again. */
-Test(tr_sync, staged_hand_off_failure_reaches_the_inner_end_step)
+/* An mlp on the staged back-end, its tensors as f's env (one trainer); *nvars its variables. */
+static nn_model *s_staged_mlp(s_fixture *f, size_t *nvars)
 {
     zt_seed_init();
     zps_log_set_level(ZPS_LOG_OFF);
@@ -442,15 +440,24 @@ Test(tr_sync, staged_hand_off_failure_reaches_the_inner_end_step)
     nn_model_opts_default(&o, "mlp");
     nn_model *m;
     cr_assert_eq(nn_model_create(k_backend_staged(), &o, &m), ZPS_OK);
+    s_fixture_init(f, 0, 1);
+    f->env.model = m;
+    f->env.vars = nn_model_vars(m, nvars);
+    f->env.nvars = *nvars;
+    f->env.nparams = nn_model_param_count(m);
+    f->env.params = nn_model_params(m);
+    f->env.grads = nn_model_grads(m);
+    return m;
+}
+
+/* A hand-off that fails is the inner back-end's to judge in its end_step: the stager still
+ * calls it and passes on its recovery (redo_from), and the next step's hand-offs go through
+ * again. */
+Test(tr_sync, staged_hand_off_failure_reaches_the_inner_end_step)
+{
     s_fixture f;
-    s_fixture_init(&f, 0, 1);
     size_t nvars;
-    f.env.model = m;
-    f.env.vars = nn_model_vars(m, &nvars);
-    f.env.nvars = nvars;
-    f.env.nparams = nn_model_param_count(m);
-    f.env.params = nn_model_params(m);
-    f.env.grads = nn_model_grads(m);
+    nn_model *m = s_staged_mlp(&f, &nvars);
     tr_sync *s;
     cr_assert_eq(tr_sync_staged_new(&f.env, s_script_new, 0, &s), ZPS_OK);
     for (int step = 0; step < 2; step++) {
@@ -491,21 +498,9 @@ static zps_status s_src_valid(void *ctx) { return *(int *)ctx ? ZPS_ERR_NCCL : Z
  * would end a step on part of the gradients), and the stager stays failed. */
 Test(tr_sync, staged_copy_failure_fails_the_step_before_the_inner_end_step)
 {
-    zt_seed_init();
-    zps_log_set_level(ZPS_LOG_OFF);
-    nn_model_opts o;
-    nn_model_opts_default(&o, "mlp");
-    nn_model *m;
-    cr_assert_eq(nn_model_create(k_backend_staged(), &o, &m), ZPS_OK);
     s_fixture f;
-    s_fixture_init(&f, 0, 1);
     size_t nvars;
-    f.env.model = m;
-    f.env.vars = nn_model_vars(m, &nvars);
-    f.env.nvars = nvars;
-    f.env.nparams = nn_model_param_count(m);
-    f.env.params = nn_model_params(m);
-    f.env.grads = nn_model_grads(m);
+    nn_model *m = s_staged_mlp(&f, &nvars);
     static int aborted;
     aborted = 0;
     tr_grads_source src = {.ctx = &aborted, .point = s_src_point, .valid = s_src_valid};
