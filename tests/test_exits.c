@@ -272,7 +272,9 @@ Test(it_exits, sigterm_stops_a_trainer_blocked_on_a_dead_server)
     double took = zps_now_s() - t0;
     cr_log_info("SIGTERM to exit: %.3f s", took);
     cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d after SIGTERM", st);
-    cr_assert(took < 2.0, "the trainer took %.2f s to stop", took);
+    /* 0.5 s of it is the abandon deadline, the rest teardown that grows with load (3.6 s
+     * seen on a starved machine); what this rules out is the ~150 s of retries */
+    cr_assert(took < 6.0, "the trainer took %.2f s to stop", took);
     char *sum = s_summary_line(t.metrics);
     cr_assert_not_null(sum, "no summary record");
     cr_assert(strstr(sum, "\"end\":\"signal\""), "%s", sum);
@@ -331,7 +333,9 @@ static void s_restart_after(int sig)
 {
     s_make_data(0);
     pst_server srv;
-    const char *sargs[] = {"--mode", "async", "--num-trainers", "1", "--trainer-timeout", "2",
+    /* 8 s: the new trainer must register while the stopped one still holds the id, which on
+     * a starved machine took over 2 s (the premise then failed, "it never had to wait") */
+    const char *sargs[] = {"--mode", "async", "--num-trainers", "1", "--trainer-timeout", "8",
                            NULL};
     cr_assert_eq(pst_spawn(&srv, NULL, sargs), 0);
     s_trainer t;

@@ -325,10 +325,14 @@ Test(it_launch_ssh, real_fleet_over_ssh, .init = s_init, .fini = s_fini, .timeou
     cr_assert_not_null(bin, "ZPS_BIN unset: run through make test");
     char text[600];
     sk_make_data(g_r.dir);
+    /* both hosts may be 127.0.0.1: two picks of a released port 0 can be the same port */
+    int p1 = ssht_free_port(), p2;
+    while ((p2 = ssht_free_port()) == p1)
+        ;
     snprintf(text, sizeof text,
              "job = sshfleet\nserver = localhost:%d\nserver = %s:%d\n"
              "trainer = localhost\ntrainer = %s\n",
-             ssht_free_port(), g_host, ssht_free_port(), g_host);
+             p1, g_host, p2, g_host);
     s_cluster(text);
     const char *args[] = {"--cluster", "c.txt", "--launcher", "ssh", "--ssh", g_sshd.ssh,
                           "--run-dir", "run", "--bin-dir", bin, "--timeout", "120",

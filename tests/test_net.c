@@ -498,8 +498,12 @@ Test(it_net, fleet_from_a_cluster_file_with_host_names_trains, .timeout = 180)
     if (!v6)
         fprintf(stderr, "[NOTE] no IPv6 loopback: the fleet runs without its [::1] server\n");
     char text[1024], cluster[700];
+    /* both resolve to 127.0.0.1: two picks of a released port 0 can be the same port */
+    int p1 = s_free_port(AF_INET), p2;
+    while ((p2 = s_free_port(AF_INET)) == p1)
+        ;
     int n = snprintf(text, sizeof text, "job = net\nserver = localhost:%d\nserver = %s:%d\n",
-                     s_free_port(AF_INET), s_loop_host(), s_free_port(AF_INET));
+                     p1, s_loop_host(), p2);
     if (v6)
         n += snprintf(text + n, sizeof text - (size_t)n, "server = [::1]:%d\n",
                       s_free_port(AF_INET6));
