@@ -1,6 +1,7 @@
 /* test_detect.c — trainer/detect against independent oracles (suite detect).
  *
- * tests/ref/detect_ref.py is the oracle: torchvision.ops (box_iou, nms; batched NMS as nms per class, merged by score) and a
+ * tests/ref/detect_ref.py is the oracle: torchvision.ops (box_iou, nms; batched NMS as nms per
+ * class, merged by score) and a
  * float64 reimplementation of the SSD paper's priors, encoding, matching, loss (gradient by
  * autograd), detection and the VOC devkit's mAP. Inputs are random every run (seed printed
  * on failure) with ties and degenerate boxes on purpose: duplicated boxes and logit rows,

@@ -4,8 +4,8 @@
  *  - Pair k (host[k], dev[k]) holds at most one batch. Its host buffer is written by a read
  *    only after the copy that last read it ran: s_read waits for that copy's event (free in
  *    steady state, where the copy fed a forward whose loss the host has seen; not after a
- *    seek, which drops a read-ahead whose copy may still be queued). Its device buffer is written by a
- *    copy only after the compute queue's point `used[k]`, recorded after the backward of the
+ *    seek, which drops a read-ahead whose copy may still be queued). Its device buffer is
+ *    written by a copy only after the compute queue's point `used[k]`, recorded after the backward of the
  *    batch it last held.
  *  - `ahead` says that pair `cur` already holds the next batch, copy queued.
  */

@@ -38,8 +38,8 @@
  *    unqueued) makes the copy queue wait for the compute queue itself.
  *  - The stager's own first failure (a copy, an event; on the staging thread too: a D2H
  *    that did not land, sums NCCL aborted) is kept; later hooks do nothing, and end_step
- *    (before the inner end_step) and params_ready return it. An inner grads_ready's failure stops the step's
- *    hand-offs and is the inner back-end's to report or recover from in its end_step, as
+ *    (before the inner end_step) and params_ready return it. An inner grads_ready's failure
+ *    stops the step's hand-offs and is the inner back-end's to report or recover from in its end_step, as
  *    without a device; the next step starts clean.
  *  - Set up once: mirrors, events (one per variable for the hand-offs) and the thread. A step
  *    allocates nothing.

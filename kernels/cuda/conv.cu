@@ -9,8 +9,8 @@
  * set on the convolution descriptor before the operation runs (the three may differ). A
  * float algorithm cuDNN refuses when it runs is replaced by the next candidate (s_run_f). A
  * BF16 set that cuDNN refuses (no candidate, no workspace, or a refusal when it runs) leaves
- * that shape emulated (below; the first such shape is said on stderr). Every convolution shares one grow-only workspace and one
- * grow-only bf16 scratch: they all run on the compute stream, one after another. Backward
+ * that shape emulated (below; the first such shape is said on stderr). Every convolution
+ * shares one grow-only workspace and one grow-only bf16 scratch: they all run on the compute stream, one after another. Backward
  * accumulates (+=) into dw and db and overwrites dx.
  */
 #include <cudnn.h>
@@ -56,7 +56,8 @@ typedef struct s_conv_set {
     cudnnConvolutionDescriptor_t conv; // products summed in float; math type per operation
     int algo[S_OPS];                   // cudnnConvolution{Fwd,BwdData,BwdFilter}Algo_t
     cudnnMathType_t math[S_OPS];
-    unsigned refused[S_OPS];           // bit a: algorithm a refused when it ran (s_run_f)
+    unsigned refused[S_OPS];           // bit a: algorithm a refused when it ran (s_run_f; a
+                                       // value is below its *_ALGO_COUNT <= S_MAX_CANDS)
 } s_conv_set;
 
 typedef struct s_conv_impl {
@@ -115,6 +116,7 @@ static_assert(CUDNN_CONVOLUTION_FWD_ALGO_COUNT <= S_MAX_CANDS &&
                   CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT <= S_MAX_CANDS &&
                   CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT <= S_MAX_CANDS,
               "S_MAX_CANDS holds every candidate cuDNN may return");
+static_assert(S_MAX_CANDS <= 32, "s_conv_set.refused has a bit for every algorithm");
 
 /* cuDNN's candidates for operation op of set (heuristics, best first) into c, *n of them. */
 static cudnnStatus_t s_candidates(const s_conv_set *set, int op, s_cand *c, int *n)
@@ -183,8 +185,8 @@ static int s_math_taken(int bf16, cudnnMathType_t m)
 /* cuDNN's choice of the three algorithms for set (heuristics, once per shape): for each
  * operation the first candidate cuDNN reports usable, in a math type the set takes
  * (s_math_taken), not refused before (s_run_f), whose workspace it can size under that math
- * type and is at most limit bytes. The workspace they need in *ws. 0 when an operation has none: *st then holds the
- * failed query's status (CUDNN_STATUS_SUCCESS when cuDNN answered with no usable
+ * type and is at most limit bytes. The workspace they need in *ws. 0 when an operation has
+ * none: *st then holds the failed query's status (CUDNN_STATUS_SUCCESS when cuDNN answered with no usable
  * candidate). */
 static int s_conv_set_algos(s_conv_set *set, int bf16, size_t limit, size_t *ws,
                             cudnnStatus_t *st)
@@ -200,7 +202,7 @@ static int s_conv_set_algos(s_conv_set *set, int bf16, size_t limit, size_t *ws,
         for (int i = 0; i < n && !found; i++) {
             size_t b = 0;
             if (c[i].status != CUDNN_STATUS_SUCCESS || !s_math_taken(bf16, c[i].math) ||
-                (c[i].algo < 32 && set->refused[op] >> c[i].algo & 1u) ||
+                (set->refused[op] >> c[i].algo & 1u) ||
                 cudnnSetConvolutionMathType(set->conv, c[i].math) != CUDNN_STATUS_SUCCESS ||
                 s_workspace(set, op, c[i].algo, &b) != CUDNN_STATUS_SUCCESS || b > limit)
                 continue;
@@ -461,7 +463,7 @@ static zps_status s_run_f(const k_conv2d *d, s_conv_impl *im, int op, const void
             return ZPS_OK;
         int algo = im->f.algo[op];
         cudnnStatus_t cst = c;
-        if (s_refused(c) && algo >= 0 && algo < 32) {
+        if (s_refused(c)) {
             (void)cudaGetLastError();
             im->f.refused[op] |= 1u << algo;
             if (s_conv_set_fit(im, &im->f, 0, &cst))

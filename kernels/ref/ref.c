@@ -110,7 +110,8 @@ zps_status k_ref_conv2d_bwd(k_conv2d *d, const float *x, const float *w, const f
                                 const float *wr = w + ((size_t)(k * d->c + c) * d->r + r) * d->s;
                                 for (int s = 0; s < d->s; s++) {
                                     int tx = ix + d->pad_w - s;
-                                    if (tx >= 0 && tx % d->stride_w == 0 && tx / d->stride_w < d->ow)
+                                    if (tx >= 0 && tx % d->stride_w == 0 &&
+                                        tx / d->stride_w < d->ow)
                                         acc += s_in(d, g[tx / d->stride_w]) * s_in(d, wr[s]);
                                 }
                             }
