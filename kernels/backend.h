@@ -35,12 +35,15 @@
  *     the back-end's compute queue; copy_in/copy_out return when their copy is done (and
  *     with it, the compute work before it). The asynchronous group (host_alloc ...
  *     event_sync) is all set or all NULL; host back-ends leave it NULL, and their callers
- *     then alias host mirrors to the tensors instead of copying. Its copies run on a copy
- *     queue of their own, in order, and nothing orders the two queues but events:
- *     event_record marks a point of a queue, event_wait makes a queue's later work wait for
- *     such a point (the host does not wait), event_sync makes the host wait for it. An
- *     asynchronous copy's host side is host_alloc memory (pinned, so the copy is DMA) and
- *     must not be touched until an event recorded after the copy completed.
+ *     then alias host mirrors to the tensors instead of copying. Its copies run on two copy
+ *     queues of their own, one per direction (copy_in_async on K_QUEUE_IN, copy_out_async
+ *     on K_QUEUE_OUT), each in order, so a batch or values going up never wait behind
+ *     gradients going down (and a GPU's two copy engines both work). Nothing orders the
+ *     three queues but events: event_record marks a point of a queue, event_wait makes a
+ *     queue's later work wait for such a point (the host does not wait), event_sync makes
+ *     the host wait for it. An asynchronous copy's host side is host_alloc memory (pinned,
+ *     so the copy is DMA) and must not be touched until an event recorded after the copy
+ *     completed.
  */
 #ifndef ZPS_KERNELS_BACKEND_H
 #define ZPS_KERNELS_BACKEND_H
@@ -63,8 +66,9 @@ typedef struct k_dense k_dense;
 
 typedef struct k_backend k_backend;
 
-/* The queues of a device back-end (see the contract above). */
-enum { K_QUEUE_COMPUTE = 0, K_QUEUE_COPY = 1 };
+/* The queues of a device back-end (see the contract above): the ops', and one copy queue
+ * per direction (host to device, device to host). */
+enum { K_QUEUE_COMPUTE = 0, K_QUEUE_IN = 1, K_QUEUE_OUT = 2 };
 /* A point in a queue (the back-end's own type: a CUDA event for cuda). */
 typedef struct k_event k_event;
 
@@ -144,8 +148,8 @@ struct k_backend {
     /* asynchronous transfers (device back-ends; all NULL on host back-ends) */
     void *(*host_alloc)(size_t bytes);                  // pinned host memory; NULL on failure
     void (*host_free)(void *p);                         // NULL is a no-op
-    zps_status (*copy_in_async)(void *dst, const void *host_src, size_t bytes);  // copy queue
-    zps_status (*copy_out_async)(void *host_dst, const void *src, size_t bytes); // copy queue
+    zps_status (*copy_in_async)(void *dst, const void *host_src, size_t bytes);  // QUEUE_IN
+    zps_status (*copy_out_async)(void *host_dst, const void *src, size_t bytes); // QUEUE_OUT
     zps_status (*event_new)(k_event **out);
     void (*event_free)(k_event *e);                     // NULL is a no-op
     zps_status (*event_record)(k_event *e, int queue);  // e: queue's work so far

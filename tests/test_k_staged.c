@@ -39,7 +39,7 @@ static void s_init(void)
     zps_log_set_level(ZPS_LOG_WARN);
 }
 
-/* H2D on the copy queue -> the compute queue waits -> scale by 2 -> the copy queue waits ->
+/* H2D on the in queue -> the compute queue waits -> scale by 2 -> the out queue waits ->
  * D2H -> the host waits: every byte comes back doubled, exactly. */
 static void s_round_trip(const k_backend *be)
 {
@@ -55,13 +55,13 @@ static void s_round_trip(const k_backend *be)
     cr_assert_eq(be->event_new(&op), ZPS_OK);
     cr_assert_eq(be->event_new(&out), ZPS_OK);
     cr_assert_eq(be->copy_in_async(d, a, n * sizeof *a), ZPS_OK);
-    cr_assert_eq(be->event_record(in, K_QUEUE_COPY), ZPS_OK);
+    cr_assert_eq(be->event_record(in, K_QUEUE_IN), ZPS_OK);
     cr_assert_eq(be->event_wait(K_QUEUE_COMPUTE, in), ZPS_OK);
     cr_assert_eq(k_scale(be, n, 2.0f, d), ZPS_OK);
     cr_assert_eq(be->event_record(op, K_QUEUE_COMPUTE), ZPS_OK);
-    cr_assert_eq(be->event_wait(K_QUEUE_COPY, op), ZPS_OK);
+    cr_assert_eq(be->event_wait(K_QUEUE_OUT, op), ZPS_OK);
     cr_assert_eq(be->copy_out_async(b, d, n * sizeof *b), ZPS_OK);
-    cr_assert_eq(be->event_record(out, K_QUEUE_COPY), ZPS_OK);
+    cr_assert_eq(be->event_record(out, K_QUEUE_OUT), ZPS_OK);
     cr_assert_eq(be->event_sync(out), ZPS_OK);
     for (size_t i = 0; i < n; i++)
         cr_assert_eq(b[i], 2.0f * a[i], "%s: element %zu of %zu: %g, want %g (seed %llu)",
@@ -93,35 +93,49 @@ Test(k_async, host_backends_have_no_queues, .init = s_init)
     cr_assert_eq(k_backend_staged()->host_memory, 0);
 }
 
-/* A copy happens when an event recorded after it is waited for, not before, and the copies
- * run in the order they were queued (the second write to the same place wins). */
+/* A copy happens when an event recorded on its queue after it is waited for, not before, and
+ * a queue's copies run in the order they were queued (the second write to the same place
+ * wins). The two copy queues are independent: a copy-out waits for a copy-in queued before it
+ * only through an event. */
 Test(k_staged, copies_wait_for_an_event, .init = s_init)
 {
     const k_backend *be = k_backend_staged();
     float *h = be->host_alloc(4 * sizeof *h), *d = be->alloc(4 * sizeof *d);
     cr_assert(isnan(h[0]) && isnan(d[3]), "fresh memory is NaN");
     float one[4] = {1, 2, 3, 4}, two[4] = {5, 6, 7, 8};
-    k_event *e1, *e2;
+    k_event *e1, *e2, *e3, *c;
     cr_assert_eq(be->event_new(&e1), ZPS_OK);
     cr_assert_eq(be->event_new(&e2), ZPS_OK);
+    cr_assert_eq(be->event_new(&e3), ZPS_OK);
+    cr_assert_eq(be->event_new(&c), ZPS_OK);
     cr_assert_eq(be->copy_in_async(d, one, sizeof one), ZPS_OK);
-    cr_assert_eq(be->event_record(e1, K_QUEUE_COPY), ZPS_OK);
+    cr_assert_eq(be->event_record(e1, K_QUEUE_IN), ZPS_OK);
     cr_assert_eq(be->copy_in_async(d, two, sizeof two), ZPS_OK);
-    cr_assert_eq(be->event_record(e2, K_QUEUE_COPY), ZPS_OK);
+    cr_assert_eq(be->event_record(e2, K_QUEUE_IN), ZPS_OK);
     cr_assert(isnan(d[0]), "nothing waited yet: the copy has not happened");
-    /* the copy queue waiting for the compute queue changes nothing */
-    cr_assert_eq(be->event_wait(K_QUEUE_COPY, e1), ZPS_OK);
+    /* a copy queue waiting for the compute queue changes nothing */
+    cr_assert_eq(be->event_record(c, K_QUEUE_COMPUTE), ZPS_OK);
+    cr_assert_eq(be->event_wait(K_QUEUE_IN, c), ZPS_OK);
+    cr_assert_eq(be->event_wait(K_QUEUE_OUT, c), ZPS_OK);
+    cr_assert(isnan(d[0]));
+    /* an event of the other copy queue does not run this one's copies */
+    cr_assert_eq(be->event_record(e3, K_QUEUE_OUT), ZPS_OK);
+    cr_assert_eq(be->event_sync(e3), ZPS_OK);
     cr_assert(isnan(d[0]));
     cr_assert_eq(be->event_wait(K_QUEUE_COMPUTE, e1), ZPS_OK);
     cr_assert_eq(d[0], 1.0f, "the first copy ran when the compute queue waited for it");
     cr_assert_eq(d[3], 4.0f);
     cr_assert_eq(be->copy_out_async(h, d, sizeof one), ZPS_OK);
-    k_event *e3;
-    cr_assert_eq(be->event_new(&e3), ZPS_OK);
-    cr_assert_eq(be->event_record(e3, K_QUEUE_COPY), ZPS_OK);
+    cr_assert_eq(be->event_record(e3, K_QUEUE_OUT), ZPS_OK);
     cr_assert(isnan(h[0]), "the copy-out waits too");
     cr_assert_eq(be->event_sync(e3), ZPS_OK);
-    cr_assert_eq(d[0], 5.0f, "the second copy-in ran before the copy-out queued after it");
+    cr_assert_eq(h[0], 1.0f, "the copy-out did not wait for the copy-in on the other queue");
+    cr_assert_eq(d[0], 1.0f);
+    /* the out queue waiting for the in queue's point: the second copy-in, then the copy-out */
+    cr_assert_eq(be->event_wait(K_QUEUE_OUT, e2), ZPS_OK);
+    cr_assert_eq(be->copy_out_async(h, d, sizeof one), ZPS_OK);
+    cr_assert_eq(be->event_record(e3, K_QUEUE_OUT), ZPS_OK);
+    cr_assert_eq(be->event_sync(e3), ZPS_OK);
     cr_assert_eq(h[0], 5.0f);
     cr_assert_eq(h[2], 7.0f);
     /* compute events are complete at once */
@@ -130,6 +144,7 @@ Test(k_staged, copies_wait_for_an_event, .init = s_init)
     be->event_free(e1);
     be->event_free(e2);
     be->event_free(e3);
+    be->event_free(c);
     be->free(d);
     be->host_free(h);
 }
@@ -147,12 +162,12 @@ Test(k_staged, a_long_backlog_keeps_its_order, .init = s_init)
             src[i] = (float)(round * N + i);
             cr_assert_eq(be->copy_in_async(d + i, src + i, sizeof *src), ZPS_OK);
             if (i == N / 2) { /* half of them run now: the rest slide to the front */
-                cr_assert_eq(be->event_record(e, K_QUEUE_COPY), ZPS_OK);
+                cr_assert_eq(be->event_record(e, K_QUEUE_IN), ZPS_OK);
                 cr_assert_eq(be->event_sync(e), ZPS_OK);
                 cr_assert_eq(d[i], (float)(round * N + i));
             }
         }
-        cr_assert_eq(be->event_record(e, K_QUEUE_COPY), ZPS_OK);
+        cr_assert_eq(be->event_record(e, K_QUEUE_IN), ZPS_OK);
         cr_assert_eq(be->event_sync(e), ZPS_OK);
         for (int i = 0; i < N; i++)
             cr_assert_eq(d[i], (float)(round * N + i));

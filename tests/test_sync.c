@@ -649,7 +649,7 @@ static zps_status s_hc_sum(void *ctx, float *dev, size_t n)
 {
     s_hcoll *c = ctx;
     const k_backend *be = k_backend_staged();
-    ZPS_TRY(be->event_record(c->copies, K_QUEUE_COPY));
+    ZPS_TRY(be->event_record(c->copies, K_QUEUE_OUT));
     ZPS_TRY(be->event_sync(c->copies));
     return s_hc_queue(c, dev, n, 0);
 }

@@ -68,11 +68,12 @@ static zps_status s_read(tr_input *in, int k, tr_task_batch *b, int64_t step)
                          .n = in->batch};
     if (!in->dev)
         return ZPS_OK;
-    /* its copy after the last reader of the device buffer, on the copy queue */
-    ZPS_TRY(in->be->event_wait(K_QUEUE_COPY, in->used[k]));
+    /* its copy after the last reader of the device buffer, on the host-to-device queue
+     * (never behind the gradients going down) */
+    ZPS_TRY(in->be->event_wait(K_QUEUE_IN, in->used[k]));
     ZPS_TRY(in->be->copy_in_async(in->devx[k], b->x,
                                   (size_t)in->batch * in->sample_floats * sizeof(float)));
-    return in->be->event_record(in->in[k], K_QUEUE_COPY);
+    return in->be->event_record(in->in[k], K_QUEUE_IN);
 }
 
 zps_status tr_input_next(tr_input *in, tr_task_batch *b, int64_t step)

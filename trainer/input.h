@@ -4,7 +4,8 @@
  * On a host back-end the model reads the pipeline's batch buffer in place (nn_model_set_input).
  * On a device back-end (one with queues, backend.h) there are two pinned host buffers and two
  * device buffers: batch t runs from one pair while batch t + 1 is read into the other and
- * copied in on the copy queue, so the copy overlaps step t's compute:
+ * copied in on the host-to-device copy queue (K_QUEUE_IN), so the copy overlaps step t's
+ * compute and never waits behind step t's gradients going down (K_QUEUE_OUT):
  *
  *   tr_input_next(b)    the next micro-batch: the one fetched ahead, or one read now; the
  *                       compute queue waits for its copy, and the model's next forward reads

@@ -4,14 +4,16 @@
  *
  * The wrapped ("inner") back-end sees host mirrors of the parameters and of the step's mean
  * gradient, and the model computes with device copies of them. The transfers go one layer
- * group at a time on the device's copy queue, ordered by events, so they overlap compute:
+ * group at a time on the device's copy queues (gradients down on K_QUEUE_OUT, values up on
+ * K_QUEUE_IN, so the two directions overlap each other), ordered by events, so they overlap
+ * compute:
  *
  *   backward hook (first, n)   (PS with --push-dtype bf16: the group's gradients rounded to
  *                              bfloat16 on the compute queue, k_pack_bf16, so half the bytes
  *                              cross and the pushes send them as they are) the compute
  *                              queue's point after that layer (or, with env.grads_source,
  *                              that source's: sync_node_dev.c's after the node's NCCL sums)
- *                              -> the copy queue waits for it -> gradients D2H into the
+ *                              -> the out queue waits for it -> gradients D2H into the
  *                              mirror -> an event, handed to the staging thread; that thread
  *                              waits for the event (and asks the source whether what it
  *                              copied is whole) and then calls the inner grads_ready(first,
@@ -19,9 +21,11 @@
  *                              before
  *   end_step                   waits until the staging thread handed over every group, then
  *                              the inner end_step; every variable's device copy is now stale
+ *   begin_step                 the compute queue's point after the last backward (`fence`)
  *   forward hook (first, n)    for stale variables: the inner forward hook (PS: waits for
- *                              their pull into the mirror), H2D on the copy queue, and the
- *                              compute queue waits for it before the layer runs
+ *                              their pull into the mirror), H2D on the in queue after the
+ *                              fence, and the compute queue waits for it before the layer
+ *                              runs
  *   params_ready, finish       whatever is still stale goes up the same way
  *
  * Invariants:
@@ -31,11 +35,12 @@
  *    mutex hand-off orders their memory.
  *  - A gradient mirror range is written by its D2H after that step's params_ready, which
  *    (PS sync) or the previous end_step (async, ssp) waited for the pushes that read it; a
- *    parameter range's H2D is queued after the previous backward's last D2H on the same copy
- *    queue, itself ordered after the whole backward: a layer's new values never overwrite
- *    device values a queued backward still reads. tr_sync_staged_upload (a node leader's
- *    values, also after a rollback, when a failed hand-off left the later groups' D2H
- *    unqueued) makes the copy queue wait for the compute queue itself.
+ *    parameter range's H2D waits on the in queue for the fence, the compute queue's point
+ *    after everything queued before the step began (between steps for
+ *    tr_sync_staged_upload, a node leader's values, and for finish): a layer's new values
+ *    never overwrite device values a queued backward still reads. The fence is recorded
+ *    once per step, not at each upload, or a group's H2D would wait for the forward of the
+ *    groups before it instead of overlapping it.
  *  - The stager's own first failure (a copy, an event; on the staging thread too: a D2H
  *    that did not land, sums NCCL aborted) is kept; later hooks do nothing, and end_step
  *    (before the inner end_step) and params_ready return it. An inner grads_ready's failure
@@ -72,6 +77,7 @@ typedef struct s_stage {
                                // as recorded): the compute queue's, or the source's
     const tr_grads_source *src; // env's (NULL: the compute queue)
     k_event *up;               // the last H2D's end (reused likewise)
+    k_event *fence;            // the compute queue's point before which uploads wait (above)
     k_event **ev;              // (nvars) hand-off events: ev[first] for the group at first
     zps_status err;            // first failure (training thread's side)
     zps_status copy_err;       // the staging thread's own first failure (a copy that did
@@ -135,12 +141,12 @@ static zps_status s_grads_ready(tr_sync *b, size_t first, size_t n)
         st = s->src ? s->src->point(s->src->ctx, s->point)
                     : s->be->event_record(s->point, K_QUEUE_COMPUTE);
     if (st == ZPS_OK)
-        st = s->be->event_wait(K_QUEUE_COPY, s->point);
+        st = s->be->event_wait(K_QUEUE_OUT, s->point);
     if (st == ZPS_OK)
         st = s->bf16 ? s->be->copy_out_async(s->hgrads16 + off, s->dgrads16 + off, span * 2)
                      : s->be->copy_out_async(s->hgrads + off, s->dgrads + off, span * 4);
     if (st == ZPS_OK)
-        st = s->be->event_record(done, K_QUEUE_COPY);
+        st = s->be->event_record(done, K_QUEUE_OUT);
     if (st != ZPS_OK) {
         s_fail(s, st, "gradients to the host");
         return st;
@@ -150,13 +156,16 @@ static zps_status s_grads_ready(tr_sync *b, size_t first, size_t n)
 
 /* ---- values: inner -> mirror -> device ---- */
 
-/* The stale variables of [first, first + n) up to the device; the compute queue waits. */
+/* The stale variables of [first, first + n) up to the device, after the fence; the compute
+ * queue waits. */
 static zps_status s_upload(s_stage *s, size_t first, size_t n)
 {
     int any = 0;
     for (size_t v = first; v < first + n; v++) {
         if (!s->stale[v])
             continue;
+        if (!any) /* (waiting again for a point waited for already costs nothing) */
+            ZPS_TRY(s->be->event_wait(K_QUEUE_IN, s->fence));
         size_t run = 1; /* a run of stale variables: one copy */
         while (v + run < first + n && s->stale[v + run])
             run++;
@@ -169,7 +178,7 @@ static zps_status s_upload(s_stage *s, size_t first, size_t n)
     }
     if (!any)
         return ZPS_OK;
-    ZPS_TRY(s->be->event_record(s->up, K_QUEUE_COPY));
+    ZPS_TRY(s->be->event_record(s->up, K_QUEUE_IN));
     return s->be->event_wait(K_QUEUE_COMPUTE, s->up);
 }
 
@@ -215,6 +224,8 @@ static zps_status s_begin_step(tr_sync *b, int64_t step, int *stop)
     s_stage *s = (s_stage *)b;
     tr_worker_clear(&s->worker); /* idle (end_step drained it); the inner back-end judged
                                   * last step's failure already (a redo goes on) */
+    if (s->err == ZPS_OK) /* this step's forward is not queued yet */
+        s_fail(s, s->be->event_record(s->fence, K_QUEUE_COMPUTE), "the step's fence");
     return s_mirror(s, s->inner->begin_step(s->inner, step, stop));
 }
 
@@ -234,12 +245,9 @@ zps_status tr_sync_staged_upload(tr_sync *b)
     s_stage *s = (s_stage *)b;
     if (s->err != ZPS_OK)
         return s->err;
-    /* Between steps, but after a hand-off that failed the later groups' copies to the host
-     * were never queued, and the copy queue may be ahead of a backward still reading the
-     * values: it waits for the compute queue first (free: nothing else is queued). */
-    zps_status st = s->be->event_record(s->point, K_QUEUE_COMPUTE);
-    if (st == ZPS_OK)
-        st = s->be->event_wait(K_QUEUE_COPY, s->point);
+    /* Between steps: the fence is the compute queue's present point (a backward may still
+     * be reading the values). */
+    zps_status st = s->be->event_record(s->fence, K_QUEUE_COMPUTE);
     if (st == ZPS_OK)
         st = s_upload(s, 0, s->nvars);
     s_fail(s, st, "values to the device");
@@ -269,6 +277,7 @@ static zps_status s_finish(tr_sync *b, int *fresh)
     if (st != ZPS_OK)
         return s_mirror(s, st);
     s_all_stale(s);
+    ZPS_TRY(s->be->event_record(s->fence, K_QUEUE_COMPUTE)); /* after the loop: a point now */
     ZPS_TRY(s_upload(s, 0, s->nvars));
     return s_mirror(s, ZPS_OK);
 }
@@ -299,6 +308,7 @@ static void s_destroy(tr_sync *b)
         s->be->event_free(s->ev[v]);
     s->be->event_free(s->point);
     s->be->event_free(s->up);
+    s->be->event_free(s->fence);
     s->be->host_free(s->hparams);
     s->be->host_free(s->hgrads);
     s->be->host_free(s->hgrads16);
@@ -331,6 +341,8 @@ static zps_status s_setup(s_stage *s)
     ZPS_TRY(be->copy_out(s->hparams, s->dparams, s->nparams * sizeof(float)));
     ZPS_TRY(be->event_new(&s->point));
     ZPS_TRY(be->event_new(&s->up));
+    ZPS_TRY(be->event_new(&s->fence));
+    ZPS_TRY(be->event_record(s->fence, K_QUEUE_COMPUTE));
     for (size_t v = 0; v < s->nvars; v++)
         ZPS_TRY(be->event_new(&s->ev[v]));
     return tr_worker_start(&s->worker, s->nvars, s_hand_off, s, "trainer");

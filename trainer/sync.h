@@ -18,7 +18,7 @@
  *                     per bucket while backward goes on)
  *   stage.c           a model on a device back-end (backend.h's queues) under any of the
  *                     last three: pinned host mirrors of the values and the gradients,
- *                     moved one layer group at a time on the copy queue (tr_sync_staged_new)
+ *                     moved one layer group at a time on the copy queues (tr_sync_staged_new)
  *   sync_nccl.c       --mode allreduce with the model on a GPU: NCCL sums the device
  *                     gradients per bucket on its own stream, ordered by events, and the
  *                     optimizer runs on the device
@@ -148,8 +148,8 @@ struct tr_sync {
  * stage.c sees it. */
 typedef struct tr_grads_source {
     void *ctx;
-    /* Records e after the gradients reported so far are final, for the copy queue to wait
-     * for. */
+    /* Records e after the gradients reported so far are final, for the device-to-host copy
+     * queue to wait for. */
     zps_status (*point)(void *ctx, struct k_event *e);
     /* Once such a point was reached: ZPS_OK when the gradients are what it promised (NCCL:
      * the communicator was not aborted, which ends its kernels early); else they must not be

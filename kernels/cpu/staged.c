@@ -7,17 +7,20 @@
  *     (as device memory is garbage), so a caller that reads a tensor it never copied in, or
  *     that hands the ops a host pointer where it meant a copy, gets NaN or stale values
  *     instead of the right answer by accident;
- *   - the asynchronous copies do not happen when asked for: they wait on the copy queue until
- *     something waits for an event recorded after them (event_sync by the host, event_wait by
- *     the compute queue), and only then run, in order. The ops, like copy_in/copy_out, run at
- *     once (the compute queue never lags the host), so events on it are always complete.
+ *   - the asynchronous copies do not happen when asked for: they wait on their copy queue
+ *     (K_QUEUE_IN for copy_in_async, K_QUEUE_OUT for copy_out_async) until something waits
+ *     for an event recorded on that queue after them (event_sync by the host, event_wait by
+ *     the compute queue or the other copy queue), and only then run, in order. The two copy
+ *     queues are independent, as a device's are: a copy-out does not wait for a copy-in
+ *     queued before it. The ops, like copy_in/copy_out, run at once (the compute queue never
+ *     lags the host), so events on it are always complete.
  *     A caller that reads a host mirror before waiting for its copy-out, writes one before
  *     its copy-in has run, or computes with a tensor whose copy-in it did not wait for, sees
  *     the old data: the latest moment a real device could have copied, which is what the
  *     tests compare against the cpu back-end.
- * The pinned host memory is ordinary aligned memory (also NaN-filled). The queue is guarded by
- * a mutex (a staging thread waits for events while the training thread queues copies) and
- * grows but never shrinks, so a step allocates nothing once the queue has seen its longest
+ * The pinned host memory is ordinary aligned memory (also NaN-filled). The queues are guarded
+ * by one mutex (a staging thread waits for events while the training thread queues copies)
+ * and grow but never shrink, so a step allocates nothing once they have seen their longest
  * backlog.
  */
 #include <pthread.h>
@@ -32,18 +35,28 @@ typedef struct s_copy {
     void *dst;
     const void *src;
     size_t bytes;
-    uint64_t seq; // its place in the copy queue (1, 2, ...)
+    uint64_t seq; // its place in its copy queue (1, 2, ...)
 } s_copy;
+
+/* A copy queue: its pending copies [head, tail), oldest first. */
+typedef struct s_queue {
+    s_copy *q;
+    size_t head, tail, cap;
+    uint64_t seq; // the last copy queued
+} s_queue;
 
 struct k_event {
     int queue;    // where it was recorded
-    uint64_t seq; // copy queue: the copies it follows (0: recorded on the compute queue)
+    uint64_t seq; // a copy queue's: the copies it follows (0 on the compute queue)
 };
 
 static pthread_mutex_t s_mu = PTHREAD_MUTEX_INITIALIZER;
-static s_copy *s_q;          // pending copies [s_head, s_tail), oldest first
-static size_t s_head, s_tail, s_cap;
-static uint64_t s_seq;       // the last copy queued
+static s_queue s_in, s_out; // K_QUEUE_IN, K_QUEUE_OUT
+
+static s_queue *s_copies(int queue)
+{
+    return queue == K_QUEUE_IN ? &s_in : queue == K_QUEUE_OUT ? &s_out : NULL;
+}
 
 static void *s_alloc_nan(size_t bytes)
 {
@@ -55,37 +68,45 @@ static void *s_alloc_nan(size_t bytes)
 }
 static void s_free(void *p) { free(p); }
 
-/* Runs the queued copies up to and including number seq (under s_mu). */
-static void s_run_until(uint64_t seq)
+/* Runs q's queued copies up to and including number seq (under s_mu). */
+static void s_run_until(s_queue *q, uint64_t seq)
 {
-    while (s_head < s_tail && s_q[s_head].seq <= seq) {
-        memcpy(s_q[s_head].dst, s_q[s_head].src, s_q[s_head].bytes);
-        s_head++;
+    while (q->head < q->tail && q->q[q->head].seq <= seq) {
+        memcpy(q->q[q->head].dst, q->q[q->head].src, q->q[q->head].bytes);
+        q->head++;
     }
-    if (s_head == s_tail)
-        s_head = s_tail = 0;
+    if (q->head == q->tail)
+        q->head = q->tail = 0;
 }
 
-static zps_status s_copy_async(void *dst, const void *src, size_t bytes)
+static zps_status s_queue_copy(s_queue *q, void *dst, const void *src, size_t bytes)
 {
     pthread_mutex_lock(&s_mu);
-    if (s_tail == s_cap && s_head > 0) { /* slide the pending copies to the front */
-        memmove(s_q, s_q + s_head, (s_tail - s_head) * sizeof *s_q);
-        s_tail -= s_head;
-        s_head = 0;
+    if (q->tail == q->cap && q->head > 0) { /* slide the pending copies to the front */
+        memmove(q->q, q->q + q->head, (q->tail - q->head) * sizeof *q->q);
+        q->tail -= q->head;
+        q->head = 0;
     }
-    if (s_tail == s_cap) {
-        size_t cap = s_cap ? 2 * s_cap : 256;
-        s_copy *q = realloc(s_q, cap * sizeof *q);
-        if (!q) {
+    if (q->tail == q->cap) {
+        size_t cap = q->cap ? 2 * q->cap : 256;
+        s_copy *grown = realloc(q->q, cap * sizeof *grown);
+        if (!grown) {
             pthread_mutex_unlock(&s_mu);
             return ZPS_ERR_NOMEM;
         }
-        s_q = q, s_cap = cap;
+        q->q = grown, q->cap = cap;
     }
-    s_q[s_tail++] = (s_copy){.dst = dst, .src = src, .bytes = bytes, .seq = ++s_seq};
+    q->q[q->tail++] = (s_copy){.dst = dst, .src = src, .bytes = bytes, .seq = ++q->seq};
     pthread_mutex_unlock(&s_mu);
     return ZPS_OK;
+}
+static zps_status s_copy_in_async(void *dst, const void *src, size_t bytes)
+{
+    return s_queue_copy(&s_in, dst, src, bytes);
+}
+static zps_status s_copy_out_async(void *dst, const void *src, size_t bytes)
+{
+    return s_queue_copy(&s_out, dst, src, bytes);
 }
 
 static zps_status s_event_new(k_event **out)
@@ -98,24 +119,31 @@ static void s_event_free(k_event *e) { free(e); }
 static zps_status s_event_record(k_event *e, int queue)
 {
     pthread_mutex_lock(&s_mu);
+    s_queue *q = s_copies(queue);
     e->queue = queue;
-    e->seq = queue == K_QUEUE_COPY ? s_seq : 0;
+    e->seq = q ? q->seq : 0;
     pthread_mutex_unlock(&s_mu);
     return ZPS_OK;
 }
 
-/* The copy queue waiting for the compute queue waits for nothing (the ops ran at once); the
- * compute queue waiting for a copy, or the host waiting for one, makes it happen now. */
+/* The host waiting for a copy queue's point makes its copies up to there happen now; a point
+ * of the compute queue is complete already (the ops ran at once). */
 static zps_status s_event_sync(k_event *e)
 {
     pthread_mutex_lock(&s_mu);
-    s_run_until(e->seq);
+    s_queue *q = s_copies(e->queue);
+    if (q)
+        s_run_until(q, e->seq);
     pthread_mutex_unlock(&s_mu);
     return ZPS_OK;
 }
+/* A queue waiting for a copy queue's point makes that point happen now too: the compute
+ * queue runs at once, and a copy queue's later copies, which run no sooner than this, then
+ * follow it as on a device. Waiting for the compute queue waits for nothing. */
 static zps_status s_event_wait(int queue, k_event *e)
 {
-    return queue == K_QUEUE_COMPUTE ? s_event_sync(e) : ZPS_OK;
+    (void)queue;
+    return s_event_sync(e);
 }
 
 static k_backend s_staged;
@@ -129,8 +157,8 @@ static void s_init(void)
     /* copy_in/copy_out stay cpu's (ref's memmove): copies on the compute queue, at once */
     s_staged.host_alloc = s_alloc_nan;
     s_staged.host_free = s_free;
-    s_staged.copy_in_async = s_copy_async;
-    s_staged.copy_out_async = s_copy_async;
+    s_staged.copy_in_async = s_copy_in_async;
+    s_staged.copy_out_async = s_copy_out_async;
     s_staged.event_new = s_event_new;
     s_staged.event_free = s_event_free;
     s_staged.event_record = s_event_record;

@@ -7,10 +7,10 @@
  *
  * Everything runs on one device per process (k_cuda_backend's argument, an index among the
  * devices CUDA_VISIBLE_DEVICES leaves visible): the ops, cuDNN and cuBLAS on the back-end's
- * compute stream, the asynchronous copies (backend.h's group) on its copy stream, both
- * non-blocking, ordered against each other by events only; copy_in/copy_out run on the
- * compute stream and synchronise it. Tensors are device pointers; losses and reductions come
- * back to the host (synchronising the compute stream). Every CUDA, cuDNN and cuBLAS call that
+ * compute stream, the asynchronous copies (backend.h's group) on two copy streams, one per
+ * direction, all three non-blocking and ordered against each other by events only;
+ * copy_in/copy_out run on the compute stream and synchronise it. Tensors are device
+ * pointers; losses and reductions come back to the host (synchronising the compute stream). Every CUDA, cuDNN and cuBLAS call that
  * an op's result depends on, and every kernel launch, is checked (cuda_int.h's KC_CHECK); the
  * failure's text is kept in k_cuda_err (k_cuda_last_error returns it) and the call returns
  * ZPS_ERR_CUDA/CUDNN/CUBLAS. Not checked, on purpose: frees and descriptor destruction on
@@ -31,7 +31,8 @@
 
 char k_cuda_err[256];
 cudaStream_t k_cuda_stream; // the compute stream: every op and the synchronous copies
-static cudaStream_t s_copy; // the copy stream: copy_in_async, copy_out_async
+static cudaStream_t s_in;   // the host-to-device copy stream: copy_in_async (K_QUEUE_IN)
+static cudaStream_t s_out;  // the device-to-host copy stream: copy_out_async (K_QUEUE_OUT)
 
 extern "C" const char *k_cuda_last_error(void) { return k_cuda_err; }
 
@@ -67,7 +68,7 @@ static zps_status s_copy_out(void *dst, const void *src, size_t n)
     return ZPS_OK;
 }
 
-/* ---- the asynchronous group: pinned host memory, the copy stream, events ---- */
+/* ---- the asynchronous group: pinned host memory, the copy streams, events ---- */
 
 static void *s_host_alloc(size_t n)
 {
@@ -84,18 +85,19 @@ static void s_host_free(void *p)
 {
     if (!p)
         return;
-    (void)cudaStreamSynchronize(s_copy);
+    (void)cudaStreamSynchronize(s_in);
+    (void)cudaStreamSynchronize(s_out);
     (void)cudaStreamSynchronize(k_cuda_stream);
     cudaFreeHost(p);
 }
 static zps_status s_copy_in_async(void *dst, const void *src, size_t n)
 {
-    KC_CUDA(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, s_copy));
+    KC_CUDA(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, s_in));
     return ZPS_OK;
 }
 static zps_status s_copy_out_async(void *dst, const void *src, size_t n)
 {
-    KC_CUDA(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, s_copy));
+    KC_CUDA(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, s_out));
     return ZPS_OK;
 }
 static zps_status s_event_new(k_event **out)
@@ -120,7 +122,10 @@ static void s_event_free(k_event *e)
         free(e);
     }
 }
-static cudaStream_t s_queue(int q) { return q == K_QUEUE_COPY ? s_copy : k_cuda_stream; }
+static cudaStream_t s_queue(int q)
+{
+    return q == K_QUEUE_IN ? s_in : q == K_QUEUE_OUT ? s_out : k_cuda_stream;
+}
 static zps_status s_event_record(k_event *e, int q)
 {
     KC_CUDA(cudaEventRecord(e->ev, s_queue(q)));
@@ -425,14 +430,15 @@ static void s_release(void **impl)
 
 static k_backend s_cuda;
 
-/* The device, its two streams, and cuDNN and cuBLAS on the compute stream; 0 on failure
+/* The device, its three streams, and cuDNN and cuBLAS on the compute stream; 0 on failure
  * (k_cuda_err says which step). */
 static int s_open(int device)
 {
     s_device = device;
     if (cudaSetDevice(device) != cudaSuccess ||
         cudaStreamCreateWithFlags(&k_cuda_stream, cudaStreamNonBlocking) != cudaSuccess ||
-        cudaStreamCreateWithFlags(&s_copy, cudaStreamNonBlocking) != cudaSuccess) {
+        cudaStreamCreateWithFlags(&s_in, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaStreamCreateWithFlags(&s_out, cudaStreamNonBlocking) != cudaSuccess) {
         snprintf(k_cuda_err, sizeof k_cuda_err, "cannot open CUDA device %d or create its streams: %s",
                  device, cudaGetErrorString(cudaGetLastError()));
         return 0;

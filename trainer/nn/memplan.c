@@ -435,7 +435,7 @@ static zps_status s_take_block(nn_model *m, int n, size_t bytes, float **base)
     m->labels = m->be->alloc(sizeof(int32_t) * (size_t)n);
     if (!m->dev_block || !m->labels)
         return ZPS_ERR_NOMEM;
-    if (m->be->host_alloc) { /* the labels go up on the copy queue, not by a host sync */
+    if (m->be->host_alloc) { /* the labels go up on the in queue, not by a host sync */
         if (m->labels_in)
             ZPS_TRY(m->be->event_sync(m->labels_in)); /* the old staging's copy left it */
         else

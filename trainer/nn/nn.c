@@ -142,10 +142,13 @@ zps_status nn_forward_in(nn_model *m, const float *x, const float *in_place, int
 
 /* The batch into tensor 0 and, on back-ends with their own memory, the labels into the
  * planned label buffer; *lab is where the loss reads them. With queues the labels go
- * through their pinned staging on the copy queue, which the compute queue waits for: a
- * plain copy_in would make the host wait for all the device's queued work (the last step's
- * backward and optimizer) before it could queue this forward. The staging is rewritten
- * only once its last copy left it (free: the last forward's loss was read back after it). */
+ * through their pinned staging on the host-to-device queue, which the compute queue waits
+ * for: a plain copy_in would make the host wait for all the device's queued work (the last
+ * step's backward and optimizer) before it could queue this forward. The staging is
+ * rewritten only once its last copy left it (free: the last forward's loss was read back
+ * after it). The device buffer's only reader is the loss, in the forward (its gradient is
+ * computed there), which the host has waited for by reading the loss back: the copy needs
+ * no wait for the compute queue. */
 static zps_status s_batch_in(nn_model *m, const float *x, const float *in_place,
                              const int32_t *labels, int n, int train, const int32_t **lab)
 {
@@ -160,7 +163,7 @@ static zps_status s_batch_in(nn_model *m, const float *x, const float *in_place,
     ZPS_TRY(m->be->event_sync(m->labels_in));
     memcpy(m->labels_host, labels, bytes);
     ZPS_TRY(m->be->copy_in_async(m->labels, m->labels_host, bytes));
-    ZPS_TRY(m->be->event_record(m->labels_in, K_QUEUE_COPY));
+    ZPS_TRY(m->be->event_record(m->labels_in, K_QUEUE_IN));
     return m->be->event_wait(K_QUEUE_COMPUTE, m->labels_in);
 }
 
