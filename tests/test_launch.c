@@ -76,6 +76,49 @@ Test(it_launch, normal_completion_and_summary, .timeout = 30)
     lt_cleanup(&r);
 }
 
+/* The ports the launcher picks stay bound by it until their own server starts: no other
+ * bind (and no connect()'s ephemeral port) can take one meanwhile, and starting the server
+ * frees exactly its own. Driven through zpslaunch's own functions in a python3. */
+Test(it_launch, picked_ports_are_held_until_their_server_starts, .timeout = 30)
+{
+    lt_run r;
+    lt_setup(&r, 0);
+    static const char script[] =
+        "import errno, os, socket, sys\n"
+        "sys.path.insert(0, sys.argv[1])\n"
+        "from zpslaunch.cluster import hold_free_ports\n"
+        "from zpslaunch.proc import Proc\n"
+        "from zpslaunch.process import start\n"
+        "def taken(port):\n"
+        "    t = socket.socket(socket.AF_INET, socket.SOCK_STREAM)\n"
+        "    try:\n"
+        "        t.bind(('127.0.0.1', port))\n"
+        "        return False\n"
+        "    except OSError as e:\n"
+        "        assert e.errno == errno.EADDRINUSE, e\n"
+        "        return True\n"
+        "    finally:\n"
+        "        t.close()\n"
+        "held = hold_free_ports(3)\n"
+        "ports = [s.getsockname()[1] for s in held]\n"
+        "assert len(set(ports)) == 3, ports\n"
+        "print('held', [taken(p) for p in ports])\n"
+        "p = Proc('server', 1, '127.0.0.1', ports[1], ['true'], 'server-1.log')\n"
+        "p.held = held[1]\n"
+        "start(p, dict(os.environ))\n"
+        "_, status = os.waitpid(p.pid, 0)\n"
+        "print('started', [taken(q) for q in ports], p.held, status)\n";
+    char scripts[4096];
+    const char *root = getenv("ZPS_ROOT");
+    snprintf(scripts, sizeof scripts, "%s/scripts", root && *root ? root : ".");
+    const char *argv[] = {"/usr/bin/python3", "-c", script, scripts, NULL};
+    lt_exec(&r, argv, 0, NULL);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    cr_assert(strstr(r.out, "held [True, True, True]"), "%s", r.out);
+    cr_assert(strstr(r.out, "started [True, False, True] None 0"), "%s", r.out);
+    lt_cleanup(&r);
+}
+
 /* --servers 0: an all-reduce fleet, trainers only; the real zps-trainer refuses such a
  * cluster file in a PS mode, naming the file. */
 Test(it_launch, fleet_without_servers, .timeout = 30)

@@ -78,7 +78,7 @@ import threading
 import types
 
 from zpslaunch import slurm
-from zpslaunch.cluster import free_ports, parse_cluster, write_cluster
+from zpslaunch.cluster import hold_free_ports, parse_cluster, write_cluster
 from zpslaunch.commands import build_argv, make_curve_keys, substitute
 from zpslaunch.env import fleet_env, parse_x, process_env
 from zpslaunch.launchers import command
@@ -167,7 +167,8 @@ def parser():
 def fleet_hosts(args):
     """The fleet: servers [(host, port)], trainers [host], gpu (a trainer's GPU on its node,
     or None), job (the cluster file's, or ''), alloc (the Slurm allocation it came from, or
-    None). Raises ValueError (usage) or RuntimeError (Slurm could not be asked)."""
+    None). Raises ValueError (usage), RuntimeError (Slurm could not be asked) or OSError
+    (no free ports)."""
     from_alloc = args.launcher == "slurm" and not args.cluster
     if args.cluster and (args.servers or args.trainers):
         raise ValueError("give --cluster or --servers/--trainers, not both")
@@ -181,7 +182,7 @@ def fleet_hosts(args):
             raise ValueError(f"--{name.replace('_', '-')} must be >= 0")
     if args.restart_backoff < 0:
         raise ValueError("--restart-backoff must be >= 0")
-    fleet = types.SimpleNamespace(gpu=None, job="", alloc=None)
+    fleet = types.SimpleNamespace(gpu=None, job="", alloc=None, held=[])
     if args.cluster:
         try:
             fleet.servers, fleet.trainers, fleet.job = parse_cluster(args.cluster)
@@ -195,7 +196,11 @@ def fleet_hosts(args):
     elif args.servers < 0 or args.trainers < 1:
         raise ValueError("--servers must be >= 0 (0: an all-reduce fleet) and --trainers >= 1")
     else:
-        fleet.servers = [("127.0.0.1", p) for p in free_ports(args.servers)]
+        try:
+            fleet.held = hold_free_ports(args.servers)
+        except OSError as e:
+            raise OSError(f"cannot find {args.servers} free ports on 127.0.0.1: {e}")
+        fleet.servers = [("127.0.0.1", s.getsockname()[1]) for s in fleet.held]
         fleet.trainers = ["127.0.0.1"] * args.trainers
     if args.gpus < 0:
         raise ValueError("--gpus must be >= 0")
@@ -280,6 +285,7 @@ def make_procs(args, run_dir, job, fleet, curve, env):
         argv = build_argv(args.server_cmd, args.server_args, v,
                           curve_server + ckpt + metrics + nodes)
         p = Proc("server", i, h, port, argv, os.path.join(run_dir, f"server-{i}.log"))
+        p.held = fleet.held[i] if fleet.held else None
         p.restart_cmd = build_argv(args.server_cmd, args.server_args, v,
                                    curve_server + ckpt + again + nodes) + ["--restore"]
         procs.append(p)
@@ -314,6 +320,8 @@ def start_fleet(args):
         return fail(EXIT_USAGE, e)
     except RuntimeError as e:
         return fail(EXIT_FAILED, f"cannot read the Slurm allocation: {e}")
+    except OSError as e:
+        return fail(EXIT_FAILED, e)
     job = args.job or fleet.job or "zps"
     if not all(c.isalnum() or c in "_.-" for c in job) or len(job) > 63:
         return fail(EXIT_USAGE, f"bad job name '{job}' ([A-Za-z0-9_.-], up to 63 characters)")

@@ -1,5 +1,5 @@
 """zpslaunch.cluster - the cluster file (docs/cluster.md) as the launcher reads and writes it,
-and free loopback ports for a fleet on this machine.
+and free loopback ports for a fleet on this machine, held until their servers start.
 
 parse_cluster mirrors common/cluster.c only as far as launching needs; zps-server and
 zps-trainer validate the file fully when they start.
@@ -36,19 +36,22 @@ def parse_cluster(path):
     return servers, trainers, job
 
 
-def free_ports(n):
-    """n distinct free TCP ports on 127.0.0.1 (held together, so distinct; another program
-    could still take one before the server binds it)."""
+def hold_free_ports(n):
+    """n sockets bound to distinct free TCP ports on 127.0.0.1, held: the caller closes each
+    just before its server starts (process.start, Proc.held). While held, no other bind and
+    no connect() from this machine can take the port; after the close only the few
+    milliseconds until the server binds it are open to that."""
     socks = []
     try:
         for _ in range(n):
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
             socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
+            s.bind(("127.0.0.1", 0))
+        return socks
+    except OSError:
         for s in socks:
             s.close()
+        raise
 
 
 def write_cluster(path, job, servers, trainers):

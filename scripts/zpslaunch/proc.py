@@ -51,6 +51,7 @@ class Proc:
         self.signaller = None     # slurm: signals its step; True when that was enough
         self.cancelled = False    # slurm: Slurm ended the job while it ran
         self.shut_down = None     # a server that exited 0 on a SHUTDOWN request: from whom
+        self.held = None          # the socket holding its port until it first starts (local)
 
     @property
     def running(self):

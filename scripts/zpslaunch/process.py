@@ -13,6 +13,9 @@ import time
 
 
 def start(p, env):
+    if p.held is not None:  # its port, held since it was picked, is the server's from now
+        p.held.close()
+        p.held = None
     log = open(p.log, "ab", buffering=0)
     if p.pipe_stdin:  # ssh: a pipe we hold open while the process should live
         stdin_r, p.stdin_w = os.pipe()

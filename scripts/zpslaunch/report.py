@@ -22,9 +22,13 @@ def write_summary(procs, events, job, run_dir, code, extra=None):
                 "restarts": p.restarts, "cancelled": p.cancelled,
                 "runtime_s": round((p.end or time.monotonic()) - p.start, 3) if p.start else None,
                 "log": p.log, "argv": p.argv} for p in procs]
-    with open(os.path.join(run_dir, "summary.json"), "w") as f:
+    # whole or absent: written aside, then renamed over (a reader polling for it, or a
+    # launcher killed mid-write, never sees half a file)
+    path = os.path.join(run_dir, "summary.json")
+    with open(path + ".tmp", "w") as f:
         json.dump(dict({"job": job, "run_dir": run_dir, "exit_code": code,
                         "processes": summary, "events": events}, **(extra or {})), f, indent=1)
+    os.replace(path + ".tmp", path)
     print(table(procs, run_dir), flush=True)
     if events:
         print("events:")
