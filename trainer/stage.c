@@ -19,9 +19,10 @@
  *                              copied is whole) and then calls the inner grads_ready(first,
  *                              n), so pushes leave while the device computes the layers
  *                              before
- *   end_step                   waits until the staging thread handed over every group, then
+ *   end_step                   the compute queue's point after the whole backward (`fence`);
+ *                              waits until the staging thread handed over every group, then
  *                              the inner end_step; every variable's device copy is now stale
- *   begin_step                 the compute queue's point after the last backward (`fence`)
+ *   begin_step                 the fence again (after a failed step's part of a backward)
  *   forward hook (first, n)    for stale variables: the inner forward hook (PS: waits for
  *                              their pull into the mirror), H2D on the in queue after the
  *                              fence, and the compute queue waits for it before the layer
@@ -36,11 +37,12 @@
  *  - A gradient mirror range is written by its D2H after that step's params_ready, which
  *    (PS sync) or the previous end_step (async, ssp) waited for the pushes that read it; a
  *    parameter range's H2D waits on the in queue for the fence, the compute queue's point
- *    after everything queued before the step began (between steps for
- *    tr_sync_staged_upload, a node leader's values, and for finish): a layer's new values
- *    never overwrite device values a queued backward still reads. The fence is recorded
- *    once per step, not at each upload, or a group's H2D would wait for the forward of the
- *    groups before it instead of overlapping it.
+ *    after everything queued before the coming forward (an evaluation's after end_step, the
+ *    next step's after begin_step; tr_sync_staged_upload, a node leader's values, and
+ *    finish record their own): a layer's new values never overwrite device values a queued
+ *    backward still reads. The fence is recorded at those points, not at each upload, or a
+ *    group's H2D would wait for the forward of the groups before it instead of overlapping
+ *    it.
  *  - The stager's own first failure (a copy, an event; on the staging thread too: a D2H
  *    that did not land, sums NCCL aborted) is kept; later hooks do nothing, and end_step
  *    (before the inner end_step) and params_ready return it. An inner grads_ready's failure
@@ -182,6 +184,14 @@ static zps_status s_upload(s_stage *s, size_t first, size_t n)
     return s->be->event_wait(K_QUEUE_COMPUTE, s->up);
 }
 
+/* The compute queue's present point becomes the fence (called where no forward the coming
+ * uploads feed is queued yet). */
+static void s_fence(s_stage *s)
+{
+    if (s->err == ZPS_OK)
+        s_fail(s, s->be->event_record(s->fence, K_QUEUE_COMPUTE), "the uploads' fence");
+}
+
 static void s_forward_hook(void *ctx, size_t first, size_t n)
 {
     s_stage *s = ctx;
@@ -224,8 +234,7 @@ static zps_status s_begin_step(tr_sync *b, int64_t step, int *stop)
     s_stage *s = (s_stage *)b;
     tr_worker_clear(&s->worker); /* idle (end_step drained it); the inner back-end judged
                                   * last step's failure already (a redo goes on) */
-    if (s->err == ZPS_OK) /* this step's forward is not queued yet */
-        s_fail(s, s->be->event_record(s->fence, K_QUEUE_COMPUTE), "the step's fence");
+    s_fence(s); /* this step's forward is not queued yet (and a failed one's backward is) */
     return s_mirror(s, s->inner->begin_step(s->inner, step, stop));
 }
 
@@ -257,6 +266,7 @@ zps_status tr_sync_staged_upload(tr_sync *b)
 static zps_status s_end_step(tr_sync *b, tr_step_record *rec)
 {
     s_stage *s = (s_stage *)b;
+    s_fence(s); /* the whole backward is queued: an evaluation's uploads come next */
     (void)s_drain(s); /* a hand-off's failure is the inner back-end's: its end_step returns
                        * it, or recovers from it (PS sync: a rollback, redo_from) */
     /* ... but not a copy's: the groups after it never reached the inner back-end, whose
