@@ -49,7 +49,7 @@
 #ifndef ZPS_PS_CLIENT_H
 #define ZPS_PS_CLIENT_H
 
-#include <signal.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "common/status.h"
@@ -92,8 +92,10 @@ typedef struct ps_client_opts {
     /* A flag the caller's signal handler raises to stop (NULL: none). Once *stop != 0, every
      * wait (ps_client_wait*, ps_client_poll and the blocking operations) returns
      * ZPS_ERR_INTERRUPTED within one poll slice (<= 100 ms), whatever it waits for, and
-     * leaves its requests behind: the caller is stopping, not failing. */
-    const volatile sig_atomic_t *stop;
+     * leaves its requests behind: the caller is stopping, not failing. An atomic, not a
+     * volatile sig_atomic_t: the handler may run on another thread (a signal thread,
+     * common/proc.h), where only a lock-free atomic is both signal-safe and race-free. */
+    const atomic_int *stop;
 } ps_client_opts;
 
 /* What the trainer asks for at REGISTER; zeros mean "whatever the server has". */

@@ -18,6 +18,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -389,7 +390,7 @@ Test(it_exits, a_restarted_trainer_takes_over_from_its_killed_predecessor_at_onc
 static const ps_var s_vars[] = {{"w", 3000}, {"b", 10}};
 
 typedef struct s_raise {
-    volatile sig_atomic_t *flag;
+    atomic_int *flag;
     int after_ms;
 } s_raise;
 
@@ -408,7 +409,7 @@ Test(it_exits, client_waits_end_on_the_stop_flag_and_at_a_deadline, .timeout = 3
     cr_assert_eq(pst_spawn(&srv, NULL, sargs), 0);
     ps_plan *plan;
     cr_assert_eq(ps_plan_new(s_vars, 2, 1, 0, &plan), ZPS_OK);
-    static volatile sig_atomic_t stop;
+    static atomic_int stop;
     ps_client_opts o;
     ps_client_opts_default(&o);
     o.stop = &stop;

@@ -64,7 +64,7 @@
 #define ZPS_TRAINER_SYNC_H
 
 #include <pthread.h>
-#include <signal.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -96,7 +96,7 @@ typedef struct tr_sync_env {
     void *hook_owner;         // else this is called with hook_owner instead (stage.c)
     const char *const *uris;  // (n_uris) PS servers
     int n_uris;
-    const volatile sig_atomic_t *stop; // raised by SIGTERM/SIGINT: network waits end at once
+    const atomic_int *stop; // raised by SIGTERM/SIGINT: network waits end at once
     size_t bucket_floats;     // all-reduce: gradients reduced together (0: the default)
     const struct tr_grads_source *grads_source; // stage.c: where reported gradients become
                               // final (NULL: on the compute queue, after their backward)

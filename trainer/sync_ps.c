@@ -101,7 +101,7 @@ typedef struct s_ps {
     int64_t push_step;        // step / clock attached to this step's pushes
     int pushpull;             // sync: every push is a PUSHPULL (its pull rides along)
     int64_t pp_step;          // sync: the step the pending PUSHPULLs carried
-    const volatile sig_atomic_t *stop; // the trainer's stop flag (env)
+    const atomic_int *stop;     // the trainer's stop flag (env)
     int joined;               // REGISTER succeeded: the servers expect this trainer
     int left;                 // LEAVE answered, or abandon() tried it
     uint64_t *step_version;   // (cap_steps) sync: the version step k computed with

@@ -22,8 +22,10 @@
  */
 #include "trainer/train.h"
 
+#include <assert.h>
 #include <math.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -48,8 +50,11 @@
 /* The signal that asked to stop (0: none). The loop checks it before each step and the PS
  * client before each poll slice of a wait, so a trainer blocked on the network stops within
  * 0.1 s. A second signal is not caught: it ends the process the default way. The handler
- * runs on tr_run's signal thread (zps_sigthread), never on a thread inside a kernel. */
-static volatile sig_atomic_t s_stop;
+ * runs on tr_run's signal thread (zps_sigthread), never on a thread inside a kernel: so the
+ * flag is a lock-free atomic, which a handler may write and another thread read (a volatile
+ * sig_atomic_t is only that for the handler's own thread; make tsan reported it). */
+static_assert(ATOMIC_INT_LOCK_FREE == 2, "the stop flag must be lock-free to be signal-safe");
+static atomic_int s_stop;
 static void s_on_signal(int sig)
 {
     s_stop = sig;
