@@ -707,20 +707,43 @@ static float *s_blocked_conv_vs_ref(const k_conv2d *dc, double tol, const char *
 /* bf16 convolutions in every pair of layouts (NCHW, 16- and 8-blocks) give ref's bf16
  * results: oneDNN's bf16 kernels where the CPU has them, float ones on rounded copies
  * ("emulate", conv.c) where it has not, in whatever layouts oneDNN picks at the edges. An
- * AVX2-only CPU asks for 8-blocks (prefers_blocked), so this is the path its bf16 models take. */
-Test(k_cpu, bf16_blocked_layouts_match_ref, .init = s_init_cpu, .timeout = 60)
+ * AVX2-only CPU asks for 8-blocks (prefers_blocked), so this is the path its bf16 models take.
+ * Inception's shapes too: its 1xn and nx1 kernels with their padding, a stride-2 reduction,
+ * and the 1x5 kernel over 15 channels whose right padding oneDNN's plain-layout bf16 forward
+ * once wrote garbage into. Twice on a CPU with AMX: with its channels-last kernels, and in the
+ * 16-channel blocks of the others (ZPS_CPU_NO_AMX, conv.c's s_amx). The last three shapes are
+ * ones oneDNN 2.6's AMX kernels get wrong (y, y, dx: found by this test's random shapes, 2026-12-07),
+ * which conv.c's check at creation must catch (s_agree). */
+Test(k_cpu, bf16_blocked_layouts_match_ref, .init = s_init_cpu, .timeout = 90)
 {
-    for (int iter = 0; iter < 16; iter++) {
-        k_conv2d d;
-        s_random_blocked_conv(&d, (iter + 1) % 3, (iter + 1) / 3 % 3);
-        if (iter >= 8) { /* wide 8-blocks, where the float path pads to 16 (s_pad16_pays) */
-            cr_assert_eq(k_conv2d_init(&d, 2, 8 * zt_irand(5, 9), 6, 7, 8 * zt_irand(5, 9), 3, 3,
-                                       1, 1, 1, 1), ZPS_OK);
-            d.x_blocked = d.y_blocked = K_BLOCK8;
+    static const int inc[9][9] = {/* c, h, w, k, r, s, stride, pad h, pad w */
+                                  {32, 17, 17, 48, 1, 7, 1, 0, 3}, {48, 17, 17, 32, 7, 1, 1, 3, 0},
+                                  {15, 9, 11, 16, 1, 5, 1, 0, 2},  {64, 15, 15, 96, 3, 3, 2, 0, 0},
+                                  {48, 8, 8, 64, 1, 3, 1, 0, 1},   {3, 19, 19, 32, 3, 3, 2, 0, 0},
+                                  {48, 14, 9, 48, 1, 4, 2, 0, 0},  {3, 1, 11, 48, 1, 2, 1, 0, 0},
+                                  {32, 8, 8, 15, 4, 3, 2, 2, 0}};
+    for (int no_amx = 0; no_amx < 2; no_amx++) {
+        cr_assert_eq(setenv("ZPS_CPU_NO_AMX", no_amx ? "1" : "0", 1), 0);
+        for (int iter = 0; iter < 25; iter++) {
+            k_conv2d d;
+            s_random_blocked_conv(&d, (iter + 1) % 3, (iter + 1) / 3 % 3);
+            if (iter >= 8 && iter < 16) { /* wide 8-blocks, where the float path pads to 16 */
+                cr_assert_eq(k_conv2d_init(&d, 2, 8 * zt_irand(5, 9), 6, 7, 8 * zt_irand(5, 9),
+                                           3, 3, 1, 1, 1, 1), ZPS_OK);
+                d.x_blocked = d.y_blocked = K_BLOCK8;
+            }
+            if (iter >= 16) {
+                const int *s = inc[iter - 16];
+                cr_assert_eq(k_conv2d_init(&d, 2, s[0], s[1], s[2], s[3], s[4], s[5], s[6],
+                                           s[6], s[7], s[8]), ZPS_OK);
+                d.x_blocked = k_backend_cpu()->prefers_blocked(s[0]);
+                d.y_blocked = k_backend_cpu()->prefers_blocked(s[3]);
+            }
+            d.bf16 = 1;
+            free(s_blocked_conv_vs_ref(&d, 1e-4, no_amx ? "bf16 conv (no AMX)" : "bf16 conv"));
         }
-        d.bf16 = 1;
-        free(s_blocked_conv_vs_ref(&d, 1e-4, "bf16 conv"));
     }
+    cr_assert_eq(unsetenv("ZPS_CPU_NO_AMX"), 0);
 }
 
 /* The shapes whose forward the cpu back-end runs with oneDNN's Winograd kernel (conv.c,

@@ -16,17 +16,23 @@
  *
  * bf16 (k_conv2d.bf16): the primitives read x, w and dy as bfloat16 (oneDNN's bf16 kernels,
  * native with AVX512_BF16) and write y, dx and dw as float, so the edges always reorder the
- * inputs, converting as they go (round to nearest even, zps_bf16_round's rounding), and the outputs
- * only where the layouts differ. In 16-channel blocks on both sides (oneDNN 2.6's plain-layout
- * bf16 forward wrote garbage at the right padding of a 1x5 kernel over 15 channels); never
- * Winograd. Where oneDNN has no bf16 kernel for a shape (its thin layers, under 16 channels)
+ * inputs, converting as they go (round to nearest even, zps_bf16_round's rounding), and the
+ * outputs only where the layouts differ. In 16-channel blocks on both sides (oneDNN 2.6's
+ * plain-layout bf16 forward wrote garbage at the right padding of a 1x5 kernel over 15
+ * channels), except on CPUs with AMX, whose kernels take channels-last only (s_amx): there
+ * each shape runs channels-last only when its three primitives give the blocked ones' results
+ * on random data at creation, as oneDNN 2.6's AMX kernels miscompute some shapes (s_agree);
+ * never Winograd. Where oneDNN has no bf16 kernel for a shape (its thin layers, under 16 channels)
  * the float primitives run on copies of x, w and dy rounded to bfloat16 ("emulate"): the
  * same results, as products of bf16 values are exact in float.
  */
+#include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/check.h"
+#include "common/log.h"
 #include "common/mem.h"
 #include "kernels/cpu/cpu_int.h"
 
@@ -154,6 +160,24 @@ static int s_native(const k_conv2d *d)
     return d->x_blocked == d->y_blocked || (!d->x_blocked && d->c < 8);
 }
 
+/* 1 where a bf16 convolution may run channels-last on AMX. oneDNN 2.6's AMX kernels
+ * (Sapphire Rapids and later: brgconv forward, jit backward) take channels-last (nhwc) only;
+ * given 16-channel blocks it runs its AVX512_BF16 kernels instead, at half the speed
+ * (Inception-v3 at 139x32, a step: 23 img/s in blocks, 45 in nhwc). ZPS_CPU_NO_AMX=1 keeps
+ * the blocks on an AMX CPU (the tests run both), as does ZPS_CPU_NO_AVX512; read at each
+ * convolution's creation. */
+static int s_amx(void)
+{
+    const char *e = getenv("ZPS_CPU_NO_AMX");
+    unsigned isa = (unsigned)dnnl_get_effective_cpu_isa();
+    unsigned amx = (unsigned)dnnl_cpu_isa_avx512_core_amx; /* a superset's bits include it */
+    return !(e && *e && strcmp(e, "0")) && k_cpu_has_avx512() && (isa & amx) == amx;
+}
+
+/* Where the primitives' activations are laid out: the tensors' own layouts, or the ones
+ * oneDNN picks (bf16: 16-channel blocks), or bf16 channels-last (s_amx). */
+enum { S_TENSORS = 0, S_PICKED = 1, S_CHANNELS_LAST = 2 };
+
 static zps_status s_conv_shape_init(const k_conv2d *d, int any, s_conv_shape *g)
 {
     ZPS_TRY(k_cpu_md4(&g->xt, d->n, d->c, d->h, d->w, k_cpu_act_tag(d->x_blocked)));
@@ -166,9 +190,10 @@ static zps_status s_conv_shape_init(const k_conv2d *d, int any, s_conv_shape *g)
         ZPS_TRY(k_cpu_md4(&g->src, d->n, d->c, d->h, d->w, dnnl_format_tag_any));
         ZPS_TRY(k_cpu_md4(&g->dst, d->n, d->k, d->oh, d->ow, dnnl_format_tag_any));
     }
-    if (d->bf16) { /* 16-channel blocks on both sides: see the file's top */
-        ZPS_TRY(k_cpu_md4(&g->src, d->n, d->c, d->h, d->w, dnnl_nChw16c));
-        ZPS_TRY(k_cpu_md4(&g->dst, d->n, d->k, d->oh, d->ow, dnnl_nChw16c));
+    if (d->bf16) { /* one layout on both sides: see the file's top */
+        dnnl_format_tag_t tag = any == S_CHANNELS_LAST ? dnnl_nhwc : dnnl_nChw16c;
+        ZPS_TRY(k_cpu_md4(&g->src, d->n, d->c, d->h, d->w, tag));
+        ZPS_TRY(k_cpu_md4(&g->dst, d->n, d->k, d->oh, d->ow, tag));
     }
     g->ddst = g->dst, g->dsrc = g->src, g->dwei = g->wei;
     if (d->bf16) /* the products' inputs; outputs and gradients' results stay float */
@@ -324,33 +349,113 @@ static int s_any_ref(const s_conv *s)
 }
 
 static zps_status s_conv_create_f32(k_conv2d *d, int has_bias, int wbias, s_conv **out);
+static zps_status s_fwd(s_conv *s, const k_conv2d *d, const float *x, const float *w,
+                        const float *b, float *y);
+static zps_status s_bwd(s_conv *s, const k_conv2d *d, const float *x, const float *w,
+                        const float *dy, float *dx, float *dw, float *db);
+
+/* Floats rounded up to 64 bytes. */
+static size_t s_r16(size_t n) { return (n + 15) & ~(size_t)15; }
+
+/* The largest |a - b| over n floats, and the largest |b|. */
+static void s_diff(size_t n, const float *a, const float *b, double *diff, double *mag)
+{
+    for (size_t i = 0; i < n; i++) {
+        *diff = fmax(*diff, fabs((double)a[i] - b[i]));
+        *mag = fmax(*mag, fabs((double)b[i]));
+    }
+}
+
+/* 1 when convolution a gives b's y, dx and dw for d on random inputs (in d's layouts, with a
+ * bias when a has one), within 1e-3 of each result's largest value: summation orders differ
+ * by ~1e-6 of it, the AMX kernels' wrong shapes by 2% to all of it. Once per shape, at
+ * creation; the buffers are the check's own. */
+static int s_agree(const k_conv2d *d, s_conv *a, s_conv *b)
+{
+    size_t nx = (size_t)d->n * d->c * d->h * d->w, nw = (size_t)d->k * d->c * d->r * d->s;
+    size_t ny = (size_t)d->n * d->k * d->oh * d->ow, nb = (size_t)d->k;
+    size_t len[9] = {nx, nw, nb, ny, ny, nx, nx, nw, nw}, off[10] = {0};
+    for (int i = 0; i < 9; i++)
+        off[i + 1] = off[i] + s_r16(len[i]);
+    float *buf = zps_xaligned(64, off[9] * sizeof(float));
+    float *t[9];
+    for (int i = 0; i < 9; i++)
+        t[i] = buf + off[i];
+    uint32_t r = 0x9e3779b9u;
+    for (size_t i = 0; i < off[4]; i++) { /* x, w, b, dy: uniform in [-1, 1) */
+        r = r * 1664525u + 1013904223u;
+        buf[i] = (float)(r >> 8) * (2.0f / 16777216.0f) - 1.0f;
+    }
+    memset(t[7], 0, 2 * s_r16(nw) * sizeof(float)); /* dw accumulates */
+    const float *bias = a->has_bias ? t[2] : NULL;
+    double dy = 0, my = 0, dx = 0, mx = 0, dw = 0, mw = 0;
+    int ok = s_fwd(a, d, t[0], t[1], bias, t[3]) == ZPS_OK &&
+             s_fwd(b, d, t[0], t[1], bias, t[4]) == ZPS_OK &&
+             s_bwd(a, d, t[0], t[1], t[4], t[5], t[7], NULL) == ZPS_OK &&
+             s_bwd(b, d, t[0], t[1], t[4], t[6], t[8], NULL) == ZPS_OK;
+    if (ok) {
+        s_diff(ny, t[3], t[4], &dy, &my);
+        s_diff(nx, t[5], t[6], &dx, &mx);
+        s_diff(nw, t[7], t[8], &dw, &mw);
+        ok = dy <= 1e-3 * my && dx <= 1e-3 * mx && dw <= 1e-3 * mw;
+        if (!ok)
+            zps_log(ZPS_INFO, "kernels", "bf16 conv %dx%dx%dx%d k%d %dx%d s%d,%d p%d,%d: oneDNN's "
+                    "AMX kernels are off by %.2g, %.2g, %.2g of y, dx, dw: it runs in 16-channel "
+                    "blocks", d->n, d->c, d->h, d->w, d->k, d->r, d->s, d->stride_h, d->stride_w,
+                    d->pad_h, d->pad_w, dy / fmax(my, 1e-30), dx / fmax(mx, 1e-30),
+                    dw / fmax(mw, 1e-30));
+    }
+    a->wf_src = b->wf_src = NULL; /* their weight copies are of the check's weights */
+    zps_aligned_free(buf);
+    return ok;
+}
+
+/* A bf16 convolution: oneDNN's bf16 kernels in 16-channel blocks, or its float ones on
+ * rounded copies where it has none for the shape ("emulate"); on AMX, channels-last where
+ * that agrees with them (s_agree). */
+static zps_status s_conv_create_bf16(k_conv2d *d, int has_bias, s_conv **out)
+{
+    s_conv *blk = NULL, *amx = NULL;
+    zps_status st = s_conv_try(d, has_bias, 0, S_PICKED, &blk);
+    if (st != ZPS_OK || s_any_ref(blk)) {
+        s_conv_free(blk); /* no bf16 kernel for this shape: float ones on rounded copies */
+        k_conv2d f = *d;
+        f.bf16 = 0;
+        blk = NULL;
+        ZPS_TRY(s_conv_create_f32(&f, has_bias, 0, &blk));
+        blk->emulate = 1;
+    }
+    if (s_amx()) {
+        st = s_conv_try(d, has_bias, 0, S_CHANNELS_LAST, &amx);
+        if (st == ZPS_OK && !s_any_ref(amx) && s_agree(d, amx, blk)) {
+            s_conv_free(blk);
+            *out = amx;
+            return ZPS_OK;
+        }
+        s_conv_free(amx);
+    }
+    *out = blk;
+    return ZPS_OK;
+}
 
 static zps_status s_conv_create(k_conv2d *d, int has_bias, s_conv **out)
 {
     ZPS_TRY(k_cpu_ready());
-    if (!d->bf16)
-        return s_conv_create_f32(d, has_bias, has_bias, out);
-    zps_status st = s_conv_try(d, has_bias, 0, 1, out);
-    if (st == ZPS_OK && !s_any_ref(*out))
-        return ZPS_OK;
-    s_conv_free(*out); /* no bf16 kernel for this shape: float ones on rounded copies */
-    k_conv2d f = *d;
-    f.bf16 = 0;
-    ZPS_TRY(s_conv_create_f32(&f, has_bias, 0, out));
-    (*out)->emulate = 1;
-    return ZPS_OK;
+    if (d->bf16)
+        return s_conv_create_bf16(d, has_bias, out);
+    return s_conv_create_f32(d, has_bias, has_bias, out);
 }
 
 static zps_status s_conv_create_f32(k_conv2d *d, int has_bias, int wbias, s_conv **out)
 {
     if (s_native(d)) {
-        zps_status st = s_conv_try(d, has_bias, wbias, 0, out);
+        zps_status st = s_conv_try(d, has_bias, wbias, S_TENSORS, out);
         if (st == ZPS_OK && !s_any_ref(*out))
             return ZPS_OK;
         s_conv_free(*out);
         *out = NULL;
     }
-    return s_conv_try(d, has_bias, wbias, 1, out);
+    return s_conv_try(d, has_bias, wbias, S_PICKED, out);
 }
 
 typedef struct s_conv_impl {
@@ -388,8 +493,6 @@ static zps_status s_weights(s_reorder *r, const float *w, float *buf, const floa
     return ZPS_OK;
 }
 
-/* Floats rounded up to 64 bytes. */
-static size_t s_r16(size_t n) { return (n + 15) & ~(size_t)15; }
 
 /* emulate: the inputs of a product rounded to bfloat16 into the scratch at *at (advanced). */
 static const float *s_rounded(const s_conv *s, const float *t, size_t n, float **at)
@@ -409,6 +512,12 @@ zps_status k_cpu_conv2d_fwd(k_conv2d *d, const float *x, const float *w, const f
     ZPS_TRY(s_conv_get(d, b != NULL, &s));
     if (s->has_bias != (b != NULL))
         return ZPS_ERR_INVALID;
+    return s_fwd(s, d, x, w, b, y);
+}
+
+static zps_status s_fwd(s_conv *s, const k_conv2d *d, const float *x, const float *w,
+                        const float *b, float *y)
+{
     size_t nx = (size_t)d->n * d->c * d->h * d->w, nw = (size_t)d->k * d->c * d->r * d->s;
     float *xb, *yb;
     float *at = s_edge_scratch(&s->x_in, &s->y_out, s->emulate ? s_r16(nx) + s_r16(nw) : 0,
@@ -447,6 +556,12 @@ zps_status k_cpu_conv2d_bwd(k_conv2d *d, const float *x, const float *w, const f
 {
     s_conv *s;
     ZPS_TRY(s_conv_get(d, db != NULL, &s));
+    return s_bwd(s, d, x, w, dy, dx, dw, db);
+}
+
+static zps_status s_bwd(s_conv *s, const k_conv2d *d, const float *x, const float *w,
+                        const float *dy, float *dx, float *dw, float *db)
+{
     size_t nx = (size_t)d->n * d->c * d->h * d->w, nw = (size_t)d->k * d->c * d->r * d->s;
     size_t ny = (size_t)d->n * d->k * d->oh * d->ow;
     if (dx) {
