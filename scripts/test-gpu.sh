@@ -95,6 +95,14 @@ if [ "${ZPS_GPU_SANITIZE:-1}" != 0 ] && command -v compute-sanitizer >/dev/null;
 else
   echo "test-gpu: compute-sanitizer runs skipped"
 fi
+# the failed tests again, each with its assertion lines, where a remote runner's output tail
+# shows them (at most 80 lines; the whole log is test-gpu.log)
+if grep -aqE '^\[(FAIL|CRASH)\]' "$log"; then
+  echo "test-gpu: the Criterion tests that failed, with what they said:"
+  awk '/^\[----\]/ { held = held $0 "\n"; next }
+       /^\[(FAIL|CRASH)\]/ { printf "%s%s\n", held, $0 }
+       { held = "" }' "$log" | tail -80
+fi
 [ -n "${OUT:-}" ] || rm -rf "$logs"
 echo "test-gpu: $tested Criterion tests ($filter) and the sanitizer runs:"
 echo "$passed passed, $failed failed"
