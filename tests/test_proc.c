@@ -4,7 +4,10 @@
 #include <criterion/criterion.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -88,10 +91,12 @@ Test(proc, failed_exec_exits_127)
     s_expect_eof_and_exit(fd, pid, 127);
 }
 
-/* Where each SIGUSR1 handler ran (up to S_SIGS of them). */
+/* Where each SIGUSR1 handler ran (up to S_SIGS of them). Lock-free atomics: the handler
+ * runs on another thread than the one that reads them (pthread_self there is glibc's, which
+ * reads the thread register: safe in a handler although POSIX does not list it). */
 #define S_SIGS 20
 static pthread_t s_ran_on[S_SIGS];
-static volatile sig_atomic_t s_hits, s_busy_quit;
+static atomic_int s_hits, s_busy_quit;
 
 static void s_on_usr1(int sig)
 {
@@ -129,7 +134,7 @@ Test(proc, the_signal_thread_takes_the_signals)
         double end = zps_now_s() + 10;
         while (s_hits <= i && zps_now_s() < end) /* the main thread busy too */
             ;
-        cr_assert_eq(s_hits, i + 1, "signal %d: %d handler runs", i + 1, (int)s_hits);
+        cr_assert_eq(s_hits, i + 1, "signal %d: %d handler runs", i + 1, atomic_load(&s_hits));
     }
     s_busy_quit = 1;
     cr_assert_eq(pthread_join(busy, NULL), 0);
@@ -141,4 +146,40 @@ Test(proc, the_signal_thread_takes_the_signals)
     cr_assert_eq(pthread_sigmask(SIG_SETMASK, NULL, &now), 0);
     cr_expect_not(sigismember(&now, SIGUSR1), "SIGUSR1 still blocked after stop");
     cr_assert_eq(sigaction(SIGUSR1, &old_sa, NULL), 0);
+}
+
+/* Bytes the process maps now (/proc/self/statm's first field). */
+static size_t s_mapped(void)
+{
+    FILE *f = fopen("/proc/self/statm", "r");
+    cr_assert_not_null(f);
+    unsigned long pages = 0;
+    cr_assert_eq(fscanf(f, "%lu", &pages), 1);
+    fclose(f);
+    return pages * (size_t)sysconf(_SC_PAGESIZE);
+}
+
+/* A signal thread that cannot start (no address space left for its stack: a soft RLIMIT_AS
+ * 1 MiB above what the process maps) is the caller's warning, not its failure: ZPS_ERR_SYS,
+ * nothing running, the calling thread's mask as before, and stop does nothing. */
+Test(proc, a_signal_thread_that_cannot_start_leaves_the_mask_as_it_was)
+{
+    sigset_t before, now;
+    cr_assert_eq(pthread_sigmask(SIG_SETMASK, NULL, &before), 0);
+    cr_assert_not(sigismember(&before, SIGUSR2));
+    struct rlimit old, low;
+    cr_assert_eq(getrlimit(RLIMIT_AS, &old), 0);
+    low = old;
+    low.rlim_cur = s_mapped() + (1u << 20);
+    cr_assert_eq(setrlimit(RLIMIT_AS, &low), 0);
+    zps_sigthread t;
+    zps_status st = zps_sigthread_start(&t, (const int[]){SIGUSR2}, 1);
+    cr_assert_eq(setrlimit(RLIMIT_AS, &old), 0);
+    cr_assert_eq(st, ZPS_ERR_SYS, "start under the limit: %s", zps_strerror(st));
+    cr_assert_eq(t.running, 0);
+    cr_assert_eq(pthread_sigmask(SIG_SETMASK, NULL, &now), 0);
+    cr_assert_not(sigismember(&now, SIGUSR2), "SIGUSR2 left blocked by a start that failed");
+    zps_sigthread_stop(&t);
+    cr_assert_eq(pthread_sigmask(SIG_SETMASK, NULL, &now), 0);
+    cr_assert_not(sigismember(&now, SIGUSR2));
 }
