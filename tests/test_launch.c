@@ -119,6 +119,61 @@ Test(it_launch, picked_ports_are_held_until_their_server_starts, .timeout = 30)
     lt_cleanup(&r);
 }
 
+/* A server the launcher will restart gets its picked port held again while the restart is
+ * due (the backoff can be seconds), and the restart frees it: the supervisor's own on_death
+ * and process.start, on a stand-in server ("true") that dies at once. */
+Test(it_launch, a_dead_servers_port_is_held_until_its_restart, .timeout = 30)
+{
+    lt_run r;
+    lt_setup(&r, 0);
+    static const char script[] =
+        "import errno, os, socket, sys, types\n"
+        "sys.path.insert(0, sys.argv[1])\n"
+        "from zpslaunch.cluster import hold_free_ports\n"
+        "from zpslaunch.proc import Proc\n"
+        "from zpslaunch.process import start\n"
+        "from zpslaunch.supervise import Supervisor\n"
+        "def taken(port):\n"
+        "    t = socket.socket(socket.AF_INET, socket.SOCK_STREAM)\n"
+        "    try:\n"
+        "        t.bind(('127.0.0.1', port))\n"
+        "        return False\n"
+        "    except OSError as e:\n"
+        "        assert e.errno == errno.EADDRINUSE, e\n"
+        "        return True\n"
+        "    finally:\n"
+        "        t.close()\n"
+        "def run(p):\n"
+        "    start(p, dict(os.environ))\n"
+        "    _, p.status = os.waitpid(p.pid, 0)\n"
+        "    p.end = p.start\n"
+        "held = hold_free_ports(1)\n"
+        "port = held[0].getsockname()[1]\n"
+        "p = Proc('server', 0, '127.0.0.1', port, ['false'], 'server-0.log')\n"
+        "p.held, p.own_port = held[0], True\n"
+        "args = types.SimpleNamespace(timeout=0, restart_servers=2, restart_trainers=0,\n"
+        "                             on_trainer_exit='stop', restart_backoff=5.0)\n"
+        "sup = Supervisor([p], args, dict(os.environ), print)\n"
+        "run(p)\n"
+        "print('ran', taken(port))\n"
+        "sup.on_death(p)\n"
+        "print('down', taken(port), p.restart_at is not None)\n"
+        "p.reset()\n"
+        "run(p)\n"
+        "print('restarted', taken(port), p.held)\n";
+    char scripts[4096];
+    const char *root = getenv("ZPS_ROOT");
+    snprintf(scripts, sizeof scripts, "%s/scripts", root && *root ? root : ".");
+    const char *argv[] = {"/usr/bin/python3", "-c", script, scripts, NULL};
+    lt_exec(&r, argv, 0, NULL);
+    cr_assert_eq(r.code, 0, "%s", r.out);
+    cr_assert(strstr(r.out, "ran False"), "%s", r.out);
+    cr_assert(strstr(r.out, "down True True"), "%s", r.out);
+    cr_assert(strstr(r.out, "restarted False None"), "%s", r.out);
+    cr_assert(strstr(r.out, "server 0 failed: exit 1"), "%s", r.out);
+    lt_cleanup(&r);
+}
+
 /* --servers 0: an all-reduce fleet, trainers only; the real zps-trainer refuses such a
  * cluster file in a PS mode, naming the file. */
 Test(it_launch, fleet_without_servers, .timeout = 30)

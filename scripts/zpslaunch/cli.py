@@ -286,6 +286,7 @@ def make_procs(args, run_dir, job, fleet, curve, env):
                           curve_server + ckpt + metrics + nodes)
         p = Proc("server", i, h, port, argv, os.path.join(run_dir, f"server-{i}.log"))
         p.held = fleet.held[i] if fleet.held else None
+        p.own_port = p.held is not None
         p.restart_cmd = build_argv(args.server_cmd, args.server_args, v,
                                    curve_server + ckpt + again + nodes) + ["--restore"]
         procs.append(p)

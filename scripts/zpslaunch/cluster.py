@@ -54,6 +54,19 @@ def hold_free_ports(n):
         raise
 
 
+def hold_port(port):
+    """A socket bound to 127.0.0.1:port (SO_REUSEADDR: the dead server's closing connections
+    do not stand in the way), or None when another program holds the port."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", port))
+        return s
+    except OSError:
+        s.close()
+        return None
+
+
 def write_cluster(path, job, servers, trainers):
     with open(path, "w") as f:
         f.write(f"# written by zps-launch {datetime.datetime.now().isoformat(timespec='seconds')}\n")

@@ -51,7 +51,9 @@ class Proc:
         self.signaller = None     # slurm: signals its step; True when that was enough
         self.cancelled = False    # slurm: Slurm ended the job while it ran
         self.shut_down = None     # a server that exited 0 on a SHUTDOWN request: from whom
-        self.held = None          # the socket holding its port until it first starts (local)
+        self.held = None          # the socket holding its port until it (re)starts (own_port)
+        self.own_port = False     # the launcher picked its port on 127.0.0.1: it holds the
+                                  # port before the first start and while a restart is due
 
     @property
     def running(self):

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import time
 
+from zpslaunch.cluster import hold_port
 from zpslaunch.commands import substitute
 from zpslaunch.env import process_env
 from zpslaunch.launchers import command
@@ -115,6 +116,10 @@ class Supervisor:
             action = (f"restart {p.restarts + 1} of {self.limit(p)} in {delay:g} s"
                       + (" with --restore" if p.role == "server" else ""))
             p.restart_at = time.monotonic() + delay
+            if p.role == "server" and p.own_port and p.held is None:  # until the restart
+                p.held = hold_port(p.port)
+                if p.held is None:
+                    action += f" (port {p.port} was taken while it was down: it may not bind)"
         elif what == "continue":
             action = "job goes on without it (--on-trainer-exit continue)"
             p.tolerated = True
