@@ -374,29 +374,30 @@ static int s_agree(const k_conv2d *d, s_conv *a, s_conv *b)
 {
     size_t nx = (size_t)d->n * d->c * d->h * d->w, nw = (size_t)d->k * d->c * d->r * d->s;
     size_t ny = (size_t)d->n * d->k * d->oh * d->ow, nb = (size_t)d->k;
-    size_t len[9] = {nx, nw, nb, ny, ny, nx, nx, nw, nw}, off[10] = {0};
-    for (int i = 0; i < 9; i++)
+    enum { X, W, B, DY, YA, YB, DXA, DXB, DWA, DWB, N };
+    size_t len[N] = {nx, nw, nb, ny, ny, ny, nx, nx, nw, nw}, off[N + 1] = {0};
+    for (int i = 0; i < N; i++)
         off[i + 1] = off[i] + s_r16(len[i]);
-    float *buf = zps_xaligned(64, off[9] * sizeof(float));
-    float *t[9];
-    for (int i = 0; i < 9; i++)
+    float *buf = zps_xaligned(64, off[N] * sizeof(float));
+    float *t[N];
+    for (int i = 0; i < N; i++)
         t[i] = buf + off[i];
     uint32_t r = 0x9e3779b9u;
-    for (size_t i = 0; i < off[4]; i++) { /* x, w, b, dy: uniform in [-1, 1) */
+    for (size_t i = 0; i < off[YA]; i++) { /* x, w, b, dy: uniform in [-1, 1) */
         r = r * 1664525u + 1013904223u;
         buf[i] = (float)(r >> 8) * (2.0f / 16777216.0f) - 1.0f;
     }
-    memset(t[7], 0, 2 * s_r16(nw) * sizeof(float)); /* dw accumulates */
-    const float *bias = a->has_bias ? t[2] : NULL;
+    memset(t[DWA], 0, (off[N] - off[DWA]) * sizeof(float)); /* dw accumulates */
+    const float *bias = a->has_bias ? t[B] : NULL;
     double dy = 0, my = 0, dx = 0, mx = 0, dw = 0, mw = 0;
-    int ok = s_fwd(a, d, t[0], t[1], bias, t[3]) == ZPS_OK &&
-             s_fwd(b, d, t[0], t[1], bias, t[4]) == ZPS_OK &&
-             s_bwd(a, d, t[0], t[1], t[4], t[5], t[7], NULL) == ZPS_OK &&
-             s_bwd(b, d, t[0], t[1], t[4], t[6], t[8], NULL) == ZPS_OK;
+    int ok = s_fwd(a, d, t[X], t[W], bias, t[YA]) == ZPS_OK &&
+             s_fwd(b, d, t[X], t[W], bias, t[YB]) == ZPS_OK &&
+             s_bwd(a, d, t[X], t[W], t[DY], t[DXA], t[DWA], NULL) == ZPS_OK &&
+             s_bwd(b, d, t[X], t[W], t[DY], t[DXB], t[DWB], NULL) == ZPS_OK;
     if (ok) {
-        s_diff(ny, t[3], t[4], &dy, &my);
-        s_diff(nx, t[5], t[6], &dx, &mx);
-        s_diff(nw, t[7], t[8], &dw, &mw);
+        s_diff(ny, t[YA], t[YB], &dy, &my);
+        s_diff(nx, t[DXA], t[DXB], &dx, &mx);
+        s_diff(nw, t[DWA], t[DWB], &dw, &mw);
         ok = dy <= 1e-3 * my && dx <= 1e-3 * mx && dw <= 1e-3 * mw;
         if (!ok)
             zps_log(ZPS_INFO, "kernels", "bf16 conv %dx%dx%dx%d k%d %dx%d s%d,%d p%d,%d: oneDNN's "
