@@ -283,6 +283,40 @@ Test(it_exits, sigterm_stops_a_trainer_blocked_on_a_dead_server)
     free(sum);
 }
 
+/* The same stop delivered twice, as timeout(1) does (to its child, then to its process group):
+ * the second SIGTERM, 0.1 s after the first, changes nothing, and the trainer stops
+ * gracefully (exit 0, summary "end":"signal"). Until 2026-12-07 it killed the trainer
+ * (make tsan's stop fleet: exit 143, no LEAVE, its sync peer stuck). The server is frozen
+ * (SIGSTOP) meanwhile, so the trainer is surely still in its network waits, then its LEAVE
+ * (0.5 s at most), when the second one comes. */
+Test(it_exits, a_sigterm_delivered_twice_stops_a_trainer_gracefully)
+{
+    s_make_data(0);
+    pst_server srv;
+    const char *sargs[] = {"--mode", "async", "--num-trainers", "1", NULL};
+    cr_assert_eq(pst_spawn(&srv, NULL, sargs), 0);
+    s_trainer t;
+    const char *extra[] = {"--mode", "async", "--steps", "1000000", NULL};
+    s_start_trainer(&t, srv.uri, 0, 1, extra);
+    double end = zps_now_s() + 120;
+    while (!zt_file_has(t.metrics, "\"step\":3,") && zps_now_s() < end)
+        zps_sleep_ns(20000000);
+    cr_assert(zt_file_has(t.metrics, "\"step\":3,"), "the trainer did not reach step 3");
+    cr_assert_eq(kill(srv.pid, SIGSTOP), 0);
+    cr_assert_eq(kill(t.p.pid, SIGTERM), 0);
+    zps_sleep_ns(100000000); /* the first one handled by now, as a rule: not coalesced */
+    cr_assert_eq(kill(t.p.pid, SIGTERM), 0);
+    int st = s_wait(&t.p, t.log, 30);
+    cr_assert_eq(kill(srv.pid, SIGCONT), 0);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d after two SIGTERMs (%s)", st,
+              WIFSIGNALED(st) ? strsignal(WTERMSIG(st)) : "exited");
+    char *sum = s_summary_line(t.metrics);
+    cr_assert_not_null(sum, "no summary record");
+    cr_assert(strstr(sum, "\"end\":\"signal\""), "%s", sum);
+    free(sum);
+    pst_kill(&srv, SIGTERM);
+}
+
 /* --mode allreduce: a SIGTERM to rank 1 alone stops both ranks at the same step and
  * gracefully (each exits 0 with a summary: rank 1 "signal", rank 0 "done"), where until
  * 2026-11-27 only rank 0's wish counted and rank 1 trained on, its handler spent. */

@@ -28,6 +28,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/check.h"
@@ -49,16 +50,34 @@
 
 /* The signal that asked to stop (0: none). The loop checks it before each step and the PS
  * client before each poll slice of a wait, so a trainer blocked on the network stops within
- * 0.1 s. A second signal is not caught: it ends the process the default way. The handler
- * runs on tr_run's signal thread (zps_sigthread), never on a thread inside a kernel: so the
- * flag is a lock-free atomic, which a handler may write and another thread read (a volatile
- * sig_atomic_t is only that for the handler's own thread; make tsan reported it). */
-static_assert(ATOMIC_INT_LOCK_FREE == 2, "the stop flag must be lock-free to be signal-safe");
+ * 0.1 s. A second signal S_REPEAT_NS or more after the first ends the process the default
+ * way; one sooner is the same stop delivered twice and changes nothing (timeout(1) signals
+ * its child, then its whole process group, so the child gets its SIGTERM twice: until
+ * 2026-12-07 the second one killed it before its LEAVE, make tsan's stop fleet 1 run in 8).
+ * The handler runs on tr_run's signal thread (zps_sigthread), never on a thread inside a
+ * kernel: so the flags are lock-free atomics, which a handler may write and another thread
+ * read (a volatile sig_atomic_t is only that for the handler's own thread; make tsan
+ * reported it). */
+static_assert(ATOMIC_INT_LOCK_FREE == 2 && ATOMIC_LLONG_LOCK_FREE == 2,
+              "the stop flags must be lock-free to be signal-safe");
+#define S_REPEAT_NS 1000000000LL
 static atomic_int s_stop;
+static atomic_llong s_stop_ns; // CLOCK_MONOTONIC of the first signal
 static void s_on_signal(int sig)
 {
-    s_stop = sig;
-    signal(sig, SIG_DFL);
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts); /* async-signal-safe, as are raise and signal */
+    long long now = (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+    int none = 0;
+    if (atomic_compare_exchange_strong(&s_stop, &none, sig)) {
+        atomic_store(&s_stop_ns, now);
+        return;
+    }
+    long long first = atomic_load(&s_stop_ns); /* 0: the first is being recorded now */
+    if (first == 0 || now - first < S_REPEAT_NS)
+        return;
+    signal(sig, SIG_DFL); /* pending until this handler returns: then the default action */
+    raise(sig);
 }
 
 typedef struct s_job {
