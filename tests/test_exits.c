@@ -246,19 +246,26 @@ static int s_sigterm_takers(pid_t pid, int *threads)
     return takers;
 }
 
-Test(it_exits, sigterm_stops_a_trainer_blocked_on_a_dead_server)
+/* An async server and one trainer on the fashion data (steps without end), once the
+ * trainer has run 3 steps. */
+static void s_async_trainer_at_step_3(pst_server *srv, s_trainer *t)
 {
     s_make_data(0);
-    pst_server srv;
     const char *sargs[] = {"--mode", "async", "--num-trainers", "1", NULL};
-    cr_assert_eq(pst_spawn(&srv, NULL, sargs), 0);
-    s_trainer t;
+    cr_assert_eq(pst_spawn(srv, NULL, sargs), 0);
     const char *extra[] = {"--mode", "async", "--steps", "1000000", NULL};
-    s_start_trainer(&t, srv.uri, 0, 1, extra);
+    s_start_trainer(t, srv->uri, 0, 1, extra);
     double end = zps_now_s() + 120;
-    while (!zt_file_has(t.metrics, "\"step\":3,") && zps_now_s() < end)
+    while (!zt_file_has(t->metrics, "\"step\":3,") && zps_now_s() < end)
         zps_sleep_ns(20000000);
-    cr_assert(zt_file_has(t.metrics, "\"step\":3,"), "the trainer did not reach step 3");
+    cr_assert(zt_file_has(t->metrics, "\"step\":3,"), "the trainer did not reach step 3");
+}
+
+Test(it_exits, sigterm_stops_a_trainer_blocked_on_a_dead_server)
+{
+    pst_server srv;
+    s_trainer t;
+    s_async_trainer_at_step_3(&srv, &t);
     /* One thread takes the signal: the signal thread, never one that computes, where a
      * handler's frame once landed on oneDNN's heap workspace (common/proc.h). */
     int threads, takers = s_sigterm_takers(t.p.pid, &threads);
@@ -291,17 +298,9 @@ Test(it_exits, sigterm_stops_a_trainer_blocked_on_a_dead_server)
  * (0.5 s at most), when the second one comes. */
 Test(it_exits, a_sigterm_delivered_twice_stops_a_trainer_gracefully)
 {
-    s_make_data(0);
     pst_server srv;
-    const char *sargs[] = {"--mode", "async", "--num-trainers", "1", NULL};
-    cr_assert_eq(pst_spawn(&srv, NULL, sargs), 0);
     s_trainer t;
-    const char *extra[] = {"--mode", "async", "--steps", "1000000", NULL};
-    s_start_trainer(&t, srv.uri, 0, 1, extra);
-    double end = zps_now_s() + 120;
-    while (!zt_file_has(t.metrics, "\"step\":3,") && zps_now_s() < end)
-        zps_sleep_ns(20000000);
-    cr_assert(zt_file_has(t.metrics, "\"step\":3,"), "the trainer did not reach step 3");
+    s_async_trainer_at_step_3(&srv, &t);
     cr_assert_eq(kill(srv.pid, SIGSTOP), 0);
     cr_assert_eq(kill(t.p.pid, SIGTERM), 0);
     zps_sleep_ns(100000000); /* the first one handled by now, as a rule: not coalesced */

@@ -76,6 +76,41 @@ Test(it_launch, normal_completion_and_summary, .timeout = 30)
     lt_cleanup(&r);
 }
 
+/* What the two tests below share: zpslaunch on the path (argv[1]), its port helpers, and
+ * taken(port), 1 when a bind of 127.0.0.1:port is refused as in use. */
+static const char s_py_prelude[] =
+    "import errno, os, socket, sys, types\n"
+    "sys.path.insert(0, sys.argv[1])\n"
+    "from zpslaunch.cluster import hold_free_ports\n"
+    "from zpslaunch.proc import Proc\n"
+    "from zpslaunch.process import start\n"
+    "from zpslaunch.supervise import Supervisor\n"
+    "def taken(port):\n"
+    "    t = socket.socket(socket.AF_INET, socket.SOCK_STREAM)\n"
+    "    try:\n"
+    "        t.bind(('127.0.0.1', port))\n"
+    "        return False\n"
+    "    except OSError as e:\n"
+    "        assert e.errno == errno.EADDRINUSE, e\n"
+    "        return True\n"
+    "    finally:\n"
+    "        t.close()\n";
+
+/* Runs s_py_prelude then body in a python3, in r->dir; output in r->out, asserted exit 0. */
+static void s_run_zpslaunch_py(lt_run *r, const char *body)
+{
+    char scripts[4096], *script = malloc(sizeof s_py_prelude + strlen(body));
+    cr_assert_not_null(script);
+    strcpy(script, s_py_prelude);
+    strcat(script, body);
+    const char *root = getenv("ZPS_ROOT");
+    snprintf(scripts, sizeof scripts, "%s/scripts", root && *root ? root : ".");
+    const char *argv[] = {"/usr/bin/python3", "-c", script, scripts, NULL};
+    lt_exec(r, argv, 0, NULL);
+    free(script);
+    cr_assert_eq(r->code, 0, "%s", r->out);
+}
+
 /* The ports the launcher picks stay bound by it until their own server starts: no other
  * bind (and no connect()'s ephemeral port) can take one meanwhile, and starting the server
  * frees exactly its own. Driven through zpslaunch's own functions in a python3. */
@@ -83,22 +118,7 @@ Test(it_launch, picked_ports_are_held_until_their_server_starts, .timeout = 30)
 {
     lt_run r;
     lt_setup(&r, 0);
-    static const char script[] =
-        "import errno, os, socket, sys\n"
-        "sys.path.insert(0, sys.argv[1])\n"
-        "from zpslaunch.cluster import hold_free_ports\n"
-        "from zpslaunch.proc import Proc\n"
-        "from zpslaunch.process import start\n"
-        "def taken(port):\n"
-        "    t = socket.socket(socket.AF_INET, socket.SOCK_STREAM)\n"
-        "    try:\n"
-        "        t.bind(('127.0.0.1', port))\n"
-        "        return False\n"
-        "    except OSError as e:\n"
-        "        assert e.errno == errno.EADDRINUSE, e\n"
-        "        return True\n"
-        "    finally:\n"
-        "        t.close()\n"
+    s_run_zpslaunch_py(&r,
         "held = hold_free_ports(3)\n"
         "ports = [s.getsockname()[1] for s in held]\n"
         "assert len(set(ports)) == 3, ports\n"
@@ -107,13 +127,7 @@ Test(it_launch, picked_ports_are_held_until_their_server_starts, .timeout = 30)
         "p.held = held[1]\n"
         "start(p, dict(os.environ))\n"
         "_, status = os.waitpid(p.pid, 0)\n"
-        "print('started', [taken(q) for q in ports], p.held, status)\n";
-    char scripts[4096];
-    const char *root = getenv("ZPS_ROOT");
-    snprintf(scripts, sizeof scripts, "%s/scripts", root && *root ? root : ".");
-    const char *argv[] = {"/usr/bin/python3", "-c", script, scripts, NULL};
-    lt_exec(&r, argv, 0, NULL);
-    cr_assert_eq(r.code, 0, "%s", r.out);
+        "print('started', [taken(q) for q in ports], p.held, status)\n");
     cr_assert(strstr(r.out, "held [True, True, True]"), "%s", r.out);
     cr_assert(strstr(r.out, "started [True, False, True] None 0"), "%s", r.out);
     lt_cleanup(&r);
@@ -121,28 +135,12 @@ Test(it_launch, picked_ports_are_held_until_their_server_starts, .timeout = 30)
 
 /* A server the launcher will restart gets its picked port held again while the restart is
  * due (the backoff can be seconds), and the restart frees it: the supervisor's own on_death
- * and process.start, on a stand-in server ("true") that dies at once. */
+ * and process.start, on a stand-in server ("false") that dies at once. */
 Test(it_launch, a_dead_servers_port_is_held_until_its_restart, .timeout = 30)
 {
     lt_run r;
     lt_setup(&r, 0);
-    static const char script[] =
-        "import errno, os, socket, sys, types\n"
-        "sys.path.insert(0, sys.argv[1])\n"
-        "from zpslaunch.cluster import hold_free_ports\n"
-        "from zpslaunch.proc import Proc\n"
-        "from zpslaunch.process import start\n"
-        "from zpslaunch.supervise import Supervisor\n"
-        "def taken(port):\n"
-        "    t = socket.socket(socket.AF_INET, socket.SOCK_STREAM)\n"
-        "    try:\n"
-        "        t.bind(('127.0.0.1', port))\n"
-        "        return False\n"
-        "    except OSError as e:\n"
-        "        assert e.errno == errno.EADDRINUSE, e\n"
-        "        return True\n"
-        "    finally:\n"
-        "        t.close()\n"
+    s_run_zpslaunch_py(&r,
         "def run(p):\n"
         "    start(p, dict(os.environ))\n"
         "    _, p.status = os.waitpid(p.pid, 0)\n"
@@ -160,13 +158,7 @@ Test(it_launch, a_dead_servers_port_is_held_until_its_restart, .timeout = 30)
         "print('down', taken(port), p.restart_at is not None)\n"
         "p.reset()\n"
         "run(p)\n"
-        "print('restarted', taken(port), p.held)\n";
-    char scripts[4096];
-    const char *root = getenv("ZPS_ROOT");
-    snprintf(scripts, sizeof scripts, "%s/scripts", root && *root ? root : ".");
-    const char *argv[] = {"/usr/bin/python3", "-c", script, scripts, NULL};
-    lt_exec(&r, argv, 0, NULL);
-    cr_assert_eq(r.code, 0, "%s", r.out);
+        "print('restarted', taken(port), p.held)\n");
     cr_assert(strstr(r.out, "ran False"), "%s", r.out);
     cr_assert(strstr(r.out, "down True True"), "%s", r.out);
     cr_assert(strstr(r.out, "restarted False None"), "%s", r.out);
