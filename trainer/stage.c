@@ -254,9 +254,8 @@ zps_status tr_sync_staged_upload(tr_sync *b)
     s_stage *s = (s_stage *)b;
     if (s->err != ZPS_OK)
         return s->err;
-    /* Between steps: the fence is the compute queue's present point (a backward may still
-     * be reading the values). */
-    zps_status st = s->be->event_record(s->fence, K_QUEUE_COMPUTE);
+    s_fence(s); /* between steps: now (a backward may still be reading the values) */
+    zps_status st = s->err;
     if (st == ZPS_OK)
         st = s_upload(s, 0, s->nvars);
     s_fail(s, st, "values to the device");
@@ -287,7 +286,8 @@ static zps_status s_finish(tr_sync *b, int *fresh)
     if (st != ZPS_OK)
         return s_mirror(s, st);
     s_all_stale(s);
-    ZPS_TRY(s->be->event_record(s->fence, K_QUEUE_COMPUTE)); /* after the loop: a point now */
+    s_fence(s); /* after the loop: now */
+    ZPS_TRY(s->err);
     ZPS_TRY(s_upload(s, 0, s->nvars));
     return s_mirror(s, ZPS_OK);
 }
